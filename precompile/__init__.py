@@ -1,0 +1,43 @@
+"""precompile: capture a PyTorch computation ahead of time into a self-contained, inspectable artifact.
+
+Importing this package does not import torch: `precompile.schema` and `precompile.inspect` stay
+torch-free, and the torch side (capture, load, tracers) is imported on first use of its names.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from precompile.errors import PrecompileError, PrecompileWarning
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it; resolved lazily so that `import precompile` stays cheap.
+_LAZY = {
+    "capture": "precompile.runtime.capture",
+    "Capture": "precompile.runtime.capture",
+    "load": "precompile.runtime.load",
+    "PrecompiledRunnable": "precompile.runtime.load",
+    "MakeFxTracer": "precompile.runtime.tracers",
+    "DynamoTracer": "precompile.runtime.tracers",
+}
+
+__all__ = ["PrecompileError", "PrecompileWarning", *_LAZY]
+
+if TYPE_CHECKING:
+    from precompile.runtime.capture import Capture, capture
+    from precompile.runtime.load import PrecompiledRunnable, load
+    from precompile.runtime.tracers import DynamoTracer, MakeFxTracer
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'precompile' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

@@ -1,0 +1,3 @@
+from precompile.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,87 @@
+"""The `precompile` command: argument parsing, exit codes, and nothing else."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from precompile.errors import PrecompileError
+
+
+class _StatusHandler(logging.Handler):
+    """Shows the library's step reports as a live status line."""
+
+    def __init__(self, status) -> None:
+        super().__init__(logging.INFO)
+        self.status = status
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.status.update(record.getMessage())
+
+
+def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from precompile.demo import run_demo
+
+    logger = logging.getLogger("precompile")
+    with err.status("starting", spinner="dots") as status:
+        handler = _StatusHandler(status)
+        if err.is_terminal:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+        try:
+            report = run_demo(Path(args.directory), args.backend)
+        finally:
+            logger.removeHandler(handler)
+    for step, seconds in report.steps:
+        out.print(f"{seconds:8.2f} s  {step}")
+    served = report.served
+    out.print(
+        f"fresh process: load {served['load_s'] * 1000:.1f} ms, first call {served['first_call_s'] * 1000:.1f} ms, "
+        f"cache {'used' if served['cache_used'] else 'NOT used'}"
+    )
+    out.print(f"max |served - eager| = {served['max_abs_diff']:.3g}: {'match' if report.ok else 'MISMATCH'}")
+    out.print(f"artifact: {report.artifact_path}")
+    out.print(f"cache:    {report.cache_path}")
+    return 0 if report.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="precompile", description="Capture, load and inspect precompile artifacts.")
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour output (default: auto)")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    demo = verbs.add_parser("demo", help="capture the built-in transformer, reload it in a fresh process, compare with eager")
+    demo.add_argument("directory", nargs="?", default="precompile-demo", help="where to write the pair (default: ./precompile-demo)")
+    demo.add_argument("--backend", choices=("eager",), default="eager", help="how the captured graph is realized")
+    demo.set_defaults(handler=_demo)
+    return parser
+
+
+def consoles(color: str) -> tuple[Console, Console]:
+    if color == "always" or (color == "auto" and os.environ.get("FORCE_COLOR")):
+        force, no_color = True, False
+    elif color == "never" or (color == "auto" and "NO_COLOR" in os.environ):
+        force, no_color = None, True
+    else:
+        force, no_color = None, False
+    return (
+        Console(force_terminal=force, no_color=no_color, highlight=False, soft_wrap=True),
+        Console(stderr=True, force_terminal=force, no_color=no_color, highlight=False, soft_wrap=True),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    out, err = consoles(args.color)
+    try:
+        return args.handler(args, out, err)
+    except PrecompileError as exc:
+        err.print(f"precompile: error: {exc}", markup=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

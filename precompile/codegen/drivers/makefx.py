@@ -1,0 +1,140 @@
+# Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
+# It checks a call against the captured calling convention, runs the captured graph on the
+# runtime model's parameters and buffers, scatters parameter gradients like eager .backward(),
+# and rebuilds fn's result.
+import torch
+import torch.utils._pytree as _pytree
+
+try:
+    from precompile.errors import PrecompileError
+except ImportError:  # served where only torch is installed
+
+    class PrecompileError(RuntimeError):
+        pass
+
+
+def _dtype(name):
+    return getattr(torch, name.removeprefix("torch."))
+
+
+def _shape_text(shape):
+    return "(" + ", ".join("*" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _collect_params_and_buffers(modules):
+    """Parameters then buffers of `modules`, each tensor once under its first name (tied weights)."""
+    prefix = len(modules) > 1
+    seen = set()
+    params, buffers = [], []
+    for kind, out in (("named_parameters", params), ("named_buffers", buffers)):
+        for slot, module in enumerate(modules):
+            for name, tensor in getattr(module, kind)(remove_duplicate=False):
+                if id(tensor) in seen:
+                    continue
+                seen.add(id(tensor))
+                out.append((f"m{slot}.{name}" if prefix else name, tensor))
+    return params, buffers
+
+
+class _TensorCheck:
+    __slots__ = ("path", "shape", "dims", "dtype", "device")
+
+    def __init__(self, path, shape, dtype, device):
+        self.path = path
+        self.shape = tuple(shape)
+        self.dims = None if None not in shape else tuple(i for i, d in enumerate(shape) if d is not None)
+        self.dtype = _dtype(dtype)
+        self.device = torch.device(device)
+
+    def problem(self, value):
+        if not isinstance(value, torch.Tensor):
+            return f"expected a tensor, got {type(value).__name__}"
+        if self.dims is None:
+            if value.shape != self.shape:
+                return f"expected shape {_shape_text(self.shape)}, got {_shape_text(tuple(value.shape))}"
+        elif value.dim() != len(self.shape) or any(value.shape[i] != self.shape[i] for i in self.dims):
+            return f"expected shape {_shape_text(self.shape)} (* = any size), got {_shape_text(tuple(value.shape))}"
+        if value.dtype != self.dtype:
+            return f"expected dtype {self.dtype}, got {value.dtype}"
+        if value.device != self.device:
+            return f"expected device {self.device}, got {value.device}"
+        return None
+
+
+def build_forward(metadata, run_graph, artifact="this artifact"):
+    """The served `forward(*args)` of an artifact whose metadata literals are in `metadata`.
+
+    `run_graph(*params, *buffers, *tensor_inputs)` runs the captured graph and returns its flat
+    outputs: fn's tensor results, then the gradients of GRAD_PARAM_INDICES.
+    """
+    num_args = metadata["NUM_POSITIONAL_ARGS"]
+    module_positions = tuple(metadata["MODULE_POSITIONS"])
+    expected_names = [p["name"] for p in metadata["PARAMS"]] + [b["name"] for b in metadata["BUFFERS"]]
+    state_checks = [_TensorCheck(t["name"], t["shape"], t["dtype"], t["device"]) for t in (*metadata["PARAMS"], *metadata["BUFFERS"])]
+    in_spec = _pytree.treespec_loads(metadata["IN_SPEC"])
+    out_spec = _pytree.treespec_loads(metadata["OUT_SPEC"])
+    input_checks = []
+    for leaf in metadata["INPUTS"]:
+        if leaf["kind"] == "tensor":
+            input_checks.append(_TensorCheck(leaf["path"], leaf["shape"], leaf["dtype"], leaf["device"]))
+        else:
+            input_checks.append((leaf["path"], leaf["value"]))
+    outputs = [leaf if leaf["kind"] == "constant" else None for leaf in metadata["OUTPUTS"]]
+    grad_indices = tuple(metadata["GRAD_PARAM_INDICES"])
+
+    def fail(message, remedy):
+        raise PrecompileError(f"{artifact}: {message}; {remedy}")
+
+    def forward(*args, **kwargs):
+        if kwargs:
+            fail(f"got keyword arguments {sorted(kwargs)}, but a MakeFxTracer artifact takes positional arguments only",
+                 "pass them positionally, as in the captured call")
+        if len(args) != num_args:
+            fail(f"expected {num_args} positional arguments, got {len(args)}", "call it with the captured call's arguments")
+        modules = []
+        for position in module_positions:
+            if not isinstance(args[position], torch.nn.Module):
+                fail(f"argument {position} must be an nn.Module (the captured call passed one there), got {type(args[position]).__name__}",
+                     "pass the model in the same position")
+            modules.append(args[position])
+        leaves, spec = _pytree.tree_flatten({i: a for i, a in enumerate(args) if i not in module_positions})
+        if spec != in_spec:
+            fail(f"the inputs have structure {spec} but the artifact was captured with {in_spec}",
+                 "pass inputs with the captured structure")
+        tensors = []
+        for check, value in zip(input_checks, leaves):
+            if type(check) is tuple:
+                if value != check[1] or type(value) is not type(check[1]):
+                    fail(f"input {check[0]} is {value!r} but the artifact was captured with {check[1]!r} (non-tensor inputs are baked into the graph)",
+                         "pass the captured value, or capture again with this one")
+                continue
+            problem = check.problem(value)
+            if problem is not None:
+                fail(f"input {check.path}: {problem}", "pass an input like the captured one, or capture again with this one")
+            tensors.append(value)
+        params, buffers = _collect_params_and_buffers(modules)
+        state = params + buffers
+        names = [name for name, _ in state]
+        if names != expected_names:
+            missing = [n for n in expected_names if n not in names]
+            extra = [n for n in names if n not in expected_names]
+            fail(f"the model's parameters and buffers {names} differ from the captured {expected_names} (missing {missing}, unexpected {extra})",
+                 "pass a model with the captured structure")
+        for check, (_, tensor) in zip(state_checks, state):
+            problem = check.problem(tensor)
+            if problem is not None:
+                fail(f"model tensor {check.path}: {problem}", "pass a model with the captured structure")
+        with torch.no_grad():
+            flat = run_graph(*[t for _, t in state], *tensors)
+            n_results = len(flat) - len(grad_indices)
+            for index, grad in zip(grad_indices, flat[n_results:]):
+                param = params[index][1]
+                if param.grad is None:
+                    param.grad = grad
+                else:
+                    param.grad += grad
+        results = iter(flat[:n_results])
+        out_leaves = [next(results) if leaf is None else leaf["value"] for leaf in outputs]
+        return _pytree.tree_unflatten(out_leaves, out_spec)
+
+    return forward

@@ -1,0 +1,28 @@
+"""The Jinja2 environment every template renders in: strict, no autoescape, stable literal output."""
+from __future__ import annotations
+
+import pprint
+
+import jinja2
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("precompile.codegen", "templates"),
+    undefined=jinja2.StrictUndefined,
+    autoescape=False,
+    keep_trailing_newline=True,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+def py_literal(value) -> str:
+    """`value` as a deterministic Python literal that `ast.literal_eval` reads back."""
+    return pprint.pformat(value, width=110, sort_dicts=False)
+
+
+_ENV.filters["py_literal"] = py_literal
+
+
+def render(template: str, **context) -> str:
+    text = _ENV.get_template(template).render(**context)
+    return text.rstrip("\n") + "\n"

@@ -1,0 +1,61 @@
+"""`precompile demo`: capture the built-in model, reload the pair in a fresh process, compare."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass
+class DemoReport:
+    directory: Path
+    steps: list[tuple[str, float]] = field(default_factory=list)
+    artifact_path: Path | None = None
+    cache_path: Path | None = None
+    served: dict | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.served is not None and self.served["max_abs_diff"] <= 1e-4
+
+
+def run_demo(directory: Path, backend: str) -> DemoReport:
+    report = DemoReport(directory=directory)
+    started = time.perf_counter()
+    import torch
+
+    import precompile
+    from precompile.examples.transformer import make_demo, run
+
+    report.steps.append(("import torch and precompile", time.perf_counter() - started))
+    model, x = make_demo()
+    directory.mkdir(parents=True, exist_ok=True)
+    report.artifact_path = directory / "transformer.py"
+    report.cache_path = directory / "transformer.cache"
+
+    started = time.perf_counter()
+    with torch.no_grad(), precompile.capture(
+        run,
+        artifact_path=report.artifact_path,
+        cache_path=report.cache_path,
+        tracer=precompile.MakeFxTracer(),
+        backend=backend,
+    ) as cap:
+        cap(model, x)
+    report.steps.append((f"capture (trace, lower with backend={backend!r}, write)", time.perf_counter() - started))
+
+    started = time.perf_counter()
+    child = subprocess.run(
+        [sys.executable, "-m", "precompile.examples.serve_demo", str(report.artifact_path), str(report.cache_path)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    report.steps.append(("fresh process: import, load, first call, compare", time.perf_counter() - started))
+    if child.returncode != 0:
+        raise RuntimeError(f"the fresh process failed:\n{child.stderr.strip()}")
+    report.served = json.loads(child.stdout.strip().splitlines()[-1])
+    return report

@@ -1,0 +1,1 @@
+"""Built-in examples: the demo model `precompile demo` captures."""

@@ -1,0 +1,41 @@
+"""Fresh-process half of `precompile demo`: load the pair, serve one call, compare with eager.
+
+Prints one JSON line: timings and the largest difference from eager.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def main(artifact_path: str, cache_path: str) -> None:
+    started = time.perf_counter()
+    import torch
+
+    import precompile
+    from precompile.examples.transformer import make_demo, run
+
+    imported = time.perf_counter()
+    runnable = precompile.load(artifact_path, cache_path)
+    loaded = time.perf_counter()
+    model, x = make_demo()
+    served = runnable(model, x)
+    called = time.perf_counter()
+    with torch.no_grad():
+        expected = run(model, x)
+    print(
+        json.dumps(
+            {
+                "import_s": imported - started,
+                "load_s": loaded - imported,
+                "first_call_s": called - loaded,
+                "max_abs_diff": (served - expected).abs().max().item(),
+                "cache_used": runnable.cache_used,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

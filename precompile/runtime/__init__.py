@@ -1,0 +1,1 @@
+"""The torch side: capture (tracers, lowering), the atomic pair writer, and load."""

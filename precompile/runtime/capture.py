@@ -1,0 +1,217 @@
+"""capture(fn, ...) and the caller-driven Capture it returns."""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Generic, ParamSpec, TypeVar
+
+import torch
+
+import precompile
+from precompile.codegen.models import MakeFxArtifact
+from precompile.codegen.render import render_makefx
+from precompile.errors import PrecompileError
+from precompile.runtime import lowering, makefx
+from precompile.runtime.load import execute
+from precompile.runtime.tracers import DynamoTracer, MakeFxTracer
+from precompile.runtime.writer import write_pair
+from precompile.schema.codec import encode_cache
+from precompile.schema.envelope import FORMAT_VERSION, CacheEnvelopeV1, Producer
+from precompile.schema.metadata import MakeFxMetadata
+from precompile.schema.pycode import code_hash
+
+log = logging.getLogger("precompile")
+
+BACKENDS = ("inductor", "eager")
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+_NEW, _ACTIVE, _SPENT = "new", "active", "spent"
+
+
+def _check_paths(artifact_path, cache_path) -> tuple[Path, Path]:
+    given = {"artifact_path": artifact_path, "cache_path": cache_path}
+    missing = [name for name, value in given.items() if value is None or (isinstance(value, str) and not value)]
+    if missing:
+        raise PrecompileError(
+            f"capture() needs both artifact_path and cache_path; {' and '.join(missing)} is empty: an artifact is a pair of files"
+        )
+    for name, value in given.items():
+        if not isinstance(value, (str, os.PathLike)):
+            raise PrecompileError(f"capture() {name} must be a path, got {type(value).__name__}")
+    artifact, cache = Path(artifact_path), Path(cache_path)
+    if os.path.normcase(os.path.abspath(artifact)) == os.path.normcase(os.path.abspath(cache)):
+        raise PrecompileError(f"capture() artifact_path and cache_path are the same file ({artifact}); pass two different paths")
+    for name, path in (("artifact_path", artifact), ("cache_path", cache)):
+        if path.is_dir():
+            raise PrecompileError(f"capture() {name} {path} is a directory; pass a file path")
+    return artifact, cache
+
+
+def capture(
+    fn: Callable[_P, _R],
+    /,
+    *,
+    artifact_path: str | os.PathLike,
+    cache_path: str | os.PathLike,
+    tracer: MakeFxTracer | DynamoTracer | None = None,
+    backend: str = "inductor",
+) -> Capture[_P, _R]:
+    """Capture `fn` across the calls made inside `with capture(...) as cap:`, writing the pair on exit."""
+    if not callable(fn):
+        raise PrecompileError(f"capture() takes the function to capture, got {type(fn).__name__}")
+    if backend not in BACKENDS:
+        raise PrecompileError(f"capture() backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    tracer = DynamoTracer() if tracer is None else tracer
+    if not isinstance(tracer, (MakeFxTracer, DynamoTracer)):
+        raise PrecompileError(
+            f"capture() tracer must be a MakeFxTracer or DynamoTracer instance, got {tracer!r}; "
+            "pass e.g. tracer=precompile.MakeFxTracer()"
+        )
+    artifact, cache = _check_paths(artifact_path, cache_path)
+    if isinstance(tracer, DynamoTracer):
+        raise PrecompileError(
+            "DynamoTracer is not implemented yet in this version of precompile; pass tracer=precompile.MakeFxTracer()"
+        )
+    if backend == "inductor":
+        raise PrecompileError(
+            "backend='inductor' is not implemented yet in this version of precompile; pass backend='eager'"
+        )
+    return Capture(fn, artifact, cache, tracer, backend)
+
+
+class Capture(Generic[_P, _R]):
+    """The caller-driven capture `capture()` returns: enter it, call it like fn, exit to write.
+
+    Single use. `save()` inside the block writes what has been captured so far; a block that raises
+    writes nothing it had not saved; a block with no call raises PrecompileError on exit.
+    """
+
+    def __init__(self, fn, artifact_path: Path, cache_path: Path, tracer: MakeFxTracer, backend: str) -> None:
+        self.fn = fn
+        self.artifact_path = artifact_path
+        self.cache_path = cache_path
+        self.tracer = tracer
+        self.backend = backend
+        self._state = _NEW
+        self._lock = threading.Lock()
+        self._pair: tuple[bytes, bytes] | None = None
+        self._call_failed: BaseException | None = None
+
+    # -- the block -------------------------------------------------------------------------------
+    def __enter__(self) -> Capture[_P, _R]:
+        with self._lock:
+            if self._state == _ACTIVE:
+                raise PrecompileError("this capture is already active: its `with` block is running")
+            if self._state == _SPENT:
+                raise PrecompileError(self._spent_message())
+            self._state = _ACTIVE
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        with self._lock:
+            self._state = _SPENT
+        if exc_type is not None:
+            return False  # the block raised: write nothing more than save() already did
+        if self._pair is None:
+            if self._call_failed is not None:
+                raise PrecompileError(
+                    f"nothing was captured: the capture call raised {type(self._call_failed).__name__}, so there is nothing to write"
+                )
+            raise PrecompileError("nothing was captured: call the capture with your example arguments inside the `with` block")
+        self._write()
+        return False
+
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with self._lock:
+            if self._state != _ACTIVE:
+                raise PrecompileError(
+                    self._spent_message() if self._state == _SPENT else "this capture is not active: call it inside its `with` block"
+                )
+            if kwargs:
+                raise PrecompileError(
+                    f"MakeFxTracer takes positional arguments only, got keyword arguments {sorted(kwargs)}; pass them positionally"
+                )
+            if self._call_failed is not None:
+                raise PrecompileError(
+                    f"this MakeFxTracer capture's call already raised {type(self._call_failed).__name__}; run a fresh capture()"
+                )
+            if self._pair is not None:
+                raise PrecompileError(
+                    "MakeFxTracer captures a single call and one has already been traced; "
+                    "use DynamoTracer for several calls, or a fresh capture()"
+                )
+            try:
+                python_code, forward = self._trace_and_render(args)
+            except BaseException as exc:
+                self._call_failed = exc
+                raise
+            self._pair = (python_code, self._cache_for(python_code))
+        # Serve the rendered artifact: the call runs for real, exactly as load() would run it.
+        return forward(*args)
+
+    def save(self) -> None:
+        """Write what has been captured so far without ending the capture."""
+        if self._state != _ACTIVE:
+            raise PrecompileError(
+                self._spent_message() if self._state == _SPENT else "save() is only valid inside the capture's `with` block"
+            )
+        if self._pair is None:
+            raise PrecompileError("nothing to save yet: call the capture with your example arguments first")
+        self._write()
+
+    # -- internals -------------------------------------------------------------------------------
+    def _spent_message(self) -> str:
+        return "this capture is spent: its `with` block already ran. Call capture() again to capture again"
+
+    def _trace_and_render(self, args: tuple) -> tuple[bytes, Callable[..., Any]]:
+        traced = makefx.trace(self.fn, args, self.tracer.decompositions)
+        started = time.perf_counter()
+        graph = lowering.lower_eager(traced.graph_module)
+        metadata = MakeFxMetadata(
+            format_version=FORMAT_VERSION,
+            backend=self.backend,
+            torch_version=str(torch.__version__),
+            python_version=tuple(sys.version_info[:2]),
+            fn_name=_qualified_name(self.fn),
+            num_positional_args=traced.num_positional_args,
+            module_positions=traced.module_positions,
+            params=traced.params,
+            buffers=traced.buffers,
+            in_spec=traced.in_spec,
+            inputs=traced.inputs,
+            out_spec=traced.out_spec,
+            outputs=traced.outputs,
+            grad_param_indices=traced.grad_param_indices,
+        )
+        source = render_makefx(MakeFxArtifact(metadata=metadata, graph=graph))
+        log.info("lowered with backend=%r and rendered python_code (%d bytes) in %.2f s", self.backend, len(source), time.perf_counter() - started)
+        namespace = execute(source, str(self.artifact_path.resolve()))
+        return source.encode("utf-8"), namespace["forward"]
+
+    def _cache_for(self, python_code: bytes) -> bytes:
+        envelope = CacheEnvelopeV1(
+            code_hash=code_hash(python_code),
+            backend=self.backend,
+            tracer=self.tracer.tag,
+            producer=Producer(
+                precompile=precompile.__version__,
+                torch=str(torch.__version__),
+                python=".".join(map(str, sys.version_info[:3])),
+            ),
+        )
+        return encode_cache(envelope)
+
+    def _write(self) -> None:
+        python_code, cache = self._pair
+        write_pair(self.artifact_path, self.cache_path, python_code, cache)
+
+
+def _qualified_name(fn) -> str:
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{module}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

@@ -1,0 +1,68 @@
+"""The cache file's header: a msgspec Struct tagged by format version.
+
+Evolution follows msgspec's rules: a new field gets a default; a change that old readers cannot
+ignore gets a new tagged Struct beside the old one, and `CacheEnvelope` grows into a union of them.
+Every version ever written keeps a fixture in `fixtures/` and stays readable.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+FORMAT_VERSION = 1
+
+Backend = Literal["inductor", "eager"]
+TracerTag = Literal["make_fx", "dynamo"]
+
+
+class Producer(msgspec.Struct, frozen=True, kw_only=True):
+    """Versions of what wrote the pair."""
+
+    precompile: str
+    torch: str
+    python: str
+
+
+class BundleFile(msgspec.Struct, frozen=True, kw_only=True):
+    """One file of the kernel bundle, stored in the payload in index order."""
+
+    path: str
+    """Relative to the kernel cache directory, '/'-separated, never absolute or with '..'."""
+    kind: str
+    size: int
+    sha256: str
+
+
+class KernelBundle(msgspec.Struct, frozen=True, kw_only=True):
+    """Index of the compiled kernels the payload carries, and what keys them to a host."""
+
+    files: tuple[BundleFile, ...] = ()
+    keys: dict[str, str] = {}
+    """Ingredients of the kernel cache keys (torch, python, isa, compiler command hash, ...)."""
+    payload_size: int = 0
+    """Uncompressed size of the payload: the files' bytes concatenated in index order."""
+    payload_compressed_size: int = 0
+    payload_sha256: str = ""
+    """sha256 of the compressed payload as stored."""
+
+
+class CacheEnvelopeV1(msgspec.Struct, frozen=True, kw_only=True, tag=1, tag_field="format_version"):
+    """Format version 1 of the cache header."""
+
+    code_hash: str
+    """sha256 hex digest of the exact python_code bytes this cache belongs to."""
+    backend: Backend
+    tracer: TracerTag
+    producer: Producer
+    bundle: KernelBundle | None = None
+
+
+# The union of every envelope version a reader understands; one member for now.
+CacheEnvelope = CacheEnvelopeV1
+
+
+class EnvelopeTag(msgspec.Struct):
+    """Just the version tag: decoded first so a newer file gets a clear message, not a type error."""
+
+    format_version: int

@@ -1,0 +1,92 @@
+"""Read python_code's metadata with `ast`: parse, take the top-level literal assignments, convert.
+
+Nothing here executes or imports anything from the artifact. The last top-level assignment of a
+name wins, as it would under exec.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+from typing import Any
+
+import msgspec
+
+from precompile.errors import PrecompileError
+from precompile.schema.envelope import FORMAT_VERSION
+from precompile.schema.metadata import ArtifactMetadata
+
+MAX_PYTHON_CODE_SIZE = 512 * 1024 * 1024
+
+_TRACERS = ("make_fx",)
+
+
+def code_hash(python_code: bytes) -> str:
+    return hashlib.sha256(python_code).hexdigest()
+
+
+def literal_assignments(source: str, *, filename: str = "python_code") -> dict[str, Any]:
+    """The top-level `UPPER_NAME = <literal>` assignments of `source`, evaluated with literal_eval."""
+    try:
+        tree = ast.parse(source, filename=filename)
+    except SyntaxError as exc:
+        raise PrecompileError(
+            f"{filename} is not valid Python (line {exc.lineno}: {exc.msg}); it is not a precompile artifact"
+        ) from None
+    except (ValueError, RecursionError, MemoryError) as exc:
+        raise PrecompileError(f"{filename} cannot be parsed as Python ({type(exc).__name__}); it is not a precompile artifact") from None
+    values: dict[str, Any] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        name = node.targets[0].id
+        if not name.isupper():
+            continue
+        try:
+            values[name] = ast.literal_eval(node.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            values[name] = _NotALiteral(node.lineno)
+    return values
+
+
+class _NotALiteral:
+    def __init__(self, lineno: int) -> None:
+        self.lineno = lineno
+
+
+def decode_source(python_code: bytes, *, filename: str = "python_code") -> str:
+    try:
+        return python_code.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PrecompileError(
+            f"{filename} is not UTF-8 text (byte {exc.start}); it is not a precompile artifact "
+            "(were the artifact and cache paths swapped?)"
+        ) from None
+
+
+def parse_metadata(source: str, *, filename: str = "python_code") -> ArtifactMetadata:
+    """Typed metadata of a python_code, or a PrecompileError that says what is wrong with it."""
+    values = literal_assignments(source, filename=filename)
+    if "FORMAT_VERSION" not in values or "TRACER" not in values:
+        raise PrecompileError(
+            f"{filename} is not a precompile artifact: it has no FORMAT_VERSION/TRACER metadata literals"
+        )
+    broken = sorted(name for name, value in values.items() if isinstance(value, _NotALiteral))
+    if broken:
+        where = ", ".join(f"{name} (line {values[name].lineno})" for name in broken)
+        raise PrecompileError(f"{filename} has metadata that is not a Python literal: {where}")
+    version = values["FORMAT_VERSION"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise PrecompileError(f"{filename} has FORMAT_VERSION = {version!r}; expected an integer")
+    if version > FORMAT_VERSION:
+        raise PrecompileError(
+            f"{filename} has format version {version}, newer than this precompile understands "
+            f"(up to {FORMAT_VERSION}); upgrade precompile to read it"
+        )
+    if values["TRACER"] not in _TRACERS:
+        raise PrecompileError(
+            f"{filename} has TRACER = {values['TRACER']!r}; this precompile reads {', '.join(map(repr, _TRACERS))}"
+        )
+    try:
+        return msgspec.convert(values, ArtifactMetadata)
+    except msgspec.ValidationError as exc:
+        raise PrecompileError(f"{filename} has malformed metadata: {exc}") from None
