@@ -110,12 +110,14 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None) -> MakeFxTra
         [(name, slot_of[id(t)]) for name, t in (*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))]
         for m in modules
     ]
-    requires_grad = [t.requires_grad for _, t in params]
+    # Gradients flow where they would in eager: into params that require them and, to be refused,
+    # into buffers and inputs that require them.
+    requires_grad = [t.requires_grad for _, t in params + buffers] + [t.requires_grad for t in tensor_inputs]
     traced: dict[str, Any] = {}
 
     def flat_fn(*flat):
-        state = [t.detach().requires_grad_(rg) for t, rg in zip(flat[:n_params], requires_grad)]
-        state += list(flat[n_params : n_params + n_buffers])
+        flat = [t.detach().requires_grad_(rg) if rg else t for t, rg in zip(flat, requires_grad)]
+        state = flat[: n_params + n_buffers]
         runtime_inputs = iter(flat[n_params + n_buffers :])
         leaves = [next(runtime_inputs) if isinstance(v, torch.Tensor) else v for _, v in keyed_leaves]
         call_args = {**dict(zip(module_positions, modules)), **pytree.tree_unflatten(leaves, in_spec)}
@@ -141,6 +143,8 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None) -> MakeFxTra
         for key_path, value in out_leaves:
             path = _path("result", key_path)
             if isinstance(value, torch.Tensor):
+                if free_unbacked_symbols(value):
+                    raise PrecompileError(_data_dependent(f"returns {path}, whose shape"))
                 outputs.append(_tensor_leaf(path, value))
                 graph_outputs.append(value)
             elif isinstance(value, _CONSTANT_TYPES):
@@ -165,8 +169,9 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None) -> MakeFxTra
         raise
     except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as exc:
         raise PrecompileError(
-            f"fn branches on a tensor's value ({str(exc).splitlines()[0]}); a MakeFx capture specializes control "
-            "flow to one call and cannot record a data-dependent branch: compute both sides with torch.where"
+            f"fn needs a tensor's value to decide a branch, a shape or a Python number ({str(exc).splitlines()[0]}); "
+            "a MakeFx capture specializes control flow to one call and cannot record that: keep it in tensor ops "
+            "(e.g. torch.where)"
         ) from None
     _refuse_forbidden_nodes(graph_module, [name for name, _ in params])
     log.info("traced %d graph nodes in %.2f s", len(graph_module.graph.nodes), time.perf_counter() - started)
@@ -182,6 +187,13 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None) -> MakeFxTra
         out_spec=_spec_text(traced["out_spec"], "output"),
         outputs=tuple(traced["outputs"]),
         grad_param_indices=traced["grad_param_indices"],
+    )
+
+
+def _data_dependent(what: str) -> str:
+    return (
+        f"fn {what} depends on tensor data (e.g. .item(), .tolist(), nonzero(), masked indexing); a MakeFx "
+        "artifact is specialized to shapes and cannot serve data-dependent results"
     )
 
 
@@ -226,10 +238,7 @@ def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: lis
             raise PrecompileError(f"fn calls the effectful op {node.target}, which a MakeFx artifact does not support yet")
         value = node.meta.get("val")
         if value is not None and free_unbacked_symbols(value):
-            raise PrecompileError(
-                f"fn calls {node.target}, whose result depends on tensor data (e.g. .item(), .tolist(), nonzero(), "
-                "masked indexing); a MakeFx artifact is specialized to shapes and cannot serve data-dependent results"
-            )
+            raise PrecompileError(_data_dependent(f"calls {node.target}, whose result"))
         schema = getattr(node.target, "_schema", None)
         if schema is None:
             continue

@@ -21,6 +21,10 @@ def _shape_text(shape):
     return "(" + ", ".join("*" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
+def _one_line(spec):
+    return " ".join(str(spec).split())
+
+
 def _collect_params_and_buffers(modules):
     """Parameters then buffers of `modules`, each tensor once under its first name (tied weights)."""
     prefix = len(modules) > 1
@@ -99,7 +103,7 @@ def build_forward(metadata, run_graph, artifact="this artifact"):
             modules.append(args[position])
         leaves, spec = _pytree.tree_flatten({i: a for i, a in enumerate(args) if i not in module_positions})
         if spec != in_spec:
-            fail(f"the inputs have structure {spec} but the artifact was captured with {in_spec}",
+            fail(f"the inputs have structure {_one_line(spec)} but the artifact was captured with {_one_line(in_spec)}",
                  "pass inputs with the captured structure")
         tensors = []
         for check, value in zip(input_checks, leaves):

@@ -1,0 +1,106 @@
+"""The torch-free format definition: import hygiene, JSON Schema drift, the cache codec."""
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+import pytest
+
+from conftest import run_fresh
+from precompile.errors import PrecompileError
+from precompile.schema import codec, jsonschema
+from precompile.schema.envelope import CacheEnvelopeV1, Producer
+from precompile.schema.pycode import parse_metadata
+
+PRODUCER = Producer(precompile="0.1.0", torch="2.13.0+cpu", python="3.11.7")
+
+
+def envelope(**changes) -> CacheEnvelopeV1:
+    fields = dict(code_hash="ab" * 32, backend="eager", tracer="make_fx", producer=PRODUCER)
+    return CacheEnvelopeV1(**{**fields, **changes})
+
+
+def test_schema_and_inspect_do_not_import_torch():
+    proc = run_fresh(
+        "import sys, precompile, precompile.schema.pair, precompile.schema.jsonschema, precompile.inspect;"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("name", sorted(jsonschema.EXPORTED))
+def test_committed_json_schema_matches_the_structs(name):
+    assert jsonschema.committed(name) == jsonschema.render(jsonschema.EXPORTED[name]), (
+        f"{name} drifted from the Structs: run `python -m precompile.schema.jsonschema` and commit the result"
+    )
+
+
+def test_envelope_round_trips_header_first_without_a_bundle():
+    data = codec.encode_cache(envelope())
+    decoded, offset = codec.decode_header(data)
+    assert decoded == envelope()
+    assert offset == len(data)
+    assert msgspec.msgpack.decode(data[codec.PREFIX_SIZE :])["format_version"] == 1
+
+
+def test_bundle_round_trips_and_header_decodes_without_touching_payload():
+    files = {"ab/k.main.so": ("kernel", b"\x7fELF" + b"x" * 1000), "ab/k.main.cpp": ("source", b"int main(){}")}
+    bundle, payload = codec.build_bundle(files, {"torch": "2.13.0+cpu", "isa": "avx512"})
+    data = codec.encode_cache(envelope(bundle=bundle), payload)
+    decoded, offset = codec.decode_header(data[: len(data) - len(payload)] + b"\0" * len(payload))
+    assert decoded.bundle == bundle  # header-first: a garbage payload does not matter here
+    assert [f.path for f in bundle.files] == ["ab/k.main.cpp", "ab/k.main.so"]
+    assert codec.decode_payload(bundle, data, offset) == {path: content for path, (_, content) in files.items()}
+
+
+def test_bundle_that_lies_about_its_sizes_is_refused_before_decompressing():
+    bundle, payload = codec.build_bundle({"a.so": ("kernel", b"y" * 4096)}, {})
+    liar = msgspec.structs.replace(bundle, payload_size=10**12, files=(msgspec.structs.replace(bundle.files[0], size=10**12),))
+    data = codec.encode_cache(envelope(bundle=liar), payload)
+    decoded, offset = codec.decode_header(data)
+    with pytest.raises(codec.CacheFormatError, match="over the .*-byte limit"):
+        codec.decode_payload(decoded.bundle, data, offset)
+
+
+def test_bundle_file_whose_sha256_differs_is_never_used():
+    bundle, payload = codec.build_bundle({"a.so": ("kernel", b"y" * 64)}, {})
+    forged = msgspec.structs.replace(bundle, files=(msgspec.structs.replace(bundle.files[0], sha256=hashlib.sha256(b"z").hexdigest()),))
+    data = codec.encode_cache(envelope(bundle=forged), payload)
+    decoded, offset = codec.decode_header(data)
+    with pytest.raises(codec.CacheFormatError, match="a.so does not match its sha256"):
+        codec.decode_payload(decoded.bundle, data, offset)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d[:5], "not a precompile cache file"),
+        (lambda d: b"PK\x03\x04" + d[4:], "not a precompile cache file"),
+        (lambda d: d[: codec.PREFIX_SIZE + 3], "is truncated"),
+        (lambda d: d[: len(codec.MAGIC)] + (2**31).to_bytes(4, "little") + d[codec.PREFIX_SIZE :], "over the .*-byte limit"),
+    ],
+)
+def test_unreadable_caches_raise_cache_format_error(mutate, message):
+    with pytest.raises(codec.CacheFormatError, match=message):
+        codec.decode_header(mutate(codec.encode_cache(envelope())))
+
+
+def test_newer_format_version_is_named_as_newer():
+    header = msgspec.msgpack.encode({"format_version": 7, "code_hash": "x", "future": True})
+    data = codec.MAGIC + len(header).to_bytes(4, "little") + header
+    with pytest.raises(codec.CacheFormatError, match="format version 7, newer than this precompile understands"):
+        codec.decode_header(data)
+
+
+def test_python_code_metadata_errors_name_the_file():
+    with pytest.raises(PrecompileError, match="m.py is not a precompile artifact"):
+        parse_metadata("x = 1\n", filename="m.py")
+    with pytest.raises(PrecompileError, match=r"m.py is not valid Python \(line 1"):
+        parse_metadata("def (:\n", filename="m.py")
+    with pytest.raises(PrecompileError, match=r"m.py has format version 99, newer"):
+        parse_metadata("FORMAT_VERSION = 99\nTRACER = 'make_fx'\n", filename="m.py")
+    with pytest.raises(PrecompileError, match=r"not a Python literal: BACKEND \(line 3\)"):
+        parse_metadata("FORMAT_VERSION = 1\nTRACER = 'make_fx'\nBACKEND = open('x')\n", filename="m.py")
+    with pytest.raises(PrecompileError, match=r"m.py has malformed metadata: Object missing required field"):
+        parse_metadata("FORMAT_VERSION = 1\nTRACER = 'make_fx'\nBACKEND = 'eager'\n", filename="m.py")
