@@ -1,0 +1,39 @@
+"""The main job, `precompile demo`, end to end, and the library's step reports."""
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import torch
+
+import precompile
+
+
+def test_demo_captures_reloads_in_a_fresh_process_and_matches_eager(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "precompile", "demo", str(tmp_path / "out")], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "match" in proc.stdout and "MISMATCH" not in proc.stdout
+    assert "fresh process: load" in proc.stdout and "cache used" in proc.stdout
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["transformer.cache", "transformer.py"]
+
+
+def test_library_reports_steps_through_the_precompile_logger_and_prints_nothing(tmp_path, caplog, capsys):
+    with caplog.at_level(logging.INFO, logger="precompile"):
+        with precompile.capture(
+            torch.sin, artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache",
+            tracer=precompile.MakeFxTracer(), backend="eager",
+        ) as cap:
+            cap(torch.ones(3))
+    messages = [r.getMessage() for r in caplog.records if r.name == "precompile"]
+    assert any(m.startswith("tracing ") for m in messages)
+    assert any(m.startswith("lowered with backend='eager' and rendered python_code (") for m in messages)
+    assert any(m.startswith("wrote ") and "bytes" in m for m in messages)
+    assert capsys.readouterr() == ("", "")
+
+
+def test_cli_usage_errors_exit_2():
+    proc = subprocess.run([sys.executable, "-m", "precompile", "frobnicate"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
