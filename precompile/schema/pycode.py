@@ -13,11 +13,12 @@ import msgspec
 
 from precompile.errors import PrecompileError
 from precompile.schema.envelope import FORMAT_VERSION
-from precompile.schema.metadata import ArtifactMetadata
+from precompile.schema.metadata import ArtifactMetadata, MakeFxMetadata
 
 MAX_PYTHON_CODE_SIZE = 512 * 1024 * 1024
 
-_TRACERS = ("make_fx",)
+# The TRACER tags of the metadata layouts in ArtifactMetadata.
+_TRACERS = (MakeFxMetadata.__struct_config__.tag,)
 
 
 def code_hash(python_code: bytes) -> str:
