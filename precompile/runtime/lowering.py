@@ -17,6 +17,8 @@ def lower_eager(graph_module: torch.fx.GraphModule) -> GraphSection:
     code = graph_module.graph.python_code(root_module="self")
     imports = []
     for name in code.globals:
+        if not re.search(rf"\b{re.escape(name)}\b", code.src):
+            continue  # FX offers a fixed set of globals; import only those the graph uses
         builtin = _custom_builtins.get(name)
         if builtin is None:
             raise PrecompileError(f"the captured graph refers to {name!r}, which the eager backend cannot render as source")

@@ -39,13 +39,7 @@ GRAD_PARAM_INDICES = ()
 # ======================================================================================
 # 2. Captured graph (eager backend: ATen ops, run as they are)
 # ======================================================================================
-NoneType = type(None)
-from math import inf
-from math import nan
-from torch import device
 import torch
-import torch.fx._pytree as fx_pytree
-import torch.utils._pytree as pytree
 
 
 def captured_graph(arg0_1, arg1_1):

@@ -39,13 +39,8 @@ GRAD_PARAM_INDICES = (0, 1, 2, 3, 4)
 # ======================================================================================
 # 2. Captured graph (eager backend: ATen ops, run as they are)
 # ======================================================================================
-NoneType = type(None)
-from math import inf
-from math import nan
 from torch import device
 import torch
-import torch.fx._pytree as fx_pytree
-import torch.utils._pytree as pytree
 
 
 def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_1, arg8_1, arg9_1):
