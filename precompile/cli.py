@@ -10,6 +10,7 @@ from pathlib import Path
 from rich.console import Console
 
 from precompile.errors import PrecompileError
+from precompile.inspect.commands import register as register_inspect_verbs
 
 
 class _StatusHandler(logging.Handler):
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("directory", nargs="?", default="precompile-demo", help="where to write the pair (default: ./precompile-demo)")
     demo.add_argument("--backend", choices=("eager",), default="eager", help="how the captured graph is realized")
     demo.set_defaults(handler=_demo)
+    register_inspect_verbs(verbs)
     return parser
 
 

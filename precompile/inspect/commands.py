@@ -1,0 +1,203 @@
+"""The inspect verbs of the `precompile` command: show, guards, diff, verify, extract, schema.
+
+`register(verbs)` adds them to the CLI's subparsers. Every verb takes an artifact as
+PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME; has `--json`; prints data on
+stdout and diagnostics on stderr; and exits 0 (clean), 1 (a finding: different, failed check,
+unpaired or flagged) or 2 (trouble: a file is unreadable, foreign or newer than understood).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+from precompile.errors import PrecompileError
+from precompile.inspect import render_text
+from precompile.inspect.model import Artifact
+from precompile.inspect.reader import open_artifact, resolve_pair
+
+ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
+
+
+def _artifact(paths: list[str], *, deep: bool = False) -> Artifact:
+    python_code, cache = resolve_pair(paths)
+    return open_artifact(python_code, cache, deep=deep)
+
+
+def _emit(args, out, report, lines) -> None:
+    if args.json:
+        from precompile.inspect.report import encode
+
+        out.file.write(encode(report))
+        out.file.flush()
+        return
+    if not lines:
+        return
+    if out.no_color or not out.is_terminal:
+        out.file.write("".join(f"{text}\n" for text, _ in lines))
+        out.file.flush()
+        return
+    from rich.text import Text
+
+    block = Text()
+    for text, style in lines:
+        block.append(text, style=style)
+        block.append("\n")
+    block.rstrip()
+    out.print(block, markup=False, highlight=False, emoji=False)
+
+
+def _diagnose(err, problems, warnings=()) -> None:
+    for problem in problems:
+        err.print(f"precompile: error: {problem}", markup=False, highlight=False, emoji=False)
+    for warning in warnings:
+        err.print(f"precompile: warning: {warning}", markup=False, highlight=False, emoji=False)
+
+
+def _problems(artifact: Artifact) -> tuple[str, ...]:
+    return tuple(p for p in (artifact.python_code.problem, artifact.cache.problem) if p is not None)
+
+
+def _findings(artifact: Artifact) -> tuple[str, ...]:
+    found = []
+    if artifact.pairs is False:
+        found.append(f"{artifact.cache.path} does not pair with {artifact.python_code.path}: {artifact.pairing_problem}")
+    for member, imp in artifact.flagged_imports:
+        found.append(f"{artifact.cache.path}: pickle {member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled")
+    return tuple(found)
+
+
+def _show(args, out, err) -> int:
+    from precompile.inspect.report import ShowReport
+
+    artifact = _artifact(args.artifact)
+    problems, findings = _problems(artifact), _findings(artifact)
+    report = ShowReport(artifact=artifact, problems=problems)
+    _emit(args, out, report, render_text.render_show(report) if not args.json else ())
+    _diagnose(err, problems, findings)
+    return 2 if problems else 1 if findings else 0
+
+
+def _guards(args, out, err) -> int:
+    from precompile.inspect.guards import filtered, guards_of
+    from precompile.inspect.report import GuardsReport
+
+    artifact = _artifact(args.artifact)
+    guards = guards_of(artifact)
+    if guards is not None:
+        guards = filtered(guards, frame=args.frame, kind=args.type, risky_only=args.risky)
+    problems = (artifact.python_code.problem,) if guards is None and artifact.python_code.problem else ()
+    report = GuardsReport(python_code=artifact.python_code.path, guards=guards, problems=problems)
+    _emit(args, out, report, render_text.render_guards(report) if not args.json else ())
+    _diagnose(err, problems)
+    return 2 if guards is None else 0
+
+
+def _read_code(artifact: Artifact) -> bytes | None:
+    try:
+        with open(artifact.python_code.path, "rb") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _diff(args, out, err) -> int:
+    from precompile.inspect.diff import diff
+
+    a = _artifact([args.a])
+    b = _artifact([args.b])
+    report = diff(a, b, _read_code(a), _read_code(b), context=args.context)
+    _emit(args, out, report, render_text.render_diff(report) if not args.json else ())
+    _diagnose(err, report.problems)
+    return 2 if report.problems else 0 if report.equal else 1
+
+
+def _verify(args, out, err) -> int:
+    from precompile.inspect.verify import verify
+
+    artifact = _artifact(args.artifact, deep=True)
+    report = verify(artifact, host=args.host)
+    _emit(args, out, report, render_text.render_verify(report) if not args.json else ())
+    failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
+    trouble = artifact.python_code.problem is not None or artifact.cache.newer
+    _diagnose(err, failed if trouble else (), () if trouble else failed)
+    return 2 if trouble else 0 if report.ok else 1
+
+
+def _extract(args, out, err) -> int:
+    from precompile.inspect.extract import extract
+
+    if len(args.paths) < 2:
+        raise PrecompileError("extract needs an artifact and a directory: extract ARTIFACT [CACHE] DIR")
+    artifact = _artifact(args.paths[:-1], deep=True)
+    report = extract(artifact, _read_code(artifact) or b"", args.paths[-1])
+    _emit(args, out, report, render_text.render_extract(report) if not args.json else ())
+    _diagnose(err, report.problems)
+    return 2 if report.problems else 0
+
+
+def _schema(args, out, err) -> int:
+    from precompile.inspect.report import render_schema
+    from precompile.schema.jsonschema import render
+    from precompile.schema.envelope import CacheEnvelope
+    from precompile.schema.metadata import ArtifactMetadata
+
+    schemas = {
+        "cache-envelope": lambda: render(CacheEnvelope),
+        "python-code-metadata": lambda: render(ArtifactMetadata),
+        "inspect-report": render_schema,
+    }
+    if args.which != "all":
+        out.file.write(schemas[args.which]())
+    else:
+        combined = {name: json.loads(make()) for name, make in schemas.items()}
+        out.file.write(json.dumps(combined, indent=2, sort_keys=True) + "\n")
+    out.file.flush()
+    return 0
+
+
+def _guarded(handler):
+    """Turn OS-level failures into the CLI's `precompile: error:` exit 2; never a traceback."""
+
+    def run(args, out, err) -> int:
+        try:
+            return handler(args, out, err)
+        except PrecompileError:
+            raise
+        except (OSError, ValueError, RecursionError, MemoryError) as exc:
+            raise PrecompileError(f"{type(exc).__name__}: {exc}") from None
+
+    return run
+
+
+def register(verbs: argparse._SubParsersAction) -> None:
+    """Add the inspect verbs to the `precompile` command's subparsers."""
+
+    def add(name: str, help_text: str, handler, *, artifact: bool = True) -> argparse.ArgumentParser:
+        parser = verbs.add_parser(name, help=help_text, description=help_text)
+        if artifact:
+            parser.add_argument("artifact", nargs="+", metavar="ARTIFACT", help=ARTIFACT_HELP)
+        parser.add_argument("--json", action="store_true", help="print the versioned JSON report instead of text")
+        parser.set_defaults(handler=_guarded(handler))
+        return parser
+
+    add("show", "show tags, versions, calling convention, hashes, pairing and bundle contents of an artifact", _show)
+    guards = add("guards", "show what an artifact checks before serving a call, and what it does not", _guards)
+    guards.add_argument("--frame", help="only this frame (name or variant number)")
+    guards.add_argument("--type", help="only this guard type or specialization kind (shape, dtype, device, constant, param, buffer)")
+    guards.add_argument("--risky", action="store_true", help="only risky slots")
+    diff = add("diff", "semantic diff of two artifacts; exit 0 equal, 1 different, 2 trouble", _diff, artifact=False)
+    diff.add_argument("a", metavar="A", help="the first artifact: a directory holding one pair, or a prefix DIR/NAME")
+    diff.add_argument("b", metavar="B", help="the second artifact, likewise")
+    diff.add_argument("--context", type=int, default=3, help="lines of context in the python_code diff (default: 3)")
+    verify = add("verify", "check a pair's integrity; --host: whether this machine can serve it; exit 0/1/2", _verify)
+    verify.add_argument("--host", action="store_true", help="also check this host's Python and torch against the artifact")
+    extract = add("extract", "write python_code sections, metadata, envelope and bundle files into a new directory", _extract, artifact=False)
+    extract.add_argument("paths", nargs="+", metavar="ARTIFACT... DIR", help=f"{ARTIFACT_HELP}; then the directory to create")
+    schema = add("schema", "print the JSON Schemas of the cache envelope, the python_code metadata and the --json report", _schema, artifact=False)
+    schema.add_argument("which", nargs="?", default="all", choices=("all", "cache-envelope", "python-code-metadata", "inspect-report"))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("run `precompile <verb>`")

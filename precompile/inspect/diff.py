@@ -1,0 +1,131 @@
+"""Semantic diff of two artifacts, keyed by identity (names, paths, field names), not position.
+
+Sections come in a fixed order, most meaningful first: guards, inputs, outputs, params, buffers,
+metadata, envelope, bundle; then a normalized unified diff of python_code section by section.
+"""
+from __future__ import annotations
+
+import difflib
+import re
+
+from precompile.inspect.guards import guards_of, shape_text
+from precompile.inspect.model import Artifact
+from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
+from precompile.inspect.sections import split_sections
+from precompile.schema.metadata import ConstantLeaf, MakeFxMetadata
+from precompile.schema.pycode import decode_source
+
+SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle")
+_DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
+
+
+def _leaf(leaf) -> str:
+    if isinstance(leaf, ConstantLeaf):
+        return f"constant {leaf.value!r}"
+    return f"tensor {shape_text(leaf.shape)} {leaf.dtype} {leaf.device}"
+
+
+def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
+    """{section: {identity: value text}} of everything compared."""
+    out: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
+    guards = guards_of(artifact)
+    if guards is not None:
+        for frame in guards.frames:
+            for slot in frame.slots:
+                key = f"{frame.frame}#{frame.variant} {slot.guard_type} {slot.source}"
+                out["guards"][key] = f"{slot.status}{' [risky]' if slot.risky else ''} {slot.check}".rstrip()
+    meta = artifact.python_code.metadata
+    if isinstance(meta, MakeFxMetadata):
+        out["inputs"] = {leaf.path: _leaf(leaf) for leaf in meta.inputs}
+        out["outputs"] = {leaf.path: _leaf(leaf) for leaf in meta.outputs}
+        out["params"] = {t.name: f"{shape_text(t.shape)} {t.dtype} {t.device}" for t in meta.params}
+        out["buffers"] = {t.name: f"{shape_text(t.shape)} {t.dtype} {t.device}" for t in meta.buffers}
+        grads = [meta.params[i].name if 0 <= i < len(meta.params) else f"#{i}" for i in meta.grad_param_indices]
+        out["metadata"] = {
+            "FORMAT_VERSION": str(meta.format_version),
+            "TRACER": "make_fx",
+            "BACKEND": meta.backend,
+            "SERVING_MODE": meta.serving_mode,
+            "TORCH_VERSION": meta.torch_version,
+            "PYTHON_VERSION": ".".join(map(str, meta.python_version)),
+            "FN_NAME": meta.fn_name,
+            "NUM_POSITIONAL_ARGS": str(meta.num_positional_args),
+            "MODULE_POSITIONS": str(tuple(meta.module_positions)),
+            "IN_SPEC": meta.in_spec,
+            "OUT_SPEC": meta.out_spec,
+            "GRAD_PARAMS": ", ".join(grads) or "(none)",
+        }
+    envelope = artifact.cache.envelope
+    if envelope is not None:
+        env = {
+            "format_version": str(artifact.cache.format_version),
+            "backend": envelope.backend,
+            "tracer": envelope.tracer,
+            "producer.precompile": envelope.producer.precompile,
+            "producer.torch": envelope.producer.torch,
+            "producer.python": envelope.producer.python,
+            "code_hash": envelope.code_hash,
+            "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
+        }
+        bundle = envelope.bundle
+        if bundle is not None:
+            env.update({f"bundle.keys.{k}": v for k, v in bundle.keys.items()})
+            env["bundle.payload_size"] = str(bundle.payload_size)
+            env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
+            env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
+            out["bundle"] = {f.path: f"{f.kind} {f.size} bytes sha256 {f.sha256}" for f in bundle.files}
+        out["envelope"] = env
+    elif artifact.cache.kind != "missing":
+        out["envelope"] = {"kind": artifact.cache.kind}
+    return out
+
+
+def _normalize(text: str) -> list[str]:
+    return [_DIGEST.sub("<sha256>", line.rstrip()) for line in text.splitlines()]
+
+
+def _code_sections(artifact: Artifact, data: bytes | None) -> dict[str, list[str]]:
+    if data is None:
+        return {}
+    try:
+        source = decode_source(data)
+    except Exception:  # noqa: BLE001 - not text: nothing to diff line by line
+        return {}
+    return {section.slug: _normalize(text) for section, text in split_sections(source)}
+
+
+def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *, context: int = 3) -> DiffReport:
+    fa, fb = flatten(a), flatten(b)
+    entries: list[DiffEntry] = []
+    for section in SECTIONS:
+        left, right = fa[section], fb[section]
+        for key in sorted(set(left) | set(right)):
+            if key not in right:
+                entries.append(DiffEntry(section=section, key=key, change="removed", a=left[key]))
+            elif key not in left:
+                entries.append(DiffEntry(section=section, key=key, change="added", b=right[key]))
+            elif left[key] != right[key]:
+                entries.append(DiffEntry(section=section, key=key, change="changed", a=left[key], b=right[key]))
+    code: list[CodeDiff] = []
+    ca, cb = _code_sections(a, a_code), _code_sections(b, b_code)
+    order = list(ca) + [slug for slug in cb if slug not in ca]
+    for slug in order:
+        left, right = ca.get(slug), cb.get(slug)
+        if left == right:
+            continue
+        lines = tuple(
+            difflib.unified_diff(left or [], right or [], f"a/{slug}", f"b/{slug}", n=context, lineterm="")
+        )
+        change = "removed" if right is None else "added" if left is None else "changed"
+        code.append(CodeDiff(section=slug, change=change, lines=lines))
+    problems = tuple(
+        p for art in (a, b) for p in (art.python_code.problem, art.cache.problem) if p is not None
+    )
+    return DiffReport(
+        a=a.python_code.path,
+        b=b.python_code.path,
+        equal=not entries and not code,
+        entries=tuple(entries),
+        python_code=tuple(code),
+        problems=problems,
+    )

@@ -1,0 +1,72 @@
+"""Write an artifact's parts into a directory for other tools (git diff, difftastic, debuggers).
+
+Layout under DIR: `python_code/NN-<section>.py` (the captured graph is `NN-captured-graph.py`),
+`metadata.json`, `envelope.json`, and `bundle/<path>` for each kernel bundle file (hash-checked by
+`codec.decode_payload`). DIR must be new or empty; bundle paths that would escape it are refused.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path, PurePosixPath
+
+import msgspec
+
+from precompile.errors import PrecompileError
+from precompile.inspect.model import Artifact, Blob
+from precompile.inspect.report import ExtractedFile, ExtractReport
+from precompile.inspect.sections import split_sections
+from precompile.schema.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, CacheFormatError, decode_payload
+from precompile.schema.pair import read_bytes
+from precompile.schema.pycode import decode_source
+
+
+def _safe_relative(path: str) -> PurePosixPath:
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or "\\" in path or any(part in ("..", "") for part in path.split("/")) or ":" in path:
+        raise PrecompileError(f"bundle file path {path!r} is absolute or leaves the bundle directory; refusing to extract it")
+    return pure
+
+
+def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractReport:
+    root = Path(directory)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise PrecompileError(f"extract directory {directory} exists and is not empty; pass a new or empty directory")
+    planned: list[tuple[str, bytes, str]] = []
+    problems: list[str] = []
+    try:
+        source = decode_source(python_code, filename=artifact.python_code.path)
+    except PrecompileError as exc:
+        problems.append(str(exc))
+        source = None
+    if source is not None:
+        for section, text in split_sections(source):
+            planned.append((f"python_code/{section.index:02d}-{section.slug}.py", text.encode("utf-8", "surrogatepass"), f"python_code section {section.title}"))
+    if artifact.python_code.metadata is not None:
+        planned.append(("metadata.json", msgspec.json.format(msgspec.json.encode(artifact.python_code.metadata), indent=2) + b"\n", "python_code metadata"))
+    if artifact.python_code.problem:
+        problems.append(artifact.python_code.problem)
+    cache = artifact.cache
+    if cache.envelope is not None:
+        planned.append(("envelope.json", msgspec.json.format(msgspec.json.encode(cache.envelope), indent=2) + b"\n", "cache envelope"))
+        bundle = cache.envelope.bundle
+        if bundle is not None and bundle.files:
+            data = read_bytes(Path(cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE)
+            try:
+                files = decode_payload(bundle, data, PREFIX_SIZE + (cache.header_size or 0), source=f"cache {cache.path}")
+            except CacheFormatError as exc:
+                problems.append(str(exc))
+                files = {}
+            for entry in bundle.files:
+                if entry.path in files:
+                    planned.append((f"bundle/{_safe_relative(entry.path)}", files[entry.path], f"bundle file ({entry.kind})"))
+    if cache.problem:
+        problems.append(cache.problem)
+    written = []
+    for relative, content, what in planned:
+        target = root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+        shown = os.path.join(directory, *relative.split("/"))
+        written.append(ExtractedFile(path=shown, file=Blob(size=len(content), sha256=hashlib.sha256(content).hexdigest()), what=what))
+    return ExtractReport(directory=directory, files=tuple(written), problems=tuple(problems))

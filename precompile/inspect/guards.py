@@ -1,0 +1,72 @@
+"""What an artifact checks before serving a call, and what it does not.
+
+MakeFx artifacts have no guards: the trace is specialized on the calling convention (argument
+structure, tensor shapes, dtypes and devices, baked-in constants, the model's parameters and
+buffers) and the driver refuses any call that differs. Dynamo artifacts will fill `frames` with
+their guard slots (kept, dropped, risky, policy-dropped) keyed by (guard_type, source).
+"""
+from __future__ import annotations
+
+from precompile.inspect.model import Artifact, FrameGuards, Guards, Specialization
+from precompile.schema.metadata import ConstantLeaf, MakeFxMetadata
+
+MAKEFX_NOT_CHECKED = (
+    "tensor values: control flow that depended on them was fixed at capture",
+    "Python state fn reads besides its arguments (globals, closures, module attributes other than parameters and buffers)",
+    "strides, memory format and requires_grad of the inputs",
+)
+
+
+def shape_text(shape) -> str:
+    return "(" + ", ".join("*" if dim is None else str(dim) for dim in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def makefx_guards(meta: MakeFxMetadata) -> Guards:
+    specs: list[Specialization] = []
+    for leaf in meta.inputs:
+        if isinstance(leaf, ConstantLeaf):
+            specs.append(Specialization(kind="constant", path=leaf.path, value=repr(leaf.value)))
+            continue
+        specs.append(Specialization(kind="shape", path=leaf.path, value=shape_text(leaf.shape)))
+        specs.append(Specialization(kind="dtype", path=leaf.path, value=leaf.dtype))
+        specs.append(Specialization(kind="device", path=leaf.path, value=leaf.device))
+    for kind, tensors in (("param", meta.params), ("buffer", meta.buffers)):
+        for tensor in tensors:
+            specs.append(Specialization(kind=kind, path=tensor.name, value=f"{shape_text(tensor.shape)} {tensor.dtype} {tensor.device}"))
+    return Guards(
+        tracer="make_fx",
+        has_guards=False,
+        headline=(
+            "no guards: a MakeFx artifact is specialized on the calling convention (shapes, dtypes, devices, "
+            "constants, parameters and buffers) and its driver refuses any call that differs"
+        ),
+        not_checked=MAKEFX_NOT_CHECKED,
+        frames=(FrameGuards(frame=meta.fn_name, variant=0, slots=()),),
+        specializations=tuple(specs),
+    )
+
+
+def guards_of(artifact: Artifact) -> Guards | None:
+    meta = artifact.python_code.metadata
+    if isinstance(meta, MakeFxMetadata):
+        return makefx_guards(meta)
+    return None
+
+
+def filtered(guards: Guards, *, frame: str | None, kind: str | None, risky_only: bool) -> Guards:
+    import msgspec
+
+    frames = tuple(
+        msgspec.structs.replace(
+            f,
+            slots=tuple(s for s in f.slots if (kind is None or s.guard_type == kind) and (not risky_only or s.risky)),
+        )
+        for f in guards.frames
+        if frame is None or f.frame == frame or str(f.variant) == frame
+    )
+    specs = tuple(
+        s for s in guards.specializations if (kind is None or s.kind == kind) and (not risky_only or s.risky)
+    )
+    if frame is not None and not frames:
+        specs = ()
+    return msgspec.structs.replace(guards, frames=frames, specializations=specs)

@@ -1,0 +1,176 @@
+"""The typed model of an artifact pair that every verb renders, checks or compares.
+
+Built by `reader` from the schema's own Structs (metadata, envelope, bundle index); opaque bytes
+appear as size and sha256 only. Paths are kept exactly as the user gave them.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from precompile.schema.envelope import CacheEnvelope
+from precompile.schema.metadata import ArtifactMetadata
+
+Risk = Literal["allowed", "unknown", "dangerous"]
+
+
+class Blob(msgspec.Struct, frozen=True, kw_only=True):
+    """Opaque bytes: never decoded, only measured."""
+
+    size: int
+    sha256: str
+
+
+class Section(msgspec.Struct, frozen=True, kw_only=True):
+    """A part of python_code delimited by its `# ====` banner lines."""
+
+    index: int
+    slug: str
+    """Stable short name: header, metadata, captured-graph, driver, ..."""
+    title: str
+    first_line: int
+    """1-based line of the section's first line (its opening banner, or line 1 for the header)."""
+    line_count: int
+    sha256: str
+
+
+class PythonCodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    file: Blob | None = None
+    """None when the file could not be read at all."""
+    format_version: int | None = None
+    """FORMAT_VERSION as written, even when newer than understood."""
+    tracer: str | None = None
+    literal_names: tuple[str, ...] = ()
+    """Every top-level UPPER_CASE assignment, sorted: the metadata names and anything else."""
+    metadata: ArtifactMetadata | None = None
+    sections: tuple[Section, ...] = ()
+    problem: str | None = None
+    newer: bool = False
+    """True when the problem is a format version newer than this reader understands."""
+
+
+class PickleImport(msgspec.Struct, frozen=True, kw_only=True):
+    """A GLOBAL/STACK_GLOBAL a pickle would resolve when unpickled, with how risky that is."""
+
+    module: str
+    name: str
+    risk: Risk
+    count: int = 1
+
+
+class Field(msgspec.Struct, frozen=True, kw_only=True):
+    """A top-level entry of a pickled dict, statically summarized: a scalar's repr, else a kind."""
+
+    key: str
+    summary: str
+
+
+class PickleScan(msgspec.Struct, frozen=True, kw_only=True):
+    member: str
+    """Where the pickle sits: a zip member name, or "(file)" for a bare pickle."""
+    blob: Blob
+    protocol: int | None = None
+    imports: tuple[PickleImport, ...] = ()
+    top_level: str | None = None
+    """What the pickle evaluates to, statically: "dict", "list", "call torch._utils._rebuild_tensor_v2", ..."""
+    fields: tuple[Field, ...] = ()
+    problem: str | None = None
+
+    @property
+    def flagged(self) -> tuple[PickleImport, ...]:
+        return tuple(imp for imp in self.imports if imp.risk != "allowed")
+
+
+class ZipMember(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    size: int
+    compressed_size: int
+
+
+class UpstreamCache(msgspec.Struct, frozen=True, kw_only=True):
+    """A cache in upstream torch's own format (a torch.save zip of a plain dict) or a bare pickle."""
+
+    container: Literal["torch_save_zip", "pickle"]
+    members: tuple[ZipMember, ...] = ()
+    pickles: tuple[PickleScan, ...] = ()
+
+
+CacheKind = Literal["precompile", "torch_save_zip", "pickle", "unknown", "missing"]
+
+
+class CacheInfo(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    kind: CacheKind
+    file: Blob | None = None
+    envelope: CacheEnvelope | None = None
+    format_version: int | None = None
+    """The envelope's version tag as written, even when newer than understood."""
+    header_size: int | None = None
+    payload: Blob | None = None
+    """The stored (compressed) bundle payload, read only to measure it."""
+    upstream: UpstreamCache | None = None
+    problem: str | None = None
+    newer: bool = False
+
+
+class Artifact(msgspec.Struct, frozen=True, kw_only=True):
+    python_code: PythonCodeInfo
+    cache: CacheInfo
+    pairs: bool | None
+    """True when the cache belongs to this python_code (tags and code hash agree); None: not checkable."""
+    pairing_problem: str | None = None
+
+    @property
+    def readable(self) -> bool:
+        return self.python_code.problem is None and self.cache.problem is None
+
+    @property
+    def flagged_imports(self) -> tuple[tuple[str, PickleImport], ...]:
+        if self.cache.upstream is None:
+            return ()
+        return tuple((scan.member, imp) for scan in self.cache.upstream.pickles for imp in scan.flagged)
+
+
+# ---- guards: empty for MakeFx, shaped for Dynamo's guard slots -------------------------------
+
+SlotStatus = Literal["kept", "dropped", "risky_dropped", "policy_dropped"]
+
+
+class GuardSlot(msgspec.Struct, frozen=True, kw_only=True):
+    """One guard slot of a frame variant, keyed by (guard_type, source) across artifacts."""
+
+    guard_type: str
+    source: str
+    status: SlotStatus
+    check: str = ""
+    risky: bool = False
+
+
+class FrameGuards(msgspec.Struct, frozen=True, kw_only=True):
+    frame: str
+    variant: int = 0
+    slots: tuple[GuardSlot, ...] = ()
+
+
+SpecializationKind = Literal["shape", "dtype", "device", "constant", "param", "buffer"]
+
+
+class Specialization(msgspec.Struct, frozen=True, kw_only=True):
+    """Something a MakeFx trace is specialized on; the driver refuses a call that differs."""
+
+    kind: SpecializationKind
+    path: str
+    value: str
+    risky: bool = False
+
+
+class Guards(msgspec.Struct, frozen=True, kw_only=True):
+    tracer: str
+    has_guards: bool
+    headline: str
+    not_checked: tuple[str, ...]
+    frames: tuple[FrameGuards, ...] = ()
+    specializations: tuple[Specialization, ...] = ()
+

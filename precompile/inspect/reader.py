@@ -1,0 +1,260 @@
+"""Open an artifact pair into the typed model without executing, importing or unpickling it.
+
+Reuses the schema's readers (`precompile.schema.pair`, `pycode`, `codec`); adds what forensics
+needs on top: a model that keeps going past a bad file, version tags read even when too new, and
+recognition of upstream torch caches (a torch.save zip, or a bare pickle) scanned statically.
+By default the cache is read header-first (the payload is only measured); `deep=True` also reads
+and hashes the payload, for verify and extract.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import zipfile
+from pathlib import Path
+
+import msgspec
+
+from precompile.errors import PrecompileError
+from precompile.inspect.model import (
+    Artifact,
+    Blob,
+    CacheInfo,
+    PythonCodeInfo,
+    UpstreamCache,
+    ZipMember,
+)
+from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, scan_pickle
+from precompile.inspect.sections import split_sections
+from precompile.schema.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
+from precompile.schema.envelope import FORMAT_VERSION, EnvelopeTag
+from precompile.schema.pair import PythonCode, parse_cache, pairing_problem, read_bytes
+from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, parse_metadata
+
+MAX_ZIP_MEMBERS = 10_000
+_PICKLE_PROTOCOLS = range(0, 6)
+
+
+def resolve_pair(paths: list[str]) -> tuple[str, str]:
+    """(python_code path, cache path) from two paths, a directory holding one pair, or a prefix."""
+    if len(paths) == 2:
+        return paths[0], paths[1]
+    if len(paths) != 1:
+        raise PrecompileError(f"expected an artifact as PYTHON_CODE CACHE, a directory or a path prefix; got {len(paths)} paths")
+    given = paths[0]
+    if os.path.isdir(given):
+        try:
+            names = set(os.listdir(given))
+        except OSError as exc:
+            raise PrecompileError(f"could not list directory {given}: {exc.strerror or exc}") from None
+        stems = sorted(name[:-3] for name in names if name.endswith(".py") and f"{name[:-3]}.cache" in names)
+        if len(stems) != 1:
+            found = ", ".join(stems) if stems else "none"
+            raise PrecompileError(
+                f"directory {given} must hold exactly one pair NAME.py + NAME.cache (found: {found}); "
+                "pass the two files or the prefix DIR/NAME instead"
+            )
+        return os.path.join(given, f"{stems[0]}.py"), os.path.join(given, f"{stems[0]}.cache")
+    for suffix in (".py", ".cache"):
+        if given.endswith(suffix) and os.path.isfile(given):
+            stem = given[: -len(suffix)]
+            return f"{stem}.py", f"{stem}.cache"
+    if os.path.isfile(f"{given}.py"):
+        return f"{given}.py", f"{given}.cache"
+    raise PrecompileError(
+        f"{given} is neither a directory with one pair, a python_code file, nor a prefix of {given}.py; "
+        "pass PYTHON_CODE CACHE"
+    )
+
+
+def _blob(data: bytes) -> Blob:
+    return Blob(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+
+def read_python_code(path: str) -> tuple[PythonCodeInfo, PythonCode | None]:
+    """The model of a python_code file; a file that cannot be read at all raises PrecompileError."""
+    data = read_bytes(Path(path), "python_code", MAX_PYTHON_CODE_SIZE)
+    info, metadata = _parse_python_code(data, path)
+    if metadata is None:
+        return info, None
+    return info, PythonCode(path=Path(path), data=data, source=data.decode("utf-8"), metadata=metadata)
+
+
+@functools.lru_cache(maxsize=4)
+def _parse_python_code(data: bytes, path: str):
+    """Parsed once per content and path: `diff A A` and repeated verbs in one process reuse it."""
+    blob = _blob(data)
+    try:
+        source = decode_source(data, filename=path)
+    except PrecompileError as exc:
+        return PythonCodeInfo(path=path, file=blob, problem=str(exc)), None
+    sections = tuple(section for section, _ in split_sections(source))
+    values: dict = {}
+    try:
+        values = literal_assignments(source, filename=path)
+    except PrecompileError:
+        pass  # parse_metadata below reports it
+    version = values.get("FORMAT_VERSION")
+    version = version if isinstance(version, int) and not isinstance(version, bool) else None
+    tracer = values.get("TRACER")
+    info = dict(
+        path=path,
+        file=blob,
+        format_version=version,
+        tracer=tracer if isinstance(tracer, str) else None,
+        literal_names=tuple(sorted(values)),
+        sections=sections,
+    )
+    try:
+        metadata = parse_metadata(source, filename=path)
+    except PrecompileError as exc:
+        newer = version is not None and version > FORMAT_VERSION
+        return PythonCodeInfo(**info, problem=str(exc), newer=newer), None
+    return PythonCodeInfo(**info, metadata=metadata), metadata
+
+
+def _read_prefix(path: str, size: int) -> bytes:
+    with open(path, "rb") as handle:
+        return handle.read(size)
+
+
+def read_cache(path: str, *, deep: bool = False) -> CacheInfo:
+    """The model of a cache file; every problem is reported in it, never raised."""
+    try:
+        size = os.stat(path).st_size
+        if os.path.isdir(path):
+            raise IsADirectoryError
+        head = _read_prefix(path, PREFIX_SIZE)
+    except FileNotFoundError:
+        return CacheInfo(path=path, kind="missing", problem=f"cache {path} does not exist")
+    except IsADirectoryError:
+        return CacheInfo(path=path, kind="missing", problem=f"cache {path} is a directory, not a file")
+    except OSError as exc:
+        return CacheInfo(path=path, kind="missing", problem=f"could not read cache {path}: {exc.strerror or exc}")
+    if head.startswith(MAGIC) and len(head) == PREFIX_SIZE:
+        return _read_envelope(path, size, head, deep)
+    if head.startswith(b"PK"):
+        return _read_zip(path, size)
+    if len(head) >= 2 and head[0] == 0x80 and head[1] in _PICKLE_PROTOCOLS:
+        return _read_bare_pickle(path, size)
+    data = head if not deep else _read_bounded(path, size)
+    cache = parse_cache(Path(path), data)
+    return CacheInfo(path=path, kind="unknown", file=_blob(data) if deep else None, problem=cache.problem or "unrecognized cache")
+
+
+def _read_bounded(path: str, size: int) -> bytes:
+    limit = PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE
+    if size > limit:
+        raise PrecompileError(f"cache {path} is {size} bytes, over the {limit}-byte limit")
+    return read_bytes(Path(path), "cache", limit)
+
+
+def _read_envelope(path: str, size: int, head: bytes, deep: bool) -> CacheInfo:
+    header_size = int.from_bytes(head[len(MAGIC) : PREFIX_SIZE], "little")
+    try:
+        if deep:
+            data = _read_bounded(path, size)
+        elif header_size <= MAX_HEADER_SIZE:
+            data = _read_prefix(path, PREFIX_SIZE + header_size)
+        else:
+            data = head  # decode_header refuses the size before anything is allocated
+    except PrecompileError as exc:
+        return CacheInfo(path=path, kind="precompile", problem=str(exc))
+    cache = parse_cache(Path(path), data)
+    file = _blob(data) if deep else None
+    if cache.envelope is None:
+        version = _version_tag(data, header_size)
+        return CacheInfo(
+            path=path,
+            kind="precompile",
+            file=file,
+            format_version=version,
+            header_size=header_size,
+            problem=cache.problem,
+            newer=version is not None and version > FORMAT_VERSION,
+        )
+    offset = cache.payload_offset
+    payload = _blob(data[offset:]) if deep else Blob(size=size - offset, sha256="")
+    return CacheInfo(
+        path=path,
+        kind="precompile",
+        file=file,
+        envelope=cache.envelope,
+        format_version=cache.envelope.__struct_config__.tag,
+        header_size=header_size,
+        payload=payload,
+    )
+
+
+def _version_tag(data: bytes, header_size: int) -> int | None:
+    if header_size > MAX_HEADER_SIZE or len(data) < PREFIX_SIZE + header_size:
+        return None
+    try:
+        return msgspec.msgpack.decode(data[PREFIX_SIZE : PREFIX_SIZE + header_size], type=EnvelopeTag).format_version
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    with archive.open(info) as handle:
+        data = handle.read(MAX_PICKLE_SIZE + 1)
+    if len(data) > MAX_PICKLE_SIZE:
+        raise ValueError(f"member {info.filename} is over the {MAX_PICKLE_SIZE}-byte scan limit")
+    return data
+
+
+def _read_zip(path: str, size: int) -> CacheInfo:
+    upstream_note = (
+        f"cache {path} is a torch.save zip (upstream torch.compiler.precompile format), not a precompile cache"
+    )
+    try:
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()
+            if len(infos) > MAX_ZIP_MEMBERS:
+                raise ValueError(f"{len(infos)} members, over the {MAX_ZIP_MEMBERS}-member limit")
+            members = tuple(ZipMember(name=i.filename, size=i.file_size, compressed_size=i.compress_size) for i in infos)
+            pickles = []
+            for info in sorted(infos, key=lambda i: i.filename):
+                if info.filename.endswith(".pkl"):
+                    if info.file_size > MAX_PICKLE_SIZE:
+                        raise ValueError(f"member {info.filename} declares {info.file_size} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
+                    pickles.append(scan_pickle(_read_member(archive, info), member=info.filename))
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
+        # zlib.error is an Exception subclass too; everything a broken zip can raise is reported
+        return CacheInfo(path=path, kind="torch_save_zip", problem=f"{upstream_note}, and it cannot be read: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a corrupt member stream (zlib.error, ...) is a finding, not a crash
+        return CacheInfo(path=path, kind="torch_save_zip", problem=f"{upstream_note}, and it cannot be read: {type(exc).__name__}: {exc}")
+    if not any(m.name.endswith("data.pkl") for m in members):
+        upstream_note = f"cache {path} is a zip file without a data.pkl: neither a precompile cache nor a torch.save archive"
+    return CacheInfo(
+        path=path,
+        kind="torch_save_zip",
+        file=Blob(size=size, sha256=""),
+        upstream=UpstreamCache(container="torch_save_zip", members=members, pickles=tuple(pickles)),
+        problem=upstream_note,
+    )
+
+
+def _read_bare_pickle(path: str, size: int) -> CacheInfo:
+    if size > MAX_PICKLE_SIZE:
+        return CacheInfo(path=path, kind="pickle", problem=f"cache {path} is a {size}-byte pickle, over the {MAX_PICKLE_SIZE}-byte scan limit")
+    data = read_bytes(Path(path), "cache", MAX_PICKLE_SIZE)
+    scan = scan_pickle(data, member="(file)")
+    return CacheInfo(
+        path=path,
+        kind="pickle",
+        file=_blob(data),
+        upstream=UpstreamCache(container="pickle", pickles=(scan,)),
+        problem=f"cache {path} is a bare pickle, not a precompile cache",
+    )
+
+
+def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False) -> Artifact:
+    """The typed model of a pair; raises PrecompileError only when python_code cannot be read at all."""
+    code_info, code = read_python_code(python_code_path)
+    cache = read_cache(cache_path, deep=deep)
+    if code is None or cache.envelope is None:
+        return Artifact(python_code=code_info, cache=cache, pairs=None)
+    problem = pairing_problem(code, cache.envelope)
+    return Artifact(python_code=code_info, cache=cache, pairs=problem is None, pairing_problem=problem)

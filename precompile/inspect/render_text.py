@@ -1,0 +1,188 @@
+"""Deterministic text renderings of the reports: stable order, paths as given, no timestamps.
+
+Each renderer returns lines as (text, style) pairs; style is a rich style name or None, applied
+only when the console has colour. The text itself never depends on terminal width or colour.
+"""
+from __future__ import annotations
+
+from precompile.inspect.diff import SECTIONS
+from precompile.inspect.guards import shape_text
+from precompile.inspect.model import Artifact, CacheInfo, Guards, PythonCodeInfo, UpstreamCache
+from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
+from precompile.schema.metadata import ConstantLeaf, MakeFxMetadata
+
+Line = tuple[str, "str | None"]
+HEAD = "bold"
+BAD = "bold red"
+GOOD = "green"
+WARN = "yellow"
+
+
+def _leaf(leaf) -> str:
+    if isinstance(leaf, ConstantLeaf):
+        return f"{leaf.path}  constant {leaf.value!r}"
+    return f"{leaf.path}  tensor {shape_text(leaf.shape)} {leaf.dtype} {leaf.device}"
+
+
+def _python_code(info: PythonCodeInfo) -> list[Line]:
+    size = f"{info.file.size} bytes, sha256 {info.file.sha256}" if info.file else "unreadable"
+    lines: list[Line] = [(f"python_code {info.path} ({size})", HEAD)]
+    meta = info.metadata
+    if meta is None:
+        lines.append((f"  format version {info.format_version if info.format_version is not None else '?'}, tracer {info.tracer or '?'}", None))
+        if info.literal_names:
+            lines.append((f"  literals: {', '.join(info.literal_names)}", None))
+    else:
+        tracer = type(meta).__struct_config__.tag
+        lines.append((f"  format version {meta.format_version}, tracer {tracer}, backend {meta.backend}, serving mode {meta.serving_mode}", None))
+        lines.append((f"  fn {meta.fn_name}", None))
+        lines.append((f"  captured with torch {meta.torch_version}, python {'.'.join(map(str, meta.python_version))}", None))
+        extra = sorted(set(info.literal_names) - set(type(meta).__struct_encode_fields__) - {"TRACER"})
+        if extra:
+            lines.append((f"  other literals: {', '.join(extra)}", None))
+    if info.sections:
+        parts = ", ".join(f"{s.slug} ({s.first_line}-{s.first_line + s.line_count - 1})" for s in info.sections)
+        lines.append((f"  sections: {parts}", None))
+    if isinstance(meta, MakeFxMetadata):
+        lines.extend(_calling_convention(meta))
+    return lines
+
+
+def _calling_convention(meta: MakeFxMetadata) -> list[Line]:
+    lines: list[Line] = [("calling convention", HEAD)]
+    lines.append((f"  {meta.num_positional_args} positional args, modules at {list(meta.module_positions)}", None))
+    for title, leaves in (("inputs", meta.inputs), ("outputs", meta.outputs)):
+        lines.append((f"  {title} ({len(leaves)})", None))
+        lines.extend((f"    {_leaf(leaf)}", None) for leaf in leaves)
+    for title, tensors in (("params", meta.params), ("buffers", meta.buffers)):
+        lines.append((f"  {title} ({len(tensors)})", None))
+        lines.extend((f"    {t.name}  {shape_text(t.shape)} {t.dtype} {t.device}", None) for t in tensors)
+    grads = [meta.params[i].name if 0 <= i < len(meta.params) else f"#{i}" for i in meta.grad_param_indices]
+    lines.append((f"  gradients returned for: {', '.join(grads) if grads else '(none)'}", None))
+    return lines
+
+
+def _upstream(upstream: UpstreamCache) -> list[Line]:
+    lines: list[Line] = []
+    if upstream.members:
+        lines.append((f"  zip members ({len(upstream.members)})", None))
+        lines.extend((f"    {m.name}  {m.size} bytes", None) for m in sorted(upstream.members, key=lambda m: m.name))
+    for scan in upstream.pickles:
+        proto = f"protocol {scan.protocol}" if scan.protocol is not None else "protocol ?"
+        lines.append((f"  pickle {scan.member} ({scan.blob.size} bytes, {proto}, sha256 {scan.blob.sha256}): never unpickled", None))
+        if scan.top_level is not None:
+            lines.append((f"    evaluates to: {scan.top_level}", None))
+        lines.extend((f"    field {f.key}: {f.summary}", None) for f in scan.fields)
+        lines.append((f"    imports ({len(scan.imports)})", None))
+        for imp in scan.imports:
+            flag = "" if imp.risk == "allowed" else f"  FLAGGED: {imp.risk}"
+            lines.append((f"      {imp.module}.{imp.name}{flag}", None if imp.risk == "allowed" else BAD))
+        if scan.problem:
+            lines.append((f"    scan problem: {scan.problem}", WARN))
+    return lines
+
+
+def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
+    size = f"{cache.file.size} bytes" if cache.file else None
+    if cache.envelope is not None and cache.header_size is not None and cache.payload is not None:
+        size = f"header {cache.header_size} bytes, payload {cache.payload.size} bytes"
+    lines: list[Line] = [(f"cache {cache.path} ({cache.kind}{', ' + size if size else ''})", HEAD)]
+    env = cache.envelope
+    if env is not None:
+        lines.append((f"  format version {cache.format_version}, backend {env.backend}, tracer {env.tracer}", None))
+        lines.append((f"  produced by precompile {env.producer.precompile}, torch {env.producer.torch}, python {env.producer.python}", None))
+        lines.append((f"  code_hash {env.code_hash}", None))
+        bundle = env.bundle
+        if bundle is None or not bundle.files:
+            lines.append(("  kernel bundle: empty", None))
+        else:
+            lines.append((f"  kernel bundle: {len(bundle.files)} files, {bundle.payload_size} bytes ({bundle.payload_compressed_size} compressed, sha256 {bundle.payload_sha256})", None))
+            lines.extend((f"    {k} = {v}", None) for k, v in sorted(bundle.keys.items()))
+            lines.extend((f"    {f.path}  {f.kind} {f.size} bytes sha256 {f.sha256}", None) for f in bundle.files)
+    elif cache.format_version is not None:
+        lines.append((f"  format version {cache.format_version}", None))
+    if cache.upstream is not None:
+        lines.extend(_upstream(cache.upstream))
+    return lines
+
+
+def render_show(report: ShowReport) -> list[Line]:
+    artifact = report.artifact
+    lines = _python_code(artifact.python_code) + _cache(artifact.cache, artifact)
+    pairs = {True: ("yes", GOOD), False: ("NO", BAD), None: ("cannot tell", WARN)}[artifact.pairs]
+    lines.append((f"pairs: {pairs[0]}" + (f" ({artifact.pairing_problem})" if artifact.pairing_problem else ""), pairs[1]))
+    meta = artifact.python_code.metadata
+    if meta is not None:
+        lines.append((f"frames: 1 ({meta.fn_name}, one captured graph, no guards)", None))
+    for problem in report.problems:
+        lines.append((f"problem: {problem}", BAD))
+    return lines
+
+
+def render_guards(report: GuardsReport) -> list[Line]:
+    guards: Guards | None = report.guards
+    if guards is None:
+        return [(f"{report.python_code}: guards unavailable", BAD)] + [(f"problem: {p}", BAD) for p in report.problems]
+    lines: list[Line] = [(f"{report.python_code}: {guards.tracer} artifact: {guards.headline}", HEAD)]
+    lines.append(("NOT checked:", BAD))
+    lines.extend((f"  - {item}", None) for item in guards.not_checked)
+    for frame in guards.frames if guards.has_guards else ():
+        counts = {status: sum(1 for s in frame.slots if s.status == status) for status in ("kept", "dropped", "risky_dropped", "policy_dropped")}
+        lines.append((f"frame {frame.frame} variant {frame.variant}: " + ", ".join(f"{k} {v}" for k, v in counts.items()), HEAD))
+        for slot in frame.slots:
+            lines.append((f"  {slot.status:<14} {slot.guard_type:<16} {slot.source}{'  [risky]' if slot.risky else ''}  {slot.check}".rstrip(), BAD if slot.risky else None))
+    lines.append((f"specializations ({len(guards.specializations)}), checked on every call:", HEAD))
+    width = max((len(s.path) for s in guards.specializations), default=0)
+    lines.extend((f"  {s.kind:<8} {s.path:<{width}}  {s.value}", None) for s in guards.specializations)
+    lines.extend((f"problem: {p}", BAD) for p in report.problems)
+    return lines
+
+
+def render_diff(report: DiffReport) -> list[Line]:
+    lines: list[Line] = [(f"--- {report.a}", HEAD), (f"+++ {report.b}", HEAD)]
+    if report.equal:
+        lines.append(("no differences", GOOD))
+    for section in SECTIONS:
+        entries = [e for e in report.entries if e.section == section]
+        if not entries:
+            continue
+        counts = {c: sum(1 for e in entries if e.change == c) for c in ("changed", "added", "removed")}
+        lines.append((f"{section} (" + ", ".join(f"{n} {c}" for c, n in counts.items() if n) + ")", HEAD))
+        for e in entries:
+            if e.change == "changed":
+                lines.append((f"  ~ {e.key}: {e.a} -> {e.b}", WARN))
+            elif e.change == "added":
+                lines.append((f"  + {e.key}: {e.b}", GOOD))
+            else:
+                lines.append((f"  - {e.key}: {e.a}", BAD))
+    if report.python_code:
+        lines.append((f"python_code ({len(report.python_code)} sections differ; normalized)", HEAD))
+        for code in report.python_code:
+            lines.append((f"  section {code.section} ({code.change})", HEAD))
+            for line in code.lines:
+                style = GOOD if line.startswith("+") else BAD if line.startswith("-") else "cyan" if line.startswith("@@") else None
+                lines.append((f"    {line}", style))
+    lines.extend((f"problem: {p}", BAD) for p in report.problems)
+    return lines
+
+
+def render_verify(report: VerifyReport) -> list[Line]:
+    lines: list[Line] = [(f"verify {report.python_code} {report.cache}{' (with host)' if report.host else ''}", HEAD)]
+    for check in report.checks:
+        status = {"ok": ("ok  ", GOOD), "fail": ("FAIL", BAD), "skip": ("skip", WARN)}[check.status]
+        detail = check.actual if check.status == "ok" and check.actual else check.message
+        lines.append((f"  {status[0]}  {check.name}" + (f": {detail}" if detail else ""), status[1]))
+        if check.status == "fail":
+            if check.expected is not None or check.actual is not None:
+                lines.append((f"        expected {check.expected}, found {check.actual}", None))
+            if check.remedy:
+                lines.append((f"        remedy: {check.remedy}", None))
+    lines.append(("verified: ok" if report.ok else "verified: FAILED", GOOD if report.ok else BAD))
+    return lines
+
+
+def render_extract(report: ExtractReport) -> list[Line]:
+    lines: list[Line] = [(f"extracted {len(report.files)} files into {report.directory}", HEAD)]
+    lines.extend((f"  {f.path}  {f.file.size} bytes  ({f.what})", None) for f in report.files)
+    lines.extend((f"problem: {p}", BAD) for p in report.problems)
+    return lines

@@ -1,0 +1,114 @@
+"""The `--json` reports: one tagged, versioned Struct per verb, and their exported JSON Schema.
+
+`report_version` changes only on a backward-incompatible change (a field removed, or its meaning or
+type changed); tools must check it. New fields may appear with defaults at any time. After a
+deliberate change run `python -m precompile.inspect.report` to refresh `report.schema.json`; a test
+fails while it drifts.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, Union
+
+import msgspec
+
+from precompile.inspect.model import Artifact, Blob, Guards
+
+REPORT_VERSION = "1"
+SCHEMA_PATH = Path(__file__).parent / "report.schema.json"
+
+Change = Literal["added", "removed", "changed"]
+
+
+class _Report(msgspec.Struct, frozen=True, kw_only=True, tag_field="verb"):
+    report_version: str = REPORT_VERSION
+
+
+class ShowReport(_Report, frozen=True, kw_only=True, tag="show"):
+    artifact: Artifact
+    problems: tuple[str, ...] = ()
+
+
+class GuardsReport(_Report, frozen=True, kw_only=True, tag="guards"):
+    python_code: str
+    guards: Guards | None
+    problems: tuple[str, ...] = ()
+
+
+class DiffEntry(msgspec.Struct, frozen=True, kw_only=True):
+    section: str
+    """guards, inputs, outputs, params, buffers, metadata, envelope or bundle."""
+    key: str
+    """The identity compared: an input path, a parameter name, a field name, a bundle file path."""
+    change: Change
+    a: str | None = None
+    b: str | None = None
+
+
+class CodeDiff(msgspec.Struct, frozen=True, kw_only=True):
+    section: str
+    change: Change
+    lines: tuple[str, ...]
+    """Unified diff of the section after normalization (trailing blanks, sha256 digests masked)."""
+
+
+class DiffReport(_Report, frozen=True, kw_only=True, tag="diff"):
+    a: str
+    b: str
+    equal: bool
+    entries: tuple[DiffEntry, ...] = ()
+    python_code: tuple[CodeDiff, ...] = ()
+    problems: tuple[str, ...] = ()
+
+
+class Check(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    status: Literal["ok", "fail", "skip"]
+    expected: str | None = None
+    actual: str | None = None
+    message: str = ""
+    remedy: str | None = None
+
+
+class VerifyReport(_Report, frozen=True, kw_only=True, tag="verify"):
+    python_code: str
+    cache: str
+    host: bool
+    ok: bool
+    checks: tuple[Check, ...]
+
+
+class ExtractedFile(msgspec.Struct, frozen=True, kw_only=True):
+    path: str
+    """As written: DIR as given on the command line joined with the file's relative path."""
+    file: Blob
+    what: str
+
+
+class ExtractReport(_Report, frozen=True, kw_only=True, tag="extract"):
+    directory: str
+    files: tuple[ExtractedFile, ...]
+    problems: tuple[str, ...] = ()
+
+
+Report = Union[ShowReport, GuardsReport, DiffReport, VerifyReport, ExtractReport]
+
+_encoder = msgspec.json.Encoder(order="deterministic")
+
+
+def encode(report: Report) -> str:
+    return json.dumps(json.loads(_encoder.encode(report)), indent=2, sort_keys=False) + "\n"
+
+
+def render_schema() -> str:
+    return json.dumps(msgspec.json.schema(Report), indent=2, sort_keys=True) + "\n"
+
+
+def main() -> None:
+    SCHEMA_PATH.write_text(render_schema(), encoding="utf-8")
+    print(f"wrote {SCHEMA_PATH}")
+
+
+if __name__ == "__main__":
+    main()

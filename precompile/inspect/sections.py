@@ -1,0 +1,55 @@
+"""Split python_code into its sections at the `# ====` banner lines the templates write.
+
+A section opens with a banner, a `# N. Title` line and a second banner; whatever precedes the first
+banner is the "header" section. Splitting never fails: a file without banners is one section.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+from precompile.inspect.model import Section
+
+_BANNER = re.compile(r"^# ={10,}\s*$")
+_TITLE = re.compile(r"^#\s*(?:\d+\.\s*)?(.*?)\s*$")
+
+
+def _slug(title: str) -> str:
+    head = re.split(r"[:(]", title, maxsplit=1)[0]
+    slug = re.sub(r"[^a-z0-9]+", "-", head.lower()).strip("-")
+    return slug or "section"
+
+
+def split_sections(source: str) -> list[tuple[Section, str]]:
+    """Each section with its text (lines joined with their newlines), in file order."""
+    lines = source.splitlines(keepends=True)
+    starts: list[tuple[int, str]] = [(0, "Header")]
+    i = 0
+    while i + 2 < len(lines):
+        if _BANNER.match(lines[i]) and _BANNER.match(lines[i + 2]) and not _BANNER.match(lines[i + 1]):
+            match = _TITLE.match(lines[i + 1].rstrip("\r\n"))
+            starts.append((i, match.group(1) if match else lines[i + 1].strip()))
+            i += 3
+        else:
+            i += 1
+    result = []
+    used: dict[str, int] = {}
+    for index, (start, title) in enumerate(starts):
+        end = starts[index + 1][0] if index + 1 < len(starts) else len(lines)
+        if index == 0 and end == 0:
+            continue
+        text = "".join(lines[start:end])
+        slug = _slug(title)
+        used[slug] = used.get(slug, 0) + 1
+        if used[slug] > 1:
+            slug = f"{slug}-{used[slug]}"
+        section = Section(
+            index=len(result),
+            slug=slug,
+            title=title,
+            first_line=start + 1,
+            line_count=end - start,
+            sha256=hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(),
+        )
+        result.append((section, text))
+    return result

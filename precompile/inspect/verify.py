@@ -1,0 +1,129 @@
+"""Integrity checks of a pair and, with `host=True`, whether this machine can serve it.
+
+Each failed check names the expected and the actual value and the remedy. Nothing imports torch:
+the host's torch version comes from the installed distribution's metadata.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from pathlib import Path
+
+from precompile.inspect.model import Artifact
+from precompile.inspect.report import Check, VerifyReport
+from precompile.schema.codec import CacheFormatError, decode_payload, payload_problem
+from precompile.schema.pair import read_bytes
+from precompile.schema.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
+
+RECAPTURE = "capture the artifact again with this precompile"
+
+
+def _integrity(artifact: Artifact) -> list[Check]:
+    checks: list[Check] = []
+    code, cache = artifact.python_code, artifact.cache
+    if code.problem is None:
+        checks.append(Check(name="python_code metadata", status="ok", actual=f"format version {code.format_version}, tracer {code.tracer}"))
+    else:
+        checks.append(Check(name="python_code metadata", status="fail", message=code.problem,
+                            remedy="upgrade precompile" if code.newer else "pass the python_code capture() wrote"))
+    if cache.problem is None:
+        checks.append(Check(name="cache envelope", status="ok", actual=f"format version {cache.format_version}"))
+    else:
+        remedy = "upgrade precompile" if cache.newer else f"delete the cache and {RECAPTURE}, or pass the cache written with this python_code"
+        checks.append(Check(name="cache envelope", status="fail", message=cache.problem, remedy=remedy))
+        for member, imp in artifact.flagged_imports:
+            checks.append(Check(name="pickle imports", status="fail", actual=f"{imp.module}.{imp.name}",
+                                message=f"{member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled",
+                                remedy="do not load this cache; treat it as hostile"))
+    meta, envelope = code.metadata, cache.envelope
+    if meta is None or envelope is None:
+        checks.append(Check(name="pairing", status="skip", message="needs a readable python_code and cache"))
+        return checks
+    tracer = type(meta).__struct_config__.tag
+    for name, expected, actual in (
+        ("backend tag", meta.backend, envelope.backend),
+        ("tracer tag", tracer, envelope.tracer),
+        ("code hash", code.file.sha256, envelope.code_hash),
+    ):
+        if expected == actual:
+            checks.append(Check(name=name, status="ok", expected=expected, actual=actual))
+        else:
+            checks.append(Check(
+                name=name, status="fail", expected=expected, actual=actual,
+                message=f"the cache's {name} is {actual}, the python_code's is {expected}: they are not one pair",
+                remedy=f"pass the cache written with this python_code, or delete the cache and {RECAPTURE}",
+            ))
+    if artifact.pairing_problem is not None and all(c.status == "ok" for c in checks[-3:]):
+        checks.append(Check(name="pairing", status="fail", message=artifact.pairing_problem, remedy=RECAPTURE))
+    checks.extend(_bundle(artifact))
+    return checks
+
+
+def _bundle(artifact: Artifact) -> list[Check]:
+    cache = artifact.cache
+    bundle = cache.envelope.bundle if cache.envelope is not None else None
+    if bundle is None or not bundle.files:
+        extra = (cache.payload.size if cache.payload else 0)
+        if extra:
+            return [Check(name="bundle payload", status="fail", expected="0 bytes", actual=f"{extra} bytes",
+                          message="the cache has no bundle index but carries payload bytes", remedy=RECAPTURE)]
+        return [Check(name="bundle", status="ok", actual="empty")]
+    limit = PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE
+    data = read_bytes(Path(cache.path), "cache", limit)
+    offset = (cache.header_size or 0) + PREFIX_SIZE
+    problem = payload_problem(bundle, data, offset)
+    if problem is not None:
+        return [Check(name="bundle payload sizes", status="fail", message=f"cache {cache.path}: {problem}", remedy=RECAPTURE)]
+    checks = [Check(name="bundle payload sizes", status="ok", actual=f"{bundle.payload_compressed_size} bytes compressed, {bundle.payload_size} uncompressed")]
+    try:
+        files = decode_payload(bundle, data, offset, source=f"cache {cache.path}")
+    except CacheFormatError as exc:
+        checks.append(Check(name="bundle payload", status="fail", message=str(exc), remedy=RECAPTURE))
+        return checks
+    for entry in bundle.files:
+        checks.append(Check(name=f"bundle file {entry.path}", status="ok", expected=entry.sha256, actual=f"{len(files[entry.path])} bytes"))
+    return checks
+
+
+def host_torch_version() -> str | None:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _host(artifact: Artifact) -> list[Check]:
+    meta = artifact.python_code.metadata
+    if meta is None:
+        return [Check(name="host", status="skip", message="needs a readable python_code")]
+    checks = []
+    wanted = ".".join(map(str, meta.python_version))
+    here = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    if wanted == here:
+        checks.append(Check(name="host python", status="ok", expected=wanted, actual=here))
+    else:
+        checks.append(Check(name="host python", status="fail", expected=wanted, actual=here,
+                            message=f"the artifact was captured with Python {wanted}, this host runs Python {here}",
+                            remedy=f"serve it with Python {wanted}, or capture it again with Python {here}"))
+    torch_here = host_torch_version()
+    if torch_here == meta.torch_version:
+        checks.append(Check(name="host torch", status="ok", expected=meta.torch_version, actual=torch_here))
+    else:
+        shown = torch_here or "not installed"
+        checks.append(Check(name="host torch", status="fail", expected=meta.torch_version, actual=shown,
+                            message=f"the artifact was captured with torch {meta.torch_version}, this host has torch {shown}",
+                            remedy=f"install torch=={meta.torch_version}, or capture it again with torch {shown}"))
+    return checks
+
+
+def verify(artifact: Artifact, *, host: bool) -> VerifyReport:
+    checks = _integrity(artifact)
+    if host:
+        checks.extend(_host(artifact))
+    return VerifyReport(
+        python_code=artifact.python_code.path,
+        cache=artifact.cache.path,
+        host=host,
+        ok=all(c.status != "fail" for c in checks),
+        checks=tuple(checks),
+    )

@@ -1,0 +1,231 @@
+"""Every inspect verb on every fixture: text output locked by snapshots, exit codes checked."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from test_inspect_helpers import ALL, FIXTURES, ROOT, run_cli
+
+SHOW_RC = {
+    "v1/mlp": 0, "v1/mlp_b4": 0, "v1/mlp_bundle": 0, "v1/two_modules": 0, "v1/train_step": 0,
+    "damaged/truncated": 2, "damaged/bitflip": 0, "damaged/mismatched": 1, "damaged/foreign": 2,
+    "damaged/newer": 2, "damaged/upstream": 2, "damaged/poisoned": 2,
+}
+VERIFY_RC = {
+    "v1/mlp": 0, "v1/mlp_b4": 0, "v1/mlp_bundle": 0, "v1/two_modules": 0, "v1/train_step": 0,
+    "damaged/truncated": 1, "damaged/bitflip": 1, "damaged/mismatched": 1, "damaged/foreign": 1,
+    "damaged/newer": 2, "damaged/upstream": 2, "damaged/poisoned": 1,
+}
+GUARDS_RC = {name: 2 if name in ("damaged/newer", "damaged/upstream") else 0 for name in ALL}
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for name in ("FORCE_COLOR", "NO_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _record(rc, out, err) -> str:
+    return f"exit {rc}\n--- stdout ---\n{out}--- stderr ---\n{err}"
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("verb", ["show", "guards", "verify"])
+def test_verb_text(capsys, snapshot, verb, name):
+    rc, out, err = run_cli(capsys, [verb, f"fixtures/{name}"])
+    expected = {"show": SHOW_RC, "guards": GUARDS_RC, "verify": VERIFY_RC}[verb][name]
+    assert rc == expected, err
+    assert "Traceback" not in out + err
+    assert str(ROOT) not in out + err
+    assert _record(rc, out, err) == snapshot
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("verb", ["show", "guards", "verify"])
+def test_verb_json(capsys, verb, name):
+    rc, out, err = run_cli(capsys, [verb, "--json", f"fixtures/{name}"])
+    report = json.loads(out)
+    assert report["verb"] == verb and report["report_version"] == "1"
+    import msgspec
+
+    from precompile.inspect.report import Report
+
+    assert msgspec.json.decode(out, type=Report).report_version == "1"  # the report obeys its own schema
+    rc_text, _, _ = run_cli(capsys, [verb, f"fixtures/{name}"])
+    assert rc == rc_text
+
+
+def test_show_json_snapshot(capsys, snapshot):
+    rc, out, _ = run_cli(capsys, ["show", "--json", "fixtures/v1/mlp_bundle"])
+    assert rc == 0
+    assert out == snapshot
+
+
+def test_verify_host(capsys):
+    rc, out, err = run_cli(capsys, ["verify", "--host", "--json", "fixtures/v1/mlp"])
+    report = json.loads(out)
+    names = {c["name"]: c for c in report["checks"]}
+    assert {"host python", "host torch"} <= set(names)
+    assert rc == (0 if report["ok"] else 1)
+    for check in report["checks"]:
+        if check["status"] == "fail":
+            assert check["expected"] and check["actual"] and check["remedy"]
+
+
+def test_verify_host_mismatch_names_both_values(capsys, tmp_path, monkeypatch):
+    source = (FIXTURES / "v1/mlp.py").read_text().replace("PYTHON_VERSION = (3, ", "PYTHON_VERSION = (2, ")
+    (tmp_path / "old.py").write_text(source)
+    shutil.copy(FIXTURES / "v1/mlp.cache", tmp_path / "old.cache")
+    monkeypatch.setattr("precompile.inspect.verify.host_torch_version", lambda: "9.9.9")
+    rc, out, err = run_cli(capsys, ["verify", "--host", str(tmp_path / "old")])
+    assert rc == 1
+    assert "captured with Python 2." in out and "this host runs Python 3." in out
+    assert "torch 2.13.0+cpu" in out and "torch 9.9.9" in out and "remedy: install torch==" in out
+
+
+DIFFS = [
+    ("v1/mlp", "v1/mlp", 0),
+    ("v1/mlp", "v1/mlp_b4", 1),
+    ("v1/mlp", "v1/mlp_bundle", 1),
+    ("v1/mlp", "v1/two_modules", 1),
+    ("v1/two_modules", "v1/train_step", 1),
+    ("v1/mlp", "damaged/truncated", 2),
+    ("v1/mlp", "damaged/newer", 2),
+]
+
+
+@pytest.mark.parametrize(("a", "b", "expected"), DIFFS)
+def test_diff(capsys, snapshot, a, b, expected):
+    rc, out, err = run_cli(capsys, ["diff", f"fixtures/{a}", f"fixtures/{b}"])
+    assert rc == expected, err
+    assert _record(rc, out, err) == snapshot
+    rc_json, out_json, _ = run_cli(capsys, ["diff", "--json", f"fixtures/{a}", f"fixtures/{b}"])
+    assert rc_json == rc and json.loads(out_json)["equal"] == (rc == 0)
+
+
+def test_diff_shows_the_difference_first(capsys):
+    rc, out, _ = run_cli(capsys, ["diff", "fixtures/v1/mlp", "fixtures/v1/mlp_b4"])
+    assert rc == 1
+    lines = out.splitlines()
+    assert lines[:4] == [
+        "--- fixtures/v1/mlp.py",
+        "+++ fixtures/v1/mlp_b4.py",
+        "inputs (1 changed)",
+        "  ~ args[1]: tensor (8, 8) torch.float32 cpu -> tensor (4, 8) torch.float32 cpu",
+    ]
+
+
+def test_diff_keys_by_identity_not_position(tmp_path):
+    from precompile.inspect.diff import diff
+    from precompile.inspect.reader import open_artifact
+
+    source = (FIXTURES / "v1/mlp.py").read_text()
+    start = source.index("PARAMS = (") + len("PARAMS = (")
+    end = source.index(")\nBUFFERS")
+    entries = source[start:end].split(",\n ")
+    swapped = source[:start] + ",\n ".join([entries[1], entries[0], *entries[2:]]) + source[end:]
+    (tmp_path / "s.py").write_text(swapped)
+    a = open_artifact(str(FIXTURES / "v1/mlp.py"), str(FIXTURES / "v1/mlp.cache"))
+    b = open_artifact(str(tmp_path / "s.py"), str(tmp_path / "missing.cache"))
+    report = diff(a, b, None, None)
+    assert not [e for e in report.entries if e.section == "params"]
+
+
+def test_extract(capsys, snapshot, tmp_path, monkeypatch):
+    (tmp_path / "in").mkdir()
+    for suffix in (".py", ".cache"):
+        shutil.copy(FIXTURES / f"v1/mlp_bundle{suffix}", tmp_path / f"in/mlp_bundle{suffix}")
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_cli(capsys, ["extract", "in", "out"])
+    assert rc == 0, err
+    assert _record(rc, out, err) == snapshot
+    assert (tmp_path / "out/bundle/kernels/triton_poi_fused_relu_0.py").read_bytes().startswith(b"# kernel source")
+    sections = sorted(p.name for p in (tmp_path / "out/python_code").iterdir())
+    assert sections == ["00-header.py", "01-metadata.py", "02-captured-graph.py", "03-driver.py"]
+    joined = b"".join((tmp_path / "out/python_code" / n).read_bytes() for n in sections)
+    assert joined == (FIXTURES / "v1/mlp_bundle.py").read_bytes()
+    rc, _, err = run_cli(capsys, ["extract", "in", "out"])
+    assert rc == 2 and "not empty" in err
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_extract_every_fixture(capsys, tmp_path, name):
+    rc, out, err = run_cli(capsys, ["extract", "--json", f"fixtures/{name}", str(tmp_path / "x")])
+    assert rc == (2 if json.loads(out)["problems"] else 0)
+    assert "Traceback" not in err
+
+
+def test_extract_refuses_escaping_bundle_paths(capsys, tmp_path):
+    from precompile.schema.codec import build_bundle, decode_header, encode_cache
+    import msgspec
+
+    data = (FIXTURES / "v1/mlp.cache").read_bytes()
+    envelope, _ = decode_header(data)
+    bundle, payload = build_bundle({"../evil.py": ("source", b"x")}, {})
+    (tmp_path / "e.cache").write_bytes(encode_cache(msgspec.structs.replace(envelope, bundle=bundle), payload))
+    shutil.copy(FIXTURES / "v1/mlp.py", tmp_path / "e.py")
+    rc, _, err = run_cli(capsys, ["extract", str(tmp_path / "e"), str(tmp_path / "out")])
+    assert rc == 2 and "leaves the bundle directory" in err
+    assert not (tmp_path / "evil.py").exists()
+
+
+def test_schema(capsys):
+    from precompile.schema.jsonschema import committed
+
+    rc, out, _ = run_cli(capsys, ["schema"])
+    assert rc == 0
+    schemas = json.loads(out)
+    assert set(schemas) == {"cache-envelope", "python-code-metadata", "inspect-report"}
+    rc, out, _ = run_cli(capsys, ["schema", "cache-envelope"])
+    assert out == committed("cache-envelope.schema.json")
+
+
+def test_report_schema_committed():
+    from precompile.inspect.report import SCHEMA_PATH, render_schema
+
+    assert SCHEMA_PATH.read_text(encoding="utf-8") == render_schema(), (
+        "precompile/inspect/report.schema.json drifted: run python -m precompile.inspect.report"
+    )
+
+
+def test_guards_filters(capsys):
+    rc, out, _ = run_cli(capsys, ["guards", "--json", "--type", "shape", "fixtures/v1/two_modules"])
+    guards = json.loads(out)["guards"]
+    assert rc == 0 and guards["has_guards"] is False
+    assert [s["path"] for s in guards["specializations"]] == ["args[2]"]
+    rc, out, _ = run_cli(capsys, ["guards", "--json", "--risky", "fixtures/v1/two_modules"])
+    assert json.loads(out)["guards"]["specializations"] == []
+
+
+def test_pair_resolution(capsys, tmp_path, monkeypatch):
+    for suffix in (".py", ".cache"):
+        shutil.copy(FIXTURES / f"v1/mlp{suffix}", tmp_path / f"m{suffix}")
+    monkeypatch.chdir(tmp_path)
+    for argv in (["m.py", "m.cache"], ["."], ["m"], ["m.py"], ["m.cache"]):
+        rc, out, err = run_cli(capsys, ["show", *argv])
+        assert rc == 0, (argv, err)
+        assert "pairs: yes" in out
+    rc, out, err = run_cli(capsys, ["show", "m.cache", "m.py"])
+    assert rc == 2 and err.startswith("precompile: error: m.cache is not UTF-8") and "swapped" in err
+    rc, _, err = run_cli(capsys, ["show", "nothing"])
+    assert rc == 2 and err.startswith("precompile: error: nothing is neither")
+
+
+def test_color_only_when_asked(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    from precompile.cli import main
+
+    capsys.readouterr()
+    main(["--color", "always", "show", "fixtures/damaged/mismatched"])
+    assert "\x1b[" in capsys.readouterr().out
+    rc, out, _ = run_cli(capsys, ["show", "fixtures/damaged/mismatched"])
+    assert "\x1b[" not in out
+
+
+def test_help_lists_verbs(capsys):
+    rc, out, _ = run_cli(capsys, ["--help"])
+    for verb in ("show", "guards", "diff", "verify", "extract", "schema"):
+        assert verb in out
