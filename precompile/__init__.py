@@ -20,6 +20,7 @@ _LAZY = {
     "PrecompiledRunnable": "precompile.runtime.load",
     "MakeFxTracer": "precompile.runtime.tracers",
     "DynamoTracer": "precompile.runtime.tracers",
+    "PrecompileSummary": "precompile.schema.summary",
 }
 
 __all__ = ["PrecompileError", "PrecompileWarning", *_LAZY]
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from precompile.runtime.capture import Capture, capture
     from precompile.runtime.load import PrecompiledRunnable, load
     from precompile.runtime.tracers import DynamoTracer, MakeFxTracer
+    from precompile.schema.summary import PrecompileSummary
 
 
 def __getattr__(name: str):
