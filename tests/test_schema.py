@@ -104,3 +104,9 @@ def test_python_code_metadata_errors_name_the_file():
         parse_metadata("FORMAT_VERSION = 1\nTRACER = 'make_fx'\nBACKEND = open('x')\n", filename="m.py")
     with pytest.raises(PrecompileError, match=r"m.py has malformed metadata: Object missing required field"):
         parse_metadata("FORMAT_VERSION = 1\nTRACER = 'make_fx'\nBACKEND = 'eager'\n", filename="m.py")
+
+
+def test_upper_case_names_the_metadata_does_not_read_may_be_any_expression():
+    source = "FORMAT_VERSION = 1\nTRACER = 'make_fx'\nHELPER_TABLE = globals().get('x')\n"
+    with pytest.raises(PrecompileError, match="malformed metadata: Object missing required field"):
+        parse_metadata(source, filename="m.py")  # not the HELPER_TABLE line

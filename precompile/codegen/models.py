@@ -14,6 +14,8 @@ class GraphSection(msgspec.Struct, frozen=True, kw_only=True):
     """Defines `entry` (see below) and whatever it needs."""
     entry: str
     """Name of the callable `run_graph(*params, *buffers, *tensor_inputs) -> flat outputs`."""
+    runtime: str | None = None
+    """A driver module (codegen/drivers) the graph's source needs, included just before it."""
 
 
 class MakeFxArtifact(msgspec.Struct, frozen=True, kw_only=True):

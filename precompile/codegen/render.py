@@ -1,6 +1,8 @@
 """Render python_code from a render model."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import msgspec
 
 from precompile.codegen.drivers import source_of
@@ -11,6 +13,13 @@ from precompile.codegen.models import MakeFxArtifact
 _HEADER_ORDER = ("FORMAT_VERSION", "TRACER", "BACKEND", "SERVING_MODE", "TORCH_VERSION", "PYTHON_VERSION", "FN_NAME")
 
 
+@dataclass(frozen=True)
+class _Section:
+    title: str
+    body: str = ""
+    literals: list[tuple[str, object]] | None = None
+
+
 def _ordered_literals(metadata) -> list[tuple[str, object]]:
     values = msgspec.to_builtins(metadata)
     head = [(name, values.pop(name)) for name in _HEADER_ORDER]
@@ -18,10 +27,18 @@ def _ordered_literals(metadata) -> list[tuple[str, object]]:
 
 
 def render_makefx(artifact: MakeFxArtifact) -> str:
+    graph = artifact.graph
+    sections = [_Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
+                         literals=_ordered_literals(artifact.metadata))]
+    if graph.runtime:
+        sections.append(_Section("Kernel runtime of the compiled graph: loads its kernels, primed or JIT.",
+                                 source_of(graph.runtime).rstrip("\n")))
+    sections.append(_Section(graph.title, graph.source))
+    sections.append(_Section("Driver: checks each call against the metadata, runs the graph, scatters gradients.",
+                             source_of("makefx").rstrip("\n")))
     return render(
         "makefx.py.j2",
         what=f"MakeFxTracer, backend={artifact.metadata.backend!r}",
-        literals=_ordered_literals(artifact.metadata),
-        graph=artifact.graph,
-        driver_source=source_of("makefx").rstrip("\n"),
+        sections=sections,
+        entry=graph.entry,
     )

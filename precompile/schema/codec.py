@@ -48,7 +48,9 @@ def encode_cache(envelope: CacheEnvelope, payload: bytes = b"") -> bytes:
     return MAGIC + _LENGTH.pack(len(header)) + header + payload
 
 
-def build_bundle(files: dict[str, tuple[str, bytes]], keys: dict[str, str]) -> tuple[KernelBundle, bytes]:
+def build_bundle(
+    files: dict[str, tuple[str, bytes]], keys: dict[str, str], kernels: dict[str, str] | None = None
+) -> tuple[KernelBundle, bytes]:
     """Index `files` ({relative path: (kind, bytes)}) in sorted path order and compress them.
 
     Returns the bundle index and the compressed payload to pass to `encode_cache`.
@@ -67,6 +69,7 @@ def build_bundle(files: dict[str, tuple[str, bytes]], keys: dict[str, str]) -> t
         payload_size=len(blob),
         payload_compressed_size=len(compressed),
         payload_sha256=hashlib.sha256(compressed).hexdigest() if compressed else "",
+        kernels=dict(sorted((kernels or {}).items())),
     )
     return bundle, compressed
 

@@ -45,6 +45,8 @@ class KernelBundle(msgspec.Struct, frozen=True, kw_only=True):
     payload_compressed_size: int = 0
     payload_sha256: str = ""
     """sha256 of the compressed payload as stored."""
+    kernels: dict[str, str] = {}
+    """sha256 of a kernel's source in python_code -> the path of its compiled library in `files`."""
 
 
 class CacheEnvelopeV1(msgspec.Struct, frozen=True, kw_only=True, tag=1, tag_field="format_version"):

@@ -16,7 +16,7 @@ from precompile.schema.envelope import Backend
 ConstantValue = Union[None, bool, int, float, str]
 
 
-class TensorLeaf(msgspec.Struct, frozen=True, kw_only=True, tag="tensor", tag_field="kind"):
+class TensorLeaf(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="tensor", tag_field="kind"):
     """A tensor leaf of the flattened inputs or outputs, specialized on shape, dtype and device."""
 
     path: str
@@ -25,6 +25,8 @@ class TensorLeaf(msgspec.Struct, frozen=True, kw_only=True, tag="tensor", tag_fi
     """None marks a dim that may take any size (mark_unbacked)."""
     dtype: str
     device: str
+    stride: tuple[int | None, ...] | None = None
+    """Set where the backend specializes on memory layout (inductor); None marks a free stride."""
 
 
 class ConstantLeaf(msgspec.Struct, frozen=True, kw_only=True, tag="constant", tag_field="kind"):
@@ -37,13 +39,15 @@ class ConstantLeaf(msgspec.Struct, frozen=True, kw_only=True, tag="constant", ta
 Leaf = Union[TensorLeaf, ConstantLeaf]
 
 
-class NamedTensor(msgspec.Struct, frozen=True, kw_only=True):
+class NamedTensor(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A parameter or buffer of the nn.Module arguments, lifted to a graph input."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
     device: str
+    stride: tuple[int, ...] | None = None
+    """Set where the backend specializes on memory layout (inductor)."""
 
 
 class ArtifactHeader(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):

@@ -17,8 +17,11 @@ from precompile.schema.metadata import ArtifactMetadata, MakeFxMetadata
 
 MAX_PYTHON_CODE_SIZE = 512 * 1024 * 1024
 
-# The TRACER tags of the metadata layouts in ArtifactMetadata.
+# The TRACER tags of the metadata layouts in ArtifactMetadata, and the literal names they read.
 _TRACERS = (MakeFxMetadata.__struct_config__.tag,)
+_CONSUMED = frozenset(
+    {"FORMAT_VERSION", "TRACER"} | {field.encode_name for field in msgspec.structs.fields(MakeFxMetadata)}
+)
 
 
 def code_hash(python_code: bytes) -> str:
@@ -71,7 +74,7 @@ def parse_metadata(source: str, *, filename: str = "python_code") -> ArtifactMet
         raise PrecompileError(
             f"{filename} is not a precompile artifact: it has no FORMAT_VERSION/TRACER metadata literals"
         )
-    broken = sorted(name for name, value in values.items() if isinstance(value, _NotALiteral))
+    broken = sorted(name for name, value in values.items() if isinstance(value, _NotALiteral) and name in _CONSUMED)
     if broken:
         where = ", ".join(f"{name} (line {values[name].lineno})" for name in broken)
         raise PrecompileError(f"{filename} has metadata that is not a Python literal: {where}")

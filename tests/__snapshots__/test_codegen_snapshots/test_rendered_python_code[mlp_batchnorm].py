@@ -110,14 +110,18 @@ def _collect_params_and_buffers(modules):
 
 
 class _TensorCheck:
-    __slots__ = ("path", "shape", "dims", "dtype", "device")
+    __slots__ = ("path", "shape", "dims", "dtype", "device", "stride")
 
-    def __init__(self, path, shape, dtype, device):
+    def __init__(self, path, shape, dtype, device, stride=None):
         self.path = path
         self.shape = tuple(shape)
         self.dims = None if None not in shape else tuple(i for i, d in enumerate(shape) if d is not None)
         self.dtype = _dtype(dtype)
         self.device = torch.device(device)
+        # Strides matter only where a dim has more than one element and a fixed size.
+        self.stride = None if stride is None else tuple(
+            (i, s) for i, (s, d) in enumerate(zip(stride, shape)) if s is not None and d is not None and d > 1
+        )
 
     def problem(self, value):
         if not isinstance(value, torch.Tensor):
@@ -131,6 +135,11 @@ class _TensorCheck:
             return f"expected dtype {self.dtype}, got {value.dtype}"
         if value.device != self.device:
             return f"expected device {self.device}, got {value.device}"
+        if self.stride:
+            actual = value.stride()
+            if any(actual[i] != s for i, s in self.stride):
+                return (f"expected the captured memory layout (strides {_shape_text(tuple(s for _, s in self.stride))} "
+                        f"on dims {[i for i, _ in self.stride]}), got strides {_shape_text(actual)}")
         return None
 
 
@@ -143,13 +152,14 @@ def build_forward(metadata, run_graph, artifact="this artifact"):
     num_args = metadata["NUM_POSITIONAL_ARGS"]
     module_positions = tuple(metadata["MODULE_POSITIONS"])
     expected_names = [p["name"] for p in metadata["PARAMS"]] + [b["name"] for b in metadata["BUFFERS"]]
-    state_checks = [_TensorCheck(t["name"], t["shape"], t["dtype"], t["device"]) for t in (*metadata["PARAMS"], *metadata["BUFFERS"])]
+    state_checks = [_TensorCheck(t["name"], t["shape"], t["dtype"], t["device"], t.get("stride"))
+                    for t in (*metadata["PARAMS"], *metadata["BUFFERS"])]
     in_spec = _pytree.treespec_loads(metadata["IN_SPEC"])
     out_spec = _pytree.treespec_loads(metadata["OUT_SPEC"])
     input_checks = []
     for leaf in metadata["INPUTS"]:
         if leaf["kind"] == "tensor":
-            input_checks.append(_TensorCheck(leaf["path"], leaf["shape"], leaf["dtype"], leaf["device"]))
+            input_checks.append(_TensorCheck(leaf["path"], leaf["shape"], leaf["dtype"], leaf["device"], leaf.get("stride")))
         else:
             input_checks.append((leaf["path"], leaf["value"]))
     outputs = [leaf if leaf["kind"] == "constant" else None for leaf in metadata["OUTPUTS"]]

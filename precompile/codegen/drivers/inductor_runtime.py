@@ -1,0 +1,124 @@
+# Kernel loading of an Inductor artifact (precompile/codegen/drivers/inductor_runtime.py, included
+# verbatim). The Inductor output code below asks for its C++ kernels through
+# AsyncCompile.cpp_pybinding. When precompile.load primed this process from the cache's kernel
+# bundle, it passes `__precompile_kernels__` (sha256 of a kernel's source -> its shared library)
+# and each kernel loads straight from its library, without importing torch._inductor. Otherwise
+# the request goes to Inductor's own AsyncCompile, which finds the kernel in its cache dir or
+# compiles it (JIT). The few other Inductor helpers the output code names are imported on first
+# use only.
+import hashlib as _hashlib
+import importlib.util as _importlib_util
+import os as _os
+import sys as _sys
+
+import torch
+
+try:
+    from precompile.errors import PrecompileError
+except ImportError:  # served where only torch is installed
+
+    class PrecompileError(RuntimeError):
+        pass
+
+
+_primed_kernels = globals().get("__precompile_kernels__") or {}
+
+
+def _load_kernel(path):
+    """The `kernel` entry of a compiled C++ kernel library, loaded as Inductor itself loads it."""
+    _os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
+        torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
+    )
+    name = _os.path.basename(path).split(".")[0] + ".kernel"
+    module = _sys.modules.get(name)
+    if module is None:
+        spec = _importlib_util.spec_from_file_location(name, path)
+        module = _importlib_util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _sys.modules[name] = module
+    return module.kernel
+
+
+def _inductor_async_compile():
+    import torch._inductor.config as inductor_config
+    from torch._inductor.async_compile import AsyncCompile as InductorAsyncCompile
+
+    # Precompiled headers are part of every kernel's cache key; artifacts are captured without them.
+    inductor_config.cpp_cache_precompile_headers = False
+    return InductorAsyncCompile()
+
+
+class AsyncCompile:
+    """Inductor's AsyncCompile, served from the primed kernel bundle when it has the kernel."""
+
+    def __init__(self):
+        self._inductor = None
+
+    def _fallback(self):
+        if self._inductor is None:
+            self._inductor = _inductor_async_compile()
+        return self._inductor
+
+    def cpp_pybinding(self, argtypes, source_code):
+        path = _primed_kernels.get(_hashlib.sha256(source_code.encode("utf-8")).hexdigest())
+        if path is not None:
+            return _load_kernel(path)
+        return self._fallback().cpp_pybinding(argtypes, source_code)
+
+    def wait(self, scope):
+        if self._inductor is not None:
+            self._inductor.wait(scope)
+
+    def __getattr__(self, name):
+        return getattr(self._fallback(), name)
+
+
+class _ExternKernels:
+    """Inductor's extern_kernels: ATen out= ops directly, anything else from Inductor on first use."""
+
+    _ATEN = ("addmm", "baddbmm", "bmm", "convolution", "mm")
+
+    def __getattr__(self, name):
+        if name in self._ATEN:
+            value = getattr(torch, name)
+        else:
+            from torch._inductor.select_algorithm import extern_kernels as inductor_extern_kernels
+
+            value = getattr(inductor_extern_kernels, name)
+        setattr(self, name, value)
+        return value
+
+
+extern_kernels = _ExternKernels()
+
+
+def run_intermediate_hooks(*args, **kwargs):
+    from torch._inductor.hooks import run_intermediate_hooks as inductor_hooks
+
+    return inductor_hooks(*args, **kwargs)
+
+
+def maybe_profile(*args, **kwargs):
+    from torch._inductor.utils import maybe_profile as inductor_maybe_profile
+
+    return inductor_maybe_profile(*args, **kwargs)
+
+
+def align(nbytes):
+    from torch._inductor.codegen.memory_planning import _align
+
+    return _align(nbytes)
+
+
+def run_inductor_call(call, flat):
+    """Run the Inductor module's call() on the flat graph inputs, with its layout asserts as PrecompileError."""
+    try:
+        return call(list(flat))
+    except AssertionError as exc:
+        text = str(exc)
+        if "size" in text or "stride" in text or "dimensions" in text:
+            raise PrecompileError(
+                f"an input's shape or memory layout differs from the captured one ({text}); "
+                "pass inputs laid out like the captured ones (e.g. .contiguous()), or capture again"
+            ) from None
+        raise
