@@ -9,6 +9,8 @@ import importlib
 from typing import TYPE_CHECKING
 
 from precompile.errors import PrecompileError, PrecompileWarning
+from precompile.runtime.no_compilation import activate_from_environment as _activate_from_environment
+from precompile.runtime.no_compilation import no_compilation
 
 __version__ = "0.1.0"
 
@@ -23,13 +25,16 @@ _LAZY = {
     "PrecompileSummary": "precompile.schema.summary",
 }
 
-__all__ = ["PrecompileError", "PrecompileWarning", *_LAZY]
+__all__ = ["PrecompileError", "PrecompileWarning", "no_compilation", *_LAZY]
 
 if TYPE_CHECKING:
     from precompile.runtime.capture import Capture, capture
     from precompile.runtime.load import PrecompiledRunnable, load
     from precompile.runtime.tracers import DynamoTracer, MakeFxTracer
     from precompile.schema.summary import PrecompileSummary
+
+
+_activate_from_environment()
 
 
 def __getattr__(name: str):

@@ -49,11 +49,9 @@ def test_identical_paths_and_directories_are_refused(tmp_path):
         make(tmp_path, cache_path=tmp_path)
 
 
-def test_unimplemented_tracer_and_backend_say_what_to_pass(tmp_path):
+def test_unimplemented_tracer_says_what_to_pass(tmp_path):
     with pytest.raises(PrecompileError, match=r"DynamoTracer is not implemented yet.*tracer=precompile.MakeFxTracer\(\)"):
         make(tmp_path, tracer=precompile.DynamoTracer())
-    with pytest.raises(PrecompileError, match=r"backend='inductor' is not implemented yet.*backend='eager'"):
-        make(tmp_path, backend="inductor")
 
 
 def test_call_runs_for_real_and_returns_the_result(tmp_path):

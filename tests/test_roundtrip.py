@@ -7,7 +7,7 @@ from cases import CASES
 from conftest import fresh_json
 
 SERVE_AND_COMPARE = r"""
-import json, sys, warnings
+import contextlib, json, sys, warnings
 import torch
 import torch.utils._pytree as pytree
 import precompile
@@ -21,6 +21,8 @@ def close(a, b):
     return all(torch.allclose(x, y, atol=1e-5) if isinstance(x, torch.Tensor) else x == y for x, y in zip(la, lb))
 
 report = {}
+policy = precompile.no_compilation() if sys.argv[2:] == ["no_compilation"] else contextlib.nullcontext()
+policy.__enter__()
 for name, (artifact, cache) in json.loads(sys.argv[1]).items():
     case = CASES[name]
     with warnings.catch_warnings():
@@ -42,13 +44,14 @@ for name, (artifact, cache) in json.loads(sys.argv[1]).items():
             for (n, bs), (_, be) in zip(s.named_buffers(), e.named_buffers()):
                 state.append((n, torch.allclose(bs.double(), be.double(), atol=1e-5), None))
     report[name] = {"results": results, "state": state, "cache_used": runnable.cache_used}
+report["inductor imported"] = any(m.startswith("torch._inductor") for m in sys.modules)
 print(json.dumps(report))
 """
 
 
-def test_fresh_process_round_trips_match_eager(captured):
-    pairs = {name: [str(a), str(c)] for name, (a, c) in captured.items()}
-    report = fresh_json(SERVE_AND_COMPARE, json.dumps(pairs))
+def serve_in_fresh_process(pairs, *mode, env=None):
+    report = fresh_json(SERVE_AND_COMPARE, json.dumps({name: [str(a), str(c)] for name, (a, c) in pairs.items()}), *mode, env=env)
+    inductor_imported = report.pop("inductor imported")
     assert set(report) == set(CASES)
     for name, outcome in report.items():
         assert outcome["cache_used"], name
@@ -59,3 +62,8 @@ def test_fresh_process_round_trips_match_eager(captured):
     assert train["3.bias"] is True  # frozen: never receives a grad, like eager
     assert train["0.weight"] is False
     assert train["1.running_mean"] is None  # a buffer, updated in place twice and compared above
+    return inductor_imported
+
+
+def test_fresh_process_round_trips_match_eager(captured):
+    serve_in_fresh_process(captured)

@@ -3,26 +3,14 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any, Callable, Generic, ParamSpec, TypeVar
+from typing import Callable, Generic, ParamSpec, TypeVar
 
-import torch
-
-import precompile
-from precompile.codegen.models import MakeFxArtifact
-from precompile.codegen.render import render_makefx
 from precompile.errors import PrecompileError
-from precompile.runtime import lowering, makefx
-from precompile.runtime.load import execute
+from precompile.runtime.build import build_makefx
 from precompile.runtime.tracers import DynamoTracer, MakeFxTracer
 from precompile.runtime.writer import write_pair
-from precompile.schema.codec import encode_cache
-from precompile.schema.envelope import FORMAT_VERSION, CacheEnvelopeV1, Producer
-from precompile.schema.metadata import MakeFxMetadata
-from precompile.schema.pycode import code_hash
 
 log = logging.getLogger("precompile")
 
@@ -77,10 +65,6 @@ def capture(
     if isinstance(tracer, DynamoTracer):
         raise PrecompileError(
             "DynamoTracer is not implemented yet in this version of precompile; pass tracer=precompile.MakeFxTracer()"
-        )
-    if backend == "inductor":
-        raise PrecompileError(
-            "backend='inductor' is not implemented yet in this version of precompile; pass backend='eager'"
         )
     return Capture(fn, artifact, cache, tracer, backend)
 
@@ -147,13 +131,16 @@ class Capture(Generic[_P, _R]):
                     "use DynamoTracer for several calls, or a fresh capture()"
                 )
             try:
-                python_code, forward = self._trace_and_render(args)
+                built = build_makefx(
+                    self.fn, args, backend=self.backend, decompositions=self.tracer.decompositions,
+                    artifact_path=self.artifact_path,
+                )
             except BaseException as exc:
                 self._call_failed = exc
                 raise
-            self._pair = (python_code, self._cache_for(python_code))
+            self._pair = (built.python_code, built.cache)
         # Serve the rendered artifact: the call runs for real, exactly as load() would run it.
-        return forward(*args)
+        return built.forward(*args)
 
     def save(self) -> None:
         """Write what has been captured so far without ending the capture."""
@@ -169,49 +156,6 @@ class Capture(Generic[_P, _R]):
     def _spent_message(self) -> str:
         return "this capture is spent: its `with` block already ran. Call capture() again to capture again"
 
-    def _trace_and_render(self, args: tuple) -> tuple[bytes, Callable[..., Any]]:
-        traced = makefx.trace(self.fn, args, self.tracer.decompositions)
-        started = time.perf_counter()
-        graph = lowering.lower_eager(traced.graph_module)
-        metadata = MakeFxMetadata(
-            format_version=FORMAT_VERSION,
-            backend=self.backend,
-            torch_version=str(torch.__version__),
-            python_version=tuple(sys.version_info[:2]),
-            fn_name=_qualified_name(self.fn),
-            num_positional_args=traced.num_positional_args,
-            module_positions=traced.module_positions,
-            params=traced.params,
-            buffers=traced.buffers,
-            in_spec=traced.in_spec,
-            inputs=traced.inputs,
-            out_spec=traced.out_spec,
-            outputs=traced.outputs,
-            grad_param_indices=traced.grad_param_indices,
-        )
-        source = render_makefx(MakeFxArtifact(metadata=metadata, graph=graph))
-        log.info("lowered with backend=%r and rendered python_code (%d bytes) in %.2f s", self.backend, len(source), time.perf_counter() - started)
-        namespace = execute(source, str(self.artifact_path.resolve()))
-        return source.encode("utf-8"), namespace["forward"]
-
-    def _cache_for(self, python_code: bytes) -> bytes:
-        envelope = CacheEnvelopeV1(
-            code_hash=code_hash(python_code),
-            backend=self.backend,
-            tracer=self.tracer.tag,
-            producer=Producer(
-                precompile=precompile.__version__,
-                torch=str(torch.__version__),
-                python=".".join(map(str, sys.version_info[:3])),
-            ),
-        )
-        return encode_cache(envelope)
-
     def _write(self) -> None:
         python_code, cache = self._pair
         write_pair(self.artifact_path, self.cache_path, python_code, cache)
-
-
-def _qualified_name(fn) -> str:
-    module = getattr(fn, "__module__", None) or "?"
-    return f"{module}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

@@ -18,7 +18,10 @@ from precompile.schema.pair import (
     read_cache,
     read_python_code,
 )
+from precompile.runtime import kernels
+from precompile.runtime.no_compilation import CompilationForbidden
 from precompile.runtime.writer import resolve_pending_cache
+from precompile.schema.codec import CacheFormatError, decode_payload
 
 log = logging.getLogger("precompile")
 
@@ -82,19 +85,64 @@ def _usable_cache(python_code, cache_path: Path):
     return cache
 
 
-def execute(source: str, filename: str) -> dict[str, Any]:
-    """Exec python_code as its own namespace, registered in linecache so tracebacks and debuggers show it."""
+def _forbidden_cause(exc: BaseException) -> CompilationForbidden | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CompilationForbidden):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def execute(source: str, filename: str, primed_kernels: dict[str, str] | None = None) -> dict[str, Any]:
+    """Exec python_code as its own namespace, registered in linecache so tracebacks and debuggers show it.
+
+    `primed_kernels` ({kernel source sha256: library path}) lets the kernel runtime of an Inductor
+    artifact load its kernels directly instead of compiling them.
+    """
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     namespace: dict[str, Any] = {"__name__": "precompile_artifact", "__file__": filename, "__builtins__": builtins}
+    if primed_kernels:
+        namespace["__precompile_kernels__"] = dict(primed_kernels)
     try:
         exec(compile(source, filename, "exec"), namespace)
     except PrecompileError:
         raise
     except Exception as exc:
+        forbidden = _forbidden_cause(exc)
+        if forbidden is not None:  # Inductor wraps what its compile workers raise
+            raise forbidden from exc
         raise PrecompileError(f"python_code {filename} failed to execute: {type(exc).__name__}: {exc}") from exc
     if not callable(namespace.get("forward")):
         raise PrecompileError(f"python_code {filename} defines no forward(); it is not a complete precompile artifact")
     return namespace
+
+
+def _prime_kernels(cache) -> dict[str, str]:
+    """Extract the cache's kernel bundle for this process, or warn why it cannot serve this host."""
+    bundle = cache.envelope.bundle
+    if bundle is None or not bundle.files:
+        return {}
+    reasons = kernels.mismatches(bundle.keys, kernels.host_keys())
+    if reasons:
+        warnings.warn(
+            f"the kernel bundle in {cache.path} does not fit this host: {'; '.join(reasons)}. "
+            "python_code will compile its kernels here instead (JIT)",
+            PrecompileWarning,
+            stacklevel=3,
+        )
+        return {}
+    try:
+        files = decode_payload(bundle, cache.data, cache.payload_offset, source=f"cache {cache.path}")
+        return kernels.prime(bundle, files, kernels.inductor_cache_dir())
+    except (CacheFormatError, OSError, ValueError) as exc:
+        warnings.warn(
+            f"ignoring the kernel bundle: {exc}. python_code will compile its kernels here instead (JIT)",
+            PrecompileWarning,
+            stacklevel=3,
+        )
+        return {}
 
 
 def load(artifact_path: str | os.PathLike, cache_path: str | os.PathLike) -> PrecompiledRunnable:
@@ -108,6 +156,10 @@ def load(artifact_path: str | os.PathLike, cache_path: str | os.PathLike) -> Pre
     artifact_path, cache_path = Path(artifact_path), Path(cache_path)
     python_code = read_python_code(artifact_path)
     cache = _usable_cache(python_code, cache_path)
-    namespace = execute(python_code.source, str(artifact_path.resolve()))
-    log.info("loaded %s in %.3f s (cache %s)", artifact_path, time.perf_counter() - started, "used" if cache else "not used")
+    primed = _prime_kernels(cache) if cache is not None else {}
+    namespace = execute(python_code.source, str(artifact_path.resolve()), primed)
+    log.info(
+        "loaded %s in %.3f s (cache %s, %d kernels primed)",
+        artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed),
+    )
     return PrecompiledRunnable(namespace["forward"], python_code.metadata, artifact_path, cache_used=cache is not None)

@@ -29,3 +29,54 @@ def lower_eager(graph_module: torch.fx.GraphModule) -> GraphSection:
         raise PrecompileError("the captured graph's source has no forward(self, ...) to render")
     body = "\n".join(line.rstrip() for line in source.splitlines())
     return GraphSection(title="Captured graph (eager backend: ATen ops, run as they are)", source="\n".join(imports) + "\n\n\n" + body, entry=ENTRY)
+
+
+# Imports of the Inductor output code that the kernel runtime driver (inductor_runtime.py) provides,
+# so a primed artifact serves without importing torch._inductor.
+_RUNTIME_PROVIDED = (
+    "from torch._inductor.hooks import run_intermediate_hooks",
+    "from torch._inductor.utils import maybe_profile",
+    "from torch._inductor.codegen.memory_planning import _align as align",
+    "from torch._inductor.async_compile import AsyncCompile",
+    "from torch._inductor.select_algorithm import extern_kernels",
+)
+# Where the output code's benchmarking tail starts: not part of the artifact.
+_TAIL = re.compile(r"^def (get_args|benchmark_compiled_module)\(", re.MULTILINE)
+
+
+def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> GraphSection:
+    """The graph lowered by AOTAutograd + Inductor, as its output code, adapted to a flat call."""
+    from torch._inductor import compile_fx
+
+    compiled = []
+
+    def keep_source(gm, inputs, **kwargs):
+        result = compile_fx.compile_fx_inner(gm, inputs, **kwargs)
+        compiled.append(result)
+        return result
+
+    with torch.no_grad():
+        compile_fx.compile_fx(graph_module, [t.detach() for t in example_inputs], inner_compile=keep_source)
+    if len(compiled) != 1 or not getattr(compiled[0], "source_code", None):
+        raise PrecompileError(
+            f"Inductor lowered the captured graph into {len(compiled)} modules; precompile needs exactly one with source"
+        )
+    return GraphSection(
+        title="Compiled graph (AOTAutograd + Inductor output code)",
+        source=_adapt_output_code(compiled[0].source_code) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
+        entry=ENTRY,
+        runtime="inductor_runtime",
+    )
+
+
+def _adapt_output_code(source: str) -> str:
+    """Drop the process-local AOT id line, the benchmarking tail, and the imports the runtime provides."""
+    tail = _TAIL.search(source)
+    if tail is not None:
+        source = source[: tail.start()]
+    lines = [
+        line.rstrip()
+        for line in source.splitlines()
+        if not line.startswith("# AOT ID:") and line.strip() not in _RUNTIME_PROVIDED
+    ]
+    return "\n".join(lines).strip("\n")

@@ -47,12 +47,18 @@ class MakeFxTrace:
     grad_param_indices: tuple[int, ...]
 
 
-def _named(name: str, tensor: torch.Tensor) -> NamedTensor:
-    return NamedTensor(name=name, shape=tuple(tensor.shape), dtype=str(tensor.dtype), device=str(tensor.device))
+def _named(name: str, tensor: torch.Tensor, layout: bool) -> NamedTensor:
+    return NamedTensor(
+        name=name, shape=tuple(tensor.shape), dtype=str(tensor.dtype), device=str(tensor.device),
+        stride=tuple(tensor.stride()) if layout else None,
+    )
 
 
-def _tensor_leaf(path: str, tensor: torch.Tensor) -> TensorLeaf:
-    return TensorLeaf(path=path, shape=tuple(int(d) for d in tensor.shape), dtype=str(tensor.dtype), device=str(tensor.device))
+def _tensor_leaf(path: str, tensor: torch.Tensor, layout: bool = False) -> TensorLeaf:
+    return TensorLeaf(
+        path=path, shape=tuple(int(d) for d in tensor.shape), dtype=str(tensor.dtype), device=str(tensor.device),
+        stride=tuple(int(s) for s in tensor.stride()) if layout else None,
+    )
 
 
 def _refuse_unsupported_input(path: str, value: Any) -> None:
@@ -83,7 +89,8 @@ def _path(prefix: str, key_path) -> str:
     return prefix + pytree.keystr(key_path)
 
 
-def trace(fn: Callable[..., Any], args: tuple, decompositions=None) -> MakeFxTrace:
+def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: bool = False) -> MakeFxTrace:
+    """Trace fn(*args); `layout` records strides too, for backends that specialize on memory layout."""
     started = time.perf_counter()
     module_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.nn.Module))
     modules = [args[i] for i in module_positions]
@@ -97,7 +104,7 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None) -> MakeFxTra
         path = _path("args", key_path)
         _refuse_unsupported_input(path, value)
         if isinstance(value, torch.Tensor):
-            inputs.append(_tensor_leaf(path, value))
+            inputs.append(_tensor_leaf(path, value, layout))
             tensor_inputs.append(value)
         else:
             inputs.append(ConstantLeaf(path=path, value=value))
@@ -180,8 +187,8 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None) -> MakeFxTra
         example_inputs=example_inputs,
         num_positional_args=len(args),
         module_positions=module_positions,
-        params=tuple(_named(n, t) for n, t in params),
-        buffers=tuple(_named(n, t) for n, t in buffers),
+        params=tuple(_named(n, t, layout) for n, t in params),
+        buffers=tuple(_named(n, t, layout) for n, t in buffers),
         in_spec=in_spec_text,
         inputs=tuple(inputs),
         out_spec=_spec_text(traced["out_spec"], "output"),

@@ -1,0 +1,107 @@
+"""Turn a captured call into the artifact pair: trace, lower with the backend, render python_code,
+exec it, and freeze the kernels it needs into the cache's bundle."""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import precompile
+from precompile.codegen.models import MakeFxArtifact
+from precompile.codegen.render import render_makefx
+from precompile.errors import PrecompileError
+from precompile.runtime import kernels, lowering, makefx
+from precompile.runtime.load import execute
+from precompile.schema.codec import build_bundle, encode_cache
+from precompile.schema.envelope import FORMAT_VERSION, CacheEnvelopeV1, Producer
+from precompile.schema.metadata import MakeFxMetadata
+from precompile.schema.pycode import code_hash
+
+log = logging.getLogger("precompile")
+
+
+@dataclass(frozen=True)
+class BuiltPair:
+    python_code: bytes
+    cache: bytes
+    forward: Callable[..., Any]
+    """The served forward of the rendered python_code, already loaded in this process."""
+
+
+def build_makefx(fn, args: tuple, *, backend: str, decompositions, artifact_path: Path) -> BuiltPair:
+    if backend == "eager":
+        traced = makefx.trace(fn, args, decompositions)
+        started = time.perf_counter()
+        source = _render(fn, traced, backend, lowering.lower_eager(traced.graph_module))
+        namespace = execute(source, str(artifact_path.resolve()))
+        bundle, payload = None, b""
+    else:
+        with kernels.private_inductor_cache() as (cache_dir, commands):
+            traced = makefx.trace(fn, args, decompositions, layout=True)
+            started = time.perf_counter()
+            graph = lowering.lower_inductor(traced.graph_module, traced.example_inputs)
+            source = _render(fn, traced, backend, graph)
+            namespace = execute(source, str(artifact_path.resolve()))
+            bundle, payload = _freeze_kernels(source, namespace, cache_dir, commands)
+    log.info(
+        "lowered with backend=%r and rendered python_code (%d bytes%s) in %.2f s",
+        backend,
+        len(source),
+        f", {len(bundle.files)} bundled kernel files, {len(payload)} compressed bytes" if bundle else "",
+        time.perf_counter() - started,
+    )
+    python_code = source.encode("utf-8")
+    envelope = CacheEnvelopeV1(
+        code_hash=code_hash(python_code),
+        backend=backend,
+        tracer="make_fx",
+        producer=Producer(
+            precompile=precompile.__version__, torch=str(torch.__version__), python=".".join(map(str, sys.version_info[:3]))
+        ),
+        bundle=bundle,
+    )
+    return BuiltPair(python_code=python_code, cache=encode_cache(envelope, payload), forward=namespace["forward"])
+
+
+def _render(fn, traced: makefx.MakeFxTrace, backend: str, graph) -> str:
+    metadata = MakeFxMetadata(
+        format_version=FORMAT_VERSION,
+        backend=backend,
+        torch_version=str(torch.__version__),
+        python_version=tuple(sys.version_info[:2]),
+        fn_name=_qualified_name(fn),
+        num_positional_args=traced.num_positional_args,
+        module_positions=traced.module_positions,
+        params=traced.params,
+        buffers=traced.buffers,
+        in_spec=traced.in_spec,
+        inputs=traced.inputs,
+        out_spec=traced.out_spec,
+        outputs=traced.outputs,
+        grad_param_indices=traced.grad_param_indices,
+    )
+    return render_makefx(MakeFxArtifact(metadata=metadata, graph=graph))
+
+
+def _freeze_kernels(source: str, namespace: dict, cache_dir: Path, commands: list[str]):
+    sources = kernels.kernel_sources(source)
+    libraries = kernels.kernel_libraries(namespace, cache_dir)
+    missing = sorted(set(sources) - set(libraries))
+    if missing:
+        raise PrecompileError(
+            f"could not freeze the compiled kernels {missing}: their libraries are not in the capture's kernel cache"
+        )
+    files = kernels.collect_files(cache_dir)
+    return build_bundle(
+        files, kernels.producer_keys(commands, cache_dir), {sources[name]: libraries[name] for name in sources}
+    )
+
+
+def _qualified_name(fn) -> str:
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{module}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

@@ -1,0 +1,238 @@
+"""The kernel bundle: compile into a private cache dir at capture, freeze what the serving process
+needs into the cache file, and prime a serving process from it.
+
+Priming extracts the bundle into Inductor's cache dir layout (so a JIT fallback hits it too) and
+hands python_code a map from each kernel's source sha256 to its library, which its kernel loader
+uses without importing torch._inductor. Nothing here that runs at load imports torch._inductor.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import getpass
+import hashlib
+import os
+import platform
+import re
+import shutil
+import sysconfig
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from precompile.schema.envelope import KernelBundle
+
+# Bundle file kinds, by how the file is named in Inductor's cache dir.
+_KINDS = (
+    (re.compile(r"^[^/]+/[^/]+\.main\.so$"), "kernel"),
+    (re.compile(r"^[^/]+/[^/]+\.main\.cpp$"), "kernel-source"),
+    (re.compile(r"^[^/]+/[^/]+\.so$"), "isa-probe"),
+    (re.compile(r"^[^/]+/[^/]+\.cpp$"), "isa-probe-source"),
+    (re.compile(r"^triton/"), "triton"),
+)
+
+
+def inductor_cache_dir() -> Path:
+    """Inductor's kernel cache dir, computed as torch._inductor computes it, without importing it."""
+    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if configured:
+        return Path(configured)
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+
+
+def cpu_flags() -> frozenset[str] | None:
+    """This host's CPU feature flags, or None where /proc/cpuinfo cannot tell."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def host_keys() -> dict[str, str]:
+    """The cheap-to-read ingredients of the kernel cache keys on this host (no Inductor import)."""
+    import torch
+
+    flags = cpu_flags()
+    return {
+        "torch": str(torch.__version__),
+        "python": "%d.%d" % __import__("sys").version_info[:2],
+        "machine": platform.machine(),
+        "torch_dir": os.path.dirname(torch.__file__),
+        "python_include": sysconfig.get_paths()["include"],
+        "cpu_flags": " ".join(sorted(flags)) if flags is not None else "",
+    }
+
+
+def mismatches(recorded: dict[str, str], host: dict[str, str]) -> list[str]:
+    """Why a bundle keyed by `recorded` cannot serve this host, one reason per key."""
+    reasons = []
+    for key in ("torch", "python", "machine", "torch_dir", "python_include"):
+        if recorded.get(key) != host.get(key):
+            reasons.append(f"{key} is {host.get(key)!r} here but {recorded.get(key)!r} where it was captured")
+    needed = set(recorded.get("cpu_flags", "").split())
+    have = set(host.get("cpu_flags", "").split())
+    if needed and not have:
+        reasons.append("this host's CPU flags cannot be read, so the captured kernels' instruction set cannot be checked")
+    elif needed - have:
+        missing = sorted(needed - have)
+        reasons.append(f"this CPU lacks {len(missing)} instruction-set flags of the capturing CPU ({', '.join(missing[:6])}{', ...' if len(missing) > 6 else ''})")
+    return reasons
+
+
+def kind_of(path: str) -> str | None:
+    if path.startswith("locks/") or path.endswith((".lock", ".py")):
+        return None
+    for pattern, kind in _KINDS:
+        if pattern.search(path):
+            return kind
+    return None
+
+
+def collect_files(cache_dir: Path) -> dict[str, tuple[str, bytes]]:
+    """The kernel files in a private cache dir, {relative path: (kind, bytes)}."""
+    files = {}
+    for path in sorted(cache_dir.rglob("*")):
+        if not path.is_file():
+            continue
+        relative = path.relative_to(cache_dir).as_posix()
+        kind = kind_of(relative)
+        if kind is not None:
+            files[relative] = (kind, path.read_bytes())
+    return files
+
+
+def kernel_sources(source: str) -> dict[str, str]:
+    """{kernel name: sha256 of its C++ source} for every `name = async_compile.cpp_pybinding(types, src)`."""
+    found = {}
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        call = node.value
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "cpp_pybinding"
+            and len(call.args) == 2
+            and isinstance(call.args[1], ast.Constant)
+            and isinstance(call.args[1].value, str)
+        ):
+            found[node.targets[0].id] = hashlib.sha256(call.args[1].value.encode("utf-8")).hexdigest()
+    return found
+
+
+def kernel_libraries(namespace: dict, cache_dir: Path) -> dict[str, str]:
+    """{kernel name: library path relative to cache_dir} for the kernels an exec'd module loaded."""
+    root = os.path.realpath(cache_dir)
+    found = {}
+    for name, value in namespace.items():
+        module = getattr(value, "__self__", None)
+        library = getattr(module, "__file__", None)
+        if isinstance(library, str) and os.path.realpath(library).startswith(root + os.sep):
+            found[name] = Path(os.path.relpath(os.path.realpath(library), root)).as_posix()
+    return found
+
+
+_CAPTURE_LOCK = threading.Lock()
+# ISA probe libraries an earlier capture of this process built: seeded into the next capture's
+# dir, so probing costs a load rather than a compile there, and still lands in its bundle.
+_PROBES: dict[str, bytes] = {}
+
+
+@contextlib.contextmanager
+def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
+    """Compile into an emptied cache dir with the settings artifacts are keyed by; observe build commands.
+
+    The dir's path is fixed per user because compiled libraries embed the path they were built in:
+    a fixed path keeps two captures of the same model byte-identical, so diffs show real changes.
+    Captures on this host take turns (a thread lock and a file lock). Yields the directory and the
+    list the C++ build command lines are appended to.
+    """
+    import fcntl
+
+    import torch._inductor.config as inductor_config
+    from torch._inductor import cpp_builder
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    directory = Path(tempfile.gettempdir()) / f"precompile-capture-kernels-{os.getuid()}"
+    commands: list[str] = []
+    original = cpp_builder.CppBuilder.get_command_line
+
+    def observed(self):
+        line = original(self)
+        commands.append(line)
+        return line
+
+    with _CAPTURE_LOCK, open(f"{directory}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        cpp_builder.CppBuilder.get_command_line = observed
+        try:
+            for relative, data in _PROBES.items():
+                (directory / relative).parent.mkdir(parents=True, exist_ok=True)
+                (directory / relative).write_bytes(data)
+            with temporary_cache_dir(str(directory)), inductor_config.patch(cpp_cache_precompile_headers=False):
+                _forget_isa_probes()
+                yield directory, commands
+            for relative, (kind, data) in collect_files(directory).items():
+                if kind.startswith("isa-probe"):
+                    _PROBES[relative] = data
+        finally:
+            cpp_builder.CppBuilder.get_command_line = original
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _forget_isa_probes() -> None:
+    """Drop Inductor's in-process memo of its ISA probes so they build again into this capture's dir.
+
+    The serving process's Inductor needs the probe libraries to pick the same ISA without
+    compiling; a capture must bundle them whatever ran earlier in this process.
+    """
+    from torch._inductor import cpu_vec_isa
+
+    for value in vars(cpu_vec_isa).values():
+        members = vars(value).values() if isinstance(value, type) else (value,)
+        for member in members:
+            clear = getattr(member, "cache_clear", None)
+            if callable(clear):
+                clear()
+
+
+def producer_keys(commands: list[str], cache_dir: Path) -> dict[str, str]:
+    """host_keys() plus what only the capturing process knows: ISA, compiler command-line hash, PCH."""
+    from torch._inductor import cpu_vec_isa
+
+    root = str(cache_dir)
+    normalized = sorted({" ".join(t for t in line.replace(root, "<cache>").split() if "<cache>" not in t) for line in commands})
+    return {
+        **host_keys(),
+        "isa": str(cpu_vec_isa.pick_vec_isa()),
+        "compiler_command_sha256": hashlib.sha256("\n".join(normalized).encode("utf-8")).hexdigest(),
+        "precompiled_headers": "off",
+    }
+
+
+def prime(bundle: KernelBundle, files: dict[str, bytes], cache_dir: Path) -> dict[str, str]:
+    """Extract the bundle into `cache_dir`; return {kernel source sha256: absolute library path}."""
+    for entry in bundle.files:
+        if entry.path.startswith("/") or ".." in entry.path.split("/"):
+            raise ValueError(f"bundle path {entry.path!r} escapes the cache dir")
+        target = cache_dir / entry.path
+        data = files[entry.path]
+        with contextlib.suppress(OSError):
+            if target.stat().st_size == len(data) and target.read_bytes() == data:
+                continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        temporary.write_bytes(data)
+        os.replace(temporary, target)
+    return {digest: str(cache_dir / path) for digest, path in bundle.kernels.items()}

@@ -1,0 +1,170 @@
+"""no_compilation(): forbid tracing, lowering, kernel compiles, benchmarking and autotuning.
+
+Process-wide and depth-counted: nested and overlapping uses, from any thread, keep the policy on
+until the last owner exits. While it is on, TORCH_PRECOMPILE_NO_COMPILATION=1 is exported so child
+processes inherit it; that variable set to exactly "1" when precompile is imported turns the policy
+on for the whole process.
+
+Torch-free at import: the gates wrap torch's entry points when their modules are imported (an
+import hook), so turning the policy on never imports torch._inductor itself and a primed artifact
+keeps its fast start. A gate, once installed, stays and checks the depth on every call.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+
+from precompile.errors import PrecompileError
+
+ENV_VAR = "TORCH_PRECOMPILE_NO_COMPILATION"
+
+# module -> (dotted attribute, what calling it would do)
+_GATES = {
+    "torch._dynamo.convert_frame": (("_compile", "Dynamo would compile a frame"),),
+    "torch.fx.experimental.proxy_tensor": (("_MakefxTracer.trace", "make_fx would trace a graph"),),
+    "torch._functorch._aot_autograd.graph_compile": (("aot_stage2_compile", "AOTAutograd would compile a graph"),),
+    "torch._inductor.graph": (("GraphLowering.compile_to_module", "Inductor would lower a graph"),),
+    "torch._inductor.cpp_builder": (("CppBuilder.build", "a C++ kernel would be built"),),
+    "torch._inductor.select_algorithm": (
+        ("AlgorithmSelectorCache.autotune", "Inductor would autotune"),
+        ("AlgorithmSelectorCache.benchmark_example_value", "Inductor would benchmark"),
+    ),
+    "torch._inductor.runtime.triton_heuristics": (
+        ("CachingAutotuner.benchmark_all_configs", "a Triton kernel would be autotuned"),
+    ),
+    "triton.compiler.compiler": (("compile", "a Triton kernel would be compiled"),),
+    "triton.runtime.autotuner": (("Autotuner._bench", "a Triton autotuner would benchmark"),),
+}
+
+_lock = threading.Lock()
+_depth = 0
+_saved_env: str | None = None
+_hook_installed = False
+
+
+class CompilationForbidden(PrecompileError):
+    """Raised where no_compilation() stopped a trace, a compile, a benchmark or an autotune."""
+
+
+def active() -> bool:
+    return _depth > 0
+
+
+def _gate(function, what: str):
+    @functools.wraps(function)
+    def gated(*args, **kwargs):
+        if _depth > 0:
+            raise CompilationForbidden(
+                f"no_compilation() is active and {what}: the loaded artifact and its kernel cache do not "
+                "cover this call. Capture it (or load its cache file) so nothing compiles at serve time"
+            )
+        return function(*args, **kwargs)
+
+    gated.__precompile_gate__ = True
+    return gated
+
+
+def _install_gates(module) -> None:
+    for dotted, what in _GATES.get(module.__name__, ()):
+        *owner_path, name = dotted.split(".")
+        owner = module
+        for part in owner_path:
+            owner = getattr(owner, part, None)
+        current = getattr(owner, name, None) if owner is not None else None
+        if current is None or getattr(current, "__precompile_gate__", False):
+            continue
+        if isinstance(owner, type) and isinstance(owner.__dict__.get(name), staticmethod):
+            setattr(owner, name, staticmethod(_gate(current, what)))
+        else:
+            setattr(owner, name, _gate(current, what))
+
+
+class _GatingLoader(importlib.abc.Loader):
+    def __init__(self, loader) -> None:
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self.loader.exec_module(module)
+        _install_gates(module)
+
+
+class _GatingFinder(importlib.abc.MetaPathFinder):
+    """Wraps the loader of each gated module so its gates go in as soon as it is imported."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in _GATES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _GatingLoader(spec.loader)
+        return spec
+
+
+def _ensure_gates() -> None:
+    global _hook_installed
+    if _hook_installed:
+        return
+    sys.meta_path.insert(0, _GatingFinder())
+    _hook_installed = True
+    for name in _GATES:
+        module = sys.modules.get(name)
+        if module is not None:
+            _install_gates(module)
+
+
+def _acquire() -> None:
+    global _depth, _saved_env
+    with _lock:
+        _ensure_gates()
+        if _depth == 0:
+            _saved_env = os.environ.get(ENV_VAR)
+            os.environ[ENV_VAR] = "1"
+        _depth += 1
+
+
+def _release() -> None:
+    global _depth
+    with _lock:
+        _depth -= 1
+        if _depth == 0:
+            if _saved_env is None:
+                os.environ.pop(ENV_VAR, None)
+            else:
+                os.environ[ENV_VAR] = _saved_env
+
+
+class no_compilation:  # noqa: N801 - a context manager used like a function, as the spec names it
+    """Forbid graph/kernel compilation, benchmarking and autotuning in this whole process.
+
+    Use it around a serving worker's lifetime to prove that a loaded artifact and its kernel bundle
+    cover every call: anything that would trace, lower, compile a kernel, benchmark or autotune
+    raises PrecompileError instead.
+    """
+
+    def __init__(self) -> None:
+        self._entered = False
+
+    def __enter__(self) -> None:
+        if self._entered:
+            raise PrecompileError("this no_compilation() is already active; call no_compilation() again to nest")
+        _acquire()
+        self._entered = True
+
+    def __exit__(self, *exc_info) -> None:
+        if self._entered:
+            self._entered = False
+            _release()
+
+
+def activate_from_environment() -> None:
+    """Turn the policy on for the whole process when TORCH_PRECOMPILE_NO_COMPILATION is exactly "1"."""
+    if os.environ.get(ENV_VAR) == "1":
+        _acquire()

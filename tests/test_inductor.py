@@ -1,0 +1,111 @@
+"""backend="inductor": fresh-process round trips from the frozen kernel bundle, the JIT fallback,
+and what degrades with a warning. The captures are shared per session (Inductor costs ~15 s each)."""
+from __future__ import annotations
+
+import warnings
+
+import msgspec
+import pytest
+import torch
+
+import precompile
+from cases import CASES
+from conftest import run_fresh
+from precompile import PrecompileError, PrecompileWarning
+from precompile.schema import codec
+from precompile.schema.pair import parse_cache
+from test_roundtrip import serve_in_fresh_process
+
+
+def test_primed_round_trips_compile_nothing_and_skip_inductor(captured_inductor, tmp_path):
+    """An empty Inductor cache dir, under no_compilation(): every case serves, equal to eager."""
+    inductor_imported = serve_in_fresh_process(
+        captured_inductor, "no_compilation", env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty")}
+    )
+    assert inductor_imported is False  # kernels loaded straight from the bundle
+    assert any((tmp_path / "empty").rglob("*.main.so"))  # primed into Inductor's layout for a JIT fallback
+
+
+COLD_LOAD = r"""
+import sys, warnings
+import torch, precompile
+from cases import CASES
+warnings.simplefilter("ignore", precompile.PrecompileWarning)
+case = CASES["plain_function"]
+if sys.argv[3] == "no_compilation":
+    with precompile.no_compilation():
+        try:
+            precompile.load(sys.argv[1], sys.argv[2])
+        except precompile.PrecompileError as exc:
+            print("refused:", exc)
+else:
+    served = precompile.load(sys.argv[1], sys.argv[2])(*case.args())
+    eager = case.fn(*case.args())
+    print("served:", all(torch.allclose(a, b) for a, b in zip(served["parts"], eager["parts"])) and torch.allclose(served["sum"], eager["sum"]))
+"""
+
+
+def test_without_its_cache_file_the_artifact_jit_compiles_or_refuses(captured_inductor, tmp_path):
+    artifact, _ = captured_inductor["plain_function"]
+    missing = tmp_path / "deleted.cache"
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cold")}
+    refused = run_fresh(COLD_LOAD, str(artifact), str(missing), "no_compilation", env=env)
+    assert refused.returncode == 0, refused.stderr
+    assert "refused: no_compilation() is active and a C++ kernel would be built" in refused.stdout
+    served = run_fresh(COLD_LOAD, str(artifact), str(missing), "jit", env=env)
+    assert served.returncode == 0, served.stderr
+    assert "served: True" in served.stdout
+
+
+def _copy(pair, tmp_path, name):
+    artifact, cache = tmp_path / f"{name}.py", tmp_path / f"{name}.cache"
+    artifact.write_bytes(pair[0].read_bytes())
+    cache.write_bytes(pair[1].read_bytes())
+    return artifact, cache
+
+
+def test_a_bundle_that_does_not_fit_this_host_warns_and_jit_compiles(captured_inductor, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "jit"))
+    artifact, cache = _copy(captured_inductor["plain_function"], tmp_path, "elsewhere")
+    parsed = parse_cache(cache, cache.read_bytes())
+    keys = {**parsed.envelope.bundle.keys, "torch_dir": "/opt/other-venv/torch"}
+    envelope = msgspec.structs.replace(parsed.envelope, bundle=msgspec.structs.replace(parsed.envelope.bundle, keys=keys))
+    cache.write_bytes(codec.encode_cache(envelope, cache.read_bytes()[parsed.payload_offset :]))
+    with pytest.warns(PrecompileWarning, match=r"does not fit this host: torch_dir is '.+' here but '/opt/other-venv/torch' where it was captured.*JIT"):
+        runnable = precompile.load(artifact, cache)
+    case = CASES["plain_function"]
+    assert torch.allclose(runnable(*case.args())["sum"], case.fn(*case.args())["sum"])
+
+
+def test_a_bundle_whose_payload_was_altered_is_never_used(captured_inductor, tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "jit"))
+    artifact, cache = _copy(captured_inductor["plain_function"], tmp_path, "altered")
+    data = bytearray(cache.read_bytes())
+    data[-20] ^= 0x01
+    cache.write_bytes(bytes(data))
+    with pytest.warns(PrecompileWarning, match="ignoring the kernel bundle: .*payload does not match its recorded sha256"):
+        runnable = precompile.load(artifact, cache)
+    case = CASES["plain_function"]
+    assert torch.allclose(runnable(*case.args())["sum"], case.fn(*case.args())["sum"])
+
+
+def test_layout_and_shape_mismatches_are_precompile_errors(captured_inductor):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PrecompileWarning)
+        runnable = precompile.load(*captured_inductor["mlp_batchnorm"])
+    model, x = CASES["mlp_batchnorm"].args()
+    transposed = x.t().contiguous().t()  # same shape and values, other strides
+    with pytest.raises(PrecompileError, match=r"input args\[1\]: expected the captured memory layout .* got strides \(1, 6\)"):
+        runnable(model, transposed)
+    with pytest.raises(PrecompileError, match=r"input args\[1\]: expected shape \(6, 8\), got \(7, 8\)"):
+        runnable(model, torch.ones(7, 8))
+    assert torch.allclose(runnable(model, transposed.contiguous()), model(x), atol=1e-5)
+
+
+def test_the_cache_records_what_keys_its_kernels(captured_inductor):
+    _, cache = captured_inductor["train_step"]
+    bundle = parse_cache(cache, cache.read_bytes()).envelope.bundle
+    assert {f.kind for f in bundle.files} >= {"kernel", "kernel-source", "isa-probe"}
+    assert set(bundle.keys) >= {"torch", "python", "isa", "compiler_command_sha256", "precompiled_headers", "cpu_flags"}
+    assert bundle.keys["precompiled_headers"] == "off"
+    assert set(bundle.kernels.values()) == {f.path for f in bundle.files if f.kind == "kernel"}
