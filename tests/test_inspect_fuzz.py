@@ -55,8 +55,8 @@ def _run(argv) -> int:
 def test_fuzz(tmp_path, target):
     rng = random.Random(f"inspect-fuzz-{target}")
     base = {
-        "python_code": (FIXTURES / "v1/mlp_bundle.py").read_bytes(),
-        "cache": (FIXTURES / "v1/mlp_bundle.cache").read_bytes(),
+        "python_code": (FIXTURES / "v1/mlp_inductor.py").read_bytes(),
+        "cache": (FIXTURES / "v1/mlp_inductor.cache").read_bytes(),
     }
     zip_cache = (FIXTURES / "damaged/upstream.cache").read_bytes()
     py, cache = tmp_path / "f.py", tmp_path / "f.cache"
@@ -68,8 +68,8 @@ def test_fuzz(tmp_path, target):
         if target == "cache":
             cache_bytes = _mutate(rng, zip_cache if case % 5 == 0 else cache_bytes)
         else:
-            # the header and metadata sections (the first 40 lines): where the reader looks hardest
-            python_code = _mutate(rng, b"\n".join(python_code.split(b"\n")[:40]))
+            # the banner and metadata sections: where the reader looks hardest
+            python_code = _mutate(rng, python_code[: python_code.index(b"\n# 2. ")])
         py.write_bytes(python_code)
         cache.write_bytes(cache_bytes)
         started = time.perf_counter()
