@@ -42,7 +42,8 @@ def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
     served = report.served
     out.print(
         f"fresh process: load {served['load_s'] * 1000:.1f} ms, first call {served['first_call_s'] * 1000:.1f} ms, "
-        f"cache {'used' if served['cache_used'] else 'NOT used'}"
+        f"cache {'used' if served['cache_used'] else 'NOT used'}, nothing compiled, "
+        f"torch._inductor {'imported' if served['inductor_imported'] else 'not imported'}"
     )
     out.print(f"max |served - eager| = {served['max_abs_diff']:.3g}: {'match' if report.ok else 'MISMATCH'}")
     out.print(f"artifact: {report.artifact_path}")
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     demo = verbs.add_parser("demo", help="capture the built-in transformer, reload it in a fresh process, compare with eager")
     demo.add_argument("directory", nargs="?", default="precompile-demo", help="where to write the pair (default: ./precompile-demo)")
-    demo.add_argument("--backend", choices=("eager",), default="eager", help="how the captured graph is realized")
+    demo.add_argument("--backend", choices=("inductor", "eager"), default="inductor", help="how the captured graph is realized (default: inductor)")
     demo.set_defaults(handler=_demo)
     register_inspect_verbs(verbs)
     return parser

@@ -16,7 +16,7 @@ def test_demo_captures_reloads_in_a_fresh_process_and_matches_eager(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert "match" in proc.stdout and "MISMATCH" not in proc.stdout
-    assert "fresh process: load" in proc.stdout and "cache used" in proc.stdout
+    assert "fresh process: load" in proc.stdout and "cache used, nothing compiled, torch._inductor not imported" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["transformer.cache", "transformer.py"]
 
 

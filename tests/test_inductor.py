@@ -109,3 +109,61 @@ def test_the_cache_records_what_keys_its_kernels(captured_inductor):
     assert set(bundle.keys) >= {"torch", "python", "isa", "compiler_command_sha256", "precompiled_headers", "cpu_flags"}
     assert bundle.keys["precompiled_headers"] == "off"
     assert set(bundle.kernels.values()) == {f.path for f in bundle.files if f.kind == "kernel"}
+
+
+def linear_relu(model, x):
+    return model(x)
+
+
+def test_a_dim_marked_unbacked_serves_any_size(tmp_path):
+    from torch._dynamo.decorators import mark_unbacked
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(6, 8)
+    mark_unbacked(x, 0)
+    with torch.no_grad(), precompile.capture(
+        linear_relu, artifact_path=tmp_path / "u.py", cache_path=tmp_path / "u.cache", tracer=precompile.MakeFxTracer()
+    ) as cap:
+        assert cap(model, x).shape == (6, 4)
+    runnable = precompile.load(tmp_path / "u.py", tmp_path / "u.cache")
+    assert runnable.metadata.inputs[0].shape == (None, 8)
+    with torch.no_grad():
+        for n in (1, 3, 100):
+            y = torch.randn(n, 8)
+            assert torch.allclose(runnable(model, y), model(y), atol=1e-5)
+    with pytest.raises(PrecompileError, match=r"input args\[1\]: expected shape \(\*, 8\) \(\* = any size\), got \(3, 9\)"):
+        runnable(model, torch.randn(3, 9))
+
+
+def test_unbacked_marks_are_refused_with_eager_and_when_the_graph_guards_on_them(tmp_path):
+    from torch._dynamo.decorators import mark_unbacked
+
+    x = torch.randn(6, 8)
+    mark_unbacked(x, 0)
+    options = dict(artifact_path=tmp_path / "u.py", cache_path=tmp_path / "u.cache", tracer=precompile.MakeFxTracer())
+    with pytest.raises(PrecompileError, match=r"args\[1\] has dims \[0\] marked with mark_unbacked, which only backend='inductor' supports"):
+        with torch.no_grad(), precompile.capture(linear_relu, backend="eager", **options) as cap:
+            cap(torch.nn.Linear(8, 4), x)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16)).eval()
+    with pytest.raises(PrecompileError, match="fn needs to guard on a dim marked with mark_unbacked"):
+        with torch.no_grad(), precompile.capture(linear_relu, **options) as cap:
+            cap(model, x)
+    assert not (tmp_path / "u.py").exists()
+
+
+def aliasing(model, x):
+    return model(x), x, x.t(), model.weight, x.view(-1)[:3]
+
+
+def test_outputs_that_alias_inputs_and_parameters(tmp_path):
+    model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+    with torch.no_grad(), precompile.capture(
+        aliasing, artifact_path=tmp_path / "a.py", cache_path=tmp_path / "a.cache", tracer=precompile.MakeFxTracer()
+    ) as cap:
+        cap(model, x)
+    with torch.no_grad():
+        served = precompile.load(tmp_path / "a.py", tmp_path / "a.cache")(model, x)
+        expected = aliasing(model, x)
+    for got, want in zip(served, expected):
+        assert torch.equal(got, want) or torch.allclose(got, want, atol=1e-6)
+    assert served[1].data_ptr() == x.data_ptr() and served[3].data_ptr() == model.weight.data_ptr()

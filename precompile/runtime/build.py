@@ -44,7 +44,7 @@ def build_makefx(fn, args: tuple, *, backend: str, decompositions, artifact_path
         with kernels.private_inductor_cache() as (cache_dir, commands):
             traced = makefx.trace(fn, args, decompositions, layout=True)
             started = time.perf_counter()
-            graph = lowering.lower_inductor(traced.graph_module, traced.example_inputs)
+            graph = lowering.lower_inductor(traced.graph_module, traced.example_inputs, traced.fake_mode)
             source = _render(fn, traced, backend, graph)
             namespace = execute(source, str(artifact_path.resolve()))
             bundle, payload = _freeze_kernels(source, namespace, cache_dir, commands)

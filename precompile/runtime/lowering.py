@@ -44,8 +44,14 @@ _RUNTIME_PROVIDED = (
 _TAIL = re.compile(r"^def (get_args|benchmark_compiled_module)\(", re.MULTILINE)
 
 
-def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torch.Tensor]) -> GraphSection:
-    """The graph lowered by AOTAutograd + Inductor, as its output code, adapted to a flat call."""
+def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torch.Tensor], fake_mode=None) -> GraphSection:
+    """The graph lowered by AOTAutograd + Inductor, as its output code, adapted to a flat call.
+
+    `fake_mode` is the FakeTensorMode of fake `example_inputs` (dims marked unbacked).
+    """
+    import contextlib
+
+    from torch._guards import TracingContext, tracing
     from torch._inductor import compile_fx
 
     compiled = []
@@ -55,7 +61,8 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
         compiled.append(result)
         return result
 
-    with torch.no_grad():
+    context = tracing(TracingContext(fake_mode)) if fake_mode is not None else contextlib.nullcontext()
+    with torch.no_grad(), context:
         compile_fx.compile_fx(graph_module, [t.detach() for t in example_inputs], inner_compile=keep_source)
     if len(compiled) != 1 or not getattr(compiled[0], "source_code", None):
         raise PrecompileError(

@@ -22,6 +22,7 @@ from torch.nn.utils import stateless
 
 from precompile.codegen.drivers.makefx import _collect_params_and_buffers
 from precompile.errors import PrecompileError
+from precompile.runtime import unbacked
 from precompile.schema.metadata import ConstantLeaf, NamedTensor, TensorLeaf
 
 log = logging.getLogger("precompile")
@@ -45,6 +46,8 @@ class MakeFxTrace:
     out_spec: str
     outputs: tuple[TensorLeaf | ConstantLeaf, ...]
     grad_param_indices: tuple[int, ...]
+    fake_mode: Any = None
+    """The FakeTensorMode `example_inputs` live in when dims were marked unbacked (they are fakes then)."""
 
 
 def _named(name: str, tensor: torch.Tensor, layout: bool) -> NamedTensor:
@@ -55,10 +58,15 @@ def _named(name: str, tensor: torch.Tensor, layout: bool) -> NamedTensor:
 
 
 def _tensor_leaf(path: str, tensor: torch.Tensor, layout: bool = False) -> TensorLeaf:
+    """A leaf spec; a symbolic (unbacked) size or stride is recorded as None: any value."""
     return TensorLeaf(
-        path=path, shape=tuple(int(d) for d in tensor.shape), dtype=str(tensor.dtype), device=str(tensor.device),
-        stride=tuple(int(s) for s in tensor.stride()) if layout else None,
+        path=path, shape=_concrete(tensor.shape), dtype=str(tensor.dtype), device=str(tensor.device),
+        stride=_concrete(tensor.stride()) if layout else None,
     )
+
+
+def _concrete(values) -> tuple[int | None, ...]:
+    return tuple(v if isinstance(v, int) else None for v in values)
 
 
 def _refuse_unsupported_input(path: str, value: Any) -> None:
@@ -90,11 +98,15 @@ def _path(prefix: str, key_path) -> str:
 
 
 def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: bool = False) -> MakeFxTrace:
-    """Trace fn(*args); `layout` records strides too, for backends that specialize on memory layout."""
+    """Trace fn(*args); `layout` records strides too, for backends that specialize on memory layout
+    (inductor), which are also the backends that serve dims marked with mark_unbacked."""
     started = time.perf_counter()
     module_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.nn.Module))
     modules = [args[i] for i in module_positions]
     params, buffers = _collect_params_and_buffers(modules)
+    for name, tensor in params + buffers:
+        if unbacked.marked_dims(tensor):
+            raise PrecompileError(f"model tensor {name!r} has dims marked with mark_unbacked; only runtime inputs can be")
 
     user_args = _user_args(args, module_positions)
     keyed_leaves, in_spec = pytree.tree_flatten_with_path(user_args)
@@ -104,11 +116,21 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
         path = _path("args", key_path)
         _refuse_unsupported_input(path, value)
         if isinstance(value, torch.Tensor):
-            inputs.append(_tensor_leaf(path, value, layout))
+            unbacked.refuse_unsupported_marks(path, value, allow_unbacked=layout)
             tensor_inputs.append(value)
+            inputs.append(path)
         else:
             inputs.append(ConstantLeaf(path=path, value=value))
     in_spec_text = _spec_text(in_spec, "input")
+    example_inputs = [t for _, t in params] + [t for _, t in buffers] + tensor_inputs
+    fake_mode = None
+    trace_inputs = [t.detach() for t in example_inputs]
+    if any(unbacked.marked_dims(t) for t in tensor_inputs):
+        fake_mode, trace_inputs = unbacked.fake_inputs(example_inputs)
+    # A tensor input's spec comes from what is traced: a marked dim (and strides built on it) is None.
+    described = iter(trace_inputs[len(params) + len(buffers) :])
+    inputs = [_tensor_leaf(leaf, next(described), layout) if isinstance(leaf, str) else leaf for leaf in inputs]
+    allowed_symbols = set().union(*(free_unbacked_symbols(t) for t in trace_inputs)) if fake_mode else set()
 
     n_params, n_buffers = len(params), len(buffers)
     # Every name a module knows a tensor by (tied weights included) -> its slot in the flat inputs.
@@ -150,7 +172,7 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
         for key_path, value in out_leaves:
             path = _path("result", key_path)
             if isinstance(value, torch.Tensor):
-                if free_unbacked_symbols(value):
+                if free_unbacked_symbols(value) - allowed_symbols:
                     raise PrecompileError(_data_dependent(f"returns {path}, whose shape"))
                 outputs.append(_tensor_leaf(path, value))
                 graph_outputs.append(value)
@@ -166,25 +188,30 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
         traced["grad_param_indices"] = tuple(i for i, _ in grads)
         return [*graph_outputs, *[g for _, g in grads]]
 
-    example_inputs = [t for _, t in params] + [t for _, t in buffers] + tensor_inputs
     log.info("tracing %s with make_fx (%d params, %d buffers, %d tensor inputs)", _name(fn), n_params, n_buffers, len(tensor_inputs))
     try:
         graph_module = make_fx(
             flat_fn, decomposition_table=decompositions, tracing_mode="fake", _allow_non_fake_inputs=True
-        )(*[t.detach() for t in example_inputs])
+        )(*trace_inputs)
     except PrecompileError:
         raise
     except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as exc:
+        if fake_mode is not None:
+            raise PrecompileError(
+                f"fn needs to guard on a dim marked with mark_unbacked, or on a tensor's value "
+                f"({str(exc).splitlines()[0]}); an artifact serves every size of a marked dim, so fn may not branch "
+                "on it: remove the mark, or keep that size out of Python control flow"
+            ) from None
         raise PrecompileError(
             f"fn needs a tensor's value to decide a branch, a shape or a Python number ({str(exc).splitlines()[0]}); "
             "a MakeFx capture specializes control flow to one call and cannot record that: keep it in tensor ops "
             "(e.g. torch.where)"
         ) from None
-    _refuse_forbidden_nodes(graph_module, [name for name, _ in params])
+    _refuse_forbidden_nodes(graph_module, [name for name, _ in params], allowed_symbols)
     log.info("traced %d graph nodes in %.2f s", len(graph_module.graph.nodes), time.perf_counter() - started)
     return MakeFxTrace(
         graph_module=graph_module,
-        example_inputs=example_inputs,
+        example_inputs=trace_inputs if fake_mode is not None else example_inputs,
         num_positional_args=len(args),
         module_positions=module_positions,
         params=tuple(_named(n, t, layout) for n, t in params),
@@ -194,6 +221,7 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
         out_spec=_spec_text(traced["out_spec"], "output"),
         outputs=tuple(traced["outputs"]),
         grad_param_indices=traced["grad_param_indices"],
+        fake_mode=fake_mode,
     )
 
 
@@ -213,7 +241,7 @@ def _name(fn) -> str:
     return getattr(fn, "__qualname__", type(fn).__name__)
 
 
-def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: list[str]) -> None:
+def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: list[str], allowed_symbols: set) -> None:
     """Refuse what the graph must not hold: constants, control flow, effects, data-dependence, param updates."""
     from torch._higher_order_ops.effects import _get_effect
 
@@ -244,7 +272,7 @@ def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: lis
         if isinstance(node.target, torch._ops.OpOverload) and _get_effect(node.target) is not None:
             raise PrecompileError(f"fn calls the effectful op {node.target}, which a MakeFx artifact does not support yet")
         value = node.meta.get("val")
-        if value is not None and free_unbacked_symbols(value):
+        if value is not None and free_unbacked_symbols(value) - allowed_symbols:
             raise PrecompileError(_data_dependent(f"calls {node.target}, whose result"))
         schema = getattr(node.target, "_schema", None)
         if schema is None:

@@ -1,0 +1,61 @@
+"""Dims marked with torch._dynamo.decorators.mark_unbacked: traced as unbacked symbols, so one
+artifact serves any runtime size of them.
+
+Fake inputs are made here, with a ShapeEnv, before make_fx runs: a marked dim becomes a fresh
+unbacked symbol and every other dim stays static. A graph that needs to guard on a marked dim
+fails to trace, which the tracer reports as a refusal.
+"""
+from __future__ import annotations
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from precompile.errors import PrecompileError
+
+
+def marked_dims(tensor: torch.Tensor) -> frozenset[int]:
+    return frozenset(getattr(tensor, "_dynamo_unbacked_indices", ()) or ())
+
+
+def refuse_unsupported_marks(path: str, tensor: torch.Tensor, *, allow_unbacked: bool) -> None:
+    """Refuse the dim markings a MakeFx artifact cannot honour, naming the tensor and the remedy."""
+    if getattr(tensor, "_dynamo_dynamic_indices", None):
+        raise PrecompileError(
+            f"{path} has dims marked with mark_dynamic (backed dynamic shapes), which MakeFxTracer does not "
+            "support; mark them with torch._dynamo.decorators.mark_unbacked instead"
+        )
+    dims = marked_dims(tensor)
+    if not dims:
+        return
+    if not allow_unbacked:
+        raise PrecompileError(
+            f"{path} has dims {sorted(dims)} marked with mark_unbacked, which only backend='inductor' supports "
+            "(the eager backend replays a graph specialized to one shape); capture with backend='inductor'"
+        )
+    for attribute, what in (
+        ("_dynamo_shape_ids", "shape_id"),
+        ("_dynamo_unbacked_bounds", "min/max"),
+        ("_dynamo_hint_overrides", "hint_override"),
+    ):
+        if getattr(tensor, attribute, None):
+            raise PrecompileError(
+                f"{path} was marked with mark_unbacked(..., {what}=...), which precompile does not support yet; "
+                "mark the dim without it"
+            )
+    if any(getattr(tensor, "_specialize_on", None) or {}.values()):
+        raise PrecompileError(f"{path} was marked with mark_unbacked(..., specialize_on=...), which precompile does not support")
+
+
+def fake_inputs(tensors: list[torch.Tensor]) -> tuple[FakeTensorMode, list[torch.Tensor]]:
+    """Fakes of `tensors` in one FakeTensorMode, marked dims as unbacked symbols, the rest static."""
+    mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
+    fakes = []
+    for tensor in tensors:
+        dims = marked_dims(tensor)
+        context = StatelessSymbolicContext(
+            dynamic_sizes=[DimDynamic.UNBACKED if i in dims else DimDynamic.STATIC for i in range(tensor.dim())]
+        )
+        fakes.append(mode.from_tensor(tensor.detach(), symbolic_context=context))
+    mode.shape_env.pending_fresh_unbacked_symbols.clear()
+    return mode, fakes
