@@ -233,3 +233,23 @@ def test_help_lists_verbs(capsys):
     rc, out, _ = run_cli(capsys, ["--help"])
     for verb in ("show", "guards", "diff", "verify", "extract", "schema"):
         assert verb in out
+
+
+def test_verify_host_says_when_the_kernel_bundle_does_not_fit_this_host(capsys, tmp_path):
+    import msgspec
+
+    from precompile.schema import codec
+
+    for suffix in (".py", ".cache"):
+        shutil.copy(FIXTURES / f"v1/mlp_inductor{suffix}", tmp_path / f"m{suffix}")
+    data = (tmp_path / "m.cache").read_bytes()
+    envelope, offset = codec.decode_header(data)
+    keys = {**envelope.bundle.keys, "torch_dir": "/elsewhere/torch", "cpu_flags": "amx_tile avx512f"}
+    changed = msgspec.structs.replace(envelope, bundle=msgspec.structs.replace(envelope.bundle, keys=keys))
+    (tmp_path / "m.cache").write_bytes(codec.encode_cache(changed, data[offset:]))
+    rc, out, err = run_cli(capsys, ["verify", "--host", str(tmp_path / "m")])
+    assert rc == 1, err
+    assert "FAIL  host kernels torch_dir: torch_dir is '" in out and "but '/elsewhere/torch' where it was captured" in out
+    assert "expected /elsewhere/torch, found " in out
+    assert "lacks instruction-set flags of the capturing CPU: amx_tile" in out
+    assert "remedy: serving here compiles the kernels again" in out

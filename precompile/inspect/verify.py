@@ -11,6 +11,7 @@ from pathlib import Path
 
 from precompile.inspect.model import Artifact
 from precompile.inspect.report import Check, VerifyReport
+from precompile.schema.bundle_keys import host_keys, mismatches
 from precompile.schema.codec import CacheFormatError, decode_payload, payload_problem
 from precompile.schema.pair import read_bytes
 from precompile.schema.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
@@ -113,6 +114,17 @@ def _host(artifact: Artifact) -> list[Check]:
         checks.append(Check(name="host torch", status="fail", expected=meta.torch_version, actual=shown,
                             message=f"the artifact was captured with torch {meta.torch_version}, this host has torch {shown}",
                             remedy=f"install torch=={meta.torch_version}, or capture it again with torch {shown}"))
+    bundle = artifact.cache.envelope.bundle if artifact.cache.envelope is not None else None
+    if bundle is not None and bundle.files:
+        found = mismatches(bundle.keys, host_keys())
+        for mismatch in found:
+            checks.append(Check(name=f"host kernels {mismatch.key}", status="fail", expected=mismatch.captured,
+                                actual=mismatch.here if mismatch.key != "cpu_flags" else "(this CPU's flags)",
+                                message=str(mismatch),
+                                remedy="serving here compiles the kernels again (JIT, needs a C++ compiler): "
+                                       "capture on a host like this one to ship kernels it can use"))
+        if not found:
+            checks.append(Check(name="host kernels", status="ok", message="the kernel bundle fits this host"))
     return checks
 
 

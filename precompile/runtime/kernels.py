@@ -12,15 +12,14 @@ import contextlib
 import getpass
 import hashlib
 import os
-import platform
 import re
 import shutil
-import sysconfig
 import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from precompile.schema.bundle_keys import host_keys
 from precompile.schema.envelope import KernelBundle
 
 # Bundle file kinds, by how the file is named in Inductor's cache dir.
@@ -29,6 +28,7 @@ _KINDS = (
     (re.compile(r"^[^/]+/[^/]+\.main\.cpp$"), "kernel-source"),
     (re.compile(r"^[^/]+/[^/]+\.so$"), "isa-probe"),
     (re.compile(r"^[^/]+/[^/]+\.cpp$"), "isa-probe-source"),
+    (re.compile(r"^[^/]+/[^/]+\.best_config$"), "autotune-result"),
     (re.compile(r"^triton/"), "triton"),
 )
 
@@ -43,49 +43,6 @@ def inductor_cache_dir() -> Path:
     except (KeyError, ModuleNotFoundError, OSError):
         user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
     return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
-
-
-def cpu_flags() -> frozenset[str] | None:
-    """This host's CPU feature flags, or None where /proc/cpuinfo cannot tell."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        return None
-    return None
-
-
-def host_keys() -> dict[str, str]:
-    """The cheap-to-read ingredients of the kernel cache keys on this host (no Inductor import)."""
-    import torch
-
-    flags = cpu_flags()
-    return {
-        "torch": str(torch.__version__),
-        "python": "%d.%d" % __import__("sys").version_info[:2],
-        "machine": platform.machine(),
-        "torch_dir": os.path.dirname(torch.__file__),
-        "python_include": sysconfig.get_paths()["include"],
-        "cpu_flags": " ".join(sorted(flags)) if flags is not None else "",
-    }
-
-
-def mismatches(recorded: dict[str, str], host: dict[str, str]) -> list[str]:
-    """Why a bundle keyed by `recorded` cannot serve this host, one reason per key."""
-    reasons = []
-    for key in ("torch", "python", "machine", "torch_dir", "python_include"):
-        if recorded.get(key) != host.get(key):
-            reasons.append(f"{key} is {host.get(key)!r} here but {recorded.get(key)!r} where it was captured")
-    needed = set(recorded.get("cpu_flags", "").split())
-    have = set(host.get("cpu_flags", "").split())
-    if needed and not have:
-        reasons.append("this host's CPU flags cannot be read, so the captured kernels' instruction set cannot be checked")
-    elif needed - have:
-        missing = sorted(needed - have)
-        reasons.append(f"this CPU lacks {len(missing)} instruction-set flags of the capturing CPU ({', '.join(missing[:6])}{', ...' if len(missing) > 6 else ''})")
-    return reasons
 
 
 def kind_of(path: str) -> str | None:
@@ -180,7 +137,9 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
             for relative, data in _PROBES.items():
                 (directory / relative).parent.mkdir(parents=True, exist_ok=True)
                 (directory / relative).write_bytes(data)
-            with temporary_cache_dir(str(directory)), inductor_config.patch(cpp_cache_precompile_headers=False):
+            with temporary_cache_dir(str(directory)), _triton_cache_in(directory / "triton"), inductor_config.patch(
+                cpp_cache_precompile_headers=False
+            ):
                 _forget_isa_probes()
                 yield directory, commands
             for relative, (kind, data) in collect_files(directory).items():
@@ -189,6 +148,20 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
         finally:
             cpp_builder.CppBuilder.get_command_line = original
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _triton_cache_in(directory: Path) -> Iterator[None]:
+    """Triton compiles into the capture's dir, whatever TRITON_CACHE_DIR says, so its kernels ship."""
+    original = os.environ.get("TRITON_CACHE_DIR")
+    os.environ["TRITON_CACHE_DIR"] = str(directory / "0")
+    try:
+        yield
+    finally:
+        if original is None:
+            os.environ.pop("TRITON_CACHE_DIR", None)
+        else:
+            os.environ["TRITON_CACHE_DIR"] = original
 
 
 def _forget_isa_probes() -> None:
@@ -221,12 +194,20 @@ def producer_keys(commands: list[str], cache_dir: Path) -> dict[str, str]:
     }
 
 
+def _destination(path: str, cache_dir: Path) -> Path:
+    """Where a bundle file goes: Inductor's cache dir layout, Triton's files where Triton looks."""
+    if path.startswith("/") or ".." in path.split("/"):
+        raise ValueError(f"bundle path {path!r} escapes the cache dir")
+    triton_dir = os.environ.get("TRITON_CACHE_DIR")
+    if triton_dir and path.startswith("triton/"):
+        return Path(triton_dir) / path.split("/", 2)[2]
+    return cache_dir / path
+
+
 def prime(bundle: KernelBundle, files: dict[str, bytes], cache_dir: Path) -> dict[str, str]:
     """Extract the bundle into `cache_dir`; return {kernel source sha256: absolute library path}."""
     for entry in bundle.files:
-        if entry.path.startswith("/") or ".." in entry.path.split("/"):
-            raise ValueError(f"bundle path {entry.path!r} escapes the cache dir")
-        target = cache_dir / entry.path
+        target = _destination(entry.path, cache_dir)
         data = files[entry.path]
         with contextlib.suppress(OSError):
             if target.stat().st_size == len(data) and target.read_bytes() == data:

@@ -19,6 +19,7 @@ from precompile.schema.pair import (
     read_python_code,
 )
 from precompile.runtime import kernels
+from precompile.schema import bundle_keys
 from precompile.runtime.no_compilation import CompilationForbidden
 from precompile.runtime.writer import resolve_pending_cache
 from precompile.schema.codec import CacheFormatError, decode_payload
@@ -124,10 +125,10 @@ def _prime_kernels(cache) -> dict[str, str]:
     bundle = cache.envelope.bundle
     if bundle is None or not bundle.files:
         return {}
-    reasons = kernels.mismatches(bundle.keys, kernels.host_keys())
+    reasons = bundle_keys.mismatches(bundle.keys, bundle_keys.host_keys())
     if reasons:
         warnings.warn(
-            f"the kernel bundle in {cache.path} does not fit this host: {'; '.join(reasons)}. "
+            f"the kernel bundle in {cache.path} does not fit this host: {'; '.join(map(str, reasons))}. "
             "python_code will compile its kernels here instead (JIT)",
             PrecompileWarning,
             stacklevel=3,
