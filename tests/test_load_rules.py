@@ -145,3 +145,64 @@ def test_served_calls_check_the_calling_convention(pair, args, message):
 def test_keyword_arguments_are_refused_at_serve_time(pair):
     with pytest.raises(PrecompileError, match=r"got keyword arguments \['scale'\].*positional arguments only"):
         precompile.load(*pair)(MODEL, torch.ones(2, 4), scale=0.5)
+
+
+def test_the_fast_path_notices_every_change_to_the_model_between_calls(pair):
+    """After a validated call the driver re-fetches tensors by a cached plan and checks them in C++;
+    any change to the model must still be served correctly or refused with the precise message."""
+    runnable = precompile.load(*pair)
+    model, x = nn.Linear(4, 3), torch.ones(2, 4)
+    with torch.no_grad():
+        assert torch.allclose(runnable(model, x, 0.5), forward(model, x, 0.5))
+        model.weight = nn.Parameter(torch.full((3, 4), 2.0))  # a new tensor, same structure: served
+        assert torch.allclose(runnable(model, x, 0.5), forward(model, x, 0.5))
+        model.bias.requires_grad_(False)  # a metadata change the C++ check sees: re-validated, served
+        assert torch.allclose(runnable(model, x, 0.5), forward(model, x, 0.5))
+        model.weight.data = model.weight.data.double()
+        with pytest.raises(PrecompileError, match="model tensor weight: expected dtype torch.float32, got torch.float64"):
+            runnable(model, x, 0.5)
+        model.weight.data = torch.ones(3, 4)
+        model.register_buffer("extra", torch.zeros(1))
+        with pytest.raises(PrecompileError, match=r"unexpected \['extra'\]"):
+            runnable(model, x, 0.5)
+        del model.extra
+        assert torch.allclose(runnable(model, x, 0.5), forward(model, x, 0.5))
+        with pytest.raises(PrecompileError, match=r"input args\[1\]: expected shape \(2, 4\), got \(3, 4\)"):
+            runnable(model, torch.ones(3, 4), 0.5)
+
+
+def encode_decode(encoder, decoder, x):
+    return decoder(encoder(x))
+
+
+def test_the_fast_path_notices_a_replaced_submodule_and_a_broken_tie(tmp_path):
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder, self.decoder = nn.Linear(4, 4), nn.Linear(4, 4)
+            self.decoder.weight = self.encoder.weight
+
+        def forward(self, x):
+            return self.decoder(self.encoder(x))
+
+    model, x = Pair(), torch.ones(2, 4)
+    with torch.no_grad(), precompile.capture(
+        mlp_call, artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache",
+        tracer=precompile.MakeFxTracer(), backend="eager",
+    ) as cap:
+        cap(model, x)
+    runnable = precompile.load(tmp_path / "m.py", tmp_path / "m.cache")
+    with torch.no_grad():
+        assert torch.allclose(runnable(model, x), model(x))
+        model.encoder = nn.Linear(4, 4)  # a new submodule: the tie to decoder.weight is gone
+        with pytest.raises(PrecompileError, match=r"unexpected \['decoder.weight'\]"):
+            runnable(model, x)
+        model.decoder.weight = model.encoder.weight
+        assert torch.allclose(runnable(model, x), model(x))
+        model.decoder.weight = nn.Parameter(model.encoder.weight.detach().clone())  # untied in place
+        with pytest.raises(PrecompileError, match=r"unexpected \['decoder.weight'\]"):
+            runnable(model, x)
+
+
+def mlp_call(model, x):
+    return model(x)

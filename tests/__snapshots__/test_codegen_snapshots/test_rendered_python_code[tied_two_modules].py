@@ -62,6 +62,7 @@ def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1):
 # and rebuilds fn's result.
 import torch
 import torch.utils._pytree as _pytree
+from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
 try:
     from precompile.errors import PrecompileError
@@ -83,19 +84,73 @@ def _one_line(spec):
     return " ".join(str(spec).split())
 
 
+def _state_slots(modules):
+    """(kind, name, owning module, key, tensor) of every parameter then buffer, as named_parameters /
+    named_buffers(remove_duplicate=False) list them; names get an `m{i}.` prefix for several modules."""
+    prefix = len(modules) > 1
+    for kind, attribute in (("param", "_parameters"), ("buffer", "_buffers")):
+        for slot, module in enumerate(modules):
+            for path, owner in module.named_modules(remove_duplicate=False):
+                for key, tensor in getattr(owner, attribute).items():
+                    if tensor is None:
+                        continue
+                    name = f"{path}.{key}" if path else key
+                    yield kind, (f"m{slot}.{name}" if prefix else name), owner, key, tensor
+
+
 def _collect_params_and_buffers(modules):
     """Parameters then buffers of `modules`, each tensor once under its first name (tied weights)."""
-    prefix = len(modules) > 1
     seen = set()
     params, buffers = [], []
-    for kind, out in (("named_parameters", params), ("named_buffers", buffers)):
-        for slot, module in enumerate(modules):
-            for name, tensor in getattr(module, kind)(remove_duplicate=False):
-                if id(tensor) in seen:
-                    continue
-                seen.add(id(tensor))
-                out.append((f"m{slot}.{name}" if prefix else name, tensor))
+    for kind, name, _, _, tensor in _state_slots(modules):
+        if id(tensor) in seen:
+            continue
+        seen.add(id(tensor))
+        (params if kind == "param" else buffers).append((name, tensor))
     return params, buffers
+
+
+class _StatePlan:
+    """Where each parameter and buffer of a validated model lives, to fetch them again cheaply.
+
+    `gather` returns the tensors in the captured order, or None when the model's structure may have
+    changed (a submodule replaced, a tensor added, removed or untied): the caller then re-validates.
+    """
+
+    def __init__(self, modules):
+        self.modules = list(modules)
+        self.owners = []  # (module, children ids, number of params, number of buffers)
+        for module in self.modules:
+            for _, owner in module.named_modules(remove_duplicate=False):
+                self.owners.append((owner, tuple(map(id, owner._modules.values())),
+                                    len(owner._parameters), len(owner._buffers)))
+        first = {}
+        self.fetch = []  # (owner dict, key) of each distinct tensor
+        self.ties = []  # (owner dict, key, index into fetch) of each repeat of a tied tensor
+        for _, _, owner, key, tensor in _state_slots(self.modules):
+            table = owner._parameters if key in owner._parameters else owner._buffers
+            if id(tensor) in first:
+                self.ties.append((table, key, first[id(tensor)]))
+            else:
+                first[id(tensor)] = len(self.fetch)
+                self.fetch.append((table, key))
+
+    def gather(self, modules):
+        if len(modules) != len(self.modules) or any(a is not b for a, b in zip(modules, self.modules)):
+            return None
+        for owner, children, n_params, n_buffers in self.owners:
+            if (len(owner._parameters) != n_params or len(owner._buffers) != n_buffers
+                    or tuple(map(id, owner._modules.values())) != children):
+                return None
+        try:
+            tensors = [table[key] for table, key in self.fetch]
+            if any(table[key] is not tensors[index] for table, key, index in self.ties):
+                return None
+        except KeyError:
+            return None
+        if any(t is None for t in tensors):
+            return None
+        return tensors
 
 
 class _TensorCheck:
@@ -154,8 +209,36 @@ def build_forward(metadata, run_graph, artifact="this artifact"):
     outputs = [leaf if leaf["kind"] == "constant" else None for leaf in metadata["OUTPUTS"]]
     grad_indices = tuple(metadata["GRAD_PARAM_INDICES"])
 
+    dynamic_sizes = [list(c.shape) for c in (*state_checks, *[c for c in input_checks if type(c) is not tuple])]
+    cache = {"plan": None, "guards": None}  # filled by the first call that passes every check
+
     def fail(message, remedy):
         raise PrecompileError(f"{artifact}: {message}; {remedy}")
+
+    def validate(tensors, state):
+        """The full checks, in Python: a PrecompileError that names the tensor and the difference."""
+        for check, value in zip(input_checks_of_tensors, tensors):
+            problem = check.problem(value)
+            if problem is not None:
+                fail(f"input {check.path}: {problem}", "pass an input like the captured one, or capture again with this one")
+        names = [name for name, _ in state]
+        if names != expected_names:
+            missing = [n for n in expected_names if n not in names]
+            extra = [n for n in names if n not in expected_names]
+            fail(f"the model's parameters and buffers {names} differ from the captured {expected_names} (missing {missing}, unexpected {extra})",
+                 "pass a model with the captured structure")
+        for check, (_, tensor) in zip(state_checks, state):
+            problem = check.problem(tensor)
+            if problem is not None:
+                fail(f"model tensor {check.path}: {problem}", "pass a model with the captured structure")
+
+    def guards_for(flat_tensors):
+        """A C++ check of exactly these tensors' metadata, with the dims that may vary left free."""
+        strides = [list(t.stride()) if c.stride is not None else [None] * t.dim()
+                   for c, t in zip((*state_checks, *input_checks_of_tensors), flat_tensors)]
+        return _TensorGuards(*flat_tensors, dynamic_dims_sizes=dynamic_sizes, dynamic_dims_strides=strides)
+
+    input_checks_of_tensors = [c for c in input_checks if type(c) is not tuple]
 
     def forward(*args, **kwargs):
         if kwargs:
@@ -180,27 +263,22 @@ def build_forward(metadata, run_graph, artifact="this artifact"):
                     fail(f"input {check[0]} is {value!r} but the artifact was captured with {check[1]!r} (non-tensor inputs are baked into the graph)",
                          "pass the captured value, or capture again with this one")
                 continue
-            problem = check.problem(value)
-            if problem is not None:
-                fail(f"input {check.path}: {problem}", "pass an input like the captured one, or capture again with this one")
+            if not isinstance(value, torch.Tensor):
+                fail(f"input {check.path}: expected a tensor, got {type(value).__name__}", "pass a tensor there")
             tensors.append(value)
-        params, buffers = _collect_params_and_buffers(modules)
-        state = params + buffers
-        names = [name for name, _ in state]
-        if names != expected_names:
-            missing = [n for n in expected_names if n not in names]
-            extra = [n for n in names if n not in expected_names]
-            fail(f"the model's parameters and buffers {names} differ from the captured {expected_names} (missing {missing}, unexpected {extra})",
-                 "pass a model with the captured structure")
-        for check, (_, tensor) in zip(state_checks, state):
-            problem = check.problem(tensor)
-            if problem is not None:
-                fail(f"model tensor {check.path}: {problem}", "pass a model with the captured structure")
+        plan = cache["plan"]
+        state_tensors = plan.gather(modules) if plan is not None else None
+        if state_tensors is None or not cache["guards"].check(*state_tensors, *tensors):
+            # First call, a changed model or a mismatch: check everything, then trust it again.
+            params, buffers = _collect_params_and_buffers(modules)
+            validate(tensors, params + buffers)
+            state_tensors = [t for _, t in params + buffers]
+            cache["plan"], cache["guards"] = _StatePlan(modules), guards_for([*state_tensors, *tensors])
         with torch.no_grad():
-            flat = run_graph(*[t for _, t in state], *tensors)
+            flat = run_graph(*state_tensors, *tensors)
             n_results = len(flat) - len(grad_indices)
             for index, grad in zip(grad_indices, flat[n_results:]):
-                param = params[index][1]
+                param = state_tensors[index]
                 if param.grad is None:
                     param.grad = grad
                 else:
