@@ -1,0 +1,243 @@
+"""Cold start, side by side in one run: how long a fresh process takes to its first result.
+
+Every scenario runs in a fresh process with its own empty Inductor cache dir and TMPDIR (where
+Inductor keeps precompiled headers), on the built-in demo transformer and on a small MLP:
+
+  eager              import torch, build the model, first call
+  compile-cold       torch.compile, nothing cached
+  compile-warm       torch.compile with the local cache a previous process filled
+  compile-mega       torch.compile primed by load_cache_artifacts() from save_cache_artifacts()
+  aoti               aoti_load_package() of a package aoti_compile_and_package() wrote
+  precompile         precompile.load() of a captured pair + first call (the kernel bundle primes)
+  precompile-nocache precompile.load() with the cache file missing (python_code JIT-compiles)
+
+Each row reports the whole process (start to first result, as the parent measured it) and the
+part after `import torch`, as ratios to eager's and to precompile's. A second table measures
+steady-state latency per call (eager, torch.compile, the served artifact) in one process.
+
+    python bench/coldstart.py [--repeat 3] [--device cpu|cuda] [--models demo,mlp]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCENARIOS = ("eager", "compile-cold", "compile-warm", "compile-mega", "aoti", "precompile", "precompile-nocache")
+COLD = {"compile-cold", "precompile-nocache"}  # minutes of compiling each: run once
+
+# ---------------------------------------------------------------------------------------------
+# Child side: one scenario, one process. Prints a JSON line with the time after `import torch`.
+
+CHILD = r"""
+import json, sys, time
+started = time.perf_counter()
+import torch
+imported = time.perf_counter()
+mode, model_name, device, work = sys.argv[1:5]
+sys.path.insert(0, sys.argv[5])
+from bench.coldstart import build
+
+model, x = build(model_name, device)
+
+def finish(y):
+    if device == "cuda":
+        torch.cuda.synchronize()
+    done = time.perf_counter()
+    print(json.dumps({"after_import": done - imported, "import": imported - started}))
+
+with torch.no_grad():
+    if mode == "eager":
+        finish(model(x))
+    elif mode in ("compile-cold", "compile-warm", "compile-prepare"):
+        finish(torch.compile(model)(x))
+    elif mode == "compile-mega-prepare":
+        torch.compile(model)(x)
+        blob, _ = torch.compiler.save_cache_artifacts()
+        open(work + "/mega.bin", "wb").write(blob)
+    elif mode == "compile-mega":
+        torch.compiler.load_cache_artifacts(open(work + "/mega.bin", "rb").read())
+        finish(torch.compile(model)(x))
+    elif mode == "aoti-prepare":
+        program = torch.export.export(model, (x,))
+        torch._inductor.aoti_compile_and_package(program, package_path=work + "/model.pt2")
+    elif mode == "aoti":
+        finish(torch._inductor.aoti_load_package(work + "/model.pt2")(x))
+    elif mode == "precompile-prepare":
+        import precompile
+        from precompile.examples.transformer import run
+        with precompile.capture(run, artifact_path=work + "/m.py", cache_path=work + "/m.cache",
+                                tracer=precompile.MakeFxTracer()) as cap:
+            cap(model, x)
+    elif mode in ("precompile", "precompile-nocache"):
+        import warnings
+        import precompile
+        warnings.simplefilter("ignore", precompile.PrecompileWarning)
+        cache = work + ("/m.cache" if mode == "precompile" else "/absent.cache")
+        finish(precompile.load(work + "/m.py", cache)(model, x))
+"""
+
+STEADY = r"""
+import json, statistics, sys, time, warnings
+import torch
+model_name, device, work = sys.argv[1:4]
+sys.path.insert(0, sys.argv[4])
+from bench.coldstart import build
+import precompile
+warnings.simplefilter("ignore", precompile.PrecompileWarning)
+model, x = build(model_name, device)
+served = precompile.load(work + "/m.py", work + "/m.cache")
+compiled = torch.compile(model)
+runs = {"eager": lambda: model(x), "torch.compile": lambda: compiled(x), "precompile": lambda: served(model, x)}
+sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+with torch.no_grad():
+    for fn in runs.values():
+        for _ in range(20):
+            fn()
+    samples = {name: [] for name in runs}
+    for _ in range(15):  # interleaved rounds, so drift hits every contender alike
+        for name, fn in runs.items():
+            sync(); t = time.perf_counter()
+            for _ in range(50):
+                fn()
+            sync(); samples[name].append((time.perf_counter() - t) / 50)
+print(json.dumps({name: statistics.median(v) for name, v in samples.items()}))
+"""
+
+
+def build(name: str, device: str):
+    """The benchmark's models, identical in every process."""
+    import torch
+
+    from precompile.examples.transformer import make_demo
+
+    if name == "demo":
+        model, x = make_demo()
+    else:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64)).eval()
+        x = torch.randn(8, 64)
+    return model.to(device), x.to(device)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent side.
+
+
+def _env(cache_dir: Path, tmp_dir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(TORCHINDUCTOR_CACHE_DIR=str(cache_dir), TMPDIR=str(tmp_dir), TRITON_CACHE_DIR=str(cache_dir / "triton"))
+    env.pop("TORCH_PRECOMPILE_NO_COMPILATION", None)
+    return env
+
+
+def _run(mode: str, model: str, device: str, work: Path, cache_dir: Path, tmp_dir: Path) -> dict | None:
+    for directory in (cache_dir, tmp_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, mode, model, device, str(work), str(ROOT)],
+        capture_output=True, text=True, env=_env(cache_dir, tmp_dir), timeout=1800,
+    )
+    total = time.perf_counter() - started
+    if proc.returncode != 0:
+        print(f"  {mode}: FAILED\n{proc.stderr.strip()[-2000:]}", file=sys.stderr)
+        return None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {**json.loads(lines[-1]), "total": total} if lines else {"total": total}
+
+
+def measure(model: str, device: str, repeat: int) -> dict[str, dict]:
+    with tempfile.TemporaryDirectory(prefix="precompile-coldstart-") as scratch:
+        root = Path(scratch)
+        work = root / "work"
+        work.mkdir()
+        fresh = iter(range(10**6))
+
+        def isolated(mode):  # its own empty cache dir and TMPDIR
+            n = next(fresh)
+            return _run(mode, model, device, work, root / f"cache{n}", root / f"tmp{n}")
+
+        print(f"[{model}] preparing: warm cache, mega-cache blob, AOTInductor package, precompile pair", file=sys.stderr)
+        warm_cache, warm_tmp = root / "warm-cache", root / "warm-tmp"
+        _run("compile-prepare", model, device, work, warm_cache, warm_tmp)
+        isolated("compile-mega-prepare")
+        isolated("aoti-prepare")
+        isolated("precompile-prepare")
+
+        results: dict[str, list[dict]] = {s: [] for s in SCENARIOS}
+        for round_index in range(repeat):
+            for scenario in SCENARIOS:
+                if scenario in COLD and round_index > 0:
+                    continue
+                print(f"[{model}] {scenario} (round {round_index + 1})", file=sys.stderr)
+                if scenario == "compile-warm":
+                    outcome = _run(scenario, model, device, work, warm_cache, warm_tmp)
+                else:
+                    outcome = isolated(scenario)
+                if outcome is not None:
+                    results[scenario].append(outcome)
+        steady = subprocess.run(
+            [sys.executable, "-c", STEADY, model, device, str(work), str(ROOT)],
+            capture_output=True, text=True, env=_env(warm_cache, warm_tmp), timeout=1800,
+        )
+        per_call = json.loads(steady.stdout.strip().splitlines()[-1]) if steady.returncode == 0 else {}
+        if steady.returncode != 0:
+            print(steady.stderr[-2000:], file=sys.stderr)
+    medians = {
+        scenario: {key: statistics.median(r[key] for r in runs) for key in ("total", "after_import")}
+        for scenario, runs in results.items()
+        if runs
+    }
+    return {"cold": medians, "per_call": per_call}
+
+
+def report(model: str, measured: dict) -> list[str]:
+    cold, per_call = measured["cold"], measured["per_call"]
+    eager, ours = cold.get("eager"), cold.get("precompile")
+    lines = [f"\n== {model}: fresh process to first result (median) ==",
+             f"{'scenario':<20}{'total s':>9}{'after import s':>16}{'total/eager':>13}{'after/eager':>13}"
+             f"{'total/precomp':>15}{'after/precomp':>15}"]
+    for scenario in SCENARIOS:
+        row = cold.get(scenario)
+        if row is None:
+            lines.append(f"{scenario:<20}{'failed':>9}")
+            continue
+        ratios = [row["total"] / eager["total"], row["after_import"] / eager["after_import"]] if eager else [0, 0]
+        ratios += [row["total"] / ours["total"], row["after_import"] / ours["after_import"]] if ours else [0, 0]
+        lines.append(f"{scenario:<20}{row['total']:>9.2f}{row['after_import']:>16.3f}{ratios[0]:>13.2f}{ratios[1]:>13.1f}"
+                     f"{ratios[2]:>15.2f}{ratios[3]:>15.1f}")
+    if per_call:
+        lines.append(f"-- steady state per call: " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in per_call.items()))
+    warm = cold.get("compile-warm")
+    if warm and ours and eager:
+        lines.append(
+            f"-- targets: after-import speed-up over torch.compile warm = {warm['after_import'] / ours['after_import']:.1f}x "
+            f"(>= 5x); whole process vs eager = {ours['total'] / eager['total']:.2f}x (<= 1.5x)"
+            + (f"; per call precompile/torch.compile = {per_call['precompile'] / per_call['torch.compile']:.2f} (<= 1)" if per_call else "")
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of the fast scenarios (default 3)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--models", default="demo,mlp")
+    args = parser.parse_args()
+    lines = []
+    for model in args.models.split(","):
+        lines += report(model, measure(model, args.device, args.repeat))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
