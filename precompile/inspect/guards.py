@@ -10,10 +10,9 @@ from __future__ import annotations
 from precompile.inspect.model import Artifact, FrameGuards, Guards, Specialization
 from precompile.schema.metadata import ConstantLeaf, MakeFxMetadata
 
-MAKEFX_NOT_CHECKED = (
+_NOT_CHECKED_ALWAYS = (
     "tensor values: control flow that depended on them was fixed at capture",
     "Python state fn reads besides its arguments (globals, closures, module attributes other than parameters and buffers)",
-    "strides, memory format and requires_grad of the inputs",
 )
 
 
@@ -30,9 +29,19 @@ def makefx_guards(meta: MakeFxMetadata) -> Guards:
         specs.append(Specialization(kind="shape", path=leaf.path, value=shape_text(leaf.shape)))
         specs.append(Specialization(kind="dtype", path=leaf.path, value=leaf.dtype))
         specs.append(Specialization(kind="device", path=leaf.path, value=leaf.device))
+        if leaf.stride is not None:
+            specs.append(Specialization(kind="stride", path=leaf.path, value=shape_text(leaf.stride)))
     for kind, tensors in (("param", meta.params), ("buffer", meta.buffers)):
         for tensor in tensors:
-            specs.append(Specialization(kind=kind, path=tensor.name, value=f"{shape_text(tensor.shape)} {tensor.dtype} {tensor.device}"))
+            layout = f" stride {shape_text(tensor.stride)}" if tensor.stride is not None else ""
+            specs.append(Specialization(kind=kind, path=tensor.name, value=f"{shape_text(tensor.shape)} {tensor.dtype} {tensor.device}{layout}"))
+    strides_checked = any(getattr(t, "stride", None) is not None for t in (*meta.inputs, *meta.params, *meta.buffers))
+    not_checked = _NOT_CHECKED_ALWAYS + (
+        ("requires_grad of the inputs (the artifact returns results without autograd history)",)
+        if strides_checked
+        else ("strides and memory format of the inputs (the eager backend accepts any layout)",
+              "requires_grad of the inputs (the artifact returns results without autograd history)")
+    )
     return Guards(
         tracer="make_fx",
         has_guards=False,
@@ -40,7 +49,7 @@ def makefx_guards(meta: MakeFxMetadata) -> Guards:
             "no guards: a MakeFx artifact is specialized on the calling convention (shapes, dtypes, devices, "
             "constants, parameters and buffers) and its driver refuses any call that differs"
         ),
-        not_checked=MAKEFX_NOT_CHECKED,
+        not_checked=not_checked,
         frames=(FrameGuards(frame=meta.fn_name, variant=0, slots=()),),
         specializations=tuple(specs),
     )

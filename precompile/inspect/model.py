@@ -154,7 +154,7 @@ class FrameGuards(msgspec.Struct, frozen=True, kw_only=True):
     slots: tuple[GuardSlot, ...] = ()
 
 
-SpecializationKind = Literal["shape", "dtype", "device", "constant", "param", "buffer"]
+SpecializationKind = Literal["shape", "dtype", "device", "stride", "constant", "param", "buffer"]
 
 
 class Specialization(msgspec.Struct, frozen=True, kw_only=True):
