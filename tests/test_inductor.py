@@ -167,3 +167,16 @@ def test_outputs_that_alias_inputs_and_parameters(tmp_path):
     for got, want in zip(served, expected):
         assert torch.equal(got, want) or torch.allclose(got, want, atol=1e-6)
     assert served[1].data_ptr() == x.data_ptr() and served[3].data_ptr() == model.weight.data_ptr()
+
+
+def identity(x):
+    return x
+
+
+def test_a_graph_with_nothing_to_compile_is_refused_with_the_remedy(tmp_path):
+    with pytest.raises(PrecompileError, match="nothing to compile in this graph .* capture it with backend='eager'"):
+        with precompile.capture(
+            identity, artifact_path=tmp_path / "i.py", cache_path=tmp_path / "i.cache", tracer=precompile.MakeFxTracer()
+        ) as cap:
+            cap(torch.ones(2, 3))
+    assert not (tmp_path / "i.py").exists()

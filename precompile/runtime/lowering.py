@@ -64,9 +64,14 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
     context = tracing(TracingContext(fake_mode)) if fake_mode is not None else contextlib.nullcontext()
     with torch.no_grad(), context:
         compile_fx.compile_fx(graph_module, [t.detach() for t in example_inputs], inner_compile=keep_source)
-    if len(compiled) != 1 or not getattr(compiled[0], "source_code", None):
+    if len(compiled) == 1 and not getattr(compiled[0], "source_code", None):
         raise PrecompileError(
-            f"Inductor lowered the captured graph into {len(compiled)} modules; precompile needs exactly one with source"
+            "the inductor backend has nothing to compile in this graph (fn returns its inputs, views of them or "
+            "constants); capture it with backend='eager'"
+        )
+    if len(compiled) != 1:
+        raise PrecompileError(
+            f"Inductor lowered the captured graph into {len(compiled)} modules; precompile needs exactly one"
         )
     return GraphSection(
         title="Compiled graph (AOTAutograd + Inductor output code)",
