@@ -172,7 +172,7 @@ def test_extract_refuses_escaping_bundle_paths(capsys, tmp_path):
     (tmp_path / "e.cache").write_bytes(encode_cache(msgspec.structs.replace(envelope, bundle=bundle), payload))
     shutil.copy(FIXTURES / "v1/mlp.py", tmp_path / "e.py")
     rc, _, err = run_cli(capsys, ["extract", str(tmp_path / "e"), str(tmp_path / "out")])
-    assert rc == 2 and "leaves the bundle directory" in err
+    assert rc == 2 and "leaves the extract directory" in err
     assert not (tmp_path / "evil.py").exists()
 
 
@@ -253,3 +253,15 @@ def test_verify_host_says_when_the_kernel_bundle_does_not_fit_this_host(capsys, 
     assert "expected /elsewhere/torch, found " in out
     assert "lacks instruction-set flags of the capturing CPU: amx_tile" in out
     assert "remedy: serving here compiles the kernels again" in out
+
+
+def test_upstream_caches_diff_by_field_and_extract_their_members_raw(capsys, tmp_path):
+    import zipfile
+
+    rc, out, _ = run_cli(capsys, ["diff", "fixtures/damaged/upstream", "fixtures/damaged/poisoned"])
+    assert rc == 2  # neither side is a precompile pair, but what differs is still shown
+    assert "+ archive/data.pkl: imports posix.system: dangerous" in out
+    assert "- archive/data.pkl: python_code_sha256: '" in out
+    rc, out, _ = run_cli(capsys, ["extract", "fixtures/damaged/upstream", str(tmp_path / "out")])
+    with zipfile.ZipFile(FIXTURES / "damaged/upstream.cache") as archive:
+        assert (tmp_path / "out/cache/archive/data.pkl").read_bytes() == archive.read("archive/data.pkl")

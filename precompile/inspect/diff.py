@@ -75,6 +75,15 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
             env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
             out["bundle"] = {f.path: f"{f.kind} {f.size} bytes sha256 {f.sha256}" for f in bundle.files}
         out["envelope"] = env
+    elif artifact.cache.upstream is not None:
+        upstream = artifact.cache.upstream
+        env = {"kind": artifact.cache.kind}
+        for scan in upstream.pickles:
+            env.update({f"{scan.member}: {field.key}": field.summary for field in scan.fields})
+            for imp in scan.flagged:
+                env[f"{scan.member}: imports {imp.module}.{imp.name}"] = imp.risk
+        out["envelope"] = env
+        out["bundle"] = {member.name: f"zip member {member.size} bytes" for member in upstream.members}
     elif artifact.cache.kind != "missing":
         out["envelope"] = {"kind": artifact.cache.kind}
     return out

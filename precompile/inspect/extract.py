@@ -2,30 +2,53 @@
 
 Layout under DIR: `python_code/NN-<section>.py` (the captured graph is `NN-captured-graph.py`),
 `metadata.json`, `envelope.json`, and `bundle/<path>` for each kernel bundle file (hash-checked by
-`codec.decode_payload`). DIR must be new or empty; bundle paths that would escape it are refused.
+`codec.decode_payload`); for an upstream torch.save cache, `cache/<member>` holds each zip member's
+raw bytes (nothing is unpickled). DIR must be new or empty; bundle paths that would escape it are refused.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import zipfile
 from pathlib import Path, PurePosixPath
 
 import msgspec
 
 from precompile.errors import PrecompileError
 from precompile.inspect.model import Artifact, Blob
+from precompile.inspect.reader import MAX_ZIP_MEMBERS, read_member
 from precompile.inspect.report import ExtractedFile, ExtractReport
 from precompile.inspect.sections import split_sections
 from precompile.schema.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, CacheFormatError, decode_payload
 from precompile.schema.pair import read_bytes
 from precompile.schema.pycode import decode_source
 
+MAX_MEMBER_SIZE = 1024 * 1024 * 1024
+
 
 def _safe_relative(path: str) -> PurePosixPath:
     pure = PurePosixPath(path)
     if not path or pure.is_absolute() or "\\" in path or any(part in ("..", "") for part in path.split("/")) or ":" in path:
-        raise PrecompileError(f"bundle file path {path!r} is absolute or leaves the bundle directory; refusing to extract it")
+        raise PrecompileError(f"path {path!r} in the artifact is absolute or leaves the extract directory; refusing to extract it")
     return pure
+
+
+def _zip_members(path: str, problems: list[str]) -> list[tuple[str, bytes, str]]:
+    """The raw bytes of an upstream torch.save zip's members: copied out, never unpickled."""
+    planned = []
+    try:
+        with zipfile.ZipFile(path) as archive:
+            infos = archive.infolist()[:MAX_ZIP_MEMBERS]
+            for info in infos:
+                if info.is_dir():
+                    continue
+                planned.append((f"cache/{_safe_relative(info.filename)}", read_member(archive, info, MAX_MEMBER_SIZE),
+                                "upstream cache zip member (raw bytes, not unpickled)"))
+    except PrecompileError as exc:
+        problems.append(str(exc))
+    except Exception as exc:  # noqa: BLE001 - a broken zip is reported, whatever zipfile raises
+        problems.append(f"cache {path}: its zip members cannot be read: {type(exc).__name__}: {exc}")
+    return planned
 
 
 def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractReport:
@@ -60,6 +83,8 @@ def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractRe
             for entry in bundle.files:
                 if entry.path in files:
                     planned.append((f"bundle/{_safe_relative(entry.path)}", files[entry.path], f"bundle file ({entry.kind})"))
+    if cache.upstream is not None and cache.upstream.container == "torch_save_zip":
+        planned.extend(_zip_members(cache.path, problems))
     if cache.problem:
         problems.append(cache.problem)
     written = []

@@ -196,11 +196,12 @@ def _version_tag(data: bytes, header_size: int) -> int | None:
         return None
 
 
-def _read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+def read_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int = MAX_PICKLE_SIZE) -> bytes:
+    """A zip member's raw bytes, never more than `limit` (whatever its header declares)."""
     with archive.open(info) as handle:
-        data = handle.read(MAX_PICKLE_SIZE + 1)
-    if len(data) > MAX_PICKLE_SIZE:
-        raise ValueError(f"member {info.filename} is over the {MAX_PICKLE_SIZE}-byte scan limit")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"member {info.filename} is over the {limit}-byte limit")
     return data
 
 
@@ -219,7 +220,7 @@ def _read_zip(path: str, size: int) -> CacheInfo:
                 if info.filename.endswith(".pkl"):
                     if info.file_size > MAX_PICKLE_SIZE:
                         raise ValueError(f"member {info.filename} declares {info.file_size} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
-                    pickles.append(scan_pickle(_read_member(archive, info), member=info.filename))
+                    pickles.append(scan_pickle(read_member(archive, info), member=info.filename))
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
         # zlib.error is an Exception subclass too; everything a broken zip can raise is reported
         return CacheInfo(path=path, kind="torch_save_zip", problem=f"{upstream_note}, and it cannot be read: {exc}")
