@@ -5,6 +5,7 @@ import argparse
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from rich.console import Console
@@ -77,6 +78,8 @@ def consoles(color: str) -> tuple[Console, Console]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # torch warns on import when numpy is absent; the CLI never needs numpy, so keep its output clean.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     args = build_parser().parse_args(argv)
     out, err = consoles(args.color)
     try:
