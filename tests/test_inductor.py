@@ -180,3 +180,29 @@ def test_a_graph_with_nothing_to_compile_is_refused_with_the_remedy(tmp_path):
         ) as cap:
             cap(torch.ones(2, 3))
     assert not (tmp_path / "i.py").exists()
+
+
+def add_rows(x, y):
+    return (x + y).relu()
+
+
+def test_unbacked_dims_sharing_a_shape_id_must_agree_and_stay_within_bounds(tmp_path):
+    from torch._dynamo.decorators import mark_unbacked
+
+    x, y = torch.randn(5, 4), torch.randn(5, 4)
+    mark_unbacked(x, 0, shape_id="rows", min=2, max=64)
+    mark_unbacked(y, 0, shape_id="rows")
+    with precompile.capture(
+        add_rows, artifact_path=tmp_path / "s.py", cache_path=tmp_path / "s.cache", tracer=precompile.MakeFxTracer()
+    ) as cap:
+        cap(x, y)
+    runnable = precompile.load(tmp_path / "s.py", tmp_path / "s.cache")
+    first, second = runnable.metadata.inputs
+    assert first.unbacked[0].symbol == second.unbacked[0].symbol and first.unbacked[0].min == 2
+    for n in (2, 7, 64):
+        a, b = torch.randn(n, 4), torch.randn(n, 4)
+        assert torch.allclose(runnable(a, b), add_rows(a, b))
+    with pytest.raises(PrecompileError, match=r"input args\[1\] has size 6 in dim 0 but args\[0\] has 7 .* shape_id 'rows'"):
+        runnable(torch.randn(7, 4), torch.randn(6, 4))
+    with pytest.raises(PrecompileError, match=r"input args\[0\] has size 65 in dim 0, outside the mark_unbacked bounds \[2, 64\]"):
+        runnable(torch.randn(65, 4), torch.randn(65, 4))

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import msgspec
 import torch
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -63,6 +64,12 @@ def _tensor_leaf(path: str, tensor: torch.Tensor, layout: bool = False) -> Tenso
         path=path, shape=_concrete(tensor.shape), dtype=str(tensor.dtype), device=str(tensor.device),
         stride=_concrete(tensor.stride()) if layout else None,
     )
+
+
+def _input_leaf(path: str, tensor: torch.Tensor, traced: torch.Tensor, layout: bool) -> TensorLeaf:
+    leaf = _tensor_leaf(path, traced, layout)
+    dims = unbacked.described_dims(tensor, traced)
+    return msgspec.structs.replace(leaf, unbacked=dims) if dims else leaf
 
 
 def _concrete(values) -> tuple[int | None, ...]:
@@ -128,8 +135,8 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
     if any(unbacked.marked_dims(t) for t in tensor_inputs):
         fake_mode, trace_inputs = unbacked.fake_inputs(example_inputs)
     # A tensor input's spec comes from what is traced: a marked dim (and strides built on it) is None.
-    described = iter(trace_inputs[len(params) + len(buffers) :])
-    inputs = [_tensor_leaf(leaf, next(described), layout) if isinstance(leaf, str) else leaf for leaf in inputs]
+    described = iter(zip(tensor_inputs, trace_inputs[len(params) + len(buffers) :]))
+    inputs = [_input_leaf(leaf, *next(described), layout) if isinstance(leaf, str) else leaf for leaf in inputs]
     allowed_symbols = set().union(*(free_unbacked_symbols(t) for t in trace_inputs)) if fake_mode else set()
 
     n_params, n_buffers = len(params), len(buffers)

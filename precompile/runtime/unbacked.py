@@ -12,6 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from precompile.errors import PrecompileError
+from precompile.schema.metadata import UnbackedDim
 
 
 def marked_dims(tensor: torch.Tensor) -> frozenset[int]:
@@ -33,22 +34,20 @@ def refuse_unsupported_marks(path: str, tensor: torch.Tensor, *, allow_unbacked:
             f"{path} has dims {sorted(dims)} marked with mark_unbacked, which only backend='inductor' supports "
             "(the eager backend replays a graph specialized to one shape); capture with backend='inductor'"
         )
-    for attribute, what in (
-        ("_dynamo_shape_ids", "shape_id"),
-        ("_dynamo_unbacked_bounds", "min/max"),
-        ("_dynamo_hint_overrides", "hint_override"),
-    ):
-        if getattr(tensor, attribute, None):
-            raise PrecompileError(
-                f"{path} was marked with mark_unbacked(..., {what}=...), which precompile does not support yet; "
-                "mark the dim without it"
-            )
+    if getattr(tensor, "_dynamo_hint_overrides", None):
+        raise PrecompileError(
+            f"{path} was marked with mark_unbacked(..., hint_override=...), which precompile does not support yet; "
+            "mark the dim without it"
+        )
     if any(getattr(tensor, "_specialize_on", None) or {}.values()):
         raise PrecompileError(f"{path} was marked with mark_unbacked(..., specialize_on=...), which precompile does not support")
 
 
 def fake_inputs(tensors: list[torch.Tensor]) -> tuple[FakeTensorMode, list[torch.Tensor]]:
-    """Fakes of `tensors` in one FakeTensorMode, marked dims as unbacked symbols, the rest static."""
+    """Fakes of `tensors` in one FakeTensorMode, marked dims as unbacked symbols, the rest static.
+
+    Dims marked with one shape_id share a symbol, and min/max bound it, through torch._check.
+    """
     mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)
     fakes = []
     for tensor in tensors:
@@ -57,5 +56,34 @@ def fake_inputs(tensors: list[torch.Tensor]) -> tuple[FakeTensorMode, list[torch
             dynamic_sizes=[DimDynamic.UNBACKED if i in dims else DimDynamic.STATIC for i in range(tensor.dim())]
         )
         fakes.append(mode.from_tensor(tensor.detach(), symbolic_context=context))
+    first_of_shape_id = {}
+    with mode:
+        for tensor, fake in zip(tensors, fakes):
+            for dim in sorted(marked_dims(tensor)):
+                size = fake.shape[dim]
+                shape_id = (getattr(tensor, "_dynamo_shape_ids", None) or {}).get(dim)
+                if shape_id is not None:
+                    torch._check(size == first_of_shape_id.setdefault(shape_id, size))
+                low, high = (getattr(tensor, "_dynamo_unbacked_bounds", None) or {}).get(dim, (None, None))
+                if low is not None:
+                    torch._check(size >= low)
+                if high is not None:
+                    torch._check(size <= high)
     mode.shape_env.pending_fresh_unbacked_symbols.clear()
     return mode, fakes
+
+
+def described_dims(tensor: torch.Tensor, fake: torch.Tensor) -> dict[int, UnbackedDim] | None:
+    """The metadata of `tensor`'s marked dims, named by the symbols they were traced as."""
+    dims = marked_dims(tensor)
+    if not dims:
+        return None
+    shape_ids = getattr(tensor, "_dynamo_shape_ids", None) or {}
+    bounds = getattr(tensor, "_dynamo_unbacked_bounds", None) or {}
+    return {
+        dim: UnbackedDim(
+            symbol=str(fake.shape[dim]), shape_id=shape_ids.get(dim), min=bounds.get(dim, (None, None))[0],
+            max=bounds.get(dim, (None, None))[1],
+        )
+        for dim in sorted(dims)
+    }

@@ -16,6 +16,16 @@ from precompile.schema.envelope import Backend
 ConstantValue = Union[None, bool, int, float, str]
 
 
+class UnbackedDim(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A dim marked with mark_unbacked: any size (within min/max), equal across dims sharing `symbol`."""
+
+    symbol: str
+    """The traced size symbol; dims marked with one shape_id share it and must be equal at runtime."""
+    shape_id: str | None = None
+    min: int | None = None
+    max: int | None = None
+
+
 class TensorLeaf(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="tensor", tag_field="kind"):
     """A tensor leaf of the flattened inputs or outputs, specialized on shape, dtype and device."""
 
@@ -27,6 +37,8 @@ class TensorLeaf(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     device: str
     stride: tuple[int | None, ...] | None = None
     """Set where the backend specializes on memory layout (inductor); None marks a free stride."""
+    unbacked: dict[int, UnbackedDim] | None = None
+    """The dims marked with mark_unbacked, by index (their `shape` entry is None)."""
 
 
 class ConstantLeaf(msgspec.Struct, frozen=True, kw_only=True, tag="constant", tag_field="kind"):

@@ -208,6 +208,11 @@ def build_forward(metadata, run_graph, artifact="this artifact"):
             input_checks.append((leaf["path"], leaf["value"]))
     outputs = [leaf if leaf["kind"] == "constant" else None for leaf in metadata["OUTPUTS"]]
     grad_indices = tuple(metadata["GRAD_PARAM_INDICES"])
+    # Dims marked with mark_unbacked: (tensor input index, dim, its spec, path), checked on every call
+    # since a size is free there only within its bounds and equal to the dims sharing its symbol.
+    unbacked = [(index, dim, spec, leaf["path"])
+                for index, leaf in enumerate(leaf for leaf in metadata["INPUTS"] if leaf["kind"] == "tensor")
+                for dim, spec in (leaf.get("unbacked") or {}).items()]
 
     dynamic_sizes = [list(c.shape) for c in (*state_checks, *[c for c in input_checks if type(c) is not tuple])]
     cache = {"plan": None, "guards": None}  # filled by the first call that passes every check
@@ -239,6 +244,20 @@ def build_forward(metadata, run_graph, artifact="this artifact"):
         return _TensorGuards(*flat_tensors, dynamic_dims_sizes=dynamic_sizes, dynamic_dims_strides=strides)
 
     input_checks_of_tensors = [c for c in input_checks if type(c) is not tuple]
+
+    def check_unbacked(tensors):
+        sizes = {}
+        for index, dim, spec, path in unbacked:
+            size = tensors[index].shape[dim]
+            low, high = spec.get("min"), spec.get("max")
+            if (low is not None and size < low) or (high is not None and size > high):
+                fail(f"input {path} has size {size} in dim {dim}, outside the mark_unbacked bounds [{low}, {high}]",
+                     "pass a size within the bounds it was captured with")
+            other = sizes.setdefault(spec["symbol"], (size, path, dim))
+            if other[0] != size:
+                fail(f"input {path} has size {size} in dim {dim} but {other[1]} has {other[0]} in dim {other[2]}; "
+                     f"they were marked with shape_id {spec.get('shape_id')!r}, so the artifact assumes they are equal",
+                     "pass inputs whose marked dims agree")
 
     def forward(*args, **kwargs):
         if kwargs:
@@ -274,6 +293,8 @@ def build_forward(metadata, run_graph, artifact="this artifact"):
             validate(tensors, params + buffers)
             state_tensors = [t for _, t in params + buffers]
             cache["plan"], cache["guards"] = _StatePlan(modules), guards_for([*state_tensors, *tensors])
+        if unbacked:
+            check_unbacked(tensors)
         with torch.no_grad():
             flat = run_graph(*state_tensors, *tensors)
             n_results = len(flat) - len(grad_indices)
