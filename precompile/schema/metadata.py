@@ -11,6 +11,7 @@ from typing import Literal, Union
 import msgspec
 
 from precompile.schema.envelope import Backend
+from precompile.schema.summary import PrecompileSummary
 
 # A constant leaf of an input or output: what a Python literal can hold and compare by value.
 ConstantValue = Union[None, bool, int, float, str]
@@ -90,5 +91,42 @@ class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", t
     """Indices into `params` whose gradients the graph returns after fn's outputs."""
 
 
+class DynamoFrame(msgspec.Struct, frozen=True, kw_only=True):
+    """A code object Dynamo compiled during the capture: the entry or a graph-break continuation."""
+
+    name: str
+    module: str
+    variants: int
+    resume_names: tuple[str, ...] = ()
+    """The global names Dynamo's transformed bytecode calls this continuation by (empty for the entry)."""
+    bypassed: bool = False
+
+
+class VariantGuards(msgspec.Struct, frozen=True, kw_only=True):
+    """What one compiled variant of a frame checks before it serves a call, readably."""
+
+    frame: str
+    variant: int
+    checks: tuple[str, ...]
+    """`GUARD_TYPE source` per kept guard, then the shape guards as expressions."""
+
+
+class InlinedSource(msgspec.Struct, frozen=True, kw_only=True):
+    module: str
+    first_line: int
+    last_line: int
+    sha256: str
+
+
+class DynamoMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="dynamo", tag_field="TRACER"):
+    """What a DynamoTracer artifact captured: its frames, their guards and the capture's summary."""
+
+    fn_module: str
+    frames: tuple[DynamoFrame, ...]
+    guards: tuple[VariantGuards, ...]
+    summary: PrecompileSummary
+    inlined_sources: tuple[InlinedSource, ...] = ()
+
+
 # Every metadata layout a reader understands, told apart by the TRACER literal.
-ArtifactMetadata = MakeFxMetadata
+ArtifactMetadata = Union[MakeFxMetadata, DynamoMetadata]

@@ -13,14 +13,15 @@ import msgspec
 
 from precompile.errors import PrecompileError
 from precompile.schema.envelope import FORMAT_VERSION
-from precompile.schema.metadata import ArtifactMetadata, MakeFxMetadata
+from precompile.schema.metadata import ArtifactMetadata, DynamoMetadata, MakeFxMetadata
 
 MAX_PYTHON_CODE_SIZE = 512 * 1024 * 1024
 
 # The TRACER tags of the metadata layouts in ArtifactMetadata, and the literal names they read.
-_TRACERS = (MakeFxMetadata.__struct_config__.tag,)
+_LAYOUTS = (MakeFxMetadata, DynamoMetadata)
+_TRACERS = tuple(layout.__struct_config__.tag for layout in _LAYOUTS)
 _CONSUMED = frozenset(
-    {"FORMAT_VERSION", "TRACER"} | {field.encode_name for field in msgspec.structs.fields(MakeFxMetadata)}
+    {"FORMAT_VERSION", "TRACER"} | {field.encode_name for layout in _LAYOUTS for field in msgspec.structs.fields(layout)}
 )
 
 
