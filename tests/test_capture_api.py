@@ -49,9 +49,11 @@ def test_identical_paths_and_directories_are_refused(tmp_path):
         make(tmp_path, cache_path=tmp_path)
 
 
-def test_unimplemented_tracer_says_what_to_pass(tmp_path):
-    with pytest.raises(PrecompileError, match=r"DynamoTracer is not implemented yet.*tracer=precompile.MakeFxTracer\(\)"):
-        make(tmp_path, tracer=precompile.DynamoTracer())
+def test_the_default_tracer_is_dynamo(tmp_path):
+    cap = precompile.capture(double, artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache")
+    assert isinstance(cap.tracer, precompile.DynamoTracer) and cap.backend == "inductor"
+    with pytest.raises(PrecompileError, match=r"cannot capture a lambda.*MakeFxTracer takes lambdas"):
+        precompile.capture(lambda x: x, artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache")
 
 
 def test_call_runs_for_real_and_returns_the_result(tmp_path):

@@ -42,3 +42,25 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
         sections=sections,
         entry=graph.entry,
     )
+
+
+def render_dynamo(metadata, state_base64: str, state_sha256: str, state_size: int) -> str:
+    """python_code of a DynamoTracer artifact: metadata, the opaque state torch gives, the driver."""
+    width = 100
+    chunks = [state_base64[i : i + width] for i in range(0, len(state_base64), width)] or [""]
+    sections = [
+        _Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
+                 literals=_ordered_literals(metadata)),
+        _Section(
+            f"Opaque state: guard trees, transformed bytecode and compiled graphs, pickled "
+            f"({state_size} bytes, sha256 {state_sha256}). Executing this file unpickles it.",
+            "_dynamo_state = (\n" + "\n".join(f"    {chunk!r}" for chunk in chunks) + "\n)",
+        ),
+        _Section("Driver: rebuilds the guards, seeds the minted names, dispatches each call to a variant.",
+                 source_of("dynamo").rstrip("\n")),
+    ]
+    return render(
+        "dynamo.py.j2",
+        what=f"DynamoTracer, backend={metadata.backend!r}",
+        sections=sections,
+    )

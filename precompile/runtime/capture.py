@@ -9,8 +9,10 @@ from typing import Callable, Generic, ParamSpec, TypeVar
 
 from precompile.errors import PrecompileError
 from precompile.runtime.build import build_makefx
+from precompile.runtime.dynamo import DynamoSession, refuse_unsupported_fn
 from precompile.runtime.tracers import DynamoTracer, MakeFxTracer
 from precompile.runtime.writer import write_pair
+from precompile.schema.summary import PrecompileSummary
 
 log = logging.getLogger("precompile")
 
@@ -63,9 +65,9 @@ def capture(
         )
     artifact, cache = _check_paths(artifact_path, cache_path)
     if isinstance(tracer, DynamoTracer):
-        raise PrecompileError(
-            "DynamoTracer is not implemented yet in this version of precompile; pass tracer=precompile.MakeFxTracer()"
-        )
+        refuse_unsupported_fn(fn)
+        if backend != "inductor":
+            raise PrecompileError("DynamoTracer supports backend='inductor' only so far; pass backend='inductor'")
     return Capture(fn, artifact, cache, tracer, backend)
 
 
@@ -86,6 +88,7 @@ class Capture(Generic[_P, _R]):
         self._lock = threading.Lock()
         self._pair: tuple[bytes, bytes] | None = None
         self._call_failed: BaseException | None = None
+        self._dynamo: DynamoSession | None = None
 
     # -- the block -------------------------------------------------------------------------------
     def __enter__(self) -> Capture[_P, _R]:
@@ -94,12 +97,27 @@ class Capture(Generic[_P, _R]):
                 raise PrecompileError("this capture is already active: its `with` block is running")
             if self._state == _SPENT:
                 raise PrecompileError(self._spent_message())
+            if isinstance(self.tracer, DynamoTracer):
+                self._dynamo = DynamoSession(self.fn, self.tracer, self.backend, self.artifact_path).__enter__()
             self._state = _ACTIVE
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         with self._lock:
             self._state = _SPENT
+        if self._dynamo is not None:
+            try:
+                if exc_type is None:
+                    if not self._dynamo.calls:
+                        raise PrecompileError(
+                            "nothing was captured: call the capture with your example arguments inside the `with` block"
+                        )
+                    self._pair = self._dynamo.build()
+            finally:
+                self._dynamo.__exit__(exc_type, exc, tb)
+            if exc_type is None:
+                self._write()
+            return False
         if exc_type is not None:
             return False  # the block raised: write nothing more than save() already did
         if self._pair is None:
@@ -117,6 +135,10 @@ class Capture(Generic[_P, _R]):
                 raise PrecompileError(
                     self._spent_message() if self._state == _SPENT else "this capture is not active: call it inside its `with` block"
                 )
+            dynamo = self._dynamo
+        if dynamo is not None:
+            return dynamo(*args, **kwargs)  # runs compiled, in the caller's grad mode; recorded
+        with self._lock:
             if kwargs:
                 raise PrecompileError(
                     f"MakeFxTracer takes positional arguments only, got keyword arguments {sorted(kwargs)}; pass them positionally"
@@ -148,9 +170,19 @@ class Capture(Generic[_P, _R]):
             raise PrecompileError(
                 self._spent_message() if self._state == _SPENT else "save() is only valid inside the capture's `with` block"
             )
+        if self._dynamo is not None:
+            if not self._dynamo.calls:
+                raise PrecompileError("nothing to save yet: call the capture with your example arguments first")
+            self._pair = self._dynamo.build()
         if self._pair is None:
             raise PrecompileError("nothing to save yet: call the capture with your example arguments first")
         self._write()
+
+    def summary(self) -> PrecompileSummary:
+        """Coverage and guard accounting of the calls so far (DynamoTracer captures)."""
+        if self._dynamo is None:
+            raise PrecompileError("summary() describes a DynamoTracer capture, inside its `with` block")
+        return self._dynamo.summary()
 
     # -- internals -------------------------------------------------------------------------------
     def _spent_message(self) -> str:

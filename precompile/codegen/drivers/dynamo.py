@@ -1,0 +1,187 @@
+# Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
+# It rebuilds each captured variant's guard tree and transformed bytecode once, seeds the names
+# Dynamo minted (compiled graphs, continuations, import aliases, the builtins dict) into the
+# captured module, and dispatches every call to the first variant whose guards pass. Nothing is
+# installed into torch and nothing compiles: a call no variant covers raises.
+import base64 as _base64
+import hashlib as _hashlib
+import importlib as _importlib
+import inspect as _inspect
+import json as _json
+import pickle as _pickle
+import sys as _sys
+import types as _types
+
+import torch
+
+try:
+    from precompile.errors import PrecompileError
+except ImportError:  # served where only torch is installed
+
+    class PrecompileError(RuntimeError):
+        pass
+
+
+def _fail(artifact, message, remedy):
+    raise PrecompileError(f"{artifact}: {message}; {remedy}")
+
+
+def _check_versions(metadata, artifact):
+    captured = tuple(metadata["PYTHON_VERSION"])
+    if captured != tuple(_sys.version_info[:2]):
+        _fail(artifact, f"it was captured on Python {captured[0]}.{captured[1]} and this is Python "
+                        f"{_sys.version_info[0]}.{_sys.version_info[1]}; its bytecode only runs on the capturing version",
+              "serve it with that Python, or capture it again here")
+    if metadata["TORCH_VERSION"] != str(torch.__version__):
+        _fail(artifact, f"it was captured with torch {metadata['TORCH_VERSION']} and this is torch {torch.__version__}; "
+                        "its guard state is tied to that build", "serve it with that torch, or capture it again here")
+
+
+def _module(name, artifact):
+    if name == "__main__":
+        _fail(artifact, "it captured code defined in __main__, which another process cannot import",
+              "define fn in an importable module and capture again")
+    try:
+        return _importlib.import_module(name)
+    except ImportError as exc:
+        _fail(artifact, f"its code lives in module {name!r}, which cannot be imported here ({exc})",
+              "serve it where that module is importable")
+
+
+def _seed(scope, name, value, tag, artifact, module_name):
+    """Bind a Dynamo-minted name in the captured module, refusing to clobber someone else's.
+
+    Values this artifact binds carry its tag, so loading the same artifact again rebinds them.
+    """
+    current = scope.get(name, value)
+    if current is not value and getattr(current, "__precompile_artifact__", None) != tag:
+        _fail(artifact, f"module {module_name} already binds {name!r}, a name this artifact must install "
+                        "(a live torch.compile of the same code, or another artifact, minted it)",
+              "load the artifact in a fresh process")
+    scope[name] = value
+
+
+def _set_thread_count(guard, threads):
+    """The GLOBAL_STATE guard pins torch.get_num_threads(); the driver keeps it at the current count,
+    so serving with another thread count matches while grad mode and the rest stay checked."""
+    state = _json.loads(guard.__getstate__())
+    state["num_threads"] = threads
+    guard.__setstate__(_json.dumps(state))
+
+
+class _Frame:
+    """One captured code object: its variants and how to call it."""
+
+    def __init__(self, code, scope, defaults, kwdefaults, artifact):
+        from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
+
+        self.name = code.python_code.co_name
+        self.artifact = artifact
+        self.original = SerializedCode.to_code_object(code.python_code)
+        signature_fn = _types.FunctionType(self.original, {}, self.name, defaults)
+        signature_fn.__kwdefaults__ = kwdefaults
+        self.signature = _inspect.signature(signature_fn)
+        self.variants = []
+        self.global_state_guards = []
+        self.threads = torch.get_num_threads()
+        for guarded in code.guarded_codes:
+            state = load_guards_state(guarded.guards_state)
+            self.global_state_guards.append(state.output_graph.global_state_guard)
+            _set_thread_count(state.output_graph.global_state_guard, self.threads)
+            builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
+            if builtins_key:
+                from torch._dynamo.output_graph import get_builtins_dict
+
+                builtins_dict = get_builtins_dict(scope)
+                if scope.setdefault(builtins_key, builtins_dict) is not builtins_dict:
+                    _fail(artifact, f"module binds {builtins_key!r} to something other than its builtins dict",
+                          "load the artifact in a fresh process")
+            manager = load_guard_manager(state, self.original, scope)
+            body = _types.FunctionType(SerializedCode.to_code_object(guarded.dynamo_code), scope, self.name, defaults)
+            body.__kwdefaults__ = kwdefaults
+            self.variants.append((manager, body))
+
+    def __call__(self, *args, **kwargs):
+        return self.call(None, args, kwargs)
+
+    def with_closure(self, closure):
+        """What Dynamo's bytecode calls a continuation that has free variables through."""
+        return lambda *args, **kwargs: self.call(closure, args, kwargs)
+
+    def call(self, closure, args, kwargs):
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            _fail(self.artifact, f"{self.name}() cannot take these arguments ({exc})", "call it as the captured fn")
+        bound.apply_defaults()
+        f_locals = dict(bound.arguments)
+        if torch.get_num_threads() != self.threads:
+            self.threads = torch.get_num_threads()
+            for guard in self.global_state_guards:
+                _set_thread_count(guard, self.threads)
+        if closure:
+            for name, cell in zip(self.original.co_freevars, closure):
+                try:
+                    f_locals[name] = cell.cell_contents
+                except ValueError:  # an empty cell
+                    pass
+        for manager, body in self.variants:
+            if manager.check(f_locals):
+                if closure:
+                    body = _types.FunctionType(body.__code__, body.__globals__, self.name, body.__defaults__, closure)
+                return body(*args, **kwargs)
+        self.miss(f_locals)
+
+    def miss(self, f_locals):
+        if not self.variants:
+            _fail(self.artifact, f"frame {self.name!r} has no captured variant (it was bypassed during capture)",
+                  "capture again with calls that compile it")
+        reasons = []
+        for index, (manager, _) in enumerate(self.variants):
+            failed = [part.strip() for part in manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
+            reasons.append(f"variant {index}: {'; '.join(failed[:2]) or 'a guard failed'}")
+        _fail(self.artifact, f"no captured variant of {self.name!r} covers this call ({len(self.variants)} captured): "
+                             + " | ".join(reasons),
+              "serve it the way it was captured (arguments, globals, grad mode), or capture this call too")
+
+
+def build_forward(metadata, state_blob, artifact="this artifact"):
+    """The served entry of a Dynamo artifact, from its metadata literals and its opaque state."""
+    _check_versions(metadata, artifact)
+    import torch._dynamo  # noqa: F401 - guard trees and backends need Dynamo loaded
+
+    if metadata["BACKEND"] == "inductor":
+        import torch._inductor.config as inductor_config
+
+        # Precompiled headers are part of every kernel's cache key; artifacts are captured without them.
+        inductor_config.cpp_cache_precompile_headers = False
+    raw = _base64.b64decode(state_blob)
+    tag = _hashlib.sha256(raw).hexdigest()[:16]
+    state = _pickle.loads(raw)
+    backends = {}
+    for backend_id, artifact_state in state["backends"].items():
+        backends[backend_id] = torch._dynamo.disable(artifact_state.after_deserialization())
+        backends[backend_id].__precompile_artifact__ = tag
+    entry = None
+    for index, code in enumerate(state["codes"]):
+        module = _module(code.python_module, artifact)
+        scope = module.__dict__
+        for alias, module_name in code.import_sources.items():
+            _seed(scope, alias, _importlib.import_module(module_name), tag, artifact, module.__name__)
+        for backend_id in code.backend_ids:
+            _seed(scope, backend_id, backends[backend_id], tag, artifact, module.__name__)
+        is_entry = index == 0
+        frame = _Frame(code, scope, state["defaults"] if is_entry else None,
+                       state["kwdefaults"] if is_entry else None, artifact)
+        if is_entry:
+            entry = frame
+        if code.install_to_global:
+            if code.python_code.co_freevars:
+                def dispatcher(closure, _frame=frame):
+                    return _frame.with_closure(closure)
+            else:
+                dispatcher = frame
+            dispatcher.__precompile_artifact__ = tag
+            for name in code.function_names:
+                _seed(scope, name, dispatcher, tag, artifact, module.__name__)
+    return entry

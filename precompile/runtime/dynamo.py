@@ -1,0 +1,253 @@
+"""DynamoTracer: record every frame Dynamo compiles while the caller's calls run, with its guards.
+
+Built on Dynamo's own machinery: a CompilePackage records the entry, its graph-break continuations
+and each guarded recompilation; PrecompileContext holds the compiled backends; our guard filter
+records every guard's verdict (the summary's kept and dropped slots) as Dynamo asks for it.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import hashlib
+import logging
+import pickle
+import re
+import sys
+import threading
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import precompile
+from precompile.codegen.render import render_dynamo
+from precompile.errors import PrecompileError
+from precompile.runtime import kernels
+from precompile.runtime.tracers import DynamoTracer
+from precompile.schema.codec import build_bundle, encode_cache
+from precompile.schema.envelope import FORMAT_VERSION, CacheEnvelopeV1, Producer
+from precompile.schema.metadata import DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
+from precompile.schema.pycode import code_hash
+from precompile.schema.summary import PrecompileSummary
+
+log = logging.getLogger("precompile")
+
+# Guard types the serializer refuses, alone or as a type a guard's check derives (the default filter).
+UNSERIALIZABLE = frozenset({"ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION"})
+
+_LOCAL = re.compile(r"L\['([^']+)'\]")
+_active = threading.Lock()
+
+
+def slot_source(name: str) -> str:
+    """A guard's source with the local scope stripped: L['self'].act -> self.act; G[...] unchanged."""
+    return _LOCAL.sub(r"\1", name)
+
+
+def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
+    """A Dynamo artifact rebuilds fn from its code object: fn must be a module-level function."""
+    if isinstance(fn, functools.partial):
+        raise PrecompileError("DynamoTracer takes the function itself, not a functools.partial; bind the arguments in a module-level def")
+    if isinstance(fn, torch.nn.Module):
+        raise PrecompileError(
+            "DynamoTracer captures a function that CALLS the model, not the model itself; pass e.g. "
+            "`def step(model, x): return model(x)` defined at module level, and the model as an argument"
+        )
+    if not isinstance(fn, types.FunctionType):
+        raise PrecompileError(f"DynamoTracer captures a Python function, got {type(fn).__name__}; pass a module-level def")
+    if fn.__name__ == "<lambda>":
+        raise PrecompileError("DynamoTracer cannot capture a lambda; define fn with def at module level (MakeFxTracer takes lambdas)")
+    if fn.__closure__:
+        raise PrecompileError(
+            f"DynamoTracer cannot capture {fn.__qualname__}: it closes over {list(fn.__code__.co_freevars)}; "
+            "define it at module level and pass what it closes over as arguments"
+        )
+    if "<locals>" in fn.__qualname__:
+        raise PrecompileError(f"DynamoTracer cannot capture {fn.__qualname__}, a nested function; define it at module level")
+    if fn.__module__ == "__main__":
+        raise PrecompileError(
+            f"DynamoTracer cannot capture {fn.__qualname__}: it is defined in __main__, which a serving process cannot "
+            "import; move it into an importable module"
+        )
+
+
+@dataclass
+class _GuardLedger:
+    """Every guard Dynamo offered the filter, as (type, source) slots with their verdicts."""
+
+    user_filter: Callable | None
+    kept: set = field(default_factory=set)
+    dropped: set = field(default_factory=set)
+    risky: set = field(default_factory=set)
+
+    def __call__(self, entries):
+        default = [not (UNSERIALIZABLE & {e.guard_type, *e.derived_guard_types}) for e in entries]
+        wanted = list(self.user_filter(entries)) if self.user_filter is not None else default
+        if len(wanted) != len(entries):
+            raise PrecompileError(f"guard_filter_fn returned {len(wanted)} flags for {len(entries)} guards; return one per guard")
+        verdicts = []
+        for entry, by_default, by_user in zip(entries, default, wanted):
+            keep = bool(by_default and by_user)
+            slot = (entry.guard_type, slot_source(entry.name))
+            (self.kept if keep else self.dropped).add(slot)
+            if by_default and not by_user:
+                self.risky.add(slot)  # a custom filter dropped what the default keeps
+            verdicts.append(keep)
+        return verdicts
+
+
+class DynamoSession:
+    """One DynamoTracer capture: calls run compiled and are recorded; `build()` renders the pair."""
+
+    def __init__(self, fn, tracer: DynamoTracer, backend: str, artifact_path: Path) -> None:
+        refuse_unsupported_fn(fn)
+        if backend != "inductor":
+            raise PrecompileError("DynamoTracer supports backend='inductor' only so far; pass backend='inductor'")
+        self.fn = fn
+        self.tracer = tracer
+        self.backend = backend
+        self.artifact_path = artifact_path
+        self.calls = 0
+        self.errors: list[str] = []
+        self._stack = contextlib.ExitStack()
+        self._ledger = _GuardLedger(tracer.guard_filter_fn)
+
+    def __enter__(self) -> DynamoSession:
+        from torch._dynamo.package import CompilePackage
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        if not _active.acquire(blocking=False):
+            raise PrecompileError("another DynamoTracer capture is active in this process; do not overlap them")
+        self._stack.callback(_active.release)
+        self.cache_dir, self.commands = self._stack.enter_context(kernels.private_inductor_cache())
+        self._stack.enter_context(torch._dynamo.config.patch(recompile_limit=self.tracer.recompile_limit))
+        self._stack.enter_context(
+            torch._functorch.config.patch(force_non_lazy_backward_lowering=True, bundled_autograd_cache=True)
+        )
+        # Compiled code a previous compile left on fn (or on its continuations) would serve calls
+        # without compiling, so nothing would be recorded: start from Dynamo's empty caches.
+        torch._dynamo.reset()
+        PrecompileContext.clear()
+        self.package = CompilePackage(self.fn)
+        self.compiled = torch._dynamo.optimize(
+            backend=self.backend, package=self.package, guard_filter_fn=self._ledger, dynamic=self.tracer.dynamic
+        )(self.fn)
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        try:
+            return self.compiled(*args, **kwargs)
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}"
+            if message not in self.errors:
+                self.errors.append(message)
+            raise
+
+    # -- rendering -------------------------------------------------------------------------------
+    def summary(self) -> PrecompileSummary:
+        entry, frames, _, backends = self._collect()
+        return self._summary(entry, frames, backends)
+
+    def _collect(self):
+        from torch._dynamo.package import load_guards_state
+        from torch._dynamo.precompile_context import PrecompileContext
+
+        entry = self.package.cache_entry()
+        backends, frames, guards = {}, [], []
+        for code in entry.codes:
+            for backend_id in code.backend_ids:
+                artifact = PrecompileContext.serialize_artifact_by_key(backend_id)
+                if artifact is None:
+                    code.bypassed = True
+                else:
+                    backends[backend_id] = artifact
+            frames.append(
+                DynamoFrame(
+                    name=code.python_code.co_name, module=code.python_module, variants=len(code.guarded_codes),
+                    resume_names=tuple(code.function_names) if code.install_to_global else (), bypassed=code.bypassed,
+                )
+            )
+            for index, guarded in enumerate(code.guarded_codes):
+                state = load_guards_state(guarded.guards_state)
+                checks = sorted({f"{g.create_fn_name()} {slot_source(g.name)}".strip() for g in state.output_graph.guards})
+                exprs = tuple(slot_source(e) for e in state.shape_code_parts.python_code_parts.exprs)
+                guards.append(VariantGuards(frame=code.python_code.co_name, variant=index, checks=(*checks, *exprs)))
+        return entry, frames, guards, backends
+
+    def build(self) -> tuple[bytes, bytes]:
+        entry, frames, guards, backends = self._collect()
+        summary = self._summary(entry, frames, backends)
+        self._gate(summary)
+        metadata = DynamoMetadata(
+            format_version=FORMAT_VERSION,
+            backend=self.backend,
+            torch_version=str(torch.__version__),
+            python_version=tuple(sys.version_info[:2]),
+            fn_name=f"{self.fn.__module__}.{self.fn.__qualname__}",
+            fn_module=self.fn.__module__,
+            frames=tuple(frames),
+            guards=tuple(guards),
+            summary=summary,
+            inlined_sources=tuple(
+                InlinedSource(module=s.module, first_line=s.firstlineno, last_line=s.lastlineno, sha256=s.checksum)
+                for s in sorted(entry.source_info.inlined_sources, key=lambda s: (s.module, s.firstlineno, s.lastlineno))
+            ),
+        )
+        state = pickle.dumps(
+            {"codes": entry.codes, "backends": backends, "defaults": self.fn.__defaults__, "kwdefaults": self.fn.__kwdefaults__}
+        )
+        source = render_dynamo(metadata, base64.b64encode(state).decode("ascii"), hashlib.sha256(state).hexdigest(), len(state))
+        python_code = source.encode("utf-8")
+        bundle, payload = build_bundle(
+            kernels.collect_files(self.cache_dir), kernels.producer_keys(self.commands, self.cache_dir)
+        )
+        envelope = CacheEnvelopeV1(
+            code_hash=code_hash(python_code),
+            backend=self.backend,
+            tracer="dynamo",
+            producer=Producer(
+                precompile=precompile.__version__, torch=str(torch.__version__), python=".".join(map(str, sys.version_info[:3]))
+            ),
+            bundle=bundle,
+        )
+        log.info("rendered a Dynamo artifact: %d frames, %d variants, %d bytes", len(frames), len(guards), len(python_code))
+        return python_code, encode_cache(envelope, payload)
+
+    def _summary(self, entry, frames: list[DynamoFrame], backends: dict) -> PrecompileSummary:
+        kept, dropped = self._ledger.kept, self._ledger.dropped
+        return PrecompileSummary(
+            frames=len(frames),
+            resume_functions=sum(1 for f in frames if f.resume_names),
+            guarded_codes=sum(f.variants for f in frames),
+            backend_graphs=len(backends),
+            bypassed=tuple(f.name for f in frames if f.bypassed),
+            uncovered_frames=tuple(
+                code.python_code.co_name
+                for code in entry.codes
+                if code.has_compile_id and not code.guarded_codes and not code.bypassed
+            ),
+            dropped_guards=tuple(sorted(dropped)),
+            kept_guards=tuple(sorted(kept)),
+            risky_dropped_guards=tuple(sorted(self._ledger.risky)),
+            capture_errors=tuple(self.errors),
+        )
+
+    def _gate(self, summary: PrecompileSummary) -> None:
+        if self.tracer.require_complete and not summary.complete:
+            raise PrecompileError(
+                f"the capture is incomplete ({summary}); run calls that compile every frame, or pass "
+                "DynamoTracer(require_complete=False) to write a partial artifact"
+            )
+        if self.tracer.require_no_risky_drops and summary.risky_dropped_guards:
+            raise PrecompileError(
+                f"the capture dropped guards that matter ({summary}); keep them in guard_filter_fn, or pass "
+                "DynamoTracer(require_no_risky_drops=False)"
+            )
+

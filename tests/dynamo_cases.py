@@ -1,0 +1,27 @@
+"""Module-level functions for DynamoTracer tests: an importable module, as the tracer requires."""
+from __future__ import annotations
+
+import torch
+
+SCALE = 2.0
+
+
+def break_and_scale(model, x, scale=2.0):
+    y = model(x)
+    torch._dynamo.graph_break()
+    return (y * scale).sin()
+
+
+def uses_global(x):
+    return x * SCALE + 1
+
+
+def keyword_step(x, *, bias=None, alpha=1.0):
+    out = x.cos() * alpha
+    return out if bias is None else out + bias
+
+
+def train_step(model, x):
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return loss.detach()

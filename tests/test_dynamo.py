@@ -1,0 +1,217 @@
+"""DynamoTracer: multi-frame capture served standalone in a fresh process, guard accounting,
+the summary and its gates, and the refusals. Captures are shared per session (Inductor compiles)."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+import dynamo_cases
+import precompile
+from conftest import fresh_json, run_fresh
+from precompile import PrecompileError
+
+
+def _capture(directory, name, fn, calls, tracer=None, grad=False):
+    artifact, cache = directory / f"{name}.py", directory / f"{name}.cache"
+    with torch.set_grad_enabled(grad), precompile.capture(
+        fn, artifact_path=artifact, cache_path=cache, tracer=tracer or precompile.DynamoTracer()
+    ) as cap:
+        for args, kwargs in calls:
+            cap(*args, **kwargs)
+        summary = cap.summary()
+    return artifact, cache, summary
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 8)
+
+
+@pytest.fixture(scope="session")
+def dynamo_pairs(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("dynamo")
+    model = _model()
+    x4, x6 = torch.ones(4, 8), torch.ones(6, 8)
+    pairs = {
+        "break": _capture(directory, "break", dynamo_cases.break_and_scale,
+                          [((model, x4), {}), ((model, x4), {"scale": 3.0}), ((model, x6), {})]),
+        "global": _capture(directory, "global", dynamo_cases.uses_global, [((x4,), {})]),
+        "keywords": _capture(directory, "keywords", dynamo_cases.keyword_step,
+                             [((x4,), {}), ((x4,), {"bias": torch.ones(8), "alpha": 2.0})]),
+    }
+    return directory, pairs
+
+
+SERVE = r"""
+import json, sys
+import torch, precompile, dynamo_cases as dc
+directory = sys.argv[1]
+def load(name):
+    return precompile.load(f"{directory}/{name}.py", f"{directory}/{name}.cache")
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+report = {}
+with precompile.no_compilation():
+    served = load("break")
+    checks = []
+    for x, kw in [(torch.ones(4, 8), {}), (torch.ones(4, 8), {"scale": 3.0}), (torch.ones(6, 8), {}), (torch.ones(9, 8), {})]:
+        with torch.no_grad():
+            checks.append(torch.allclose(served(model, x, **kw), dc.break_and_scale(model, x, **kw), atol=1e-5))
+    report["break"] = checks
+    try:
+        with torch.no_grad():
+            served(model, torch.ones(4, 8).double())
+    except precompile.PrecompileError as exc:
+        report["dtype miss"] = str(exc)
+    try:
+        served(model, torch.ones(4, 8))  # grad enabled: captured under no_grad
+    except precompile.PrecompileError as exc:
+        report["grad miss"] = str(exc)
+    torch.set_grad_enabled(False)  # the rest was captured under no_grad
+    keywords = load("keywords")
+    x, bias = torch.ones(4, 8), torch.ones(8)
+    report["keywords"] = [torch.allclose(keywords(x), dc.keyword_step(x)),
+                          torch.allclose(keywords(x, bias=bias, alpha=2.0), dc.keyword_step(x, bias=bias, alpha=2.0))]
+    glob = load("global")
+    report["global"] = torch.allclose(glob(x), dc.uses_global(x))
+    torch.set_num_threads(1)  # the GLOBAL_STATE guard must not pin the thread count
+    report["threads"] = torch.allclose(glob(x), dc.uses_global(x))
+    dc.SCALE = 5.0  # rebinding a global the graph baked in: the call must miss, not serve stale code
+    try:
+        glob(x)
+    except precompile.PrecompileError as exc:
+        report["global miss"] = str(exc)
+print(json.dumps(report))
+"""
+
+
+def test_fresh_process_serves_every_variant_and_misses_clearly(dynamo_pairs, tmp_path):
+    directory, _ = dynamo_pairs
+    report = fresh_json(SERVE, str(directory), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty")})
+    assert report["break"] == [True, True, True, True]  # x9 is served by the dynamic-shape variant
+    assert "no captured variant of 'break_and_scale' covers this call (2 captured)" in report["dtype miss"]
+    assert "dtype mismatch. expected Float, actual Double" in report["dtype miss"]
+    assert "GLOBAL_STATE changed: grad_mode" in report["grad miss"]
+    assert report["keywords"] == [True, True]
+    assert report["global"] is True and report["threads"] is True
+    assert "no captured variant of 'uses_global' covers this call" in report["global miss"]
+    assert "SCALE" in report["global miss"]
+
+
+def test_summaries_of_real_captures(dynamo_pairs):
+    _, pairs = dynamo_pairs
+    summary = pairs["break"][2]
+    assert str(summary).startswith("2 frames (1 from graph breaks), 5 guarded codes, 5 backend graphs, dropped guards {")
+    assert summary.complete and not summary.risky_dropped_guards
+    assert ("MODULE_MATCH", "G['torch']") in summary.dropped_guards
+    assert ("TENSOR_MATCH", "x") in summary.kept_guards and ("TENSOR_MATCH", "model._parameters['weight']") in summary.kept_guards
+    assert set(summary.kept_guards).isdisjoint(summary.dropped_guards)
+    assert pairs["global"][2].frames == 1 and pairs["global"][2].resume_functions == 0
+
+
+def test_python_code_states_what_was_captured_readably(dynamo_pairs):
+    from precompile.schema.pair import read_python_code
+
+    _, pairs = dynamo_pairs
+    meta = read_python_code(pairs["break"][0]).metadata
+    assert meta.serving_mode == "standalone" and meta.fn_module == "dynamo_cases"
+    assert [(f.name, f.variants) for f in meta.frames][0] == ("break_and_scale", 2)
+    assert meta.frames[1].resume_names and meta.frames[1].variants == 3
+    assert any(check == "TENSOR_MATCH x" for check in meta.guards[0].checks)
+    assert meta.inlined_sources and meta.inlined_sources[0].module == "dynamo_cases"
+    assert str(meta.summary) == str(pairs["break"][2])
+
+
+def drop_tensor_guards(entries):
+    return [entry.guard_type != "TENSOR_MATCH" for entry in entries]
+
+
+def test_risky_drops_are_gated_and_diff_shows_them_first(dynamo_pairs, tmp_path, capsys):
+    from precompile.cli import main
+
+    directory, pairs = dynamo_pairs
+    with pytest.raises(PrecompileError, match=r"dropped guards that matter \(1 frame .*RISKY drops \['TENSOR_MATCH x'\]"):
+        _capture(tmp_path, "gated", dynamo_cases.uses_global, [((torch.ones(4, 8),), {})],
+                 tracer=precompile.DynamoTracer(guard_filter_fn=drop_tensor_guards))
+    assert not (tmp_path / "gated.py").exists()
+    artifact, _, summary = _capture(
+        tmp_path, "risky", dynamo_cases.uses_global, [((torch.ones(4, 8),), {})],
+        tracer=precompile.DynamoTracer(guard_filter_fn=drop_tensor_guards, require_no_risky_drops=False),
+    )
+    assert summary.risky_dropped_guards == (("TENSOR_MATCH", "x"),)
+    assert main(["--color", "never", "diff", str(directory / "global"), str(tmp_path / "risky")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("guards (")
+    assert out[3] == "  ~ TENSOR_MATCH x: kept in uses_global#0 -> risky_dropped"
+    assert main(["--color", "never", "guards", str(tmp_path / "risky")]) == 0
+    assert "  - TENSOR_MATCH x (RISKY)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (lambda x: x, "cannot capture a lambda"),
+        (functools.partial(dynamo_cases.uses_global), "not a functools.partial"),
+        (torch.nn.Linear(2, 2), "CALLS the model, not the model itself"),
+        (dynamo_cases.uses_global.__get__(1), "captures a Python function, got method"),
+    ],
+)
+def test_functions_a_standalone_artifact_cannot_rebuild_are_refused_up_front(tmp_path, fn, message):
+    with pytest.raises(PrecompileError, match=message):
+        precompile.capture(fn, artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache")
+
+
+def test_closures_nested_and_main_functions_are_refused(tmp_path):
+    scale = 2.0
+
+    def closure(x):
+        return x * scale
+
+    def nested(x):
+        return x
+
+    main_fn = functools.wraps(dynamo_cases.uses_global)(lambda x: x)
+    main_fn.__name__ = "step"
+    options = dict(artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache")
+    with pytest.raises(PrecompileError, match=r"closes over \['scale'\]"):
+        precompile.capture(closure, **options)
+    with pytest.raises(PrecompileError, match="a nested function; define it at module level"):
+        precompile.capture(nested, **options)
+    exec_namespace = {"__name__": "__main__"}
+    exec("def step(x):\n    return x\n", exec_namespace)
+    with pytest.raises(PrecompileError, match="defined in __main__, which a serving process cannot import"):
+        precompile.capture(exec_namespace["step"], **options)
+    with pytest.raises(PrecompileError, match="supports backend='inductor' only so far"):
+        precompile.capture(dynamo_cases.uses_global, backend="eager", **options)
+
+
+def test_two_dynamo_captures_may_not_overlap(tmp_path):
+    first = precompile.capture(dynamo_cases.uses_global, artifact_path=tmp_path / "a.py", cache_path=tmp_path / "a.cache")
+    second = precompile.capture(dynamo_cases.keyword_step, artifact_path=tmp_path / "b.py", cache_path=tmp_path / "b.cache")
+    with pytest.raises(PrecompileError, match="nothing was captured"):
+        with first:
+            with pytest.raises(PrecompileError, match="another DynamoTracer capture is active"):
+                second.__enter__()
+
+
+LOAD_BESIDE_LIVE_COMPILE = r"""
+import sys, torch, precompile, dynamo_cases as dc
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+with torch.no_grad():
+    torch.compile(dc.break_and_scale)(model, torch.ones(4, 8))  # a live compile mints continuation names
+try:
+    precompile.load(sys.argv[1] + "/break.py", sys.argv[1] + "/break.cache")
+    print("loaded")
+except precompile.PrecompileError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_a_graph_breaking_artifact_refuses_to_load_beside_a_live_compile(dynamo_pairs):
+    directory, _ = dynamo_pairs
+    proc = run_fresh(LOAD_BESIDE_LIVE_COMPILE, str(directory))
+    assert proc.returncode == 0, proc.stderr
+    assert "refused:" in proc.stdout and "load the artifact in a fresh process" in proc.stdout
