@@ -10,11 +10,13 @@ from test_inspect_helpers import ALL, FIXTURES, ROOT, run_cli
 
 SHOW_RC = {
     "v1/mlp": 0, "v1/mlp_b4": 0, "v1/mlp_inductor": 0, "v1/two_modules": 0, "v1/train_step": 0,
+    "v1/dynamo_break": 0, "v1/dynamo_rows": 0, "v1/dynamo_rows_risky": 0,
     "damaged/truncated": 2, "damaged/bitflip": 0, "damaged/mismatched": 1, "damaged/foreign": 2,
     "damaged/newer": 2, "damaged/upstream": 2, "damaged/poisoned": 2,
 }
 VERIFY_RC = {
     "v1/mlp": 0, "v1/mlp_b4": 0, "v1/mlp_inductor": 0, "v1/two_modules": 0, "v1/train_step": 0,
+    "v1/dynamo_break": 0, "v1/dynamo_rows": 0, "v1/dynamo_rows_risky": 0,
     "damaged/truncated": 1, "damaged/bitflip": 1, "damaged/mismatched": 1, "damaged/foreign": 1,
     "damaged/newer": 2, "damaged/upstream": 2, "damaged/poisoned": 1,
 }
@@ -94,7 +96,17 @@ DIFFS = [
     ("v1/two_modules", "v1/train_step", 1),
     ("v1/mlp", "damaged/truncated", 2),
     ("v1/mlp", "damaged/newer", 2),
+    ("v1/dynamo_rows", "v1/dynamo_rows_risky", 1),
+    ("v1/dynamo_rows", "v1/dynamo_break", 1),
 ]
+
+
+def test_diff_of_captures_whose_guards_differ_shows_the_risky_drop_first(capsys):
+    rc, out, _ = run_cli(capsys, ["diff", "fixtures/v1/dynamo_rows", "fixtures/v1/dynamo_rows_risky"])
+    assert rc == 1
+    lines = out.splitlines()
+    assert lines[2] == "guards (1 changed)"
+    assert lines[3] == "  ~ TENSOR_MATCH x: kept in scale_rows#0 -> risky_dropped"
 
 
 @pytest.mark.parametrize(("a", "b", "expected"), DIFFS)

@@ -12,7 +12,7 @@ from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.model import Artifact
 from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
-from precompile.schema.metadata import ConstantLeaf, MakeFxMetadata
+from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.schema.pycode import decode_source
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle")
@@ -30,11 +30,27 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
     out: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
     guards = guards_of(artifact)
     if guards is not None:
+        # Keyed by the slot alone, so a guard one capture kept and another dropped is one change.
+        verdicts: dict[str, set[str]] = {}
         for frame in guards.frames:
             for slot in frame.slots:
-                key = f"{frame.frame}#{frame.variant} {slot.guard_type} {slot.source}"
-                out["guards"][key] = f"{slot.status}{' [risky]' if slot.risky else ''} {slot.check}".rstrip()
+                verdict = slot.status if slot.status != "kept" else f"kept in {frame.frame}#{frame.variant}"
+                verdicts.setdefault(f"{slot.guard_type} {slot.source}", set()).add(verdict)
+        out["guards"] = {key: ", ".join(sorted(values)) for key, values in verdicts.items()}
     meta = artifact.python_code.metadata
+    if isinstance(meta, DynamoMetadata):
+        out["metadata"] = {
+            "FORMAT_VERSION": str(meta.format_version),
+            "TRACER": "dynamo",
+            "BACKEND": meta.backend,
+            "SERVING_MODE": meta.serving_mode,
+            "TORCH_VERSION": meta.torch_version,
+            "PYTHON_VERSION": ".".join(map(str, meta.python_version)),
+            "FN_NAME": meta.fn_name,
+            "SUMMARY": str(meta.summary),
+            **{f"FRAMES {f.name}": f"{f.variants} variants{' (bypassed)' if f.bypassed else ''}" for f in meta.frames},
+            **{f"INLINED_SOURCES {s.module}:{s.first_line}-{s.last_line}": s.sha256 for s in meta.inlined_sources},
+        }
     if isinstance(meta, MakeFxMetadata):
         out["inputs"] = {leaf.path: _leaf(leaf) for leaf in meta.inputs}
         out["outputs"] = {leaf.path: _leaf(leaf) for leaf in meta.outputs}
@@ -100,7 +116,15 @@ def _code_sections(artifact: Artifact, data: bytes | None) -> dict[str, list[str
         source = decode_source(data)
     except Exception:  # noqa: BLE001 - not text: nothing to diff line by line
         return {}
-    return {section.slug: _normalize(text) for section, text in split_sections(source)}
+    sections = {}
+    for section, text in split_sections(source):
+        lines = _normalize(text)
+        if section.slug.startswith("opaque"):
+            # Pickled state differs between any two captures (Dynamo mints fresh ids); what it means
+            # is compared above, through the metadata and guards it is described by.
+            lines = [line for line in lines if line.startswith("#")]
+        sections[section.slug] = lines
+    return sections
 
 
 def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *, context: int = 3) -> DiffReport:

@@ -7,8 +7,8 @@ their guard slots (kept, dropped, risky, policy-dropped) keyed by (guard_type, s
 """
 from __future__ import annotations
 
-from precompile.inspect.model import Artifact, FrameGuards, Guards, Specialization
-from precompile.schema.metadata import ConstantLeaf, MakeFxMetadata
+from precompile.inspect.model import Artifact, FrameGuards, GuardSlot, Guards, Specialization
+from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 
 _NOT_CHECKED_ALWAYS = (
     "tensor values: control flow that depended on them was fixed at capture",
@@ -55,10 +55,47 @@ def makefx_guards(meta: MakeFxMetadata) -> Guards:
     )
 
 
+DROPPED_FRAME = "(every frame)"
+
+
+def dynamo_guards(meta: DynamoMetadata) -> Guards:
+    """Per variant, the guards it keeps; first, under DROPPED_FRAME, the slots no variant checks."""
+    summary = meta.summary
+    risky = set(map(tuple, summary.risky_dropped_guards))
+    rendered = {(t, s): check for t, s, check in summary.dropped_guard_code}
+    dropped = tuple(
+        GuardSlot(guard_type=t, source=s, status="risky_dropped" if (t, s) in risky else "dropped",
+                  check=rendered.get((t, s), ""), risky=(t, s) in risky)
+        for t, s in summary.dropped_guards
+    ) + tuple(
+        GuardSlot(guard_type=t, source=s, status="policy_dropped", check=rendered.get((t, s), ""))
+        for t, s in summary.policy_dropped_guards
+    )
+    frames = [FrameGuards(frame=DROPPED_FRAME, variant=0, slots=dropped)]
+    for variant in meta.guards:
+        slots = []
+        for check in variant.checks:
+            guard_type, _, source = check.partition(" ")
+            if not guard_type.isupper():  # a shape guard: an expression over the inputs' sizes
+                guard_type, source = "SHAPE_ENV", check
+            slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept"))
+        frames.append(FrameGuards(frame=variant.frame, variant=variant.variant, slots=tuple(slots)))
+    return Guards(
+        tracer="dynamo",
+        has_guards=True,
+        headline=str(summary),
+        not_checked=tuple(f"{slot.guard_type} {slot.source}{' (RISKY)' if slot.risky else ''}" for slot in dropped)
+        or ("nothing: every guard Dynamo produced is checked",),
+        frames=tuple(frames),
+    )
+
+
 def guards_of(artifact: Artifact) -> Guards | None:
     meta = artifact.python_code.metadata
     if isinstance(meta, MakeFxMetadata):
         return makefx_guards(meta)
+    if isinstance(meta, DynamoMetadata):
+        return dynamo_guards(meta)
     return None
 
 

@@ -9,7 +9,7 @@ from precompile.inspect.diff import SECTIONS
 from precompile.inspect.guards import shape_text
 from precompile.inspect.model import Artifact, CacheInfo, Guards, PythonCodeInfo, UpstreamCache
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
-from precompile.schema.metadata import ConstantLeaf, MakeFxMetadata
+from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 
 Line = tuple[str, "str | None"]
 HEAD = "bold"
@@ -112,7 +112,14 @@ def render_show(report: ShowReport) -> list[Line]:
     pairs = {True: ("yes", GOOD), False: ("NO", BAD), None: ("cannot tell", WARN)}[artifact.pairs]
     lines.append((f"pairs: {pairs[0]}" + (f" ({artifact.pairing_problem})" if artifact.pairing_problem else ""), pairs[1]))
     meta = artifact.python_code.metadata
-    if meta is not None:
+    if isinstance(meta, DynamoMetadata):
+        lines.append((f"frames: {len(meta.frames)}", None))
+        for frame in meta.frames:
+            resume = f", called as {', '.join(frame.resume_names)}" if frame.resume_names else " (entry)"
+            lines.append((f"  {frame.name} in {frame.module}: {frame.variants} variants{resume}"
+                          + (" BYPASSED" if frame.bypassed else ""), BAD if frame.bypassed else None))
+        lines.append((f"summary: {meta.summary}", None if meta.summary.complete else WARN))
+    elif meta is not None:
         lines.append((f"frames: 1 ({meta.fn_name}, one captured graph, no guards)", None))
     for problem in report.problems:
         lines.append((f"problem: {problem}", BAD))
