@@ -215,3 +215,82 @@ def test_a_graph_breaking_artifact_refuses_to_load_beside_a_live_compile(dynamo_
     proc = run_fresh(LOAD_BESIDE_LIVE_COMPILE, str(directory))
     assert proc.returncode == 0, proc.stderr
     assert "refused:" in proc.stdout and "load the artifact in a fresh process" in proc.stdout
+
+
+def test_a_graph_break_inside_a_child_module_is_refused_with_the_frame_names(tmp_path):
+    with pytest.raises(PrecompileError, match=r"reaches only by an ordinary call: \['forward \(dynamo_cases\)'.*installed"):
+        _capture(tmp_path, "child", dynamo_cases.calls_child, [((dynamo_cases.BreakingBlock(), torch.ones(2, 8)), {})])
+    assert not (tmp_path / "child.py").exists()
+
+
+EDITED_MODULE = "def step(x):\n    return x.sin() * {factor}\n"
+
+LOAD_EDITED = r"""
+import sys, precompile
+sys.path.insert(0, sys.argv[1])
+try:
+    precompile.load(sys.argv[1] + "/edited.py", sys.argv[1] + "/edited.cache")
+    print("loaded")
+except precompile.PrecompileError as exc:
+    print("refused:", exc)
+"""
+
+
+def test_an_inlined_source_that_changed_since_capture_is_refused_at_load(tmp_path, monkeypatch):
+    import importlib
+
+    (tmp_path / "edited_module.py").write_text(EDITED_MODULE.format(factor=2))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("edited_module")
+    _capture(tmp_path, "edited", module.step, [((torch.ones(3),), {})])
+    proc = run_fresh(LOAD_EDITED, str(tmp_path))
+    assert proc.stdout.strip() == "loaded", proc.stderr
+    (tmp_path / "edited_module.py").write_text(EDITED_MODULE.format(factor=3))
+    proc = run_fresh(LOAD_EDITED, str(tmp_path))
+    assert "refused:" in proc.stdout and "edited_module lines 1-3 changed since capture" in proc.stdout, proc.stderr
+
+
+TRAIN = r"""
+import json, sys, torch, precompile, dynamo_cases as dc
+torch.manual_seed(0)
+served_model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+torch.manual_seed(0)
+eager_model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+step = precompile.load(sys.argv[1] + "/train.py", sys.argv[1] + "/train.cache")
+x = torch.ones(4, 8)
+with precompile.no_compilation():
+    losses = [(step(served_model, x).item(), dc.train_step(eager_model, x).item()) for _ in range(2)]
+grads = all(torch.allclose(a.grad, b.grad) for a, b in zip(served_model.parameters(), eager_model.parameters()))
+try:
+    with torch.no_grad():
+        step(served_model, x)
+    miss = ""
+except precompile.PrecompileError as exc:
+    miss = str(exc)
+print(json.dumps({"losses": losses, "grads": grads, "miss": miss}))
+"""
+
+
+def test_a_training_step_serves_its_backward_and_accumulates_grads_like_eager(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    _capture(tmp_path, "train", dynamo_cases.train_step, [((model, torch.ones(4, 8)), {})], grad=True)
+    report = fresh_json(TRAIN, str(tmp_path), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty")})
+    assert all(abs(a - b) < 1e-6 for a, b in report["losses"])
+    assert report["grads"] is True  # two calls: .grad accumulated twice, as eager
+    assert "GLOBAL_STATE changed: grad_mode" in report["miss"]
+
+
+@pytest.mark.skipif(not torch.__version__.startswith("2.13."), reason="goldens are rendered by torch 2.13")
+def test_readable_parts_of_a_dynamo_artifact_are_locked(dynamo_pairs, snapshot):
+    """Header, metadata (frames, guard listings, summary) and driver; the opaque state differs per capture."""
+    import re
+
+    from snapshot_extensions import PythonSourceSnapshot
+
+    _, pairs = dynamo_pairs
+    source = pairs["break"][0].read_text(encoding="utf-8")
+    readable = re.sub(r"(# 2\. Opaque state: [^\n]*\n# =+\n)_dynamo_state = \(.*?\n\)\n", r"\1<opaque state elided>\n", source, flags=re.S)
+    readable = re.sub(r"pickled \(\d+ bytes, sha256 [0-9a-f]{64}\)", "pickled (<size>, <sha256>)", readable)
+    assert "_dynamo_state" not in readable.split("# 3. Driver")[0]
+    assert readable == snapshot.use_extension(PythonSourceSnapshot)
