@@ -185,6 +185,13 @@ class DynamoSession:
         entry, frames, guards, backends = self._collect()
         summary = self._summary(entry, frames, backends)
         self._gate(summary)
+        unreachable = [f"{f.name} ({f.module})" for f in frames[1:] if not f.resume_names and f.variants]
+        if unreachable:
+            raise PrecompileError(
+                f"the capture compiled frames the entry reaches only by an ordinary call: {unreachable} (a graph "
+                "break inside a child module's forward); a standalone artifact cannot serve them and the installed "
+                "serving mode is not implemented yet. Remove the graph break there, or capture with MakeFxTracer"
+            )
         metadata = DynamoMetadata(
             format_version=FORMAT_VERSION,
             backend=self.backend,

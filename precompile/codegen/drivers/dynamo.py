@@ -37,6 +37,22 @@ def _check_versions(metadata, artifact):
                         "its guard state is tied to that build", "serve it with that torch, or capture it again here")
 
 
+def _check_sources(metadata, artifact):
+    """The code Dynamo inlined must still say what it said at capture: guards do not check it."""
+    from torch._dynamo.package import _hash_sourcelines
+
+    for source in metadata.get("INLINED_SOURCES", ()):
+        module = _module(source["module"], artifact)
+        try:
+            now = _hash_sourcelines(module, source["first_line"], source["last_line"])
+        except (OSError, TypeError):
+            now = None
+        if now != source["sha256"]:
+            _fail(artifact, f"the source of {source['module']} lines {source['first_line']}-{source['last_line']} "
+                            "changed since capture (its compiled graphs may no longer match it)",
+                  "capture the artifact again from the current source")
+
+
 def _module(name, artifact):
     if name == "__main__":
         _fail(artifact, "it captured code defined in __main__, which another process cannot import",
@@ -149,6 +165,8 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
     """The served entry of a Dynamo artifact, from its metadata literals and its opaque state."""
     _check_versions(metadata, artifact)
     import torch._dynamo  # noqa: F401 - guard trees and backends need Dynamo loaded
+
+    _check_sources(metadata, artifact)
 
     if metadata["BACKEND"] == "inductor":
         import torch._inductor.config as inductor_config
