@@ -294,3 +294,18 @@ def test_readable_parts_of_a_dynamo_artifact_are_locked(dynamo_pairs, snapshot):
     readable = re.sub(r"pickled \(\d+ bytes, sha256 [0-9a-f]{64}\)", "pickled (<size>, <sha256>)", readable)
     assert "_dynamo_state" not in readable.split("# 3. Driver")[0]
     assert readable == snapshot.use_extension(PythonSourceSnapshot)
+
+
+DYNAMIC = r"""
+import json, sys, torch, precompile, dynamo_cases as dc
+served = precompile.load(sys.argv[1] + "/dyn.py", sys.argv[1] + "/dyn.cache")
+with torch.no_grad():
+    print(json.dumps([torch.allclose(served(torch.ones(n, 3)), dc.uses_global(torch.ones(n, 3))) for n in (2, 5, 40)]))
+"""
+
+
+def test_dynamic_true_serves_other_sizes_from_one_variant(tmp_path):
+    _, _, summary = _capture(tmp_path, "dyn", dynamo_cases.uses_global, [((torch.ones(4, 3),), {})],
+                             tracer=precompile.DynamoTracer(dynamic=True))
+    assert summary.guarded_codes == 1
+    assert fresh_json(DYNAMIC, str(tmp_path)) == [True, True, True]
