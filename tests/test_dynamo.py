@@ -3,6 +3,7 @@ the summary and its gates, and the refusals. Captures are shared per session (In
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,3 +310,34 @@ def test_dynamic_true_serves_other_sizes_from_one_variant(tmp_path):
                              tracer=precompile.DynamoTracer(dynamic=True))
     assert summary.guarded_codes == 1
     assert fresh_json(DYNAMIC, str(tmp_path)) == [True, True, True]
+
+
+def test_a_frame_past_recompile_limit_runs_eager_and_is_listed_as_truncated(tmp_path):
+    calls = [((torch.ones(n, 3),), {}) for n in (2, 3, 4)]
+    artifact, _, summary = _capture(tmp_path, "limit", dynamo_cases.uses_global, calls,
+                                    tracer=precompile.DynamoTracer(recompile_limit=1, dynamic=False))
+    assert artifact.exists()  # the limit is the caller's choice: no gate refuses it
+    assert summary.truncated == ("uses_global (dynamo_cases.py:15)",)
+    assert ">=1 TRUNCATED: ['uses_global (dynamo_cases.py:15)']" in str(summary) and not summary.complete
+
+
+def _fixture_copy(tmp_path, replace=None):
+    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "v1"
+    source = (fixtures / "dynamo_rows.py").read_text(encoding="utf-8")
+    if replace:
+        source = source.replace(*replace)
+    (tmp_path / "rows.py").write_text(source, encoding="utf-8")
+    return tmp_path / "rows.py", tmp_path / "absent.cache"
+
+
+def test_loading_on_another_python_or_without_the_captured_module_is_refused(tmp_path):
+    import warnings
+
+    artifact, cache = _fixture_copy(tmp_path, ("PYTHON_VERSION = (3, 11)", "PYTHON_VERSION = (3, 10)"))
+    with warnings.catch_warnings(), pytest.raises(PrecompileError, match=r"captured on Python 3.10 and this is Python 3.11"):
+        warnings.simplefilter("ignore", precompile.PrecompileWarning)
+        precompile.load(artifact, cache)
+    artifact, cache = _fixture_copy(tmp_path)
+    with warnings.catch_warnings(), pytest.raises(PrecompileError, match=r"module 'dynamo_models', which cannot be imported here"):
+        warnings.simplefilter("ignore", precompile.PrecompileWarning)
+        precompile.load(artifact, cache)

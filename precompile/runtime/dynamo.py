@@ -76,12 +76,17 @@ def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
 
 @dataclass
 class _GuardLedger:
-    """Every guard Dynamo offered the filter, as (type, source) slots with their verdicts."""
+    """Every guard Dynamo offered the filter, as (type, source) slots with their verdicts.
+
+    A dropped slot is risky when a custom filter dropped what the default keeps, or when it held
+    different values across the compiles that dropped it (it told captured variants apart).
+    """
 
     user_filter: Callable | None
     kept: set = field(default_factory=set)
     dropped: set = field(default_factory=set)
     risky: set = field(default_factory=set)
+    values: dict = field(default_factory=dict)
 
     def __call__(self, entries):
         default = [not (UNSERIALIZABLE & {e.guard_type, *e.derived_guard_types}) for e in entries]
@@ -95,8 +100,38 @@ class _GuardLedger:
             (self.kept if keep else self.dropped).add(slot)
             if by_default and not by_user:
                 self.risky.add(slot)  # a custom filter dropped what the default keeps
+            if not keep and entry.has_value:
+                seen = self.values.setdefault(slot, set())
+                seen.add(_value_key(entry.value))
+                if len(seen) > 1:
+                    self.risky.add(slot)
             verdicts.append(keep)
         return verdicts
+
+
+def _value_key(value) -> str:
+    try:
+        return repr(value)
+    except Exception:  # noqa: BLE001 - an object whose repr fails still counts as one value
+        return f"<{type(value).__name__} {id(value)}>"
+
+
+class _TruncationLog(logging.Handler):
+    """Records the frames Dynamo stopped recompiling at recompile_limit (it logs a warning for each)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.frames: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not str(record.msg).startswith("torch._dynamo hit config.") or len(record.args or ()) < 3:
+            return
+        match = re.match(r"'(.+)' \((.+):(\d+)\)", str(record.args[2]))
+        if match is not None:
+            name, filename, line = match.groups()
+            frame = f"{name} ({Path(filename).name}:{line})"
+            if frame not in self.frames:
+                self.frames.append(frame)
 
 
 class DynamoSession:
@@ -114,6 +149,7 @@ class DynamoSession:
         self.errors: list[str] = []
         self._stack = contextlib.ExitStack()
         self._ledger = _GuardLedger(tracer.guard_filter_fn)
+        self._truncation = _TruncationLog()
 
     def __enter__(self) -> DynamoSession:
         from torch._dynamo.package import CompilePackage
@@ -124,6 +160,9 @@ class DynamoSession:
         self._stack.callback(_active.release)
         self.cache_dir, self.commands = self._stack.enter_context(kernels.private_inductor_cache())
         self._stack.enter_context(torch._dynamo.config.patch(recompile_limit=self.tracer.recompile_limit))
+        dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+        dynamo_log.addHandler(self._truncation)
+        self._stack.callback(dynamo_log.removeHandler, self._truncation)
         self._stack.enter_context(
             torch._functorch.config.patch(force_non_lazy_backward_lowering=True, bundled_autograd_cache=True)
         )
@@ -235,6 +274,7 @@ class DynamoSession:
             guarded_codes=sum(f.variants for f in frames),
             backend_graphs=len(backends),
             bypassed=tuple(f.name for f in frames if f.bypassed),
+            truncated=tuple(self._truncation.frames),
             uncovered_frames=tuple(
                 code.python_code.co_name
                 for code in entry.codes
@@ -247,7 +287,12 @@ class DynamoSession:
         )
 
     def _gate(self, summary: PrecompileSummary) -> None:
-        if self.tracer.require_complete and not summary.complete:
+        # A frame past recompile_limit ran eager and is only reported (truncated): the limit is the
+        # caller's choice. A bypassed or uncovered frame, a call that raised or nothing compiled is a gap.
+        gap = summary.bypassed or summary.uncovered_frames or summary.capture_errors or not (
+            summary.guarded_codes and summary.backend_graphs
+        )
+        if self.tracer.require_complete and gap:
             raise PrecompileError(
                 f"the capture is incomplete ({summary}); run calls that compile every frame, or pass "
                 "DynamoTracer(require_complete=False) to write a partial artifact"
