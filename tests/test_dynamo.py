@@ -341,3 +341,10 @@ def test_loading_on_another_python_or_without_the_captured_module_is_refused(tmp
     with warnings.catch_warnings(), pytest.raises(PrecompileError, match=r"module 'dynamo_models', which cannot be imported here"):
         warnings.simplefilter("ignore", precompile.PrecompileWarning)
         precompile.load(artifact, cache)
+
+
+def test_dropped_slots_carry_their_rendered_check_without_process_ids(dynamo_pairs):
+    _, pairs = dynamo_pairs
+    rendered = {(t, s): check for t, s, check in pairs["break"][2].dropped_guard_code}
+    assert rendered[("MODULE_MATCH", "G['torch']")].startswith("___check_obj_id(G['torch'], <id>)")
+    assert set(rendered) <= set(pairs["break"][2].dropped_guards)

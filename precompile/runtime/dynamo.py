@@ -87,6 +87,7 @@ class _GuardLedger:
     dropped: set = field(default_factory=set)
     risky: set = field(default_factory=set)
     values: dict = field(default_factory=dict)
+    rendered: dict = field(default_factory=dict)
 
     def __call__(self, entries):
         default = [not (UNSERIALIZABLE & {e.guard_type, *e.derived_guard_types}) for e in entries]
@@ -100,20 +101,34 @@ class _GuardLedger:
             (self.kept if keep else self.dropped).add(slot)
             if by_default and not by_user:
                 self.risky.add(slot)  # a custom filter dropped what the default keeps
-            if not keep and entry.has_value:
-                seen = self.values.setdefault(slot, set())
-                seen.add(_value_key(entry.value))
-                if len(seen) > 1:
-                    self.risky.add(slot)
+            if not keep:
+                value = _value_key(entry)
+                if value is not None:
+                    seen = self.values.setdefault(slot, set())
+                    seen.add(value)
+                    if len(seen) > 1:
+                        self.risky.add(slot)
+                code = getattr(entry.orig_guard, "code_list", None)
+                if code and slot not in self.rendered:
+                    self.rendered[slot] = _PROCESS_ID.sub("<id>", " ; ".join(dict.fromkeys(code)))
             verdicts.append(keep)
         return verdicts
 
 
-def _value_key(value) -> str:
+_PROCESS_ID = re.compile(r"\b\d{9,}\b")
+_IDENTITY_GUARDS = frozenset({"ID_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "BUILTIN_MATCH", "FUNCTION_MATCH", "NN_MODULE"})
+
+
+def _value_key(entry) -> str | None:
+    """What a dropped guard pinned, comparable across compiles; None where the value is data (tensors)."""
+    if not entry.has_value or isinstance(entry.value, torch.Tensor):
+        return None
+    if entry.guard_type in _IDENTITY_GUARDS:
+        return f"id {id(entry.value)}"
     try:
-        return repr(value)
+        return repr(entry.value)
     except Exception:  # noqa: BLE001 - an object whose repr fails still counts as one value
-        return f"<{type(value).__name__} {id(value)}>"
+        return f"<{type(entry.value).__name__} {id(entry.value)}>"
 
 
 class _TruncationLog(logging.Handler):
@@ -283,6 +298,7 @@ class DynamoSession:
             dropped_guards=tuple(sorted(dropped)),
             kept_guards=tuple(sorted(kept)),
             risky_dropped_guards=tuple(sorted(self._ledger.risky)),
+            dropped_guard_code=tuple((t, src, check) for (t, src), check in sorted(self._ledger.rendered.items())),
             capture_errors=tuple(self.errors),
         )
 
