@@ -348,3 +348,15 @@ def test_dropped_slots_carry_their_rendered_check_without_process_ids(dynamo_pai
     rendered = {(t, s): check for t, s, check in pairs["break"][2].dropped_guard_code}
     assert rendered[("MODULE_MATCH", "G['torch']")].startswith("___check_obj_id(G['torch'], <id>)")
     assert set(rendered) <= set(pairs["break"][2].dropped_guards)
+
+
+def test_wont_generalize_lists_bare_names_only_ever_pinned():
+    from precompile.runtime.dynamo import wont_generalize
+    from precompile.schema.metadata import VariantGuards
+
+    def variants(*checks):
+        return [VariantGuards(frame="f", variant=i, checks=c) for i, c in enumerate(checks)]
+
+    assert wont_generalize(variants(("CONSTANT_MATCH scale", "TENSOR_MATCH x"), ("CONSTANT_MATCH scale",))) == ("scale",)
+    assert wont_generalize(variants(("CONSTANT_MATCH scale",), ("TYPE_MATCH scale",))) == ()  # another variant serves any float
+    assert wont_generalize(variants(("CONSTANT_MATCH self.eps",))) == ()  # not a bare name

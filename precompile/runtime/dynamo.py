@@ -149,6 +149,27 @@ class _TruncationLog(logging.Handler):
                 self.frames.append(frame)
 
 
+# Kept guards that pin a value rather than a type or a shape.
+_PINNING = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "CONSTANT_SUBCLASS_MATCH", "COUNT_ITERATOR_MATCH", "RANGE_ITERATOR_MATCH"})
+
+
+def wont_generalize(guards: list[VariantGuards]) -> tuple[str, ...]:
+    """Bare argument names some variant pins to a value while no variant of that frame guards them
+    without pinning: as captured, no variant serves another value of them."""
+    by_frame: dict[str, list[tuple[set, set]]] = {}
+    for variant in guards:
+        slots = [check.partition(" ")[::2] for check in variant.checks]
+        pinned = {src for kind, src in slots if kind in _PINNING and src and "." not in src and "[" not in src}
+        by_frame.setdefault(variant.frame, []).append((pinned, {src for _, src in slots}))
+    found = set()
+    for variants in by_frame.values():
+        for pinned, _ in variants:
+            for source in pinned:
+                if all(source in other_pinned for other_pinned, other_guarded in variants if source in other_guarded):
+                    found.add(source)
+    return tuple(sorted(found))
+
+
 class DynamoSession:
     """One DynamoTracer capture: calls run compiled and are recorded; `build()` renders the pair."""
 
@@ -206,8 +227,8 @@ class DynamoSession:
 
     # -- rendering -------------------------------------------------------------------------------
     def summary(self) -> PrecompileSummary:
-        entry, frames, _, backends = self._collect()
-        return self._summary(entry, frames, backends)
+        entry, frames, guards, backends = self._collect()
+        return self._summary(entry, frames, backends, guards)
 
     def _collect(self):
         from torch._dynamo.package import load_guards_state
@@ -237,7 +258,7 @@ class DynamoSession:
 
     def build(self) -> tuple[bytes, bytes]:
         entry, frames, guards, backends = self._collect()
-        summary = self._summary(entry, frames, backends)
+        summary = self._summary(entry, frames, backends, guards)
         self._gate(summary)
         unreachable = [f"{f.name} ({f.module})" for f in frames[1:] if not f.resume_names and f.variants]
         if unreachable:
@@ -281,7 +302,7 @@ class DynamoSession:
         log.info("rendered a Dynamo artifact: %d frames, %d variants, %d bytes", len(frames), len(guards), len(python_code))
         return python_code, encode_cache(envelope, payload)
 
-    def _summary(self, entry, frames: list[DynamoFrame], backends: dict) -> PrecompileSummary:
+    def _summary(self, entry, frames: list[DynamoFrame], backends: dict, guards: list[VariantGuards]) -> PrecompileSummary:
         kept, dropped = self._ledger.kept, self._ledger.dropped
         return PrecompileSummary(
             frames=len(frames),
@@ -299,6 +320,7 @@ class DynamoSession:
             kept_guards=tuple(sorted(kept)),
             risky_dropped_guards=tuple(sorted(self._ledger.risky)),
             dropped_guard_code=tuple((t, src, check) for (t, src), check in sorted(self._ledger.rendered.items())),
+            wont_generalize=wont_generalize(guards),
             capture_errors=tuple(self.errors),
         )
 
