@@ -216,7 +216,7 @@ def report(model: str, measured: dict) -> list[str]:
         lines.append(f"{scenario:<20}{row['total']:>9.2f}{row['after_import']:>16.3f}{ratios[0]:>13.2f}{ratios[1]:>13.1f}"
                      f"{ratios[2]:>15.2f}{ratios[3]:>15.1f}")
     if per_call:
-        lines.append(f"-- steady state per call: " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in per_call.items()))
+        lines.append("-- steady state per call: " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in per_call.items()))
     warm = cold.get("compile-warm")
     if warm and ours and eager:
         lines.append(

@@ -173,8 +173,6 @@ def test_closures_nested_and_main_functions_are_refused(tmp_path):
     def nested(x):
         return x
 
-    main_fn = functools.wraps(dynamo_cases.uses_global)(lambda x: x)
-    main_fn.__name__ = "step"
     options = dict(artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache")
     with pytest.raises(PrecompileError, match=r"closes over \['scale'\]"):
         precompile.capture(closure, **options)

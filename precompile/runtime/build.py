@@ -56,16 +56,22 @@ def build_makefx(fn, args: tuple, *, backend: str, decompositions, artifact_path
         time.perf_counter() - started,
     )
     python_code = source.encode("utf-8")
+    cache = cache_for(python_code, backend=backend, tracer="make_fx", bundle=bundle, payload=payload)
+    return BuiltPair(python_code=python_code, cache=cache, forward=namespace["forward"])
+
+
+def cache_for(python_code: bytes, *, backend: str, tracer: str, bundle, payload: bytes) -> bytes:
+    """The cache file that pairs with `python_code`: its envelope, tagged and hashed, and the bundle."""
     envelope = CacheEnvelopeV1(
         code_hash=code_hash(python_code),
         backend=backend,
-        tracer="make_fx",
+        tracer=tracer,
         producer=Producer(
             precompile=precompile.__version__, torch=str(torch.__version__), python=".".join(map(str, sys.version_info[:3]))
         ),
         bundle=bundle,
     )
-    return BuiltPair(python_code=python_code, cache=encode_cache(envelope, payload), forward=namespace["forward"])
+    return encode_cache(envelope, payload)
 
 
 def _render(fn, traced: makefx.MakeFxTrace, backend: str, graph) -> str:
@@ -74,7 +80,7 @@ def _render(fn, traced: makefx.MakeFxTrace, backend: str, graph) -> str:
         backend=backend,
         torch_version=str(torch.__version__),
         python_version=tuple(sys.version_info[:2]),
-        fn_name=_qualified_name(fn),
+        fn_name=qualified_name(fn),
         num_positional_args=traced.num_positional_args,
         module_positions=traced.module_positions,
         params=traced.params,
@@ -102,6 +108,6 @@ def _freeze_kernels(source: str, namespace: dict, cache_dir: Path, commands: lis
     )
 
 
-def _qualified_name(fn) -> str:
+def qualified_name(fn) -> str:
     module = getattr(fn, "__module__", None) or "?"
     return f"{module}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

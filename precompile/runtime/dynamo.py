@@ -22,15 +22,14 @@ from typing import Any, Callable
 
 import torch
 
-import precompile
 from precompile.codegen.render import render_dynamo
 from precompile.errors import PrecompileError
 from precompile.runtime import kernels
 from precompile.runtime.tracers import DynamoTracer
-from precompile.schema.codec import build_bundle, encode_cache
-from precompile.schema.envelope import FORMAT_VERSION, CacheEnvelopeV1, Producer
+from precompile.runtime.build import cache_for, qualified_name
+from precompile.schema.codec import build_bundle
+from precompile.schema.envelope import FORMAT_VERSION
 from precompile.schema.metadata import DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
-from precompile.schema.pycode import code_hash
 from precompile.schema.summary import PrecompileSummary
 
 log = logging.getLogger("precompile")
@@ -174,9 +173,7 @@ class DynamoSession:
     """One DynamoTracer capture: calls run compiled and are recorded; `build()` renders the pair."""
 
     def __init__(self, fn, tracer: DynamoTracer, backend: str, artifact_path: Path) -> None:
-        refuse_unsupported_fn(fn)
-        if backend != "inductor":
-            raise PrecompileError("DynamoTracer supports backend='inductor' only so far; pass backend='inductor'")
+        # capture() has refused, up front, the functions and backends this session cannot take.
         self.fn = fn
         self.tracer = tracer
         self.backend = backend
@@ -272,7 +269,7 @@ class DynamoSession:
             backend=self.backend,
             torch_version=str(torch.__version__),
             python_version=tuple(sys.version_info[:2]),
-            fn_name=f"{self.fn.__module__}.{self.fn.__qualname__}",
+            fn_name=qualified_name(self.fn),
             fn_module=self.fn.__module__,
             frames=tuple(frames),
             guards=tuple(guards),
@@ -290,17 +287,8 @@ class DynamoSession:
         bundle, payload = build_bundle(
             kernels.collect_files(self.cache_dir), kernels.producer_keys(self.commands, self.cache_dir)
         )
-        envelope = CacheEnvelopeV1(
-            code_hash=code_hash(python_code),
-            backend=self.backend,
-            tracer="dynamo",
-            producer=Producer(
-                precompile=precompile.__version__, torch=str(torch.__version__), python=".".join(map(str, sys.version_info[:3]))
-            ),
-            bundle=bundle,
-        )
         log.info("rendered a Dynamo artifact: %d frames, %d variants, %d bytes", len(frames), len(guards), len(python_code))
-        return python_code, encode_cache(envelope, payload)
+        return python_code, cache_for(python_code, backend=self.backend, tracer="dynamo", bundle=bundle, payload=payload)
 
     def _summary(self, entry, frames: list[DynamoFrame], backends: dict, guards: list[VariantGuards]) -> PrecompileSummary:
         kept, dropped = self._ledger.kept, self._ledger.dropped
