@@ -21,3 +21,14 @@ class GraphSection(msgspec.Struct, frozen=True, kw_only=True):
 class MakeFxArtifact(msgspec.Struct, frozen=True, kw_only=True):
     metadata: ArtifactMetadata
     graph: GraphSection
+
+
+class SubgraphSection(msgspec.Struct, frozen=True, kw_only=True):
+    """A compiled Dynamo subgraph's lowered source, bound to `name` in python_code."""
+
+    title: str
+    name: str
+    source: str
+    runs_in_place: bool
+    """True: `source` is code that defines `name` (eager ATen). False: `source` is an output module
+    AOTAutograd loads itself, bound to `name` as a string (Inductor)."""

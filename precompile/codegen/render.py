@@ -6,8 +6,8 @@ from dataclasses import dataclass
 import msgspec
 
 from precompile.codegen.drivers import source_of
-from precompile.codegen.environment import render
-from precompile.codegen.models import MakeFxArtifact
+from precompile.codegen.environment import render, text_literal
+from precompile.codegen.models import MakeFxArtifact, SubgraphSection
 
 # The order metadata literals appear in, so the file reads from what it is to how it is called.
 _HEADER_ORDER = ("FORMAT_VERSION", "TRACER", "BACKEND", "SERVING_MODE", "TORCH_VERSION", "PYTHON_VERSION", "FN_NAME")
@@ -44,15 +44,25 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
     )
 
 
-def render_dynamo(metadata, state_base64: str, state_sha256: str, state_size: int) -> str:
-    """python_code of a DynamoTracer artifact: metadata, the opaque state torch gives, the driver."""
+def render_dynamo(
+    metadata, subgraphs: list[SubgraphSection], state_base64: str, state_sha256: str, state_size: int
+) -> str:
+    """python_code of a DynamoTracer artifact: metadata, the compiled subgraphs' source, the opaque
+    state only torch can give (guard trees, transformed bytecode, AOTAutograd's wrappers), the driver."""
     width = 100
     chunks = [state_base64[i : i + width] for i in range(0, len(state_base64), width)] or [""]
+    opaque = "guard trees and transformed bytecode"
+    if metadata.backend == "inductor":
+        opaque += ", and AOTAutograd's wrappers around each subgraph (its output modules are above)"
     sections = [
         _Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
                  literals=_ordered_literals(metadata)),
+        *(
+            _Section(graph.title, graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
+            for graph in subgraphs
+        ),
         _Section(
-            f"Opaque state: guard trees, transformed bytecode and compiled graphs, pickled "
+            f"Opaque state: {opaque}, pickled "
             f"({state_size} bytes, sha256 {state_sha256}). Executing this file unpickles it.",
             "_dynamo_state = (\n" + "\n".join(f"    {chunk!r}" for chunk in chunks) + "\n)",
         ),

@@ -66,8 +66,6 @@ def capture(
     artifact, cache = _check_paths(artifact_path, cache_path)
     if isinstance(tracer, DynamoTracer):
         refuse_unsupported_fn(fn)
-        if backend != "inductor":
-            raise PrecompileError("DynamoTracer supports backend='inductor' only so far; pass backend='inductor'")
     return Capture(fn, artifact, cache, tracer, backend)
 
 

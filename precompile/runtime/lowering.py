@@ -12,8 +12,8 @@ from precompile.errors import PrecompileError
 ENTRY = "captured_graph"
 
 
-def lower_eager(graph_module: torch.fx.GraphModule) -> GraphSection:
-    """The captured ATen graph as a plain Python function over the flat graph inputs."""
+def lower_eager(graph_module: torch.fx.GraphModule, entry: str = ENTRY) -> GraphSection:
+    """The captured ATen graph as a plain Python function `entry` over the flat graph inputs."""
     code = graph_module.graph.python_code(root_module="self")
     imports = []
     for name in code.globals:
@@ -24,11 +24,11 @@ def lower_eager(graph_module: torch.fx.GraphModule) -> GraphSection:
             raise PrecompileError(f"the captured graph refers to {name!r}, which the eager backend cannot render as source")
         imports.append(builtin.import_str)
     imports.sort()
-    source, count = re.subn(r"def forward\(self(, )?", f"def {ENTRY}(", code.src.strip("\n"), count=1)
+    source, count = re.subn(r"def forward\(self(, )?", f"def {entry}(", code.src.strip("\n"), count=1)
     if count != 1:
         raise PrecompileError("the captured graph's source has no forward(self, ...) to render")
     body = "\n".join(line.rstrip() for line in source.splitlines())
-    return GraphSection(title="Captured graph (eager backend: ATen ops, run as they are)", source="\n".join(imports) + "\n\n\n" + body, entry=ENTRY)
+    return GraphSection(title="Captured graph (eager backend: ATen ops, run as they are)", source="\n".join(imports) + "\n\n\n" + body, entry=entry)
 
 
 # Imports of the Inductor output code that the kernel runtime driver (inductor_runtime.py) provides,

@@ -109,6 +109,24 @@ class VariantGuards(msgspec.Struct, frozen=True, kw_only=True):
     variant: int
     checks: tuple[str, ...]
     """`GUARD_TYPE source` per kept guard, then the shape guards as expressions."""
+    dropped: tuple[str, ...] = ()
+    """`GUARD_TYPE source` per guard the filter dropped from this variant: not checked."""
+    policy_dropped: tuple[str, ...] = ()
+    """`GUARD_TYPE source` per kept guard the invariance policy took out: it held identically in
+    every captured variant of the frame, so it told none apart; not checked either."""
+
+
+class CompiledSubgraph(msgspec.Struct, frozen=True, kw_only=True):
+    """A graph Dynamo compiled, and the python_code names its lowered source is bound to."""
+
+    backend_id: str
+    """The global name Dynamo's transformed bytecode calls the graph by."""
+    frame: str
+    forward: str
+    """backend="eager": the def that runs the graph. backend="inductor": the string holding the
+    forward output module."""
+    backward: str = ""
+    """backend="inductor" with grad: the string holding the backward output module."""
 
 
 class InlinedSource(msgspec.Struct, frozen=True, kw_only=True):
@@ -126,6 +144,8 @@ class DynamoMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="dynamo", ta
     guards: tuple[VariantGuards, ...]
     summary: PrecompileSummary
     inlined_sources: tuple[InlinedSource, ...] = ()
+    subgraphs: tuple[CompiledSubgraph, ...] = ()
+    """Empty in artifacts that carried their compiled graphs inside the opaque state."""
 
 
 # Every metadata layout a reader understands, told apart by the TRACER literal.

@@ -30,7 +30,8 @@ def code_hash(python_code: bytes) -> str:
 
 
 def literal_assignments(source: str, *, filename: str = "python_code") -> dict[str, Any]:
-    """The top-level `UPPER_NAME = <literal>` assignments of `source`, evaluated with literal_eval."""
+    """The top-level `UPPER_NAME = <literal>` assignments of `source` (not `_PRIVATE` ones), evaluated
+    with literal_eval."""
     try:
         tree = ast.parse(source, filename=filename)
     except SyntaxError as exc:
@@ -44,8 +45,8 @@ def literal_assignments(source: str, *, filename: str = "python_code") -> dict[s
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
             continue
         name = node.targets[0].id
-        if not name.isupper():
-            continue
+        if not name.isupper() or name.startswith("_"):
+            continue  # metadata is public UPPER_CASE; a driver's private _CONSTANTS are code
         try:
             values[name] = ast.literal_eval(node.value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):

@@ -7,8 +7,11 @@ import base64 as _base64
 import hashlib as _hashlib
 import importlib as _importlib
 import inspect as _inspect
+import itertools as _itertools
 import json as _json
+import marshal as _marshal
 import pickle as _pickle
+import re as _re
 import sys as _sys
 import types as _types
 
@@ -85,10 +88,25 @@ def _set_thread_count(guard, threads):
     guard.__setstate__(_json.dumps(state))
 
 
+_LOCAL = _re.compile(r"L\['([^']+)'\]")
+
+
+def _drop_guards(state, slots):
+    """Take the invariance policy's slots ("GUARD_TYPE source", listed in GUARDS) out of a variant."""
+    if not slots:
+        return
+    guards = state.output_graph._guards
+    guards.inner = type(guards.inner)(guard for guard in guards.inner if _slot_text(guard) not in slots)
+
+
+def _slot_text(guard):
+    return (guard.create_fn_name() + " " + _LOCAL.sub(r"\1", guard.name)).strip()
+
+
 class _Frame:
     """One captured code object: its variants and how to call it."""
 
-    def __init__(self, code, scope, defaults, kwdefaults, artifact):
+    def __init__(self, code, scope, defaults, kwdefaults, artifact, policy_dropped):
         from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
 
         self.name = code.python_code.co_name
@@ -98,14 +116,17 @@ class _Frame:
         signature_fn.__kwdefaults__ = kwdefaults
         self.signature = _inspect.signature(signature_fn)
         self.variants = []
+        self.minted = []
         self.global_state_guards = []
         self.threads = torch.get_num_threads()
-        for guarded in code.guarded_codes:
+        for index, guarded in enumerate(code.guarded_codes):
             state = load_guards_state(guarded.guards_state)
+            _drop_guards(state, policy_dropped.get(index, ()))
             self.global_state_guards.append(state.output_graph.global_state_guard)
             _set_thread_count(state.output_graph.global_state_guard, self.threads)
             builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
             if builtins_key:
+                self.minted.append(builtins_key)
                 from torch._dynamo.output_graph import get_builtins_dict
 
                 builtins_dict = get_builtins_dict(scope)
@@ -161,8 +182,44 @@ class _Frame:
               "serve it the way it was captured (arguments, globals, grad mode), or capture this call too")
 
 
+# Where AOTAutograd's bundled result keeps each lowered graph's output module.
+_AOT_PARTS = (("forward", "compiled_fw"), ("backward", "compiled_bw"))
+
+
+def _load_subgraph(subgraph, namespace, state):
+    """The callable Dynamo's bytecode calls for one compiled subgraph, built from python_code."""
+    forward = namespace[subgraph["forward"]]
+    if callable(forward):
+        return forward  # eager: the ATen function above, as written
+    aot = state["backends"][subgraph["backend_id"]]
+    for key, attribute in _AOT_PARTS:
+        name = subgraph.get(key)
+        if not name:
+            continue
+        result = getattr(aot.content, attribute).result
+        result.source_code = namespace[name]
+        # Inductor loads an output module from a file named by its cache key: name it by the text
+        # written here, so what runs is what python_code says, whatever a cache dir already holds.
+        result.cache_key = "p" + _hashlib.sha256(result.source_code.encode("utf-8")).hexdigest()
+    return aot.after_deserialization()
+
+
+def _artifact_tag(raw_state, namespace):
+    """What tells this artifact's seeded names from another's: its opaque state and its subgraphs'
+    code, so loading the same artifact again may rebind them and a different one may not."""
+    digest = _hashlib.sha256(raw_state)
+    for subgraph in namespace["SUBGRAPHS"]:
+        for key in ("forward", "backward"):
+            value = namespace.get(subgraph.get(key) or "")
+            if isinstance(value, str):
+                digest.update(value.encode("utf-8"))
+            elif value is not None:
+                digest.update(_marshal.dumps(value.__code__))
+    return digest.hexdigest()[:16]
+
+
 def build_forward(metadata, state_blob, artifact="this artifact"):
-    """The served entry of a Dynamo artifact, from its metadata literals and its opaque state."""
+    """The served entry of a Dynamo artifact, from its metadata literals, subgraphs and opaque state."""
     _check_versions(metadata, artifact)
     import torch._dynamo  # noqa: F401 - guard trees and backends need Dynamo loaded
 
@@ -174,13 +231,15 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         # Precompiled headers are part of every kernel's cache key; artifacts are captured without them.
         inductor_config.cpp_cache_precompile_headers = False
     raw = _base64.b64decode(state_blob)
-    tag = _hashlib.sha256(raw).hexdigest()[:16]
+    tag = _artifact_tag(raw, metadata)
     state = _pickle.loads(raw)
     backends = {}
-    for backend_id, artifact_state in state["backends"].items():
-        backends[backend_id] = torch._dynamo.disable(artifact_state.after_deserialization())
-        backends[backend_id].__precompile_artifact__ = tag
+    for subgraph in metadata["SUBGRAPHS"]:
+        backend = torch._dynamo.disable(_load_subgraph(subgraph, metadata, state))
+        backend.__precompile_artifact__ = tag
+        backends[subgraph["backend_id"]] = backend
     entry = None
+    minted = []
     for index, code in enumerate(state["codes"]):
         module = _module(code.python_module, artifact)
         scope = module.__dict__
@@ -189,10 +248,15 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         for backend_id in code.backend_ids:
             _seed(scope, backend_id, backends[backend_id], tag, artifact, module.__name__)
         is_entry = index == 0
+        policy_dropped = {
+            variant["variant"]: frozenset(variant.get("policy_dropped", ()))
+            for variant in metadata["GUARDS"] if variant["frame"] == code.python_code.co_name
+        }
         frame = _Frame(code, scope, state["defaults"] if is_entry else None,
-                       state["kwdefaults"] if is_entry else None, artifact)
+                       state["kwdefaults"] if is_entry else None, artifact, policy_dropped)
         if is_entry:
             entry = frame
+        minted += [*code.backend_ids, *code.function_names, *frame.minted]
         if code.install_to_global:
             if code.python_code.co_freevars:
                 def dispatcher(closure, _frame=frame):
@@ -202,4 +266,20 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
             dispatcher.__precompile_artifact__ = tag
             for name in code.function_names:
                 _seed(scope, name, dispatcher, tag, artifact, module.__name__)
+    _reserve_minted_names(minted)
     return entry
+
+
+_MINTED_NUMBER = _re.compile(r"^__\w*?_(\d+)(?:_[0-9a-f_]{36})?$")
+
+
+def _reserve_minted_names(names):
+    """Dynamo numbers the globals it mints (compiled graphs, continuations, the builtins dict) from one
+    process-wide counter. Move it past the numbers this artifact seeded, so a live compile later in
+    this process never mints a name the artifact holds (Dynamo asserts the name is free)."""
+    from torch._dynamo import bytecode_transformation
+
+    numbers = [int(match.group(1)) for match in map(_MINTED_NUMBER.match, names) if match]
+    if numbers:
+        current = next(bytecode_transformation._unique_id_counter)
+        bytecode_transformation._unique_id_counter = _itertools.count(max(current, max(numbers) + 1))
