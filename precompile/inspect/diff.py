@@ -35,7 +35,7 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
         for frame in guards.frames:
             for slot in frame.slots:
                 verdict = slot.status if slot.status != "kept" else f"kept in {frame.frame}#{frame.variant}"
-                verdicts.setdefault(f"{slot.guard_type} {slot.source}", set()).add(verdict)
+                verdicts.setdefault(f"{slot.guard_type} {slot.source}".strip(), set()).add(verdict)
         out["guards"] = {key: ", ".join(sorted(values)) for key, values in verdicts.items()}
     meta = artifact.python_code.metadata
     if isinstance(meta, DynamoMetadata):

@@ -79,12 +79,20 @@ def dynamo_guards(meta: DynamoMetadata) -> Guards:
             if not guard_type.isupper():  # a shape guard: an expression over the inputs' sizes
                 guard_type, source = "SHAPE_ENV", check
             slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept"))
+        # Artifacts since per-variant accounting also say which slots each variant does not check.
+        for check in variant.dropped:
+            slot = tuple(check.partition(" ")[::2])
+            slots.append(GuardSlot(guard_type=slot[0], source=slot[1], check=rendered.get(slot, ""), risky=slot in risky,
+                                   status="risky_dropped" if slot in risky else "dropped"))
+        for check in variant.policy_dropped:
+            slot = tuple(check.partition(" ")[::2])
+            slots.append(GuardSlot(guard_type=slot[0], source=slot[1], status="policy_dropped", check=rendered.get(slot, "")))
         frames.append(FrameGuards(frame=variant.frame, variant=variant.variant, slots=tuple(slots)))
     return Guards(
         tracer="dynamo",
         has_guards=True,
         headline=str(summary),
-        not_checked=tuple(f"{slot.guard_type} {slot.source}{' (RISKY)' if slot.risky else ''}" for slot in dropped)
+        not_checked=tuple(f"{slot.guard_type} {slot.source}".strip() + (" (RISKY)" if slot.risky else "") for slot in dropped)
         or ("nothing: every guard Dynamo produced is checked",),
         frames=tuple(frames),
     )

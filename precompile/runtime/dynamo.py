@@ -12,39 +12,31 @@ import functools
 import hashlib
 import logging
 import pickle
-import re
 import sys
 import threading
 import types
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from precompile.codegen.models import SubgraphSection
 from precompile.codegen.render import render_dynamo
 from precompile.errors import PrecompileError
 from precompile.runtime import kernels
 from precompile.runtime.tracers import DynamoTracer
 from precompile.runtime.build import cache_for, qualified_name
+from precompile.runtime.dynamo_logs import BackendFallbackLog, TruncationLog
+from precompile.runtime.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
+from precompile.runtime.lowering import lower_eager
+from precompile.runtime.subgraphs import AtenRecorder, split_sources
 from precompile.schema.codec import build_bundle
 from precompile.schema.envelope import FORMAT_VERSION
-from precompile.schema.metadata import DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
+from precompile.schema.metadata import CompiledSubgraph, DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
 from precompile.schema.summary import PrecompileSummary
 
 log = logging.getLogger("precompile")
-
-# Guard types the serializer refuses, alone or as a type a guard's check derives (the default filter).
-UNSERIALIZABLE = frozenset({"ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION"})
-
-_LOCAL = re.compile(r"L\['([^']+)'\]")
 _active = threading.Lock()
-
-
-def slot_source(name: str) -> str:
-    """A guard's source with the local scope stripped: L['self'].act -> self.act; G[...] unchanged."""
-    return _LOCAL.sub(r"\1", name)
-
 
 def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
     """A Dynamo artifact rebuilds fn from its code object: fn must be a module-level function."""
@@ -73,102 +65,6 @@ def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
         )
 
 
-@dataclass
-class _GuardLedger:
-    """Every guard Dynamo offered the filter, as (type, source) slots with their verdicts.
-
-    A dropped slot is risky when a custom filter dropped what the default keeps, or when it held
-    different values across the compiles that dropped it (it told captured variants apart).
-    """
-
-    user_filter: Callable | None
-    kept: set = field(default_factory=set)
-    dropped: set = field(default_factory=set)
-    risky: set = field(default_factory=set)
-    values: dict = field(default_factory=dict)
-    rendered: dict = field(default_factory=dict)
-
-    def __call__(self, entries):
-        default = [not (UNSERIALIZABLE & {e.guard_type, *e.derived_guard_types}) for e in entries]
-        wanted = list(self.user_filter(entries)) if self.user_filter is not None else default
-        if len(wanted) != len(entries):
-            raise PrecompileError(f"guard_filter_fn returned {len(wanted)} flags for {len(entries)} guards; return one per guard")
-        verdicts = []
-        for entry, by_default, by_user in zip(entries, default, wanted):
-            keep = bool(by_default and by_user)
-            slot = (entry.guard_type, slot_source(entry.name))
-            (self.kept if keep else self.dropped).add(slot)
-            if by_default and not by_user:
-                self.risky.add(slot)  # a custom filter dropped what the default keeps
-            if not keep:
-                value = _value_key(entry)
-                if value is not None:
-                    seen = self.values.setdefault(slot, set())
-                    seen.add(value)
-                    if len(seen) > 1:
-                        self.risky.add(slot)
-                code = getattr(entry.orig_guard, "code_list", None)
-                if code and slot not in self.rendered:
-                    self.rendered[slot] = _PROCESS_ID.sub("<id>", " ; ".join(dict.fromkeys(code)))
-            verdicts.append(keep)
-        return verdicts
-
-
-_PROCESS_ID = re.compile(r"\b\d{9,}\b")
-_IDENTITY_GUARDS = frozenset({"ID_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "BUILTIN_MATCH", "FUNCTION_MATCH", "NN_MODULE"})
-
-
-def _value_key(entry) -> str | None:
-    """What a dropped guard pinned, comparable across compiles; None where the value is data (tensors)."""
-    if not entry.has_value or isinstance(entry.value, torch.Tensor):
-        return None
-    if entry.guard_type in _IDENTITY_GUARDS:
-        return f"id {id(entry.value)}"
-    try:
-        return repr(entry.value)
-    except Exception:  # noqa: BLE001 - an object whose repr fails still counts as one value
-        return f"<{type(entry.value).__name__} {id(entry.value)}>"
-
-
-class _TruncationLog(logging.Handler):
-    """Records the frames Dynamo stopped recompiling at recompile_limit (it logs a warning for each)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.frames: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if not str(record.msg).startswith("torch._dynamo hit config.") or len(record.args or ()) < 3:
-            return
-        match = re.match(r"'(.+)' \((.+):(\d+)\)", str(record.args[2]))
-        if match is not None:
-            name, filename, line = match.groups()
-            frame = f"{name} ({Path(filename).name}:{line})"
-            if frame not in self.frames:
-                self.frames.append(frame)
-
-
-# Kept guards that pin a value rather than a type or a shape.
-_PINNING = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "CONSTANT_SUBCLASS_MATCH", "COUNT_ITERATOR_MATCH", "RANGE_ITERATOR_MATCH"})
-
-
-def wont_generalize(guards: list[VariantGuards]) -> tuple[str, ...]:
-    """Bare argument names some variant pins to a value while no variant of that frame guards them
-    without pinning: as captured, no variant serves another value of them."""
-    by_frame: dict[str, list[tuple[set, set]]] = {}
-    for variant in guards:
-        slots = [check.partition(" ")[::2] for check in variant.checks]
-        pinned = {src for kind, src in slots if kind in _PINNING and src and "." not in src and "[" not in src}
-        by_frame.setdefault(variant.frame, []).append((pinned, {src for _, src in slots}))
-    found = set()
-    for variants in by_frame.values():
-        for pinned, _ in variants:
-            for source in pinned:
-                if all(source in other_pinned for other_pinned, other_guarded in variants if source in other_guarded):
-                    found.add(source)
-    return tuple(sorted(found))
-
-
 class DynamoSession:
     """One DynamoTracer capture: calls run compiled and are recorded; `build()` renders the pair."""
 
@@ -181,8 +77,9 @@ class DynamoSession:
         self.calls = 0
         self.errors: list[str] = []
         self._stack = contextlib.ExitStack()
-        self._ledger = _GuardLedger(tracer.guard_filter_fn)
-        self._truncation = _TruncationLog()
+        self._ledger = GuardLedger(tracer.guard_filter_fn)
+        self._truncation = TruncationLog()
+        self._fallbacks = BackendFallbackLog()
 
     def __enter__(self) -> DynamoSession:
         from torch._dynamo.package import CompilePackage
@@ -196,6 +93,9 @@ class DynamoSession:
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
         dynamo_log.addHandler(self._truncation)
         self._stack.callback(dynamo_log.removeHandler, self._truncation)
+        graph_break_log = logging.getLogger("torch._dynamo.exc")
+        graph_break_log.addHandler(self._fallbacks)
+        self._stack.callback(graph_break_log.removeHandler, self._fallbacks)
         self._stack.enter_context(
             torch._functorch.config.patch(force_non_lazy_backward_lowering=True, bundled_autograd_cache=True)
         )
@@ -204,8 +104,10 @@ class DynamoSession:
         torch._dynamo.reset()
         PrecompileContext.clear()
         self.package = CompilePackage(self.fn)
+        self._recorder = AtenRecorder() if self.backend == "eager" else None
         self.compiled = torch._dynamo.optimize(
-            backend=self.backend, package=self.package, guard_filter_fn=self._ledger, dynamic=self.tracer.dynamic
+            backend=self._recorder or self.backend, package=self.package, guard_filter_fn=self._ledger,
+            dynamic=self.tracer.dynamic,
         )(self.fn)
         return self
 
@@ -217,45 +119,51 @@ class DynamoSession:
         try:
             return self.compiled(*args, **kwargs)
         except Exception as exc:
-            message = f"{type(exc).__name__}: {exc}"
+            # A refusal of ours from inside the backend reaches the caller as itself, not wrapped
+            # in Dynamo's BackendCompilerFailed.
+            refusal = getattr(exc, "inner_exception", None)
+            shown = refusal if isinstance(refusal, PrecompileError) else exc
+            message = f"{type(shown).__name__}: {shown}"
             if message not in self.errors:
                 self.errors.append(message)
+            if shown is not exc:
+                raise shown from None
             raise
 
     # -- rendering -------------------------------------------------------------------------------
     def summary(self) -> PrecompileSummary:
-        entry, frames, guards, backends = self._collect()
-        return self._summary(entry, frames, backends, guards)
+        entry, frames, guards, backends, slots = self._collect()
+        return self._summary(entry, frames, backends, guards, slots)
 
     def _collect(self):
-        from torch._dynamo.package import load_guards_state
         from torch._dynamo.precompile_context import PrecompileContext
 
         entry = self.package.cache_entry()
         backends, frames, guards = {}, [], []
+        slots = SlotLists()
+        taken: set = set()
         for code in entry.codes:
             for backend_id in code.backend_ids:
-                artifact = PrecompileContext.serialize_artifact_by_key(backend_id)
-                if artifact is None:
+                if self._recorder is not None:
+                    compiled = self._recorder.recorded(self.package.cached_backends.get(backend_id))
+                else:
+                    compiled = PrecompileContext.serialize_artifact_by_key(backend_id)
+                if compiled is None:
                     code.bypassed = True
                 else:
-                    backends[backend_id] = artifact
+                    backends[backend_id] = (code.python_code.co_name, compiled)
             frames.append(
                 DynamoFrame(
                     name=code.python_code.co_name, module=code.python_module, variants=len(code.guarded_codes),
                     resume_names=tuple(code.function_names) if code.install_to_global else (), bypassed=code.bypassed,
                 )
             )
-            for index, guarded in enumerate(code.guarded_codes):
-                state = load_guards_state(guarded.guards_state)
-                checks = sorted({f"{g.create_fn_name()} {slot_source(g.name)}".strip() for g in state.output_graph.guards})
-                exprs = tuple(slot_source(e) for e in state.shape_code_parts.python_code_parts.exprs)
-                guards.append(VariantGuards(frame=code.python_code.co_name, variant=index, checks=(*checks, *exprs)))
-        return entry, frames, guards, backends
+            guards += account_frame(code, self._ledger, slots, taken)
+        return entry, frames, guards, backends, slots
 
     def build(self) -> tuple[bytes, bytes]:
-        entry, frames, guards, backends = self._collect()
-        summary = self._summary(entry, frames, backends, guards)
+        entry, frames, guards, backends, slots = self._collect()
+        summary = self._summary(entry, frames, backends, guards, slots)
         self._gate(summary)
         unreachable = [f"{f.name} ({f.module})" for f in frames[1:] if not f.resume_names and f.variants]
         if unreachable:
@@ -264,6 +172,7 @@ class DynamoSession:
                 "break inside a child module's forward); a standalone artifact cannot serve them and the installed "
                 "serving mode is not implemented yet. Remove the graph break there, or capture with MakeFxTracer"
             )
+        sections, subgraphs, pickled_backends = self._subgraphs(backends)
         metadata = DynamoMetadata(
             format_version=FORMAT_VERSION,
             backend=self.backend,
@@ -278,20 +187,55 @@ class DynamoSession:
                 InlinedSource(module=s.module, first_line=s.firstlineno, last_line=s.lastlineno, sha256=s.checksum)
                 for s in sorted(entry.source_info.inlined_sources, key=lambda s: (s.module, s.firstlineno, s.lastlineno))
             ),
+            subgraphs=tuple(subgraphs),
         )
         state = pickle.dumps(
-            {"codes": entry.codes, "backends": backends, "defaults": self.fn.__defaults__, "kwdefaults": self.fn.__kwdefaults__}
+            {"codes": entry.codes, "backends": pickled_backends, "defaults": self.fn.__defaults__,
+             "kwdefaults": self.fn.__kwdefaults__}
         )
-        source = render_dynamo(metadata, base64.b64encode(state).decode("ascii"), hashlib.sha256(state).hexdigest(), len(state))
+        source = render_dynamo(
+            metadata, sections, base64.b64encode(state).decode("ascii"), hashlib.sha256(state).hexdigest(), len(state)
+        )
         python_code = source.encode("utf-8")
-        bundle, payload = build_bundle(
-            kernels.collect_files(self.cache_dir), kernels.producer_keys(self.commands, self.cache_dir)
-        )
+        bundle, payload = None, b""  # the eager backend has no kernels: the cache carries no bundle
+        if self.backend == "inductor":
+            bundle, payload = build_bundle(
+                kernels.collect_files(self.cache_dir), kernels.producer_keys(self.commands, self.cache_dir)
+            )
         log.info("rendered a Dynamo artifact: %d frames, %d variants, %d bytes", len(frames), len(guards), len(python_code))
         return python_code, cache_for(python_code, backend=self.backend, tracer="dynamo", bundle=bundle, payload=payload)
 
-    def _summary(self, entry, frames: list[DynamoFrame], backends: dict, guards: list[VariantGuards]) -> PrecompileSummary:
-        kept, dropped = self._ledger.kept, self._ledger.dropped
+    def _subgraphs(self, backends: dict) -> tuple[list[SubgraphSection], list[CompiledSubgraph], dict]:
+        """Each compiled graph's lowered source as a python_code section, and what stays opaque."""
+        sections, subgraphs, pickled = [], [], {}
+        for index, (backend_id, (frame, compiled)) in enumerate(backends.items()):
+            name = f"graph_{index}"
+            where = f"{name}, compiled in frame {frame!r}"
+            if self._recorder is not None:
+                source = lower_eager(compiled.aten, entry=name).source
+                sections.append(SubgraphSection(
+                    title=f"Subgraph {where}: ATen ops, run as they are (autograd flows through them)",
+                    name=name, source=source, runs_in_place=True,
+                ))
+                subgraphs.append(CompiledSubgraph(backend_id=backend_id, frame=frame, forward=name))
+                continue
+            stripped, sources = split_sources(compiled)
+            pickled[backend_id] = stripped
+            names = {part: f"{name}_{part}" for part in sources}
+            for part, text in sources.items():
+                sections.append(SubgraphSection(
+                    title=f"Subgraph {where}: {part} output module (AOTAutograd + Inductor), loaded as written here",
+                    name=names[part], source="\n" + text.strip("\n") + "\n", runs_in_place=False,
+                ))
+            subgraphs.append(CompiledSubgraph(
+                backend_id=backend_id, frame=frame, forward=names["forward"], backward=names.get("backward", "")
+            ))
+        return sections, subgraphs, pickled
+
+    def _summary(self, entry, frames: list[DynamoFrame], backends: dict, guards: list[VariantGuards], slots: SlotLists) -> PrecompileSummary:
+        rendered = {slot: check for slot, check in self._ledger.rendered.items() if slot in slots.dropped}
+        for slot, check in slots.policy_code.items():
+            rendered.setdefault(slot, check)
         return PrecompileSummary(
             frames=len(frames),
             resume_functions=sum(1 for f in frames if f.resume_names),
@@ -304,12 +248,13 @@ class DynamoSession:
                 for code in entry.codes
                 if code.has_compile_id and not code.guarded_codes and not code.bypassed
             ),
-            dropped_guards=tuple(sorted(dropped)),
-            kept_guards=tuple(sorted(kept)),
-            risky_dropped_guards=tuple(sorted(self._ledger.risky)),
-            dropped_guard_code=tuple((t, src, check) for (t, src), check in sorted(self._ledger.rendered.items())),
+            dropped_guards=tuple(sorted(slots.dropped)),
+            kept_guards=tuple(sorted(slots.kept)),
+            risky_dropped_guards=tuple(sorted(self._ledger.risky & slots.dropped)),
+            policy_dropped_guards=tuple(sorted(slots.policy)),
+            dropped_guard_code=tuple((t, src, check) for (t, src), check in sorted(rendered.items())),
             wont_generalize=wont_generalize(guards),
-            capture_errors=tuple(self.errors),
+            capture_errors=tuple(dict.fromkeys((*self.errors, *self._fallbacks.errors))),
         )
 
     def _gate(self, summary: PrecompileSummary) -> None:
