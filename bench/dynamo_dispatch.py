@@ -4,7 +4,10 @@ The function has one graph break and several variants (two shapes and a float ar
 process captures it; another loads the artifact and compiles an identical function live, then
 times both per call on every variant, interleaved so machine noise hits them alike.
 
-    python bench/dynamo_dispatch.py
+    python bench/dynamo_dispatch.py [--backend inductor|eager]
+
+With --backend eager neither side compiles kernels (torch.compile runs its FX graphs, the artifact its
+rendered ATen functions), so the ratio is mostly what guard dispatch costs on each side.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from bench import dispatch_compiled, dispatch_served
 torch.manual_seed(0)
 model = torch.nn.Linear(64, 64)
 with torch.no_grad(), precompile.capture(dispatch_served.step, artifact_path=sys.argv[1] + "/d.py",
-                                         cache_path=sys.argv[1] + "/d.cache") as cap:
+                                         cache_path=sys.argv[1] + "/d.cache", backend=sys.argv[3]) as cap:
     for m, x, kw in {CALLS}:
         cap(m, x, **kw)
 """
@@ -37,7 +40,7 @@ from bench import dispatch_compiled, dispatch_served
 torch.manual_seed(0)
 model = torch.nn.Linear(64, 64)
 served = precompile.load(sys.argv[1] + "/d.py", sys.argv[1] + "/d.cache")
-compiled = torch.compile(dispatch_compiled.step)
+compiled = torch.compile(dispatch_compiled.step, backend=sys.argv[3])
 calls = {CALLS}
 results = {{}}
 with torch.no_grad():
@@ -57,12 +60,18 @@ print(json.dumps(results))
 
 
 def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("inductor", "eager"), default="inductor")
+    backend = parser.parse_args().backend
     with tempfile.TemporaryDirectory(prefix="precompile-dispatch-") as work:
-        subprocess.run([sys.executable, "-c", CAPTURE, work, str(ROOT)], check=True, capture_output=True)
-        proc = subprocess.run([sys.executable, "-c", MEASURE, work, str(ROOT)], capture_output=True, text=True)
+        subprocess.run([sys.executable, "-c", CAPTURE, work, str(ROOT), backend], check=True, capture_output=True)
+        proc = subprocess.run([sys.executable, "-c", MEASURE, work, str(ROOT), backend], capture_output=True, text=True)
         if proc.returncode != 0:
             sys.exit(proc.stderr[-3000:])
     results = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"backend={backend}")
     print(f"{'call':<12}{'torch.compile us':>18}{'precompile us':>16}{'ratio':>8}")
     for name, row in results.items():
         ratio = row["precompile"] / row["torch.compile"]

@@ -42,3 +42,7 @@ class BreakingBlock(torch.nn.Module):
 
 def calls_child(model, x):
     return model(x) + 1
+
+
+def adds_a_constant(x):
+    return x + torch.tensor([1.0, 2.0])

@@ -14,10 +14,11 @@ from conftest import fresh_json, run_fresh
 from precompile import PrecompileError
 
 
-def _capture(directory, name, fn, calls, tracer=None, grad=False):
+def _capture(directory, name, fn, calls, tracer=None, grad=False, backend="eager"):
+    """The eager backend unless a test is about Inductor: it compiles nothing, so it is fast."""
     artifact, cache = directory / f"{name}.py", directory / f"{name}.cache"
     with torch.set_grad_enabled(grad), precompile.capture(
-        fn, artifact_path=artifact, cache_path=cache, tracer=tracer or precompile.DynamoTracer()
+        fn, artifact_path=artifact, cache_path=cache, tracer=tracer or precompile.DynamoTracer(), backend=backend
     ) as cap:
         for args, kwargs in calls:
             cap(*args, **kwargs)
@@ -35,9 +36,10 @@ def dynamo_pairs(tmp_path_factory):
     directory = tmp_path_factory.mktemp("dynamo")
     model = _model()
     x4, x6 = torch.ones(4, 8), torch.ones(6, 8)
+    break_calls = [((model, x4), {}), ((model, x4), {"scale": 3.0}), ((model, x6), {})]
     pairs = {
-        "break": _capture(directory, "break", dynamo_cases.break_and_scale,
-                          [((model, x4), {}), ((model, x4), {"scale": 3.0}), ((model, x6), {})]),
+        "break": _capture(directory, "break", dynamo_cases.break_and_scale, break_calls, backend="inductor"),
+        "break_eager": _capture(directory, "break_eager", dynamo_cases.break_and_scale, break_calls),
         "global": _capture(directory, "global", dynamo_cases.uses_global, [((x4,), {})]),
         "keywords": _capture(directory, "keywords", dynamo_cases.keyword_step,
                              [((x4,), {}), ((x4,), {"bias": torch.ones(8), "alpha": 2.0})]),
@@ -61,6 +63,15 @@ with precompile.no_compilation():
         with torch.no_grad():
             checks.append(torch.allclose(served(model, x, **kw), dc.break_and_scale(model, x, **kw), atol=1e-5))
     report["break"] = checks
+    with torch.no_grad(), torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
+        # the invariance policy took the saved-tensors-hooks check out of every variant
+        report["hooks"] = torch.allclose(served(model, torch.ones(4, 8)), dc.break_and_scale(model, torch.ones(4, 8)))
+    eager_backend = load("break_eager")
+    with torch.no_grad():
+        report["break_eager"] = [
+            torch.allclose(eager_backend(model, x, **kw), dc.break_and_scale(model, x, **kw), atol=1e-5)
+            for x, kw in [(torch.ones(4, 8), {}), (torch.ones(4, 8), {"scale": 3.0}), (torch.ones(9, 8), {})]
+        ]
     try:
         with torch.no_grad():
             served(model, torch.ones(4, 8).double())
@@ -92,6 +103,8 @@ def test_fresh_process_serves_every_variant_and_misses_clearly(dynamo_pairs, tmp
     directory, _ = dynamo_pairs
     report = fresh_json(SERVE, str(directory), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty")})
     assert report["break"] == [True, True, True, True]  # x9 is served by the dynamic-shape variant
+    assert report["break_eager"] == [True, True, True]
+    assert report["hooks"] is True
     assert "no captured variant of 'break_and_scale' covers this call (2 captured)" in report["dtype miss"]
     assert "dtype mismatch. expected Float, actual Double" in report["dtype miss"]
     assert "GLOBAL_STATE changed: grad_mode" in report["grad miss"]
@@ -182,8 +195,6 @@ def test_closures_nested_and_main_functions_are_refused(tmp_path):
     exec("def step(x):\n    return x\n", exec_namespace)
     with pytest.raises(PrecompileError, match="defined in __main__, which a serving process cannot import"):
         precompile.capture(exec_namespace["step"], **options)
-    with pytest.raises(PrecompileError, match="supports backend='inductor' only so far"):
-        precompile.capture(dynamo_cases.uses_global, backend="eager", **options)
 
 
 def test_two_dynamo_captures_may_not_overlap(tmp_path):
@@ -214,6 +225,38 @@ def test_a_graph_breaking_artifact_refuses_to_load_beside_a_live_compile(dynamo_
     proc = run_fresh(LOAD_BESIDE_LIVE_COMPILE, str(directory))
     assert proc.returncode == 0, proc.stderr
     assert "refused:" in proc.stdout and "load the artifact in a fresh process" in proc.stdout
+
+
+LIVE_COMPILE_AFTER_LOAD = r"""
+import json, re, sys, torch, precompile, dynamo_cases as dc
+from torch._dynamo import bytecode_transformation
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+x = torch.ones(4, 8)
+served = precompile.load(sys.argv[1] + "/break_eager.py", sys.argv[1] + "/break_eager.cache")
+seeded = [int(m.group(1)) for name in vars(dc) for m in [re.match(r"__(?:builtins_dict__|resume_at_\d+|compiled_fn)_(\d+)", name)] if m]
+# Dynamo numbers the globals it mints from one counter, and asserts a name is free before binding it.
+next_number = next(bytecode_transformation._unique_id_counter)
+with torch.no_grad():
+    live = torch.compile(dc.break_and_scale, backend="eager")(model, x * 2)  # mints continuations too
+    again = served(model, x)
+print(json.dumps({"seeded": len(seeded), "reserved": next_number > max(seeded),
+                  "live": torch.allclose(live, dc.break_and_scale(model, x * 2)),
+                  "served": torch.allclose(again, dc.break_and_scale(model, x))}))
+"""
+
+
+def test_a_live_compile_after_loading_never_mints_a_name_the_artifact_holds(dynamo_pairs):
+    directory, _ = dynamo_pairs
+    report = fresh_json(LIVE_COMPILE_AFTER_LOAD, str(directory))
+    assert report["seeded"] >= 3 and report["reserved"] is True
+    assert report["live"] is True and report["served"] is True
+
+
+def test_the_eager_backend_refuses_a_tensor_constant_with_a_remedy_and_writes_nothing(tmp_path):
+    with pytest.raises(PrecompileError, match=r"holds tensor constants .* pass the tensor as an argument"):
+        _capture(tmp_path, "constant", dynamo_cases.adds_a_constant, [((torch.ones(2),), {})])
+    assert not (tmp_path / "constant.py").exists() and not (tmp_path / "constant.cache").exists()
 
 
 def test_a_graph_break_inside_a_child_module_is_refused_with_the_frame_names(tmp_path):
@@ -270,14 +313,72 @@ print(json.dumps({"losses": losses, "grads": grads, "miss": miss}))
 """
 
 
-def test_a_training_step_serves_its_backward_and_accumulates_grads_like_eager(tmp_path):
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_a_training_step_serves_its_backward_and_accumulates_grads_like_eager(tmp_path, backend):
+    from precompile.schema.pair import read_python_code
+
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    _capture(tmp_path, "train", dynamo_cases.train_step, [((model, torch.ones(4, 8)), {})], grad=True)
+    artifact, _, _ = _capture(tmp_path, "train", dynamo_cases.train_step, [((model, torch.ones(4, 8)), {})],
+                              grad=True, backend=backend)
     report = fresh_json(TRAIN, str(tmp_path), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty")})
     assert all(abs(a - b) < 1e-6 for a, b in report["losses"])
     assert report["grads"] is True  # two calls: .grad accumulated twice, as eager
     assert "GLOBAL_STATE changed: grad_mode" in report["miss"]
+    subgraphs = read_python_code(artifact).metadata.subgraphs
+    # Inductor lowers the loss graph's backward into python_code beside its forward (the continuation
+    # after .backward() only detaches); eager's ATen ops carry autograd themselves.
+    assert [bool(graph.backward) for graph in subgraphs] == [backend == "inductor", False]
+
+
+SERVE_EDITED = r"""
+import json, sys, torch, precompile, dynamo_cases as dc
+artifact = sys.argv[1]
+source = open(artifact).read()
+edited = source
+for original, edit in zip(sys.argv[3::2], sys.argv[4::2]):
+    edited = edited.replace(original, edit)
+assert edited != source
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+x = torch.ones(4, 8)
+with torch.no_grad():
+    if sys.argv[2] == "as captured":
+        served = precompile.load(artifact, artifact[:-3] + ".cache")  # primes the kernel cache dir
+    else:
+        namespace = {"__file__": "edited.py"}
+        exec(compile(edited, "edited.py", "exec"), namespace)
+        served = namespace["forward"]
+    out = served(model, x)
+    try:  # another artifact of the same function cannot share this process
+        exec(compile(edited if sys.argv[2] == "as captured" else source, "other.py", "exec"), {"__file__": "other.py"})
+        refused = ""
+    except precompile.PrecompileError as exc:
+        refused = str(exc)
+print(json.dumps({"captured": torch.allclose(out, dc.break_and_scale(model, x)),
+                  "cos": torch.allclose(out, (model(x) * 2.0).cos()), "other artifact": refused}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "edits"),
+    [
+        ("break_eager", ["torch.ops.aten.sin.default", "torch.ops.aten.cos.default"]),
+        ("break", [".sin()", ".cos()", "std::sin(", "std::cos("]),
+    ],
+)
+def test_what_serves_is_the_subgraph_source_python_code_shows(dynamo_pairs, tmp_path, name, edits):
+    """Edit a subgraph's source in python_code (sin -> cos) and the edit is what runs, from a kernel
+    cache dir the unedited artifact warmed: nothing comes from a compile cache or the pickle."""
+    directory, _ = dynamo_pairs
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    artifact = str(directory / f"{name}.py")
+    captured = fresh_json(SERVE_EDITED, artifact, "as captured", *edits, env=env)
+    edited = fresh_json(SERVE_EDITED, artifact, "edited", *edits, env=env)
+    assert (captured["captured"], captured["cos"]) == (True, False)
+    assert (edited["captured"], edited["cos"]) == (False, True)
+    for report in (captured, edited):
+        assert "already binds" in report["other artifact"] and "load the artifact in a fresh process" in report["other artifact"]
 
 
 @pytest.mark.skipif(not torch.__version__.startswith("2.13."), reason="goldens are rendered by torch 2.13")
@@ -288,17 +389,20 @@ def test_readable_parts_of_a_dynamo_artifact_are_locked(dynamo_pairs, snapshot):
     from snapshot_extensions import PythonSourceSnapshot
 
     _, pairs = dynamo_pairs
-    source = pairs["break"][0].read_text(encoding="utf-8")
-    readable = re.sub(r"(# 2\. Opaque state: [^\n]*\n# =+\n)_dynamo_state = \(.*?\n\)\n", r"\1<opaque state elided>\n", source, flags=re.S)
+    source = pairs["break_eager"][0].read_text(encoding="utf-8")
+    readable = re.sub(r"(# \d+\. Opaque state: [^\n]*\n# =+\n)_dynamo_state = \(.*?\n\)\n", r"\1<opaque state elided>\n", source, flags=re.S)
     readable = re.sub(r"pickled \(\d+ bytes, sha256 [0-9a-f]{64}\)", "pickled (<size>, <sha256>)", readable)
-    assert "_dynamo_state" not in readable.split("# 3. Driver")[0]
+    # Dynamo mints a uuid per graph and numbers continuations from a process-wide counter.
+    readable = re.sub(r"__compiled_fn_\d+_[0-9a-f_]{36}", "__compiled_fn_<n>_<uuid>", readable)
+    readable = re.sub(r"(__resume_at_\d+)_\d+", r"\1_<n>", readable)
+    assert "_dynamo_state" not in readable.split("Driver: rebuilds")[0]
     assert readable == snapshot.use_extension(PythonSourceSnapshot)
 
 
 DYNAMIC = r"""
 import json, sys, torch, precompile, dynamo_cases as dc
 served = precompile.load(sys.argv[1] + "/dyn.py", sys.argv[1] + "/dyn.cache")
-with torch.no_grad():
+with torch.no_grad(), precompile.no_compilation():
     print(json.dumps([torch.allclose(served(torch.ones(n, 3)), dc.uses_global(torch.ones(n, 3))) for n in (2, 5, 40)]))
 """
 
@@ -345,11 +449,52 @@ def test_dropped_slots_carry_their_rendered_check_without_process_ids(dynamo_pai
     _, pairs = dynamo_pairs
     rendered = {(t, s): check for t, s, check in pairs["break"][2].dropped_guard_code}
     assert rendered[("MODULE_MATCH", "G['torch']")].startswith("___check_obj_id(G['torch'], <id>)")
-    assert set(rendered) <= set(pairs["break"][2].dropped_guards)
+    assert set(rendered) <= {*pairs["break"][2].dropped_guards, *pairs["break"][2].policy_dropped_guards}
+
+
+def test_guard_slots_are_accounted_per_variant_and_the_policy_drops_what_every_variant_held(dynamo_pairs):
+    from precompile.schema.pair import read_python_code
+
+    _, pairs = dynamo_pairs
+    summary = pairs["break"][2]
+    assert summary.policy_dropped_guards == (("AUTOGRAD_SAVED_TENSORS_HOOKS", ""),)
+    assert "1 policy-dropped guard" in str(summary)
+    assert ("AUTOGRAD_SAVED_TENSORS_HOOKS", "") not in summary.kept_guards
+    variants = read_python_code(pairs["break"][0]).metadata.guards
+    assert all(v.policy_dropped == ("AUTOGRAD_SAVED_TENSORS_HOOKS",) for v in variants)
+    assert not any(check.startswith("AUTOGRAD_SAVED_TENSORS_HOOKS") for v in variants for check in v.checks)
+    entry = [v for v in variants if v.frame == "break_and_scale"]
+    resume = [v for v in variants if v.frame != "break_and_scale"]
+    # The entry looked up torch._dynamo.graph_break; the continuation never touched the torch module.
+    assert all("MODULE_MATCH G['torch']" in v.dropped for v in entry)
+    assert not any("MODULE_MATCH G['torch']" in v.dropped for v in resume)
+
+
+def test_precompile_guards_lists_what_each_variant_does_not_check(dynamo_pairs, capsys):
+    from precompile.cli import main
+
+    directory, _ = dynamo_pairs
+    assert main(["--color", "never", "guards", str(directory / "break_eager"), "--frame", "break_and_scale"]) == 0
+    out = capsys.readouterr().out
+    assert "frame break_and_scale variant 1: kept " in out
+    assert "  dropped        MODULE_MATCH     G['torch']  ___check_obj_id(G['torch'], <id>)" in out
+    assert "  policy_dropped AUTOGRAD_SAVED_TENSORS_HOOKS   torch._functorch.aot_autograd.utils.top_saved_tensors_hooks" in out
+    assert "  - AUTOGRAD_SAVED_TENSORS_HOOKS\n" in out  # under "NOT checked"
+
+
+def test_the_policy_drops_only_eligible_slots_identical_in_every_variant():
+    from precompile.runtime.guard_accounting import policy_drops
+
+    hooks, builtin, tensor = ("AUTOGRAD_SAVED_TENSORS_HOOKS", ""), ("BUILTIN_MATCH", "G['len']"), ("TENSOR_MATCH", "x")
+    assert policy_drops([{hooks: "none", tensor: "t"}, {hooks: "none", tensor: "t"}]) == {hooks}
+    assert policy_drops([{builtin: "id 1"}, {builtin: "id 2"}]) == set()  # told the variants apart
+    assert policy_drops([{builtin: "id 1"}, {}]) == set()  # not held by every variant
+    assert policy_drops([{tensor: "t"}]) == set()  # shape-bearing: never eligible
+    assert policy_drops([]) == set()
 
 
 def test_wont_generalize_lists_bare_names_only_ever_pinned():
-    from precompile.runtime.dynamo import wont_generalize
+    from precompile.runtime.guard_accounting import wont_generalize
     from precompile.schema.metadata import VariantGuards
 
     def variants(*checks):
