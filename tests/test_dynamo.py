@@ -114,6 +114,26 @@ def test_fresh_process_serves_every_variant_and_misses_clearly(dynamo_pairs, tmp
     assert "SCALE" in report["global miss"]
 
 
+WITHOUT_CACHE = r"""
+import json, sys, warnings, torch, precompile, dynamo_cases as dc
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    served = precompile.load(sys.argv[1] + "/break.py", sys.argv[1] + "/no-such.cache")
+with torch.no_grad(), precompile.no_compilation():  # C++ kernel builds are not gated; Dynamo/Inductor are
+    close = [torch.allclose(served(model, torch.ones(n, 8)), dc.break_and_scale(model, torch.ones(n, 8))) for n in (4, 9)]
+print(json.dumps({"close": close, "warnings": [str(w.message) for w in caught if w.category is precompile.PrecompileWarning]}))
+"""
+
+
+def test_an_inductor_dynamo_artifact_serves_without_its_cache_from_python_code_alone(dynamo_pairs, tmp_path):
+    directory, _ = dynamo_pairs
+    report = fresh_json(WITHOUT_CACHE, str(directory), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty")})
+    assert report["close"] == [True, True]
+    assert len(report["warnings"]) == 1 and report["warnings"][0].startswith("ignoring the cache:")
+
+
 def test_summaries_of_real_captures(dynamo_pairs):
     _, pairs = dynamo_pairs
     summary = pairs["break"][2]
@@ -195,6 +215,20 @@ def test_closures_nested_and_main_functions_are_refused(tmp_path):
     exec("def step(x):\n    return x\n", exec_namespace)
     with pytest.raises(PrecompileError, match="defined in __main__, which a serving process cannot import"):
         precompile.capture(exec_namespace["step"], **options)
+
+
+def test_nothing_else_compiled_in_the_block_leaks_into_the_artifact(tmp_path):
+    from precompile.schema.pair import read_python_code
+
+    other = torch.compile(dynamo_cases.keyword_step, backend="eager")
+    with torch.no_grad(), precompile.capture(dynamo_cases.uses_global, artifact_path=tmp_path / "m.py",
+                                             cache_path=tmp_path / "m.cache", backend="eager") as cap:
+        other(torch.ones(3))
+        cap(torch.ones(3))
+        other(torch.ones(5), alpha=3.0)
+    meta = read_python_code(tmp_path / "m.py").metadata
+    assert [frame.name for frame in meta.frames] == ["uses_global"]
+    assert {graph.frame for graph in meta.subgraphs} == {"uses_global"} and meta.summary.backend_graphs == 1
 
 
 def test_two_dynamo_captures_may_not_overlap(tmp_path):
@@ -432,14 +466,20 @@ def _fixture_copy(tmp_path, replace=None):
     return tmp_path / "rows.py", tmp_path / "absent.cache"
 
 
-def test_loading_on_another_python_or_without_the_captured_module_is_refused(tmp_path):
+def test_loading_on_another_python_or_torch_or_without_the_captured_module_is_refused(tmp_path):
     import warnings
 
     artifact, cache = _fixture_copy(tmp_path, ("PYTHON_VERSION = (3, 11)", "PYTHON_VERSION = (3, 10)"))
     with warnings.catch_warnings(), pytest.raises(PrecompileError, match=r"captured on Python 3.10 and this is Python 3.11"):
         warnings.simplefilter("ignore", precompile.PrecompileWarning)
         precompile.load(artifact, cache)
-    artifact, cache = _fixture_copy(tmp_path)
+    artifact, cache = _fixture_copy(tmp_path, ("TORCH_VERSION = '2.13.0+cpu'", "TORCH_VERSION = '2.12.1+cu126'"))
+    with warnings.catch_warnings(), pytest.raises(
+        PrecompileError, match=r"captured with torch 2\.12\.1\+cu126 and this is torch .*serve it with that torch"
+    ):
+        warnings.simplefilter("ignore", precompile.PrecompileWarning)
+        precompile.load(artifact, cache)
+    artifact, cache = _fixture_copy(tmp_path, ("TORCH_VERSION = '2.13.0+cpu'", f"TORCH_VERSION = {torch.__version__!r}"))
     with warnings.catch_warnings(), pytest.raises(PrecompileError, match=r"module 'dynamo_models', which cannot be imported here"):
         warnings.simplefilter("ignore", precompile.PrecompileWarning)
         precompile.load(artifact, cache)

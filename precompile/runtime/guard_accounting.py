@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import sys
+import types
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -78,15 +79,21 @@ class GuardLedger:
                 if code and slot not in self.rendered:
                     self.rendered[slot] = render_check(code)
             verdicts.append(keep)
-        # Dynamo calls the filter from the guard builder of the code it compiles (a local named f_code).
+        # Dynamo calls the filter from the guard builder of the code it compiles (torch 2.13: a local
+        # named f_code); the frame names which code's variant these verdicts belong to.
         compiled_code = sys._getframe(1).f_locals.get("f_code")
+        if not isinstance(compiled_code, types.CodeType):
+            compiled_code = None
         self.compiles.append(_Compile(code=code_key(compiled_code), kept=frozenset(kept), dropped=tuple(dropped)))
         return verdicts
 
     def dropped_by(self, code: tuple, kept: set, taken: set) -> tuple | None:
-        """The slots the filter dropped in the compile of `code` that kept exactly `kept` (once each)."""
+        """The slots the filter dropped in the compile of `code` that kept exactly `kept` (once each).
+
+        A compile whose code the filter could not see (another torch's guard builder) matches any code.
+        """
         for index, record in enumerate(self.compiles):
-            if index not in taken and record.code == code and record.kept == kept:
+            if index not in taken and record.code in (code, None) and record.kept == kept:
                 taken.add(index)
                 return record.dropped
         return None
