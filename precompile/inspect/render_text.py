@@ -118,11 +118,22 @@ def render_show(report: ShowReport) -> list[Line]:
             resume = f", called as {', '.join(frame.resume_names)}" if frame.resume_names else " (entry)"
             lines.append((f"  {frame.name} in {frame.module}: {frame.variants} variants{resume}"
                           + (" BYPASSED" if frame.bypassed else ""), BAD if frame.bypassed else None))
+        lines.extend(_subgraphs(meta))
         lines.append((f"summary: {meta.summary}", None if meta.summary.complete else WARN))
     elif meta is not None:
         lines.append((f"frames: 1 ({meta.fn_name}, one captured graph, no guards)", None))
     for problem in report.problems:
         lines.append((f"problem: {problem}", BAD))
+    return lines
+
+
+def _subgraphs(meta: DynamoMetadata) -> list[Line]:
+    if not meta.subgraphs:
+        return [("subgraphs: inside the opaque state (written before subgraphs became readable source)", None)]
+    lines: list[Line] = [(f"subgraphs: {len(meta.subgraphs)}, readable source in python_code", None)]
+    for graph in meta.subgraphs:
+        parts = ", ".join(f"{part} {name}" for part, name in (("forward", graph.forward), ("backward", graph.backward)) if name)
+        lines.append((f"  {graph.backend_id} (frame {graph.frame}): {parts}", None))
     return lines
 
 
