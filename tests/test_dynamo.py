@@ -134,6 +134,23 @@ def test_an_inductor_dynamo_artifact_serves_without_its_cache_from_python_code_a
     assert len(report["warnings"]) == 1 and report["warnings"][0].startswith("ignoring the cache:")
 
 
+def test_extract_writes_each_inductor_output_module_as_its_own_file(dynamo_pairs, tmp_path, capsys):
+    import ast
+
+    from precompile.cli import main
+    from precompile.schema.pair import read_python_code
+
+    directory, pairs = dynamo_pairs
+    assert main(["extract", str(directory / "break"), str(tmp_path / "out")]) == 0
+    capsys.readouterr()
+    meta = read_python_code(pairs["break"][0]).metadata
+    names = sorted(graph.forward for graph in meta.subgraphs)
+    assert sorted(p.stem for p in (tmp_path / "out/subgraphs").iterdir()) == names  # no grad: no backward modules
+    module = (tmp_path / "out/subgraphs" / f"{names[0]}.py").read_text()
+    assert "def call(self, args):" in module and "async_compile.wait(globals())" in module
+    ast.parse(module)  # a module file, as Inductor wrote it
+
+
 def test_summaries_of_real_captures(dynamo_pairs):
     _, pairs = dynamo_pairs
     summary = pairs["break"][2]

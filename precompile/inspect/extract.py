@@ -1,12 +1,13 @@
 """Write an artifact's parts into a directory for other tools (git diff, difftastic, debuggers).
 
 Layout under DIR: `python_code/NN-<section>.py` (the captured graph is `NN-captured-graph.py`),
-`metadata.json`, `envelope.json`, and `bundle/<path>` for each kernel bundle file (hash-checked by
+`subgraphs/<name>.py` for each Inductor output module a Dynamo artifact holds as a string, `metadata.json`, `envelope.json`, and `bundle/<path>` for each kernel bundle file (hash-checked by
 `codec.decode_payload`); for an upstream torch.save cache, `cache/<member>` holds each zip member's
 raw bytes (nothing is unpickled). DIR must be new or empty; bundle paths that would escape it are refused.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import os
 import zipfile
@@ -51,6 +52,22 @@ def _zip_members(path: str, problems: list[str]) -> list[tuple[str, bytes, str]]
     return planned
 
 
+def _subgraph_modules(metadata, source: str) -> list[tuple[str, bytes, str]]:
+    """A Dynamo artifact's Inductor output modules, each as the file it is (python_code holds them as
+    string literals): `subgraphs/<name>.py`. Read with ast, never executed."""
+    names = {name for graph in getattr(metadata, "subgraphs", ()) for name in (graph.forward, graph.backward) if name}
+    if not names:
+        return []
+    modules = []
+    for node in ast.parse(source).body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in names and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            name = node.targets[0].id
+            modules.append((f"subgraphs/{name}.py", node.value.value.lstrip("\n").encode("utf-8", "surrogatepass"),
+                            f"output module {name} of a compiled subgraph"))
+    return modules
+
+
 def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractReport:
     root = Path(directory)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
@@ -65,6 +82,7 @@ def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractRe
     if source is not None:
         for section, text in split_sections(source):
             planned.append((f"python_code/{section.index:02d}-{section.slug}.py", text.encode("utf-8", "surrogatepass"), f"python_code section {section.title}"))
+        planned.extend(_subgraph_modules(artifact.python_code.metadata, source))
     if artifact.python_code.metadata is not None:
         planned.append(("metadata.json", msgspec.json.format(msgspec.json.encode(artifact.python_code.metadata), indent=2) + b"\n", "python_code metadata"))
     if artifact.python_code.problem:
