@@ -46,3 +46,12 @@ def calls_child(model, x):
 
 def adds_a_constant(x):
     return x + torch.tensor([1.0, 2.0])
+
+
+LIMITS = {"k": 3}
+
+
+def tail_in_python(x):
+    y = x.sin()
+    torch._dynamo.graph_break()
+    return y, LIMITS["k"] + 1  # nothing here for Dynamo to compile

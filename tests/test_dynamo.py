@@ -151,6 +151,30 @@ def test_extract_writes_each_inductor_output_module_as_its_own_file(dynamo_pairs
     ast.parse(module)  # a module file, as Inductor wrote it
 
 
+TAIL_IN_PYTHON = r"""
+import json, sys, torch, precompile, dynamo_cases as dc
+served = precompile.load(sys.argv[1] + "/tail.py", sys.argv[1] + "/tail.cache")
+with torch.no_grad(), precompile.no_compilation():
+    y, k = served(torch.ones(3))
+    dc.LIMITS["k"] = 10  # plain Python reads it live, as it did during capture
+    _, k_after = served(torch.ones(3))
+print(json.dumps({"y": torch.allclose(y, torch.ones(3).sin()), "k": [k, k_after]}))
+"""
+
+
+def test_a_continuation_that_compiled_nothing_runs_as_plain_python(tmp_path, capsys):
+    from precompile.cli import main
+    from precompile.schema.pair import read_python_code
+
+    artifact, _, summary = _capture(tmp_path, "tail", dynamo_cases.tail_in_python, [((torch.ones(3),), {})])
+    assert summary.complete and summary.frames == 2 and summary.guarded_codes == 1 and not summary.uncovered_frames
+    frames = read_python_code(artifact).metadata.frames
+    assert [(f.variants, f.runs_as_python) for f in frames] == [(1, False), (0, True)]
+    assert fresh_json(TAIL_IN_PYTHON, str(tmp_path)) == {"y": True, "k": [4, 11]}
+    assert main(["--color", "never", "show", str(tmp_path / "tail")]) == 0
+    assert "runs as plain Python (compiled nothing), called as __resume_at_" in capsys.readouterr().out
+
+
 def test_summaries_of_real_captures(dynamo_pairs):
     _, pairs = dynamo_pairs
     summary = pairs["break"][2]

@@ -116,7 +116,8 @@ def render_show(report: ShowReport) -> list[Line]:
         lines.append((f"frames: {len(meta.frames)}", None))
         for frame in meta.frames:
             resume = f", called as {', '.join(frame.resume_names)}" if frame.resume_names else " (entry)"
-            lines.append((f"  {frame.name} in {frame.module}: {frame.variants} variants{resume}"
+            served = "runs as plain Python (compiled nothing)" if frame.runs_as_python else f"{frame.variants} variants"
+            lines.append((f"  {frame.name} in {frame.module}: {served}{resume}"
                           + (" BYPASSED" if frame.bypassed else ""), BAD if frame.bypassed else None))
         lines.extend(_subgraphs(meta))
         lines.append((f"summary: {meta.summary}", None if meta.summary.complete else WARN))

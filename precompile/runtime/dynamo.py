@@ -65,6 +65,14 @@ def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
         )
 
 
+def runs_as_python(code, continuations: set) -> bool:
+    """Whether a package frame is a graph-break continuation that compiled no graph and calls no
+    further continuation, so its original bytecode serves it with nothing compiled given up."""
+    if not code.install_to_global or code.backend_ids:
+        return False
+    return not any(continuations & set(guarded.dynamo_code.co_names) for guarded in code.guarded_codes)
+
+
 class DynamoSession:
     """One DynamoTracer capture: calls run compiled and are recorded; `build()` renders the pair."""
 
@@ -88,7 +96,8 @@ class DynamoSession:
         if not _active.acquire(blocking=False):
             raise PrecompileError("another DynamoTracer capture is active in this process; do not overlap them")
         self._stack.callback(_active.release)
-        self.cache_dir, self.commands = self._stack.enter_context(kernels.private_inductor_cache())
+        if self.backend == "inductor":  # the eager backend builds no kernels
+            self.cache_dir, self.commands = self._stack.enter_context(kernels.private_inductor_cache())
         self._stack.enter_context(torch._dynamo.config.patch(recompile_limit=self.tracer.recompile_limit))
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
         dynamo_log.addHandler(self._truncation)
@@ -142,7 +151,16 @@ class DynamoSession:
         backends, frames, guards = {}, [], []
         slots = SlotLists()
         taken: set = set()
-        for code in entry.codes:
+        continuations = {name for code in entry.codes if code.install_to_global for name in code.function_names}
+        for index, code in enumerate(entry.codes):
+            if index and runs_as_python(code, continuations):
+                # Nothing compiled here and nothing after it: served by its original bytecode, and its
+                # guards (which would only make calls miss) are left out of the artifact and the summary.
+                frames.append(DynamoFrame(
+                    name=code.python_code.co_name, module=code.python_module, variants=0,
+                    resume_names=tuple(code.function_names), runs_as_python=True,
+                ))
+                continue
             for backend_id in code.backend_ids:
                 if self._recorder is not None:
                     compiled = self._recorder.recorded(self.package.cached_backends.get(backend_id))
@@ -245,8 +263,8 @@ class DynamoSession:
             truncated=tuple(self._truncation.frames),
             uncovered_frames=tuple(
                 code.python_code.co_name
-                for code in entry.codes
-                if code.has_compile_id and not code.guarded_codes and not code.bypassed
+                for code, frame in zip(entry.codes, frames)
+                if code.has_compile_id and not code.guarded_codes and not code.bypassed and not frame.runs_as_python
             ),
             dropped_guards=tuple(sorted(slots.dropped)),
             kept_guards=tuple(sorted(slots.kept)),

@@ -100,6 +100,9 @@ class DynamoFrame(msgspec.Struct, frozen=True, kw_only=True):
     resume_names: tuple[str, ...] = ()
     """The global names Dynamo's transformed bytecode calls this continuation by (empty for the entry)."""
     bypassed: bool = False
+    runs_as_python: bool = False
+    """A continuation that compiled no graph and starts no further continuation: the artifact runs
+    its original bytecode, as the capture did, rather than through guarded variants (it has none)."""
 
 
 class VariantGuards(msgspec.Struct, frozen=True, kw_only=True):

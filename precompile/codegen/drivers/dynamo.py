@@ -106,12 +106,15 @@ def _slot_text(guard):
 class _Frame:
     """One captured code object: its variants and how to call it."""
 
-    def __init__(self, code, scope, defaults, kwdefaults, artifact, policy_dropped):
+    def __init__(self, code, scope, defaults, kwdefaults, artifact, policy_dropped, runs_as_python=False):
         from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
 
         self.name = code.python_code.co_name
         self.artifact = artifact
+        self.scope = scope
         self.original = SerializedCode.to_code_object(code.python_code)
+        # A continuation that compiled nothing runs as its original bytecode, as during capture.
+        self.runs_as_python = runs_as_python
         signature_fn = _types.FunctionType(self.original, {}, self.name, defaults)
         signature_fn.__kwdefaults__ = kwdefaults
         self.signature = _inspect.signature(signature_fn)
@@ -119,7 +122,7 @@ class _Frame:
         self.minted = []
         self.global_state_guards = []
         self.threads = torch.get_num_threads()
-        for index, guarded in enumerate(code.guarded_codes):
+        for index, guarded in enumerate(() if runs_as_python else code.guarded_codes):
             state = load_guards_state(guarded.guards_state)
             _drop_guards(state, policy_dropped.get(index, ()))
             self.global_state_guards.append(state.output_graph.global_state_guard)
@@ -146,6 +149,8 @@ class _Frame:
         return lambda *args, **kwargs: self.call(closure, args, kwargs)
 
     def call(self, closure, args, kwargs):
+        if self.runs_as_python:
+            return _types.FunctionType(self.original, self.scope, self.name, None, closure)(*args, **kwargs)
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -253,7 +258,8 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
             for variant in metadata["GUARDS"] if variant["frame"] == code.python_code.co_name
         }
         frame = _Frame(code, scope, state["defaults"] if is_entry else None,
-                       state["kwdefaults"] if is_entry else None, artifact, policy_dropped)
+                       state["kwdefaults"] if is_entry else None, artifact, policy_dropped,
+                       metadata["FRAMES"][index].get("runs_as_python", False))
         if is_entry:
             entry = frame
         minted += [*code.backend_ids, *code.function_names, *frame.minted]

@@ -19,12 +19,18 @@ TORCH_VERSION = '2.13.0+cpu'
 PYTHON_VERSION = (3, 11)
 FN_NAME = 'dynamo_cases.break_and_scale'
 FN_MODULE = 'dynamo_cases'
-FRAMES = ({'name': 'break_and_scale', 'module': 'dynamo_cases', 'variants': 2, 'resume_names': (), 'bypassed': False},
+FRAMES = ({'name': 'break_and_scale',
+  'module': 'dynamo_cases',
+  'variants': 2,
+  'resume_names': (),
+  'bypassed': False,
+  'runs_as_python': False},
  {'name': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'module': 'dynamo_cases',
   'variants': 3,
   'resume_names': ('__resume_at_82_<n>', '__resume_at_82_<n>'),
-  'bypassed': False})
+  'bypassed': False,
+  'runs_as_python': False})
 GUARDS = ({'frame': 'break_and_scale',
   'variant': 0,
   'checks': ('DEFAULT_DEVICE',
@@ -407,12 +413,15 @@ def _slot_text(guard):
 class _Frame:
     """One captured code object: its variants and how to call it."""
 
-    def __init__(self, code, scope, defaults, kwdefaults, artifact, policy_dropped):
+    def __init__(self, code, scope, defaults, kwdefaults, artifact, policy_dropped, runs_as_python=False):
         from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
 
         self.name = code.python_code.co_name
         self.artifact = artifact
+        self.scope = scope
         self.original = SerializedCode.to_code_object(code.python_code)
+        # A continuation that compiled nothing runs as its original bytecode, as during capture.
+        self.runs_as_python = runs_as_python
         signature_fn = _types.FunctionType(self.original, {}, self.name, defaults)
         signature_fn.__kwdefaults__ = kwdefaults
         self.signature = _inspect.signature(signature_fn)
@@ -420,7 +429,7 @@ class _Frame:
         self.minted = []
         self.global_state_guards = []
         self.threads = torch.get_num_threads()
-        for index, guarded in enumerate(code.guarded_codes):
+        for index, guarded in enumerate(() if runs_as_python else code.guarded_codes):
             state = load_guards_state(guarded.guards_state)
             _drop_guards(state, policy_dropped.get(index, ()))
             self.global_state_guards.append(state.output_graph.global_state_guard)
@@ -447,6 +456,8 @@ class _Frame:
         return lambda *args, **kwargs: self.call(closure, args, kwargs)
 
     def call(self, closure, args, kwargs):
+        if self.runs_as_python:
+            return _types.FunctionType(self.original, self.scope, self.name, None, closure)(*args, **kwargs)
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as exc:
@@ -554,7 +565,8 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
             for variant in metadata["GUARDS"] if variant["frame"] == code.python_code.co_name
         }
         frame = _Frame(code, scope, state["defaults"] if is_entry else None,
-                       state["kwdefaults"] if is_entry else None, artifact, policy_dropped)
+                       state["kwdefaults"] if is_entry else None, artifact, policy_dropped,
+                       metadata["FRAMES"][index].get("runs_as_python", False))
         if is_entry:
             entry = frame
         minted += [*code.backend_ids, *code.function_names, *frame.minted]
