@@ -100,6 +100,13 @@ def test_an_interrupted_write_is_finished_by_load(pair, tmp_path):
     assert cache.read_bytes() == new_cache and not (tmp_path / "m.cache.pending").exists()
 
 
+def test_serve_time_compiles_are_refused_for_an_artifact_with_no_compiler_behind_it(pair):
+    artifact, cache = pair
+    with pytest.raises(PrecompileError, match=r"is a standalone artifact, which has no compiler behind it"):
+        precompile.load(artifact, cache, allow_serve_time_compiles=True)
+    assert precompile.load(artifact, cache, allow_serve_time_compiles=False) is not None
+
+
 def test_runnable_is_a_no_op_context_manager(pair):
     runnable = precompile.load(*pair)
     assert isinstance(runnable, precompile.PrecompiledRunnable) and runnable.installed is False

@@ -146,16 +146,26 @@ def _prime_kernels(cache) -> dict[str, str]:
         return {}
 
 
-def load(artifact_path: str | os.PathLike, cache_path: str | os.PathLike) -> PrecompiledRunnable:
+def load(
+    artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, allow_serve_time_compiles: bool = False
+) -> PrecompiledRunnable:
     """Reconstruct a runnable from the two files a precompile capture wrote.
 
     Both files are trusted, EXECUTABLE input. A cache that cannot be read, or is of another format or
     version, is ignored with a PrecompileWarning; a cache that belongs to another python_code (its
-    backend, tracer or code_hash differs) is a PrecompileError.
+    backend, tracer or code_hash differs) is a PrecompileError. `allow_serve_time_compiles` is for
+    installed artifacts only: every artifact this version writes serves standalone, with no compiler
+    behind it, so passing it is a PrecompileError.
     """
     started = time.perf_counter()
     artifact_path, cache_path = Path(artifact_path), Path(cache_path)
     python_code = read_python_code(artifact_path)
+    if allow_serve_time_compiles:
+        raise PrecompileError(
+            f"load(allow_serve_time_compiles=True): {artifact_path} is a {python_code.metadata.serving_mode} "
+            "artifact, which has no compiler behind it (only an installed Dynamo artifact can compile a call its "
+            "variants miss); load it without the flag, and capture the calls it misses"
+        )
     cache = _usable_cache(python_code, cache_path)
     primed = _prime_kernels(cache) if cache is not None else {}
     namespace = execute(python_code.source, str(artifact_path.resolve()), primed)
