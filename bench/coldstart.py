@@ -10,6 +10,8 @@ Inductor keeps precompiled headers), on the built-in demo transformer and on a s
   aoti               aoti_load_package() of a package aoti_compile_and_package() wrote
   precompile         precompile.load() of a captured pair + first call (the kernel bundle primes)
   precompile-nocache precompile.load() with the cache file missing (python_code JIT-compiles)
+  dynamo             precompile.load() of a DynamoTracer pair (backend="inductor") + first call
+  dynamo-eager       precompile.load() of a DynamoTracer pair (backend="eager") + first call
 
 Each row reports the whole process (start to first result, as the parent measured it) and the
 part after `import torch`, as ratios to eager's and to precompile's. A second table measures
@@ -31,7 +33,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-SCENARIOS = ("eager", "compile-cold", "compile-warm", "compile-mega", "aoti", "precompile", "precompile-nocache")
+SCENARIOS = ("eager", "compile-cold", "compile-warm", "compile-mega", "aoti", "precompile", "precompile-nocache",
+             "dynamo", "dynamo-eager")
 COLD = {"compile-cold", "precompile-nocache"}  # minutes of compiling each: run once
 
 # ---------------------------------------------------------------------------------------------
@@ -77,6 +80,17 @@ with torch.no_grad():
         with precompile.capture(run, artifact_path=work + "/m.py", cache_path=work + "/m.cache",
                                 tracer=precompile.MakeFxTracer()) as cap:
             cap(model, x)
+    elif mode == "dynamo-prepare":
+        import precompile
+        from precompile.examples.transformer import run
+        for backend, name in (("inductor", "d"), ("eager", "de")):
+            with precompile.capture(run, artifact_path=f"{work}/{name}.py", cache_path=f"{work}/{name}.cache",
+                                    backend=backend) as cap:
+                cap(model, x)
+    elif mode in ("dynamo", "dynamo-eager"):
+        import precompile
+        name = "d" if mode == "dynamo" else "de"
+        finish(precompile.load(f"{work}/{name}.py", f"{work}/{name}.cache")(model, x))
     elif mode in ("precompile", "precompile-nocache"):
         import warnings
         import precompile
@@ -166,12 +180,13 @@ def measure(model: str, device: str, repeat: int) -> dict[str, dict]:
             n = next(fresh)
             return _run(mode, model, device, work, root / f"cache{n}", root / f"tmp{n}")
 
-        print(f"[{model}] preparing: warm cache, mega-cache blob, AOTInductor package, precompile pair", file=sys.stderr)
+        print(f"[{model}] preparing: warm cache, mega-cache blob, AOTInductor package, precompile pairs", file=sys.stderr)
         warm_cache, warm_tmp = root / "warm-cache", root / "warm-tmp"
         _run("compile-prepare", model, device, work, warm_cache, warm_tmp)
         isolated("compile-mega-prepare")
         isolated("aoti-prepare")
         isolated("precompile-prepare")
+        isolated("dynamo-prepare")
 
         results: dict[str, list[dict]] = {s: [] for s in SCENARIOS}
         for round_index in range(repeat):

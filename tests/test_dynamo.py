@@ -56,8 +56,12 @@ def load(name):
 torch.manual_seed(0)
 model = torch.nn.Linear(8, 8)
 report = {}
+from torch._inductor import cpu_vec_isa
+probes, build = [], cpu_vec_isa.VecISA.check_build
+cpu_vec_isa.VecISA.check_build = lambda isa, code: probes.append(str(isa)) or build(isa, code)
 with precompile.no_compilation():
     served = load("break")
+    report["isa probes"] = probes  # the bundle fits this host: the producer's ISA list stands
     checks = []
     for x, kw in [(torch.ones(4, 8), {}), (torch.ones(4, 8), {"scale": 3.0}), (torch.ones(6, 8), {}), (torch.ones(9, 8), {})]:
         with torch.no_grad():
@@ -103,6 +107,7 @@ def test_fresh_process_serves_every_variant_and_misses_clearly(dynamo_pairs, tmp
     directory, _ = dynamo_pairs
     report = fresh_json(SERVE, str(directory), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "empty")})
     assert report["break"] == [True, True, True, True]  # x9 is served by the dynamic-shape variant
+    assert report["isa probes"] == []
     assert report["break_eager"] == [True, True, True]
     assert report["hooks"] is True
     assert "no captured variant of 'break_and_scale' covers this call (2 captured)" in report["dtype miss"]

@@ -189,9 +189,35 @@ def producer_keys(commands: list[str], cache_dir: Path) -> dict[str, str]:
     return {
         **host_keys(),
         "isa": str(cpu_vec_isa.pick_vec_isa()),
+        "valid_isas": ";".join(str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()),
         "compiler_command_sha256": hashlib.sha256("\n".join(normalized).encode("utf-8")).hexdigest(),
         "precompiled_headers": "off",
     }
+
+
+@contextlib.contextmanager
+def producer_vec_isas(keys: dict[str, str]) -> Iterator[None]:
+    """Let Inductor take the producer's valid vector ISAs instead of probing this host for them.
+
+    Inductor probes each candidate ISA by building a test library and loading it in a fresh Python
+    process (about 0.25 s each). A bundle only reaches here when this host has every CPU flag the
+    producer had, so the producer's probe results hold here, and they pick the very ISA its kernels
+    were keyed by. Only while an artifact loads; a bundle without the key probes as usual.
+    """
+    from torch._inductor import cpu_vec_isa
+
+    names = [name for name in keys.get("valid_isas", "").split(";") if name]
+    known = {str(isa): isa for isa in cpu_vec_isa.supported_vec_isa_list}
+    chosen = [known[name] for name in names if name in known]  # in the producer's order
+    if not names or len(chosen) != len(names):
+        yield
+        return
+    original = cpu_vec_isa.valid_vec_isa_list
+    cpu_vec_isa.valid_vec_isa_list = lambda: list(chosen)
+    try:
+        yield
+    finally:
+        cpu_vec_isa.valid_vec_isa_list = original
 
 
 def _destination(path: str, cache_dir: Path) -> Path:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
 import linecache
 import logging
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from precompile.errors import PrecompileError, PrecompileWarning
-from precompile.schema.metadata import ArtifactMetadata
+from precompile.schema.metadata import ArtifactMetadata, DynamoMetadata
 from precompile.schema.pair import (
     declared_code_hash,
     pairing_problem,
@@ -120,11 +121,12 @@ def execute(source: str, filename: str, primed_kernels: dict[str, str] | None = 
     return namespace
 
 
-def _prime_kernels(cache) -> dict[str, str]:
-    """Extract the cache's kernel bundle for this process, or warn why it cannot serve this host."""
+def _prime_kernels(cache) -> dict[str, str] | None:
+    """Extract the cache's kernel bundle for this process and return its kernels by source sha256;
+    None if there is no bundle, or (with a warning saying why) if it cannot serve this host."""
     bundle = cache.envelope.bundle
     if bundle is None or not bundle.files:
-        return {}
+        return None
     reasons = bundle_keys.mismatches(bundle.keys, bundle_keys.host_keys())
     if reasons:
         warnings.warn(
@@ -133,7 +135,7 @@ def _prime_kernels(cache) -> dict[str, str]:
             PrecompileWarning,
             stacklevel=3,
         )
-        return {}
+        return None
     try:
         files = decode_payload(bundle, cache.data, cache.payload_offset, source=f"cache {cache.path}")
         return kernels.prime(bundle, files, kernels.inductor_cache_dir())
@@ -143,7 +145,7 @@ def _prime_kernels(cache) -> dict[str, str]:
             PrecompileWarning,
             stacklevel=3,
         )
-        return {}
+        return None
 
 
 def load(
@@ -167,10 +169,14 @@ def load(
             "variants miss); load it without the flag, and capture the calls it misses"
         )
     cache = _usable_cache(python_code, cache_path)
-    primed = _prime_kernels(cache) if cache is not None else {}
-    namespace = execute(python_code.source, str(artifact_path.resolve()), primed)
+    primed = _prime_kernels(cache) if cache is not None else None
+    # A Dynamo artifact's output modules load their kernels through Inductor itself, which would
+    # probe this host's vector ISAs first; a MakeFx artifact's kernel runtime never asks.
+    through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata)
+    with kernels.producer_vec_isas(cache.envelope.bundle.keys) if through_inductor else contextlib.nullcontext():
+        namespace = execute(python_code.source, str(artifact_path.resolve()), primed)
     log.info(
         "loaded %s in %.3f s (cache %s, %d kernels primed)",
-        artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed),
+        artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),
     )
     return PrecompiledRunnable(namespace["forward"], python_code.metadata, artifact_path, cache_used=cache is not None)
