@@ -1,8 +1,9 @@
 # Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
-# It rebuilds each captured variant's guard tree and transformed bytecode once, seeds the names
-# Dynamo minted (compiled graphs, continuations, import aliases, the builtins dict) into the
-# captured module, and dispatches every call to the first variant whose guards pass. Nothing is
-# installed into torch and nothing compiles: a call no variant covers raises.
+# It builds each compiled subgraph from its source section above, rebuilds each captured variant's
+# guard tree and transformed bytecode once, seeds the names Dynamo minted (compiled graphs,
+# continuations, import aliases, the builtins dict) into the captured module, and dispatches every
+# call to the first variant whose guards pass; a continuation that compiled nothing runs as its
+# original bytecode. Nothing is installed into torch and nothing compiles: a call no variant covers raises.
 import base64 as _base64
 import hashlib as _hashlib
 import importlib as _importlib
