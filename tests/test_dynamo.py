@@ -286,6 +286,20 @@ def test_two_dynamo_captures_may_not_overlap(tmp_path):
                 second.__enter__()
 
 
+def test_a_capture_that_fails_to_start_leaves_no_capture_active(tmp_path, monkeypatch):
+    def broken_reset():
+        raise RuntimeError("reset failed")
+
+    monkeypatch.setattr(torch._dynamo, "reset", broken_reset)
+    with pytest.raises(RuntimeError, match="reset failed"):
+        with precompile.capture(dynamo_cases.uses_global, artifact_path=tmp_path / "a.py",
+                                cache_path=tmp_path / "a.cache", backend="eager"):
+            pass
+    monkeypatch.undo()
+    artifact, _, summary = _capture(tmp_path, "b", dynamo_cases.uses_global, [((torch.ones(3),), {})])
+    assert artifact.exists() and summary.complete  # not "another DynamoTracer capture is active"
+
+
 LOAD_BESIDE_LIVE_COMPILE = r"""
 import sys, torch, precompile, dynamo_cases as dc
 torch.manual_seed(0)

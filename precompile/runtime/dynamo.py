@@ -90,12 +90,20 @@ class DynamoSession:
         self._fallbacks = BackendFallbackLog()
 
     def __enter__(self) -> DynamoSession:
-        from torch._dynamo.package import CompilePackage
-        from torch._dynamo.precompile_context import PrecompileContext
-
         if not _active.acquire(blocking=False):
             raise PrecompileError("another DynamoTracer capture is active in this process; do not overlap them")
         self._stack.callback(_active.release)
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()  # a session that failed to start holds nothing: the lock, the cache dir
+            raise
+        return self
+
+    def _start(self) -> None:
+        from torch._dynamo.package import CompilePackage
+        from torch._dynamo.precompile_context import PrecompileContext
+
         if self.backend == "inductor":  # the eager backend builds no kernels
             self.cache_dir, self.commands = self._stack.enter_context(kernels.private_inductor_cache())
         self._stack.enter_context(torch._dynamo.config.patch(recompile_limit=self.tracer.recompile_limit))
@@ -118,7 +126,6 @@ class DynamoSession:
             backend=self._recorder or self.backend, package=self.package, guard_filter_fn=self._ledger,
             dynamic=self.tracer.dynamic,
         )(self.fn)
-        return self
 
     def __exit__(self, *exc_info) -> None:
         self._stack.close()
