@@ -63,13 +63,15 @@ def dynamo_guards(meta: DynamoMetadata) -> Guards:
     summary = meta.summary
     risky = set(map(tuple, summary.risky_dropped_guards))
     rendered = {(t, s): check for t, s, check in summary.dropped_guard_code}
-    dropped = tuple(
-        GuardSlot(guard_type=t, source=s, status="risky_dropped" if (t, s) in risky else "dropped",
-                  check=rendered.get((t, s), ""), risky=(t, s) in risky)
-        for t, s in summary.dropped_guards
-    ) + tuple(
-        GuardSlot(guard_type=t, source=s, status="policy_dropped", check=rendered.get((t, s), ""))
-        for t, s in summary.policy_dropped_guards
+
+    def unchecked(slot, by_policy: bool) -> GuardSlot:
+        slot = tuple(slot)
+        is_risky = not by_policy and slot in risky
+        status = "policy_dropped" if by_policy else "risky_dropped" if is_risky else "dropped"
+        return GuardSlot(guard_type=slot[0], source=slot[1], status=status, check=rendered.get(slot, ""), risky=is_risky)
+
+    dropped = tuple(unchecked(slot, False) for slot in summary.dropped_guards) + tuple(
+        unchecked(slot, True) for slot in summary.policy_dropped_guards
     )
     frames = [FrameGuards(frame=DROPPED_FRAME, variant=0, slots=dropped)]
     for variant in meta.guards:
@@ -80,13 +82,8 @@ def dynamo_guards(meta: DynamoMetadata) -> Guards:
                 guard_type, source = "SHAPE_ENV", check
             slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept"))
         # Artifacts since per-variant accounting also say which slots each variant does not check.
-        for check in variant.dropped:
-            slot = tuple(check.partition(" ")[::2])
-            slots.append(GuardSlot(guard_type=slot[0], source=slot[1], check=rendered.get(slot, ""), risky=slot in risky,
-                                   status="risky_dropped" if slot in risky else "dropped"))
-        for check in variant.policy_dropped:
-            slot = tuple(check.partition(" ")[::2])
-            slots.append(GuardSlot(guard_type=slot[0], source=slot[1], status="policy_dropped", check=rendered.get(slot, "")))
+        slots += [unchecked(check.partition(" ")[::2], False) for check in variant.dropped]
+        slots += [unchecked(check.partition(" ")[::2], True) for check in variant.policy_dropped]
         frames.append(FrameGuards(frame=variant.frame, variant=variant.variant, slots=tuple(slots)))
     return Guards(
         tracer="dynamo",

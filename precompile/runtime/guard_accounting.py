@@ -77,7 +77,7 @@ class GuardLedger:
                         self.risky.add(slot)
                 code = getattr(entry.orig_guard, "code_list", None)
                 if code and slot not in self.rendered:
-                    self.rendered[slot] = render_check(code)
+                    self.rendered[slot] = render_check(joined_check(code))
             verdicts.append(keep)
         # Dynamo calls the filter from the guard builder of the code it compiles (torch 2.13: a local
         # named f_code); the frame names which code's variant these verdicts belong to.
@@ -119,17 +119,23 @@ def slot_text(slot: tuple[str, str]) -> str:
     return f"{slot[0]} {slot[1]}".strip()
 
 
-def render_check(code_parts) -> str:
-    return _PROCESS_ID.sub("<id>", " ; ".join(dict.fromkeys(code_parts)))
+def joined_check(code_parts) -> str:
+    """A guard's check as one line, exactly as rendered (ids included: comparable within a capture)."""
+    return " ; ".join(dict.fromkeys(code_parts or ()))
 
+
+def render_check(check: str) -> str:
+    """A joined check as the artifact shows it: process-local ids masked."""
+    return _PROCESS_ID.sub("<id>", check)
+
+
+_PROCESS_ID = re.compile(r"\b\d{9,}\b")
+_IDENTITY_GUARDS = frozenset({"ID_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "BUILTIN_MATCH", "FUNCTION_MATCH", "NN_MODULE"})
 
 # Kept guard types the invariance policy may take out of the serialized copy, and only when the slot
 # held identically (same rendered check) in every captured variant of its frame: ambient state checks
 # and identity pins that no captured variant was told apart by. Every other type is never policy-dropped.
-POLICY_ELIGIBLE = frozenset(
-    {"AUTOGRAD_SAVED_TENSORS_HOOKS", "BUILTIN_MATCH", "DUAL_LEVEL", "FUNCTORCH_STACK_MATCH"} | UNSERIALIZABLE
-    | {"FUNCTION_MATCH", "MODULE_MATCH", "NN_MODULE"}
-)
+POLICY_ELIGIBLE = _IDENTITY_GUARDS | UNSERIALIZABLE | {"AUTOGRAD_SAVED_TENSORS_HOOKS", "DUAL_LEVEL", "FUNCTORCH_STACK_MATCH"}
 
 
 def policy_drops(variants: list[dict]) -> set:
@@ -144,10 +150,6 @@ def policy_drops(variants: list[dict]) -> set:
         slot for slot, check in first.items()
         if slot[0] in POLICY_ELIGIBLE and all(other.get(slot, None) == check for other in variants[1:])
     }
-
-
-_PROCESS_ID = re.compile(r"\b\d{9,}\b")
-_IDENTITY_GUARDS = frozenset({"ID_MATCH", "CLOSURE_MATCH", "MODULE_MATCH", "BUILTIN_MATCH", "FUNCTION_MATCH", "NN_MODULE"})
 
 
 def _value_key(entry) -> str | None:
@@ -191,14 +193,14 @@ def account_frame(code, ledger: GuardLedger, slots: SlotLists, taken: set) -> li
     name = code.python_code.co_name
     states = [load_guards_state(guarded.guards_state) for guarded in code.guarded_codes]
     kept = [
-        {(g.create_fn_name(), slot_source(g.name)): " ; ".join(dict.fromkeys(g.code_list or ())) for g in state.output_graph.guards}
+        {(g.create_fn_name(), slot_source(g.name)): joined_check(g.code_list) for g in state.output_graph.guards}
         for state in states
     ]
     policy = policy_drops(kept)
     for slot in policy:
         slots.policy.add(slot)
         if kept[0][slot]:
-            slots.policy_code.setdefault(slot, _PROCESS_ID.sub("<id>", kept[0][slot]))
+            slots.policy_code.setdefault(slot, render_check(kept[0][slot]))
     variants = []
     for index, (state, variant_kept) in enumerate(zip(states, kept)):
         dropped = ledger.dropped_by(code_key(code.python_code), set(variant_kept), taken) or ()

@@ -97,18 +97,24 @@ def _forbidden_cause(exc: BaseException) -> CompilationForbidden | None:
     return None
 
 
+def exec_registered(source: str, filename: str, namespace: dict[str, Any]) -> None:
+    """Exec source we rendered into `namespace` as file `filename`, registered in linecache so
+    tracebacks and debuggers show its lines (attrs does the same for the code it generates)."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+
+
 def execute(source: str, filename: str, primed_kernels: dict[str, str] | None = None) -> dict[str, Any]:
-    """Exec python_code as its own namespace, registered in linecache so tracebacks and debuggers show it.
+    """Exec python_code as its own namespace (see exec_registered).
 
     `primed_kernels` ({kernel source sha256: library path}) lets the kernel runtime of an Inductor
     artifact load its kernels directly instead of compiling them.
     """
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
     namespace: dict[str, Any] = {"__name__": "precompile_artifact", "__file__": filename, "__builtins__": builtins}
     if primed_kernels:
         namespace["__precompile_kernels__"] = dict(primed_kernels)
     try:
-        exec(compile(source, filename, "exec"), namespace)
+        exec_registered(source, filename, namespace)
     except PrecompileError:
         raise
     except Exception as exc:

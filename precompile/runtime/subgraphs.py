@@ -11,12 +11,12 @@
 from __future__ import annotations
 
 import copy
-import linecache
 from dataclasses import dataclass
 
 import torch
 
 from precompile.errors import PrecompileError
+from precompile.runtime.load import exec_registered
 from precompile.runtime.lowering import lower_eager
 
 
@@ -71,10 +71,9 @@ class AtenRecorder:
 
 
 def exec_section(source: str, entry: str, filename: str):
-    """Run rendered source and return its `entry`, registered in linecache so debuggers step into it."""
-    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    """Run a rendered section and return its `entry` (debuggers step into it: see exec_registered)."""
     namespace: dict = {}
-    exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - source we rendered ourselves
+    exec_registered(source, filename, namespace)
     return namespace[entry]
 
 
