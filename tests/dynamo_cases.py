@@ -27,23 +27,6 @@ def train_step(model, x):
     return loss.detach()
 
 
-class BreakingBlock(torch.nn.Module):
-    """A child module whose forward graph-breaks: its frame is reached by an ordinary call."""
-
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(8, 8)
-
-    def forward(self, x):
-        y = self.linear(x)
-        torch._dynamo.graph_break()
-        return y.relu()
-
-
-def calls_child(model, x):
-    return model(x) + 1
-
-
 def adds_a_constant(x):
     return x + torch.tensor([1.0, 2.0])
 

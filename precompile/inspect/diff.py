@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 
+from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.model import Artifact
 from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
@@ -48,7 +49,7 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
             "PYTHON_VERSION": ".".join(map(str, meta.python_version)),
             "FN_NAME": meta.fn_name,
             "SUMMARY": str(meta.summary),
-            **{f"FRAMES {f.name}": f"{f.variants} variants{' (bypassed)' if f.bypassed else ''}" for f in meta.frames},
+            **{f"FRAMES {frame_label(f)}": f"{frame_served(f)}, {frame_role(f)}" for f in meta.frames},
             **{f"INLINED_SOURCES {s.module}:{s.first_line}-{s.last_line}": s.sha256 for s in meta.inlined_sources},
         }
     if isinstance(meta, MakeFxMetadata):

@@ -6,6 +6,7 @@ only when the console has colour. The text itself never depends on terminal widt
 from __future__ import annotations
 
 from precompile.inspect.diff import SECTIONS
+from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
 from precompile.inspect.model import Artifact, CacheInfo, Guards, PythonCodeInfo, UpstreamCache
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
@@ -114,11 +115,12 @@ def render_show(report: ShowReport) -> list[Line]:
     meta = artifact.python_code.metadata
     if isinstance(meta, DynamoMetadata):
         lines.append((f"frames: {len(meta.frames)}", None))
+        if meta.serving_mode == "installed":
+            lines.append(("  served installed: each frame's variants are installed onto its code object and calls "
+                          "run under Dynamo's frame evaluator, refusing to compile", None))
         for frame in meta.frames:
-            resume = f", called as {', '.join(frame.resume_names)}" if frame.resume_names else " (entry)"
-            served = "runs as plain Python (compiled nothing)" if frame.runs_as_python else f"{frame.variants} variants"
-            lines.append((f"  {frame.name} in {frame.module}: {served}{resume}"
-                          + (" BYPASSED" if frame.bypassed else ""), BAD if frame.bypassed else None))
+            lines.append((f"  {frame_label(frame)} in {frame.module}: {frame_served(frame)} ({frame_role(frame)})",
+                          BAD if frame.bypassed else None))
         lines.extend(_subgraphs(meta))
         lines.append((f"summary: {meta.summary}", None if meta.summary.complete else WARN))
     elif meta is not None:

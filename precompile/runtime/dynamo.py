@@ -12,6 +12,7 @@ import functools
 import hashlib
 import logging
 import pickle
+import re
 import sys
 import threading
 import types
@@ -66,11 +67,75 @@ def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
 
 
 def runs_as_python(code, continuations: set) -> bool:
-    """Whether a package frame is a graph-break continuation that compiled no graph and calls no
-    further continuation, so its original bytecode serves it with nothing compiled given up."""
-    if not code.install_to_global or code.backend_ids:
+    """Whether a non-entry package frame is served by its original bytecode with nothing compiled given
+    up: it compiled no graph and calls no further continuation. That is a graph-break continuation
+    with plain Python after the break, a function the captured code calls that has nothing for Dynamo
+    to compile (a generated dataclass __init__, say), or one Dynamo gave up on (it ran eagerly in the
+    capture too, with the frames it calls intercepted on their own)."""
+    if code.backend_ids or code.bypassed:
         return False
     return not any(continuations & set(guarded.dynamo_code.co_names) for guarded in code.guarded_codes)
+
+
+# Globals Dynamo installs by id into the module of the code it compiles (install_global_by_id):
+# ___module_collections_<id>_c<compile id> and the like.
+_MINTED_BY_ID = re.compile(r"^___\w+_\d+_c\d+$")
+
+
+def _names_used(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_used(const)
+    return names
+
+
+def record_minted_modules(code) -> None:
+    """Dynamo binds some modules its transformed bytecode reads under minted names in the compiled
+    code's module and records none of them in the package: add each to the code's import sources, so
+    the driver seeds it as it seeds Dynamo's own import aliases. A minted global that is not a module
+    cannot be seeded in another process: refuse the capture, naming it."""
+    from torch._dynamo.package import SerializedCode
+
+    scope = sys.modules[code.python_module].__dict__
+    for guarded in code.guarded_codes:
+        for name in sorted(_names_used(SerializedCode.to_code_object(guarded.dynamo_code))):
+            if not _MINTED_BY_ID.match(name) or name in code.import_sources or name not in scope:
+                continue
+            value = scope[name]
+            if not isinstance(value, types.ModuleType):
+                raise PrecompileError(
+                    f"Dynamo's compiled code for {code.python_code.co_name} ({code.python_module}) reads {name}, a "
+                    f"{type(value).__name__} it bound by id, which no other process can have; capture with "
+                    "MakeFxTracer, or keep that object out of the compiled code"
+                )
+            code.import_sources[name] = value.__name__
+
+
+def refuse_uninstallable(entry, frames: list[DynamoFrame]) -> None:
+    """An installed artifact finds each frame reached by an ordinary call again by its module and
+    qualified name in the serving process: refuse, at write time, one that cannot be found that way."""
+    from torch._dynamo.package import SerializedCode, _lookup_code
+
+    lost = []
+    for code, frame in zip(entry.codes, frames):
+        if not frame.installed:
+            continue
+        if code.python_module == "__main__":
+            lost.append(f"{frame.qualname} (defined in __main__, which a serving process cannot import)")
+            continue
+        try:
+            found = _lookup_code(code)
+        except Exception:  # noqa: BLE001 - any failure to resolve is the refusal below
+            found = None
+        if found != SerializedCode.to_code_object(code.python_code):
+            lost.append(f"{frame.qualname} ({frame.module}, line {frame.first_line}: not reachable by that name)")
+    if lost:
+        raise PrecompileError(
+            f"the capture compiled frames the entry reaches by an ordinary call, which an installed artifact "
+            f"must find again by module and qualified name, and these cannot be: {lost}; define those "
+            "functions and classes at module level of an importable module"
+        )
 
 
 class DynamoSession:
@@ -144,6 +209,14 @@ class DynamoSession:
                 self.errors.append(message)
             if shown is not exc:
                 raise shown from None
+            from torch._dynamo.exc import PackageError
+
+            if isinstance(exc, PackageError):
+                raise PrecompileError(
+                    f"the call compiled a frame the artifact cannot record ({exc}): every compiled frame must be "
+                    "found again by module and qualified name; define the functions and classes the call reaches "
+                    "in an importable module (not __main__, not exec'd code)"
+                ) from exc
             raise
 
     # -- rendering -------------------------------------------------------------------------------
@@ -160,12 +233,15 @@ class DynamoSession:
         taken: set = set()
         continuations = {name for code in entry.codes if code.install_to_global for name in code.function_names}
         for index, code in enumerate(entry.codes):
+            record_minted_modules(code)
+            where = self._where(index, code)
             if index and runs_as_python(code, continuations):
                 # Nothing compiled here and nothing after it: served by its original bytecode, and its
                 # guards (which would only make calls miss) are left out of the artifact and the summary.
                 frames.append(DynamoFrame(
                     name=code.python_code.co_name, module=code.python_module, variants=0,
-                    resume_names=tuple(code.function_names), runs_as_python=True,
+                    resume_names=tuple(code.function_names) if code.install_to_global else (),
+                    runs_as_python=True, **where,
                 ))
                 continue
             for backend_id in code.backend_ids:
@@ -176,31 +252,43 @@ class DynamoSession:
                 if compiled is None:
                     code.bypassed = True
                 else:
-                    backends[backend_id] = (code.python_code.co_name, compiled)
+                    backends[backend_id] = (where["qualname"], compiled)
             frames.append(
                 DynamoFrame(
                     name=code.python_code.co_name, module=code.python_module, variants=len(code.guarded_codes),
                     resume_names=tuple(code.function_names) if code.install_to_global else (), bypassed=code.bypassed,
+                    **where,
                 )
             )
-            guards += account_frame(code, self._ledger, slots, taken)
+            guards += account_frame(code, where["qualname"], self._ledger, slots, taken)
         return entry, frames, guards, backends, slots
+
+    def _where(self, index: int, code) -> dict:
+        """Where a frame's code lives: the entry is fn; a continuation is reached by the global names
+        Dynamo minted for it; any other frame is reached by an ordinary call, so an installed
+        artifact finds its live code object again by qualified name."""
+        if index == 0:
+            qualname = self.fn.__qualname__
+        elif code.install_to_global:
+            qualname = code.python_code.co_name
+        else:  # where Python says it is defined, e.g. Block.forward or deco.<locals>.wrapper
+            qualname = getattr(code.python_code, "co_qualname", None) or code.python_code.co_name
+        installed = bool(index) and not code.install_to_global
+        return {"qualname": qualname, "first_line": code.python_code.co_firstlineno, "installed": installed}
 
     def build(self) -> tuple[bytes, bytes]:
         entry, frames, guards, backends, slots = self._collect()
         summary = self._summary(entry, frames, backends, guards, slots)
         self._gate(summary)
-        unreachable = [f"{f.name} ({f.module})" for f in frames[1:] if not f.resume_names and f.variants]
-        if unreachable:
-            raise PrecompileError(
-                f"the capture compiled frames the entry reaches only by an ordinary call: {unreachable} (a graph "
-                "break inside a child module's forward); a standalone artifact cannot serve them and the installed "
-                "serving mode is not implemented yet. Remove the graph break there, or capture with MakeFxTracer"
-            )
+        # Frames reached by an ordinary call serve only through Dynamo's frame evaluator.
+        installed = any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
+        if installed:
+            refuse_uninstallable(entry, frames)
         sections, subgraphs, pickled_backends = self._subgraphs(backends)
         metadata = DynamoMetadata(
             format_version=FORMAT_VERSION,
             backend=self.backend,
+            serving_mode="installed" if installed else "standalone",
             torch_version=str(torch.__version__),
             python_version=tuple(sys.version_info[:2]),
             fn_name=qualified_name(self.fn),
@@ -275,7 +363,7 @@ class DynamoSession:
             ),
             dropped_guards=tuple(sorted(slots.dropped)),
             kept_guards=tuple(sorted(slots.kept)),
-            risky_dropped_guards=tuple(sorted(self._ledger.risky & slots.dropped)),
+            risky_dropped_guards=tuple(sorted((self._ledger.configured | slots.told_apart) & slots.dropped)),
             policy_dropped_guards=tuple(sorted(slots.policy)),
             dropped_guard_code=tuple((t, src, check) for (t, src), check in sorted(rendered.items())),
             wont_generalize=wont_generalize(guards),

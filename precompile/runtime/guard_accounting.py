@@ -6,6 +6,7 @@ landed. `account_frame` joins the two per variant and applies the policy.
 """
 from __future__ import annotations
 
+import enum
 import re
 import sys
 import types
@@ -15,10 +16,23 @@ from typing import Callable
 import torch
 
 from precompile.errors import PrecompileError
+from precompile.runtime.named_identity import named_check
 from precompile.schema.metadata import VariantGuards
 
-# Guard types the serializer refuses, alone or as a type a guard's check derives (the default filter).
-UNSERIALIZABLE = frozenset({"ID_MATCH", "CLOSURE_MATCH", "WEAKREF_ALIVE", "DICT_VERSION"})
+# Guard types Dynamo's guard serializer refuses, alone or as a type a guard's check derives (the
+# default filter drops them; torch 2.13's CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES).
+UNSERIALIZABLE = frozenset({
+    "DICT_VERSION", "NN_MODULE", "ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "CLOSURE_MATCH",
+    "WEAKREF_ALIVE",
+})
+
+
+def serializable_by_default(entry) -> bool:
+    """The default filter: keep what Dynamo's serializer can write. A type check on a type it cannot
+    name again (a class defined inside a function) is refused by the serializer too."""
+    if UNSERIALIZABLE & {entry.guard_type, *entry.derived_guard_types}:
+        return False
+    return not getattr(entry.orig_guard, "_unserializable", False)
 
 _LOCAL = re.compile(r"L\['([^']+)'\]")
 
@@ -37,66 +51,88 @@ class _Compile:
     package's serialized copy of it agree on these."""
     kept: frozenset
     dropped: tuple
+    values: dict
+    """What each dropped slot held in this compile (see `_value_key`), where comparable."""
+    named: dict
+    """Dropped identity slots the artifact checks by name instead: {slot: check line} (named_identity)."""
 
 
 @dataclass
 class GuardLedger:
     """Every guard Dynamo offered the filter, as (type, source) slots with their verdicts, per compile.
 
-    A dropped slot is risky when a custom filter dropped what the default keeps, or when it held
-    different values across the compiles that dropped it (it told captured variants apart).
+    A dropped slot is risky (the spec's rule) when it hangs off a configuration-chosen slot (see
+    `configuration_chosen`, decided here) or when it told captured variants apart (decided per frame
+    by `account_frame`). Any other drop, whoever's filter made it, is listed, not refused.
     """
 
     user_filter: Callable | None
     compiles: list = field(default_factory=list)
-    risky: set = field(default_factory=set)
-    values: dict = field(default_factory=dict)
+    configured: set = field(default_factory=set)
     rendered: dict = field(default_factory=dict)
 
     def __call__(self, entries):
-        default = [not (UNSERIALIZABLE & {e.guard_type, *e.derived_guard_types}) for e in entries]
-        wanted = list(self.user_filter(entries)) if self.user_filter is not None else default
-        if len(wanted) != len(entries):
-            raise PrecompileError(f"guard_filter_fn returned {len(wanted)} flags for {len(entries)} guards; return one per guard")
-        verdicts, kept, dropped = [], set(), []
-        for entry, by_default, by_user in zip(entries, default, wanted):
-            keep = bool(by_default and by_user)
-            slot = (entry.guard_type, slot_source(entry.name))
-            if keep:
-                kept.add(slot)
-            elif slot not in dropped:
-                dropped.append(slot)
-            if by_default and not by_user:
-                self.risky.add(slot)  # a custom filter dropped what the default keeps
-            if not keep:
-                value = _value_key(entry)
-                if value is not None:
-                    seen = self.values.setdefault(slot, set())
-                    seen.add(value)
-                    if len(seen) > 1:
-                        self.risky.add(slot)
-                code = getattr(entry.orig_guard, "code_list", None)
-                if code and slot not in self.rendered:
-                    self.rendered[slot] = render_check(joined_check(code))
-            verdicts.append(keep)
         # Dynamo calls the filter from the guard builder of the code it compiles (torch 2.13: a local
         # named f_code); the frame names which code's variant these verdicts belong to.
         compiled_code = sys._getframe(1).f_locals.get("f_code")
-        if not isinstance(compiled_code, types.CodeType):
-            compiled_code = None
-        self.compiles.append(_Compile(code=code_key(compiled_code), kept=frozenset(kept), dropped=tuple(dropped)))
+        code = code_key(compiled_code if isinstance(compiled_code, types.CodeType) else None)
+        default = [serializable_by_default(e) for e in entries]
+        wanted = list(self.user_filter(entries)) if self.user_filter is not None else default
+        if len(wanted) != len(entries):
+            raise PrecompileError(f"guard_filter_fn returned {len(wanted)} flags for {len(entries)} guards; return one per guard")
+        kept, dropped, values, named = set(), [], {}, {}
+        for entry, by_default, by_user in zip(entries, default, wanted):
+            slot = (entry.guard_type, slot_source(entry.name))
+            if by_default and by_user:
+                kept.add(slot)
+                continue
+            if slot not in dropped:
+                dropped.append(slot)
+            # Only what the serializer refused is checked by name; a drop the caller chose stays one.
+            check = named_check(entry) if by_user or self.user_filter is None else None
+            if check is not None:
+                named[slot] = check
+                continue
+            value = _value_key(entry)
+            if value is not None:
+                values[slot] = value
+            if configuration_chosen(entry):
+                self.configured.add(slot)
+            rendered = getattr(entry.orig_guard, "code_list", None)
+            if rendered and slot not in self.rendered:
+                self.rendered[slot] = render_check(joined_check(rendered))
+        verdicts = [bool(by_default and by_user) for by_default, by_user in zip(default, wanted)]
+        self.compiles.append(
+            _Compile(code=code, kept=frozenset(kept), dropped=tuple(dropped), values=values, named=named)
+        )
         return verdicts
 
-    def dropped_by(self, code: tuple, kept: set, taken: set) -> tuple | None:
-        """The slots the filter dropped in the compile of `code` that kept exactly `kept` (once each).
+    def compile_of(self, code: tuple, kept: set, taken: set) -> _Compile | None:
+        """The compile of `code` that kept exactly `kept` (each compile matched once).
 
         A compile whose code the filter could not see (another torch's guard builder) matches any code.
         """
         for index, record in enumerate(self.compiles):
             if index not in taken and record.code in (code, None) and record.kept == kept:
                 taken.add(index)
-                return record.dropped
+                return record
         return None
+
+
+_CONFIG_WORDS = re.compile(r"(?i)(?:^|[^a-z])(?:config|configuration|cfg|conf|settings|options|flags?)(?:[^a-z]|$)")
+_MODULE_FLAG = re.compile(r"G\['[^'\]]+'\]")
+_PLAIN_VALUES = (bool, int, float, str, bytes, type(None))
+
+
+def configuration_chosen(entry) -> bool:
+    """The risky-drop lint: a guard on a plain value chosen by configuration, either a module-level
+    flag (G['USE_FAST']) or a field reached through something named as configuration
+    (self.config.use_cache, G['CFG']['width'], cfg.depth). Dropping it means a process configured
+    otherwise is served code compiled for this configuration."""
+    value = entry.value if entry.has_value else None
+    if not entry.has_value or isinstance(value, enum.Enum) or not isinstance(value, _PLAIN_VALUES):
+        return False
+    return bool(_MODULE_FLAG.fullmatch(entry.name) or _CONFIG_WORDS.search(entry.name))
 
 
 def code_key(code) -> tuple | None:
@@ -113,6 +149,8 @@ class SlotLists:
     dropped: set = field(default_factory=set)
     policy: set = field(default_factory=set)
     policy_code: dict = field(default_factory=dict)
+    told_apart: set = field(default_factory=set)
+    """Dropped slots whose values differed between variants of one frame (see `told_apart`)."""
 
 
 def slot_text(slot: tuple[str, str]) -> str:
@@ -153,11 +191,16 @@ def policy_drops(variants: list[dict]) -> set:
 
 
 def _value_key(entry) -> str | None:
-    """What a dropped guard pinned, comparable across compiles; None where the value is data (tensors)."""
+    """What a guard saw in its slot, comparable across the compiles of one frame; None where the value
+    is data (tensors) or an object with no cheap identity of its value (a module, say)."""
     if not entry.has_value or isinstance(entry.value, torch.Tensor):
         return None
     if entry.guard_type in _IDENTITY_GUARDS:
         return f"id {id(entry.value)}"
+    if entry.guard_type == "TYPE_MATCH":
+        return f"type {type(entry.value).__module__}.{type(entry.value).__qualname__}"
+    if isinstance(entry.value, torch.nn.Module):
+        return None
     try:
         return repr(entry.value)
     except Exception:  # noqa: BLE001 - an object whose repr fails still counts as one value
@@ -185,12 +228,12 @@ def wont_generalize(guards: list[VariantGuards]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def account_frame(code, ledger: GuardLedger, slots: SlotLists, taken: set) -> list[VariantGuards]:
-    """Each captured variant of one package frame, readably: its kept checks (shape guards last),
-    the slots the filter dropped in its compile, and those the invariance policy takes out."""
+def account_frame(code, name: str, ledger: GuardLedger, slots: SlotLists, taken: set) -> list[VariantGuards]:
+    """Each captured variant of one package frame (`name`: its qualified name), readably: its kept
+    checks (shape guards last), the slots the filter dropped in its compile, and those the
+    invariance policy takes out."""
     from torch._dynamo.package import load_guards_state
 
-    name = code.python_code.co_name
     states = [load_guards_state(guarded.guards_state) for guarded in code.guarded_codes]
     kept = [
         {(g.create_fn_name(), slot_source(g.name)): joined_check(g.code_list) for g in state.output_graph.guards}
@@ -201,16 +244,33 @@ def account_frame(code, ledger: GuardLedger, slots: SlotLists, taken: set) -> li
         slots.policy.add(slot)
         if kept[0][slot]:
             slots.policy_code.setdefault(slot, render_check(kept[0][slot]))
-    variants = []
+    variants, compiles = [], []
     for index, (state, variant_kept) in enumerate(zip(states, kept)):
-        dropped = ledger.dropped_by(code_key(code.python_code), set(variant_kept), taken) or ()
-        slots.kept.update(slot for slot in variant_kept if slot not in policy)
+        record = ledger.compile_of(code_key(code.python_code), set(variant_kept), taken)
+        compiles.append(record)
+        named = record.named if record else {}
+        dropped = tuple(slot for slot in record.dropped if slot not in named) if record else ()
+        checked = {slot for slot in variant_kept if slot not in policy} | set(named)
+        slots.kept.update(checked)
         slots.dropped.update(dropped)
         exprs = tuple(slot_source(e) for e in state.shape_code_parts.python_code_parts.exprs)
         variants.append(VariantGuards(
             frame=name, variant=index,
-            checks=(*sorted({slot_text(slot) for slot in variant_kept if slot not in policy}), *exprs),
+            checks=(*sorted({slot_text(slot) for slot in checked}), *exprs),
             dropped=tuple(sorted({slot_text(slot) for slot in dropped})),
             policy_dropped=tuple(sorted({slot_text(slot) for slot in policy})),
+            by_name=tuple(sorted(named.values())),
         ))
+    slots.told_apart |= told_apart(compiles)
     return variants
+
+
+def told_apart(compiles: list) -> set:
+    """The dropped slots that told a frame's captured variants apart: their compiles saw different
+    values in the slot. Dispatch cannot notice the difference (the slot is not checked), so a call
+    bringing one variant's value may be served by another's code."""
+    seen: dict = {}
+    for record in compiles:
+        for slot, value in (record.values.items() if record else ()):
+            seen.setdefault(slot, set()).add(value)
+    return {slot for slot, values in seen.items() if len(values) > 1}

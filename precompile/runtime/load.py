@@ -34,7 +34,8 @@ class PrecompiledRunnable:
     """What `load` returns: callable with the captured fn's calling convention.
 
     A standalone artifact installs nothing, so entering, exiting and `unload()` are no-ops and the
-    runnable keeps serving after them.
+    runnable keeps serving after them. An installed artifact's entries stay on the captured code
+    objects until the process exits (removing them is not implemented), so for it too they are no-ops.
     """
 
     def __init__(self, forward, metadata: ArtifactMetadata, artifact_path: Path, *, cache_used: bool) -> None:
@@ -104,15 +105,20 @@ def exec_registered(source: str, filename: str, namespace: dict[str, Any]) -> No
     exec(compile(source, filename, "exec"), namespace)  # noqa: S102
 
 
-def execute(source: str, filename: str, primed_kernels: dict[str, str] | None = None) -> dict[str, Any]:
+def execute(
+    source: str, filename: str, primed_kernels: dict[str, str] | None = None, allow_serve_time_compiles: bool = False
+) -> dict[str, Any]:
     """Exec python_code as its own namespace (see exec_registered).
 
     `primed_kernels` ({kernel source sha256: library path}) lets the kernel runtime of an Inductor
-    artifact load its kernels directly instead of compiling them.
+    artifact load its kernels directly instead of compiling them; `allow_serve_time_compiles` tells
+    an installed Dynamo artifact's driver that a missed call may compile.
     """
     namespace: dict[str, Any] = {"__name__": "precompile_artifact", "__file__": filename, "__builtins__": builtins}
     if primed_kernels:
         namespace["__precompile_kernels__"] = dict(primed_kernels)
+    if allow_serve_time_compiles:
+        namespace["__precompile_allow_serve_time_compiles__"] = True
     try:
         exec_registered(source, filename, namespace)
     except PrecompileError:
@@ -162,13 +168,14 @@ def load(
     Both files are trusted, EXECUTABLE input. A cache that cannot be read, or is of another format or
     version, is ignored with a PrecompileWarning; a cache that belongs to another python_code (its
     backend, tracer or code_hash differs) is a PrecompileError. `allow_serve_time_compiles` is for
-    installed artifacts only: every artifact this version writes serves standalone, with no compiler
-    behind it, so passing it is a PrecompileError.
+    installed artifacts only: a call no captured variant covers then compiles with the artifact's
+    backend under the process-wide stance; a standalone artifact has no compiler behind it, so
+    passing it there is a PrecompileError.
     """
     started = time.perf_counter()
     artifact_path, cache_path = Path(artifact_path), Path(cache_path)
     python_code = read_python_code(artifact_path)
-    if allow_serve_time_compiles:
+    if allow_serve_time_compiles and python_code.metadata.serving_mode != "installed":
         raise PrecompileError(
             f"load(allow_serve_time_compiles=True): {artifact_path} is a {python_code.metadata.serving_mode} "
             "artifact, which has no compiler behind it (only an installed Dynamo artifact can compile a call its "
@@ -180,7 +187,7 @@ def load(
     # probe this host's vector ISAs first; a MakeFx artifact's kernel runtime never asks.
     through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata)
     with kernels.producer_vec_isas(cache.envelope.bundle.keys) if through_inductor else contextlib.nullcontext():
-        namespace = execute(python_code.source, str(artifact_path.resolve()), primed)
+        namespace = execute(python_code.source, str(artifact_path.resolve()), primed, allow_serve_time_compiles)
     log.info(
         "loaded %s in %.3f s (cache %s, %d kernels primed)",
         artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),

@@ -92,7 +92,8 @@ class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", t
 
 
 class DynamoFrame(msgspec.Struct, frozen=True, kw_only=True):
-    """A code object Dynamo compiled during the capture: the entry or a graph-break continuation."""
+    """A code object Dynamo compiled during the capture: the entry, a graph-break continuation, or
+    (installed artifacts) a function the captured code reaches by an ordinary call."""
 
     name: str
     module: str
@@ -103,6 +104,14 @@ class DynamoFrame(msgspec.Struct, frozen=True, kw_only=True):
     runs_as_python: bool = False
     """A continuation that compiled no graph and starts no further continuation: the artifact runs
     its original bytecode, as the capture did, rather than through guarded variants (it has none)."""
+    qualname: str = ""
+    """Where the frame's code lives in `module`: the function's qualified name (e.g. `Block.forward`);
+    for a continuation, the name Dynamo gave its code. Empty in artifacts written before it was recorded."""
+    first_line: int = 0
+    """The first source line of the frame's code (0: not recorded)."""
+    installed: bool = False
+    """Reached by an ordinary call (a graph break inside a child module's forward), not through a
+    continuation: loading installs its variants onto the live code object `module.qualname`."""
 
 
 class VariantGuards(msgspec.Struct, frozen=True, kw_only=True):
@@ -117,6 +126,10 @@ class VariantGuards(msgspec.Struct, frozen=True, kw_only=True):
     policy_dropped: tuple[str, ...] = ()
     """`GUARD_TYPE source` per kept guard the invariance policy took out: it held identically in
     every captured variant of the frame, so it told none apart; not checked either."""
+    by_name: tuple[str, ...] = ()
+    """`GUARD_TYPE source is module:qualname[@unwraps]` per identity guard Dynamo cannot serialize
+    that the driver checks instead against the object that name resolves to at load (`@N`: follow
+    `__wrapped__` N times). Their slots are listed in `checks` too."""
 
 
 class CompiledSubgraph(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,9 +1,13 @@
 # Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
 # It builds each compiled subgraph from its source section above, rebuilds each captured variant's
-# guard tree and transformed bytecode once, seeds the names Dynamo minted (compiled graphs,
-# continuations, import aliases, the builtins dict) into the captured module, and dispatches every
-# call to the first variant whose guards pass; a continuation that compiled nothing runs as its
-# original bytecode. Nothing is installed into torch and nothing compiles: a call no variant covers raises.
+# guard tree and transformed bytecode once, and seeds the names Dynamo minted (compiled graphs,
+# continuations, import aliases, the builtins dict) into the captured module.
+# Standalone (SERVING_MODE "standalone"): every call goes to the first variant whose guards pass; a
+# continuation that compiled nothing runs as its original bytecode. Nothing is installed into torch.
+# Installed ("installed": a graph break inside a function the captured code calls): each frame's
+# variants are installed onto its live code object through Dynamo's hook for precompiled entries,
+# and calls run under Dynamo's frame evaluator with a callback that refuses to compile.
+# Either way nothing compiles (unless load allowed serve-time compiles): a call no variant covers raises.
 import base64 as _base64
 import hashlib as _hashlib
 import importlib as _importlib
@@ -104,19 +108,93 @@ def _slot_text(guard):
     return (guard.create_fn_name() + " " + _LOCAL.sub(r"\1", guard.name)).strip()
 
 
+# A guard source walked without eval (precompile/runtime/named_identity.py SOURCE): a local (x, or
+# L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...).
+_SOURCE_STEP = _re.compile(r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]")
+_SOURCE_ROOT = _re.compile(r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))")
+
+
+def _resolve_reference(ref):
+    """The object `module:qualname[@unwraps]` names in this process."""
+    name, _, unwraps = ref.partition("@")
+    module, _, qualname = name.partition(":")
+    value = _importlib.import_module(module)
+    for part in filter(None, qualname.split(".")):
+        value = getattr(value, part)
+    for _ in range(int(unwraps or 0)):
+        value = value.__wrapped__
+    return value
+
+
+def _fill_named_locals(state, lines):
+    """Put back the locals the guard state could not pickle (Dynamo leaves a _Missing placeholder) that
+    a by-name check names, such as the function a decorator's wrapper closes over: building the guard
+    tree reads them (a check on func.__name__ needs func)."""
+    local_scope = state.output_graph.local_scope
+    for line in lines:
+        source, _, ref = line.split(" ", 1)[1].rpartition(" is ")
+        root = _SOURCE_ROOT.fullmatch(source)
+        if root is None or root.group(1) == "G":
+            continue
+        name = root.group(2) or root.group(3)
+        if type(local_scope.get(name)).__name__ == "_Missing":
+            local_scope[name] = _resolve_reference(ref)
+
+
+def _check_by_name(manager, line, scope, artifact):
+    """Add to a variant's guards the identity check `TYPE source is module:qualname` that Dynamo could
+    not serialize, against the object that name resolves to here."""
+    guard_type, rest = line.split(" ", 1)
+    source, _, ref = rest.rpartition(" is ")
+    of_type = source.startswith("type(")
+    walked = source[5:-1] if of_type else source
+    root = _SOURCE_ROOT.match(walked)
+    steps = _SOURCE_STEP.findall(walked[root.end():])
+    try:
+        expected = _resolve_reference(ref)
+    except Exception as exc:  # noqa: BLE001 - the named object is not here: the variant cannot serve
+        _fail(artifact, f"{line}: {ref} does not resolve here ({type(exc).__name__}: {exc})",
+              "serve it with the code it was captured from")
+    in_globals, name = root.group(1) == "G", root.group(2) or root.group(3)
+
+    def check(f_locals):
+        try:
+            value = (scope if in_globals else f_locals)[name]
+            for attr, index, key in steps:
+                value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+        except Exception:  # noqa: BLE001 - a source that is not there fails the check
+            return False
+        return (type(value) if of_type else value) is expected
+
+    manager.root.add_lambda_guard(check, [f"{guard_type}: {source} is {ref}"], None)
+
+
+def _empty_cells(code):
+    """Cells standing in for a code object's free variables until a call brings the real closure."""
+    return tuple(_types.CellType() for _ in code.co_freevars) or None
+
+
 class _Frame:
     """One captured code object: its variants and how to call it."""
 
-    def __init__(self, code, scope, defaults, kwdefaults, artifact, policy_dropped, runs_as_python=False):
+    def __init__(self, code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, runs_as_python=False,
+                 target=None):
         from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
 
         self.name = code.python_code.co_name
+        self.label = self.name  # how a miss names the frame (build_forward sets its qualified name)
         self.artifact = artifact
         self.scope = scope
         self.original = SerializedCode.to_code_object(code.python_code)
+        # The code object the guards are built for: the live one an installed frame serves from.
+        self.target = self.original if target is None else target
+        self.remedy = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
         # A continuation that compiled nothing runs as its original bytecode, as during capture.
         self.runs_as_python = runs_as_python
-        signature_fn = _types.FunctionType(self.original, {}, self.name, defaults)
+        self.bypassed = code.bypassed
+        # A frame run as Python that Dynamo did compile (to no graph) ran its callees inside its code.
+        self.runs_callees_inline = bool(code.guarded_codes)
+        signature_fn = _types.FunctionType(self.original, {}, self.name, defaults, _empty_cells(self.original))
         signature_fn.__kwdefaults__ = kwdefaults
         self.signature = _inspect.signature(signature_fn)
         self.variants = []
@@ -125,6 +203,7 @@ class _Frame:
         self.threads = torch.get_num_threads()
         for index, guarded in enumerate(() if runs_as_python else code.guarded_codes):
             state = load_guards_state(guarded.guards_state)
+            _fill_named_locals(state, by_name.get(index, ()))
             _drop_guards(state, policy_dropped.get(index, ()))
             self.global_state_guards.append(state.output_graph.global_state_guard)
             _set_thread_count(state.output_graph.global_state_guard, self.threads)
@@ -137,8 +216,11 @@ class _Frame:
                 if scope.setdefault(builtins_key, builtins_dict) is not builtins_dict:
                     _fail(artifact, f"module binds {builtins_key!r} to something other than its builtins dict",
                           "load the artifact in a fresh process")
-            manager = load_guard_manager(state, self.original, scope)
-            body = _types.FunctionType(SerializedCode.to_code_object(guarded.dynamo_code), scope, self.name, defaults)
+            manager = load_guard_manager(state, self.target, scope)
+            for line in by_name.get(index, ()):
+                _check_by_name(manager, line, scope, artifact)
+            body_code = SerializedCode.to_code_object(guarded.dynamo_code)
+            body = _types.FunctionType(body_code, scope, self.name, defaults, _empty_cells(body_code))
             body.__kwdefaults__ = kwdefaults
             self.variants.append((manager, body))
 
@@ -158,10 +240,7 @@ class _Frame:
             _fail(self.artifact, f"{self.name}() cannot take these arguments ({exc})", "call it as the captured fn")
         bound.apply_defaults()
         f_locals = dict(bound.arguments)
-        if torch.get_num_threads() != self.threads:
-            self.threads = torch.get_num_threads()
-            for guard in self.global_state_guards:
-                _set_thread_count(guard, self.threads)
+        self.update_threads()
         if closure:
             for name, cell in zip(self.original.co_freevars, closure):
                 try:
@@ -177,15 +256,20 @@ class _Frame:
 
     def miss(self, f_locals):
         if not self.variants:
-            _fail(self.artifact, f"frame {self.name!r} has no captured variant (it was bypassed during capture)",
+            _fail(self.artifact, f"frame {self.label!r} has no captured variant (it was bypassed during capture)",
                   "capture again with calls that compile it")
         reasons = []
         for index, (manager, _) in enumerate(self.variants):
             failed = [part.strip() for part in manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
             reasons.append(f"variant {index}: {'; '.join(failed[:2]) or 'a guard failed'}")
-        _fail(self.artifact, f"no captured variant of {self.name!r} covers this call ({len(self.variants)} captured): "
-                             + " | ".join(reasons),
-              "serve it the way it was captured (arguments, globals, grad mode), or capture this call too")
+        _fail(self.artifact, f"no captured variant of {self.label!r} covers this call ({len(self.variants)} captured): "
+                             + " | ".join(reasons), self.remedy)
+
+    def update_threads(self):
+        if torch.get_num_threads() != self.threads:
+            self.threads = torch.get_num_threads()
+            for guard in self.global_state_guards:
+                _set_thread_count(guard, self.threads)
 
 
 # Where AOTAutograd's bundled result keeps each lowered graph's output module.
@@ -229,6 +313,9 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
     _check_versions(metadata, artifact)
     import torch._dynamo  # noqa: F401 - guard trees and backends need Dynamo loaded
 
+    installed = metadata.get("SERVING_MODE") == "installed"
+    if installed:
+        _check_dynamo_serves(artifact)
     _check_sources(metadata, artifact)
 
     if metadata["BACKEND"] == "inductor":
@@ -245,36 +332,200 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         backend.__precompile_artifact__ = tag
         backends[subgraph["backend_id"]] = backend
     entry = None
+    frames = []
     minted = []
     for index, code in enumerate(state["codes"]):
         module = _module(code.python_module, artifact)
         scope = module.__dict__
+        described = metadata["FRAMES"][index]
+        is_entry = index == 0
+        target = _live_code(code, described, module, artifact, is_entry) if installed else None
         for alias, module_name in code.import_sources.items():
             _seed(scope, alias, _importlib.import_module(module_name), tag, artifact, module.__name__)
         for backend_id in code.backend_ids:
             _seed(scope, backend_id, backends[backend_id], tag, artifact, module.__name__)
-        is_entry = index == 0
-        policy_dropped = {
-            variant["variant"]: frozenset(variant.get("policy_dropped", ()))
-            for variant in metadata["GUARDS"] if variant["frame"] == code.python_code.co_name
-        }
+        variants = [v for v in metadata["GUARDS"] if v["frame"] == described.get("qualname", code.python_code.co_name)]
+        policy_dropped = {variant["variant"]: frozenset(variant.get("policy_dropped", ())) for variant in variants}
+        by_name = {variant["variant"]: variant.get("by_name", ()) for variant in variants}
         frame = _Frame(code, scope, state["defaults"] if is_entry else None,
-                       state["kwdefaults"] if is_entry else None, artifact, policy_dropped,
-                       metadata["FRAMES"][index].get("runs_as_python", False))
+                       state["kwdefaults"] if is_entry else None, artifact, policy_dropped, by_name,
+                       described.get("runs_as_python", False), target)
+        frame.label = described.get("qualname") or frame.name
+        frames.append(frame)
         if is_entry:
             entry = frame
         minted += [*code.backend_ids, *code.function_names, *frame.minted]
         if code.install_to_global:
-            if code.python_code.co_freevars:
-                def dispatcher(closure, _frame=frame):
-                    return _frame.with_closure(closure)
-            else:
-                dispatcher = frame
-            dispatcher.__precompile_artifact__ = tag
+            continuation = _continuation(frame, code, installed)
+            continuation.__precompile_artifact__ = tag
             for name in code.function_names:
-                _seed(scope, name, dispatcher, tag, artifact, module.__name__)
+                _seed(scope, name, continuation, tag, artifact, module.__name__)
     _reserve_minted_names(minted)
-    return entry
+    if not installed:
+        return entry
+    _install(frames, tag, artifact)
+    live_fn = _qualified(_module(metadata["FN_MODULE"], artifact), metadata["FRAMES"][0]["qualname"])
+    allow_compiles = metadata.get("__precompile_allow_serve_time_compiles__", False)
+    return _Installed(live_fn, frames, metadata["BACKEND"], artifact, allow_compiles)
+
+
+def _continuation(frame, code, installed):
+    """What Dynamo's bytecode calls a continuation by: standalone, our dispatcher; installed, a plain
+    function over the code object its variants are installed on (with free variables, a factory
+    taking the closure, as Dynamo binds it)."""
+    if not installed:
+        if not code.python_code.co_freevars:
+            return frame
+        return lambda closure, _frame=frame: _frame.with_closure(closure)
+    if code.python_code.co_freevars:
+        return lambda closure, _frame=frame: _types.FunctionType(_frame.target, _frame.scope, _frame.name, None, closure)
+    return _types.FunctionType(frame.target, frame.scope, frame.name)
+
+
+# -- installed serving -----------------------------------------------------------------------------
+
+
+def _check_dynamo_serves(artifact):
+    """An installed artifact serves through Dynamo's frame evaluator, and nothing may compile beside it."""
+    import os as _os
+
+    if torch._dynamo.config.compiled_autograd:
+        _fail(artifact, "torch._dynamo.config.compiled_autograd is enabled, which would compile backward graphs "
+                        "outside the artifact", "turn compiled autograd off before loading an installed artifact")
+    from torch._utils_internal import justknobs_check
+
+    switches = [
+        ("TORCHDYNAMO_DISABLE=1", _os.environ.get("TORCHDYNAMO_DISABLE", "") == "1"),
+        ("torch._dynamo.config.disable (TORCH_COMPILE_DISABLE=1)", bool(torch._dynamo.config.disable)),
+        ("the pytorch/compiler:enable_dynamo killswitch", not justknobs_check("pytorch/compiler:enable_dynamo")),
+    ]
+    off = [name for name, disabled in switches if disabled]
+    if off:
+        _fail(artifact, f"Dynamo is disabled here ({', '.join(off)}), and an installed artifact serves through "
+                        "Dynamo's frame evaluator", "enable Dynamo in the serving process")
+
+
+def _qualified(module, qualname):
+    value = module
+    for part in qualname.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _live_code(code, described, module, artifact, is_entry):
+    """The live code object an installed frame serves from, found by module and qualified name;
+    refused when its source changed since capture (the variants were compiled from the old one) or
+    when a live compile in this process already serves it."""
+    from torch._dynamo.package import SerializedCode, _lookup_code
+
+    where = f"{module.__name__}.{described['qualname']} (line {described['first_line']})"
+    if code.install_to_global:
+        return None  # a continuation: its code object travels in the artifact
+    try:
+        live = _qualified(module, described["qualname"]).__code__ if is_entry else _lookup_code(code)
+    except Exception as exc:  # noqa: BLE001 - whatever stops the lookup, the frame is not there
+        _fail(artifact, f"it installs onto {where}, which this process does not have ({type(exc).__name__}: {exc})",
+              "serve it with the code it was captured from")
+    if live != SerializedCode.to_code_object(code.python_code):
+        _fail(artifact, f"the code of {where} changed since capture (its variants were compiled from the old code)",
+              "capture the artifact again from the current source")
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    if _debug_get_cache_entry_list(live):
+        _fail(artifact, f"{where} already has live Dynamo cache entries (something compiled it in this process)",
+              "load the artifact in a fresh process")
+    return live
+
+
+def _install(frames, tag, artifact):
+    """Install each frame's variants onto its code object through Dynamo's hook for precompiled
+    entries (`_live_code` refused a frame a live compile already serves). Another installed
+    artifact's entries on the same code may stay: every entry was compiled from that very code, and
+    its guards decide."""
+    from torch._C._dynamo.eval_frame import _load_precompile_entry
+
+    for frame in frames:
+        frame.remedy = "capture this call too, or load with allow_serve_time_compiles=True"
+        installed = frame.scope.setdefault("__precompile_installed__", {})
+        tags = installed.setdefault(f"{frame.target.co_qualname}:{frame.target.co_firstlineno}", set())
+        if tag in tags:
+            continue  # this artifact was loaded before: its entries are there
+        tags.add(tag)
+        if frame.runs_as_python:
+            _run_as_python(frame.target, recursive=frame.runs_callees_inline)
+            continue
+        for manager, body in frame.variants:
+            _load_precompile_entry(frame.target, manager, body.__code__)
+
+
+def _run_as_python(code, recursive):
+    """Let Dynamo's frame evaluator run a frame as its original bytecode. A frame Dynamo gave up on in
+    the capture (no variant) ran that way with the frames it calls intercepted on their own: skip it
+    alone. A frame that compiled to no graph ran its calls inside its transformed code, never as frames
+    of their own: skip them with it, so none of them reaches the refusing callback."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    inner = _FrameAction.SKIP if recursive else _FrameAction.DEFAULT
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, inner))
+
+
+class _Installed:
+    """The served entry of an installed artifact: calls fn under Dynamo's frame evaluator, whose
+    precompiled entries serve the captured variants, with a callback that refuses to compile.
+
+    The process-wide stance still decides what a missed call does: under "force_eager" nothing is
+    intercepted, under "eager_on_recompile" misses run eagerly, and every stance that would compile
+    is refused, unless load allowed serve-time compiles (then it compiles as torch.compile would).
+    """
+
+    installed = True
+
+    def __init__(self, fn, frames, backend, artifact, allow_compiles):
+        self.fn = fn
+        self.artifact = artifact
+        self.frames = {frame.target: frame for frame in frames}
+        self.threads = torch.get_num_threads()
+        self.compile = torch._dynamo.optimize(backend).callback if allow_compiles else None
+
+    def __call__(self, *args, **kwargs):
+        from torch._C._dynamo.eval_frame import set_eval_frame
+        from torch._dynamo import eval_frame
+
+        stance = eval_frame._stance.stance
+        if stance == "force_eager":
+            callback = None
+        elif stance == "eager_on_recompile":
+            callback = False  # Dynamo's run-only mode: precompiled entries serve, misses run eagerly
+        elif self.compile is not None:
+            callback = eval_frame._callback_from_stance(self.compile)
+        else:
+            callback = self.refuse
+        if torch.get_num_threads() != self.threads:
+            self.threads = torch.get_num_threads()
+            for frame in self.frames.values():
+                frame.update_threads()
+        prior = set_eval_frame(None)
+        try:
+            set_eval_frame(callback)
+            return self.fn(*args, **kwargs)
+        finally:
+            set_eval_frame(prior)
+
+    def refuse(self, frame, cache_entry, frame_state):
+        """Dynamo's callback for a frame no installed entry served: what it would skip runs as it is;
+        a captured frame names each variant's failing guard; anything else it would compile is refused."""
+        from torch._dynamo import convert_frame, trace_rules
+        from torch._dynamo.types import ConvertFrameReturn
+
+        captured = self.frames.get(frame.f_code)
+        if captured is not None:
+            captured.miss(frame.f_locals)
+        if trace_rules.check(frame.f_code) or not convert_frame.has_tensor_in_frame(frame):
+            return ConvertFrameReturn()
+        code = frame.f_code
+        _fail(self.artifact, f"the call reached {code.co_qualname} ({code.co_filename}:{code.co_firstlineno}), a "
+                             "frame the capture never compiled, and an installed artifact compiles nothing",
+              "capture this call too, or load with allow_serve_time_compiles=True")
 
 
 _MINTED_NUMBER = _re.compile(r"^__\w*?_(\d+)(?:_[0-9a-f_]{36})?$")

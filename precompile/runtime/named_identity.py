@@ -1,0 +1,72 @@
+"""Identity guards kept by name: a dropped identity guard (ID_MATCH, CLOSURE_MATCH, CLASS_MATCH,
+...) whose object a serving process can find again by module and qualified name is checked there
+against that object, instead of going unchecked.
+
+Dynamo refuses to serialize identity guards (they hold process-local ids). Many pin objects that
+have a name: the function a decorator's wrapper closes over, a class, an enum member, a module. The
+artifact records `TYPE source is module:qualname[@unwraps]`, and the driver resolves the reference at
+load and checks the source against it on every call. Which guards qualify is decided here, at
+capture, and only when the reference resolves to the very same object in the capturing process.
+"""
+from __future__ import annotations
+
+import enum
+import importlib
+import re
+import types
+
+# Identity-checking guard types a reference can stand in for.
+NAMEABLE = frozenset({"ID_MATCH", "CLOSURE_MATCH", "CLASS_MATCH", "FUNCTION_MATCH", "MODULE_MATCH", "BUILTIN_MATCH"})
+
+# A guard source the driver can walk without eval: a local (x, or L['x']) or a global (G['x']), then
+# .attr, [0] or ['key'] steps, the whole optionally inside type(...).
+SOURCE = re.compile(r"(?:type\()?(?:[LG]\['[^'\]]+'\]|[A-Za-z_]\w*)(?:\.\w+|\[\d+\]|\['[^'\]]+'\])*\)?")
+
+_MAX_UNWRAPS = 8
+
+
+def reference(value) -> str | None:
+    """`module:qualname` (with `@N` when the name holds a wrapper N `__wrapped__` steps above the
+    object, as functools.wraps leaves a decorated method) that resolves to `value` itself; None if
+    the object has no such name (an instance, a local function, something in __main__)."""
+    if isinstance(value, types.ModuleType):
+        module, qualname = value.__name__, ""
+    elif isinstance(value, enum.Enum):
+        module, qualname = type(value).__module__, f"{type(value).__qualname__}.{value.name}"
+    else:
+        module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__" or "<" in qualname:
+        return None
+    try:
+        found = resolve(f"{module}:{qualname}")
+    except Exception:  # noqa: BLE001 - a name that does not resolve is no reference
+        return None
+    for unwraps in range(_MAX_UNWRAPS):
+        if found is value:
+            return f"{module}:{qualname}" + (f"@{unwraps}" if unwraps else "")
+        found = getattr(found, "__wrapped__", None)
+        if found is None:
+            return None
+    return None
+
+
+def resolve(ref: str):
+    """The object a reference names (the driver carries its own copy of this walk)."""
+    name, _, unwraps = ref.partition("@")
+    module, _, qualname = name.partition(":")
+    value = importlib.import_module(module)
+    for part in filter(None, qualname.split(".")):
+        value = getattr(value, part)
+    for _ in range(int(unwraps or 0)):
+        value = value.__wrapped__
+    return value
+
+
+def named_check(entry) -> str | None:
+    """`TYPE source is reference` for a guard checkable by name, else None."""
+    if entry.guard_type not in NAMEABLE or not entry.has_value or not SOURCE.fullmatch(entry.name):
+        return None
+    if entry.name.startswith("type(") != entry.name.endswith(")"):
+        return None
+    ref = reference(entry.value)
+    return None if ref is None else f"{entry.guard_type} {entry.name} is {ref}"

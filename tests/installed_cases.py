@@ -1,0 +1,104 @@
+"""Models whose graph breaks sit inside a child module, for installed-mode tests: an importable
+module, since an installed artifact finds each frame again by module and qualified name."""
+from __future__ import annotations
+
+import torch
+
+FLAG = True
+
+
+class PrintingChild(torch.nn.Module):
+    """Its forward graph-breaks on a print, as ordinary model code does."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x)
+        print("child saw", tuple(y.shape))
+        return torch.relu(y) * 2
+
+
+class DisabledHelperChild(torch.nn.Module):
+    """Calls a torch.compiler.disable'd method: Dynamo runs it eagerly and graph-breaks around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    @torch.compiler.disable
+    def clamp_eagerly(self, y):
+        return y.clamp(-1.0, 1.0)
+
+    def forward(self, x):
+        return self.clamp_eagerly(self.linear(x)).tanh()
+
+
+class Parent(torch.nn.Module):
+    def __init__(self, child: torch.nn.Module):
+        super().__init__()
+        self.pre = torch.nn.Linear(8, 8)
+        self.child = child
+
+    def forward(self, x):
+        return self.child(self.pre(x).sin()) + 1
+
+
+class Holder(Parent):
+    """Another parent class: two installed artifacts cannot share a frame in one process."""
+
+    def forward(self, x):
+        return self.child(self.pre(x).cos()) - 1
+
+
+def make(kind: str) -> Parent:
+    torch.manual_seed(0)
+    return Parent(PrintingChild()) if kind == "print" else Holder(DisabledHelperChild())
+
+
+def run(model, x):
+    return model(x)
+
+
+def run_holder(model, x):
+    return model(x)
+
+
+def train(model, x):
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    return loss.detach()
+
+
+def flagged(x, scale):
+    return x * scale + 1 if FLAG else x
+
+
+class BreakingMLP(torch.nn.Module):
+    """Wraps a transformers layer's MLP and graph-breaks inside it (a print, as debugging code does)."""
+
+    def __init__(self, mlp):
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x):
+        out = self.mlp(x)
+        print("mlp", tuple(out.shape))
+        return out
+
+
+def tiny_llama():
+    """A two-layer Llama built from a tiny config (nothing downloaded), its first layer's MLP breaking."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    model = LlamaForCausalLM(config).eval()
+    model.model.layers[0].mlp = BreakingMLP(model.model.layers[0].mlp)
+    return model
+
+
+def llama_logits(model, ids):
+    return model(input_ids=ids, use_cache=False).logits

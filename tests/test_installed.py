@@ -1,0 +1,323 @@
+"""Installed serving: a capture whose graph breaks sit inside functions the captured code calls (a
+child module's forward) installs its variants onto the live code objects at load and serves through
+Dynamo's frame evaluator, refusing to compile. Fresh processes throughout, as the spec's promises
+are about a serving process; captures are shared per session and use the eager backend."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import installed_cases as ic
+import precompile
+from conftest import fresh_json, run_fresh
+from precompile import PrecompileError
+
+
+def _capture(directory, name, fn, calls, *, grad=False, tracer=None):
+    artifact, cache = directory / f"{name}.py", directory / f"{name}.cache"
+    with torch.set_grad_enabled(grad), precompile.capture(
+        fn, artifact_path=artifact, cache_path=cache, tracer=tracer or precompile.DynamoTracer(), backend="eager"
+    ) as cap:
+        for args in calls:
+            cap(*args)
+        summary = cap.summary()
+    return artifact, cache, summary
+
+
+@pytest.fixture(scope="session")
+def installed(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("installed")
+    x = torch.ones(4, 8)
+    pairs = {
+        "print": _capture(directory, "print", ic.run, [(ic.make("print"), x)]),
+        "disabled": _capture(directory, "disabled", ic.run_holder, [(ic.make("disabled"), x)]),
+        "train": _capture(directory, "train", ic.train, [(ic.make("print"), x)], grad=True),
+    }
+    return directory, pairs
+
+
+def test_a_child_module_graph_break_captures_an_installed_artifact_that_lists_its_frames(installed):
+    from precompile.schema.pair import read_python_code
+
+    _, pairs = installed
+    for name in ("print", "disabled", "train"):
+        artifact, _, summary = pairs[name]
+        assert summary.complete and not summary.risky_dropped_guards, name
+        meta = read_python_code(artifact).metadata
+        assert meta.serving_mode == "installed", name
+    meta = read_python_code(pairs["print"][0]).metadata
+    roles = {frame.qualname: (frame.installed, bool(frame.resume_names)) for frame in meta.frames}
+    assert roles["run"] == (False, False)  # the entry
+    assert roles["Parent.forward"] == (True, False)
+    assert roles["PrintingChild.forward"] == (True, False)
+    assert any(resume for installed, resume in roles.values())  # the child's continuation after the print
+    child = next(frame for frame in meta.frames if frame.qualname == "PrintingChild.forward")
+    assert child.module == "installed_cases" and child.first_line == ic.PrintingChild.forward.__code__.co_firstlineno
+    assert "SERVING_MODE = 'installed'" in pairs["print"][0].read_text(encoding="utf-8")
+
+
+SERVE = r"""
+import json, sys
+import torch, precompile, installed_cases as ic
+from torch._dynamo.utils import counters
+from torch._C._dynamo.eval_frame import _debug_get_precompile_entries
+from torch._dynamo.eval_frame import _stance
+directory = sys.argv[1]
+def load(name, **kw):
+    return precompile.load(f"{directory}/{name}.py", f"{directory}/{name}.cache", **kw)
+def refused(fn):
+    try:
+        fn()
+    except precompile.PrecompileError as exc:
+        return str(exc)
+    return None
+report = {}
+x, other = torch.ones(4, 8), torch.ones(5, 8)
+printing, disabled = load("print"), load("disabled")
+report["stance after load"] = _stance.stance
+report["installed"] = [printing.installed, disabled.installed]
+report["entries on the child"] = len(_debug_get_precompile_entries(ic.PrintingChild.forward.__code__))
+with precompile.no_compilation(), torch.no_grad():
+    model, dmodel = ic.make("print"), ic.make("disabled")
+    report["served"] = [torch.equal(printing(model, x), ic.run(model, x)), torch.equal(disabled(dmodel, x), ic.run_holder(dmodel, x))]
+    report["miss"] = refused(lambda: printing(model, other))
+    for stance, kwargs in [("eager_then_compile", {}), ("default", {"force_backend": "eager"}), ("fail_on_recompile", {})]:
+        with torch.compiler.set_stance(stance, **kwargs):
+            report[f"miss under {stance}{'+force_backend' if kwargs else ''}"] = refused(lambda: printing(model, other))
+    with torch.compiler.set_stance("force_eager"):
+        report["force_eager"] = torch.equal(printing(model, other), ic.run(model, other))
+    with torch.compiler.set_stance("eager_on_recompile"):
+        report["eager_on_recompile"] = [torch.equal(printing(model, x), ic.run(model, x)),
+                                        torch.equal(printing(model, other), ic.run(model, other))]
+    with printing:
+        report["inside with"] = torch.equal(printing(model, x), ic.run(model, x))
+    printing.unload()
+    report["after unload"] = torch.equal(printing(model, x), ic.run(model, x))
+train = load("train")
+eager_model, served_model = ic.make("print"), ic.make("print")
+with precompile.no_compilation():
+    losses = [(ic.train(eager_model, x).item(), train(served_model, x).item()) for _ in range(2)]
+report["train losses equal"] = all(abs(a - b) < 1e-6 for a, b in losses)
+report["train grads equal"] = all(
+    torch.allclose(p.grad, q.grad) for p, q in zip(eager_model.parameters(), served_model.parameters()))
+report["compiles"] = dict(counters["stats"])
+print(json.dumps(report))
+"""
+
+
+def test_installed_artifacts_serve_in_a_fresh_process_with_the_stance_rules(installed):
+    directory, _ = installed
+    report = fresh_json(SERVE, str(directory))
+    assert report["stance after load"] == "default"  # fail_on_recompile's behaviour without setting it
+    assert report["installed"] == [True, True]
+    assert report["entries on the child"] == 1
+    assert report["served"] == [True, True]
+    assert "no captured variant of 'run' covers this call (1 captured)" in report["miss"]
+    assert "size mismatch at index 0. expected 4, actual 5" in report["miss"]
+    assert "allow_serve_time_compiles=True" in report["miss"]
+    for stance in ("eager_then_compile", "default+force_backend", "fail_on_recompile"):
+        assert "size mismatch" in (report[f"miss under {stance}"] or ""), stance
+    assert report["force_eager"] is True
+    assert report["eager_on_recompile"] == [True, True]
+    assert report["inside with"] is True and report["after unload"] is True
+    assert report["train losses equal"] and report["train grads equal"]
+    assert report["compiles"] == {}
+
+
+REFUSALS = r"""
+import json, sys
+import torch, precompile, installed_cases as ic
+directory = sys.argv[1]
+def refused(fn):
+    try:
+        fn()
+    except precompile.PrecompileError as exc:
+        return str(exc)
+    return None
+pair = (f"{directory}/print.py", f"{directory}/print.cache")
+report = {}
+torch._dynamo.config.compiled_autograd = True
+report["compiled autograd"] = refused(lambda: precompile.load(*pair))
+report["compiled autograd, compiles allowed"] = refused(lambda: precompile.load(*pair, allow_serve_time_compiles=True))
+torch._dynamo.config.compiled_autograd = False
+model = ic.make("print")
+with torch.no_grad():
+    torch.compile(ic.run, backend="eager")(model, torch.ones(4, 8))
+report["live entries"] = refused(lambda: precompile.load(*pair))
+print(json.dumps(report))
+"""
+
+
+def test_installed_load_refuses_compiled_autograd_live_entries_and_disabled_dynamo(installed):
+    directory, _ = installed
+    report = fresh_json(REFUSALS, str(directory))
+    assert "compiled_autograd is enabled" in report["compiled autograd"]
+    assert "compiled_autograd is enabled" in report["compiled autograd, compiles allowed"]
+    assert "already has live Dynamo cache entries" in report["live entries"]
+    assert "load the artifact in a fresh process" in report["live entries"]
+    code = f"import precompile; precompile.load({str(directory / 'print.py')!r}, {str(directory / 'print.cache')!r})"
+    proc = run_fresh(code, env={"TORCHDYNAMO_DISABLE": "1"})
+    assert proc.returncode == 1
+    assert "Dynamo is disabled here (TORCHDYNAMO_DISABLE=1" in proc.stderr
+
+
+EDITABLE = '''
+import torch
+
+class Child(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x)
+        print("break")
+        return y * 2
+
+
+def run(model, x):
+    return model(x) + 1
+'''
+
+
+def test_installed_load_refuses_a_frame_whose_source_changed_since_capture(tmp_path, monkeypatch):
+    package = tmp_path / "src"
+    package.mkdir()
+    (package / "edited_model.py").write_text(EDITABLE)
+    monkeypatch.syspath_prepend(str(package))
+    import edited_model
+
+    try:
+        artifact, cache, _ = _capture(tmp_path, "edited", edited_model.run, [(edited_model.Child(), torch.ones(2, 8))])
+    finally:
+        sys.modules.pop("edited_model", None)
+    (package / "edited_model.py").write_text(EDITABLE.replace("y * 2", "y * 3"))
+    code = f"import precompile; precompile.load({str(artifact)!r}, {str(cache)!r})"
+    proc = run_fresh(code, env={"PYTHONPATH": f"{package}"})
+    assert proc.returncode == 1, proc.stderr
+    assert "changed since capture" in proc.stderr and "capture the artifact again" in proc.stderr
+
+
+COMPILES = r"""
+import json, sys
+import torch, precompile, installed_cases as ic
+from torch._dynamo.utils import counters
+directory = sys.argv[1]
+served = precompile.load(f"{directory}/print.py", f"{directory}/print.cache", allow_serve_time_compiles=True)
+calls = {}
+for name, value in list(vars(ic).items()):  # count the captured variants' compiled graphs being called
+    if name.startswith("__compiled_fn") and hasattr(value, "__precompile_artifact__"):
+        def counting(*args, _name=name, _fn=value, **kwargs):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _fn(*args, **kwargs)
+        counting.__precompile_artifact__ = value.__precompile_artifact__
+        setattr(ic, name, counting)
+torch._dynamo.config.recompile_limit = 1
+model, report = ic.make("print"), {}
+with torch.no_grad():
+    report["miss compiles"] = torch.equal(served(model, torch.ones(5, 8)), ic.run(model, torch.ones(5, 8)))
+    report["graphs after miss"] = counters["stats"]["unique_graphs"]
+    report["captured first"] = torch.equal(served(model, torch.ones(4, 8)), ic.run(model, torch.ones(4, 8)))
+    report["captured calls"] = sum(calls.values())
+    report["past limit"] = torch.equal(served(model, torch.ones(7, 8)), ic.run(model, torch.ones(7, 8)))
+    report["graphs after limit"] = counters["stats"]["unique_graphs"]
+print(json.dumps(report))
+"""
+
+
+def test_allow_serve_time_compiles_compiles_a_miss_serves_captured_variants_first_and_honours_the_limit(installed):
+    directory, _ = installed
+    report = fresh_json(COMPILES, str(directory))
+    assert report["miss compiles"] is True and report["graphs after miss"] > 0
+    assert report["captured first"] is True and report["captured calls"] > 0
+    assert report["past limit"] is True
+    assert report["graphs after limit"] == report["graphs after miss"]  # past recompile_limit: eager
+
+
+MAIN_CHILD = r"""
+import sys, torch, precompile, installed_cases as ic
+class MainChild(ic.PrintingChild):  # defined in __main__: no serving process can import it
+    def forward(self, x):
+        y = self.linear(x)
+        print("main")
+        return y
+with precompile.capture(ic.run, artifact_path=sys.argv[1] + "/main.py", cache_path=sys.argv[1] + "/main.cache",
+                        backend="eager") as cap:
+    cap(ic.Parent(MainChild()), torch.ones(2, 8))
+"""
+
+
+def test_a_frame_an_installed_artifact_cannot_find_by_name_is_refused_at_write_time(tmp_path):
+    script = tmp_path / "capture_main.py"
+    script.write_text(MAIN_CHILD)
+    as_script = run_fresh(f"import runpy; runpy.run_path({str(script)!r}, run_name='__main__')", str(tmp_path))
+    assert as_script.returncode == 1
+    assert "must find again by module and qualified name" in as_script.stderr
+    assert "MainChild.forward (defined in __main__" in as_script.stderr
+    as_string = run_fresh(MAIN_CHILD, str(tmp_path))  # code with no source file at all
+    assert as_string.returncode == 1
+    assert "precompile.PrecompileError: the call compiled a frame the artifact cannot record" in as_string.stderr
+    assert not (tmp_path / "main.py").exists() and not (tmp_path / "main.cache").exists()
+
+
+def _drop(*names):
+    return lambda entries: [not any(name in entry.name for name in names) for entry in entries]
+
+
+def test_a_custom_filter_drop_is_listed_not_refused_unless_it_tells_variants_apart_or_is_configuration(tmp_path):
+    x4, x6 = torch.ones(4, 8), torch.ones(6, 8)
+    _, _, one_call = _capture(tmp_path, "one", ic.flagged, [(x4, 2.0)], tracer=precompile.DynamoTracer(guard_filter_fn=_drop("scale")))
+    assert any(source == "scale" for _, source in one_call.dropped_guards)
+    assert one_call.risky_dropped_guards == ()
+    assert (tmp_path / "one.py").exists()
+
+    with pytest.raises(PrecompileError, match=r"dropped guards that matter .*RISKY drops \[.*scale"):
+        _capture(tmp_path, "apart", ic.flagged, [(x4, 2.0), (x6, 3.0)],
+                 tracer=precompile.DynamoTracer(guard_filter_fn=_drop("scale"), dynamic=False))
+    assert not (tmp_path / "apart.py").exists()
+
+    with pytest.raises(PrecompileError, match=r"RISKY drops \[.*G\['FLAG'\]"):
+        _capture(tmp_path, "flag", ic.flagged, [(x4, 2.0)], tracer=precompile.DynamoTracer(guard_filter_fn=_drop("FLAG")))
+
+
+def test_inspect_presents_installed_frames(installed, capsys):
+    from precompile.cli import main
+
+    directory, _ = installed
+    assert main(["--color", "never", "show", str(directory / "print")]) == 0
+    out = capsys.readouterr().out
+    assert "serving mode installed" in out
+    assert "PrintingChild.forward in installed_cases: 1 variants (installed onto installed_cases.PrintingChild.forward, line" in out
+    assert "run in installed_cases: 1 variants (entry, line" in out
+    assert main(["--color", "never", "guards", str(directory / "print")]) == 0
+    assert "frame PrintingChild.forward variant 0:" in capsys.readouterr().out
+    assert main(["--color", "never", "diff", str(directory / "print"), str(directory / "disabled")]) == 1
+    out = capsys.readouterr().out
+    assert "PrintingChild.forward" in out and "DisabledHelperChild.forward" in out
+
+
+HF = r"""
+import json, sys
+import torch, precompile, installed_cases as ic
+from torch._dynamo.utils import counters
+directory = sys.argv[1]
+model = ic.tiny_llama()
+ids = torch.arange(6).reshape(1, 6) % 64
+with precompile.no_compilation(), torch.no_grad():
+    served = precompile.load(f"{directory}/llama.py", f"{directory}/llama.cache")
+    equal = torch.equal(served(model, ids), ic.llama_logits(model, ids))
+print(json.dumps({"installed": served.installed, "equal": equal, "compiles": dict(counters["stats"])}))
+"""
+
+
+def test_a_transformers_model_with_a_graph_break_in_a_layer_serves_installed(tmp_path):
+    pytest.importorskip("transformers")
+    model = ic.tiny_llama()
+    ids = torch.arange(6).reshape(1, 6) % 64
+    with torch.no_grad():
+        _, _, summary = _capture(tmp_path, "llama", ic.llama_logits, [(model, ids)])
+    assert summary.complete and not summary.risky_dropped_guards
+    report = fresh_json(HF, str(tmp_path))
+    assert report == {"installed": True, "equal": True, "compiles": {}}
