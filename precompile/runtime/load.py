@@ -14,7 +14,6 @@ from typing import Any
 from precompile.errors import PrecompileError, PrecompileWarning
 from precompile.schema.metadata import ArtifactMetadata, DynamoMetadata
 from precompile.schema.pair import (
-    declared_code_hash,
     pairing_problem,
     read_cache,
     read_python_code,
@@ -68,7 +67,7 @@ def _usable_cache(python_code, cache_path: Path):
     """The cache's envelope if it pairs with python_code; None (with a warning) if it is unusable."""
     cache = read_cache(cache_path, MAX_CACHE_SIZE)
     if cache.envelope is not None and cache.envelope.code_hash != python_code.code_hash:
-        if resolve_pending_cache(cache_path, python_code.data, declared_code_hash):
+        if resolve_pending_cache(cache_path, python_code.data):
             cache = read_cache(cache_path, MAX_CACHE_SIZE)
     if cache.envelope is None:
         warnings.warn(
