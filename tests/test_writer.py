@@ -143,6 +143,21 @@ def test_a_failed_write_under_the_lock_removes_the_pending_cache_and_the_lock(tm
     assert sorted(p.name for p in artifact.parent.iterdir()) == ["m.cache", "m.py"]
 
 
+def test_a_lock_held_too_long_is_a_clear_error_and_changes_nothing(tmp_path, monkeypatch):
+    import precompile.runtime.writer as writer
+    from precompile import PrecompileError
+
+    old, new = variant(tmp_path / "staged", "old"), variant(tmp_path / "staged", "new")
+    artifact, cache = tmp_path / "out/m.py", tmp_path / "out/m.cache"
+    writer.write_pair(artifact, cache, old.with_suffix(".py").read_bytes(), old.with_suffix(".cache").read_bytes())
+    monkeypatch.setattr(writer, "LOCK_TIMEOUT_S", 0.2)
+    with writer.pair_lock(cache):  # a second open file description: flock excludes it like another process
+        with pytest.raises(PrecompileError, match=r"could not write .*another process has held the lock .*\.m\.cache\.lock .*wait for the process saving this pair"):
+            writer.write_pair(artifact, cache, new.with_suffix(".py").read_bytes(), new.with_suffix(".cache").read_bytes())
+    assert whose(artifact, cache, [old]) == old
+    assert sorted(p.name for p in artifact.parent.iterdir()) == ["m.cache", "m.py"]
+
+
 # Where write_pair over an existing pair is killed: (os function, its occurrence in the writer),
 # and which pair a load then finds.
 KILL_POINTS = {

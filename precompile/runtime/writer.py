@@ -54,14 +54,15 @@ def lock_path(cache_path: Path) -> Path:
 
 
 @contextlib.contextmanager
-def pair_lock(cache_path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+def pair_lock(cache_path: Path) -> Iterator[None]:
     """Hold the pair's lock for the duration of the block; OSError if the lock file cannot be made,
-    TimeoutError if another process holds it longer than `timeout_s`.
+    TimeoutError if another process holds it longer than LOCK_TIMEOUT_S.
 
     The lock file is removed on release. A process that locked a file which was removed meanwhile
     holds nothing, so it checks that the path still names the file it locked and else tries again.
     """
     path = lock_path(cache_path)
+    timeout_s = LOCK_TIMEOUT_S
     deadline = time.monotonic() + timeout_s
     pause = 0.001
     while True:
@@ -73,7 +74,10 @@ def pair_lock(cache_path: Path, timeout_s: float = LOCK_TIMEOUT_S) -> Iterator[N
                     break
                 except BlockingIOError:
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"another process has held the lock {path} for over {timeout_s:.0f} s") from None
+                        raise TimeoutError(
+                            f"another process has held the lock {path} for over {timeout_s:g} s; "
+                            "wait for the process saving this pair, or stop it"
+                        ) from None
                     time.sleep(pause)
                     pause = min(pause * 2, 0.05)
             try:
@@ -217,24 +221,21 @@ def write_pair(artifact_path: Path, cache_path: Path, python_code: bytes, cache:
     log.info("wrote %s (%d bytes) and %s (%d bytes)", artifact_path, len(python_code), cache_path, len(cache))
 
 
-def resolve_pending_cache(cache_path: Path, python_code: bytes) -> bool:
+def resolve_pending_cache(cache_path: Path, python_code: bytes) -> None:
     """Finish a write interrupted between its two renames, if `<cache>.pending` pairs with python_code.
 
     Runs under the pair's lock, so it waits for a writer that is mid-rename rather than racing it.
-    Returns True when
-    the pending cache was moved into place. Any problem (a read-only directory, a lock held too long)
-    leaves everything as it was and returns False.
+    Any problem (a read-only directory, a lock held too long) leaves everything as it was.
     """
     pending = pending_path(cache_path)
     if not pending.exists():
-        return False
+        return
     try:
         with pair_lock(cache_path):
             data = pending.read_bytes()
             if declared_code_hash(data) != hashlib.sha256(python_code).hexdigest():
-                return False
+                return
             os.replace(pending, cache_path)
     except OSError:  # TimeoutError included
-        return False
+        return
     log.warning("finished an interrupted write: moved %s into place", pending)
-    return True
