@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import functools
 import hashlib
 import io
 import multiprocessing
@@ -196,9 +197,12 @@ def mutate_python_code(rng: random.Random, data: bytes) -> tuple[str, bytes]:
 
 
 def run_cli(argv: list[str]) -> tuple[int | str, str]:
-    """Run the CLI in this process: (exit code, or the name of what escaped it, its output)."""
-    from precompile.cli import main
+    """Run the CLI's entry point in this process: (exit code, or the name of what escaped it, its output)."""
+    from precompile import cli
 
+    if not hasattr(cli.build_parser, "cache_info"):  # building argparse's parser is most of a small call
+        cli.build_parser = functools.cache(cli.build_parser)
+    main = cli.main
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
@@ -276,6 +280,8 @@ def mutation_worker(args, work: Path, worker: int) -> dict:
         if rc in (0, 1, 2) and "Traceback (most recent call last)" in output:
             rc = "traceback printed"
         outcomes[rc if rc in (0, 1, 2, "hang") else "traceback"] += 1
+        if case % 1000 == worker:
+            print(f"mutation case {case} of {args.mutations}", file=sys.stderr, flush=True)
         if rc not in (0, 1, 2):
             failures.append((case, base, labels, argv[0], rc))
             keep = FAILURES / f"case-{case}"

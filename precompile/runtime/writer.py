@@ -18,8 +18,13 @@ The renames of two writers never interleave, so the pair on disk is the last loc
 and the fixed name `<cache>.pending` is only ever used by the lock holder. A writer killed between
 its two commit renames leaves its new python_code, the old cache and `<cache>.pending`: `load`
 (through `resolve_pending_cache`, under the same lock) or the next writer finishes that rename, so
-a loader always sees either the old pair or the new one. A write that fails with an error restores
-the old python_code and removes what it wrote.
+a load after any crash finds the old pair or the new one. A writer killed before its commit leaves
+the old pair and, at most, hidden temporaries that nothing reads and a lock file that locks nothing.
+A write that fails with an error restores the old python_code and removes what it wrote.
+
+Not covered: `load` reads the two files without the lock, so a load that overlaps a save can read
+python_code before that save's commit and the cache after it; it then refuses the pair as coming
+from different captures, and loading again succeeds.
 """
 from __future__ import annotations
 
