@@ -30,6 +30,7 @@ import contextlib
 import functools
 import hashlib
 import io
+import logging
 import multiprocessing
 import os
 import pickle
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -382,8 +384,6 @@ def pair_bytes(source: Path) -> tuple[bytes, bytes]:
 def classify_after_load(artifact: Path, cache: Path, old: tuple[bytes, bytes], new: list[tuple[bytes, bytes]] | None) -> str:
     """Load the pair (which finishes an interrupted write) and say whose it is: old, new, or what went wrong.
     `new` None: any whole pair other than the old one counts as new (a capture's, not known in advance)."""
-    import warnings
-
     import precompile
     from precompile.schema.pair import declared_code_hash
 
@@ -520,6 +520,8 @@ def table(title: str, header: tuple[str, ...], rows: list[tuple]) -> None:
 
 
 def main() -> int:
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy, as the CLI does
+    logging.getLogger("precompile").setLevel(logging.ERROR)  # load's "finished an interrupted write" is expected here
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mutations", type=int, default=10_000)
     parser.add_argument("--subprocess", type=int, default=30, help="of the mutations, how many run in a fresh process")
