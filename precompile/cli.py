@@ -26,7 +26,7 @@ class _StatusHandler(logging.Handler):
 
 
 def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
-    from precompile.demo import run_demo
+    from precompile.demo import TOLERANCE, run_demo
 
     logger = logging.getLogger("precompile")
     with err.status("starting", spinner="dots") as status:
@@ -49,6 +49,13 @@ def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
     out.print(f"max |served - eager| = {served['max_abs_diff']:.3g}: {'match' if report.ok else 'MISMATCH'}")
     out.print(f"artifact: {report.artifact_path}")
     out.print(f"cache:    {report.cache_path}")
+    if not report.ok:
+        err.print(
+            f"precompile: error: the pair served in a fresh process differs from eager by {served['max_abs_diff']:.3g} "
+            f"(over the {TOLERANCE:g} tolerance): ({report.artifact_path}, {report.cache_path}) does not reproduce the model; "
+            "report it with both files",
+            markup=False,
+        )
     return 0 if report.ok else 1
 
 

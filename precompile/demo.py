@@ -10,6 +10,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from precompile.errors import PrecompileError
+
+
+TOLERANCE = 1e-4
+"""The largest |served - eager| the demo accepts as a match."""
+SERVED_KEYS = {"load_s", "first_call_s", "max_abs_diff", "cache_used", "inductor_imported"}
+"""What the fresh process's report must hold (precompile.examples.serve_demo prints it)."""
+
 
 @dataclass
 class DemoReport:
@@ -21,7 +29,7 @@ class DemoReport:
 
     @property
     def ok(self) -> bool:
-        return self.served is not None and self.served["max_abs_diff"] <= 1e-4
+        return self.served is not None and self.served["max_abs_diff"] <= TOLERANCE
 
 
 def run_demo(directory: Path, backend: str) -> DemoReport:
@@ -60,7 +68,26 @@ def run_demo(directory: Path, backend: str) -> DemoReport:
             env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": empty_cache},
         )
     report.steps.append(("fresh process: import, load and first call under no_compilation(), compare", time.perf_counter() - started))
+    rerun = f"run `{sys.executable} -m precompile.examples.serve_demo {report.artifact_path} {report.cache_path}` to see its whole output"
     if child.returncode != 0:
-        raise RuntimeError(f"the fresh process failed:\n{child.stderr.strip()}")
-    report.served = json.loads(child.stdout.strip().splitlines()[-1])
+        lines = child.stderr.strip().splitlines()
+        raise PrecompileError(
+            f"the fresh process serving ({report.artifact_path}, {report.cache_path}) failed with exit code "
+            f"{child.returncode}: {lines[-1] if lines else 'no error output'}; {rerun}"
+        )
+    report.served = _served_report(child.stdout)
+    if report.served is None:
+        raise PrecompileError(
+            f"the fresh process serving ({report.artifact_path}, {report.cache_path}) exited 0 but printed no report; {rerun}"
+        )
     return report
+
+
+def _served_report(stdout: str) -> dict | None:
+    """The fresh process's JSON report (its last line), or None if it printed none."""
+    lines = stdout.strip().splitlines()
+    try:
+        served = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        return None
+    return served if isinstance(served, dict) and SERVED_KEYS <= served.keys() else None

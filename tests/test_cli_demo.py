@@ -1,10 +1,14 @@
 """The main job, `precompile demo`, end to end, and the library's step reports."""
 from __future__ import annotations
 
+import json
 import logging
+import re
 import subprocess
 import sys
+import types
 
+import pytest
 import torch
 
 import precompile
@@ -37,3 +41,38 @@ def test_library_reports_steps_through_the_precompile_logger_and_prints_nothing(
 def test_cli_usage_errors_exit_2():
     proc = subprocess.run([sys.executable, "-m", "precompile", "frobnicate"], capture_output=True, text=True)
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("child", "code", "message"),
+    [
+        (
+            subprocess.CompletedProcess([], 1, "", "Traceback (most recent call last):\n  ...\nRuntimeError: boom\n"),
+            2,
+            r"precompile: error: the fresh process serving \(.*transformer.py, .*transformer.cache\) failed with exit code 1: "
+            r"RuntimeError: boom; run `.* -m precompile.examples.serve_demo .*` to see its whole output",
+        ),
+        (
+            subprocess.CompletedProcess([], 0, "warming up\n", ""),
+            2,
+            r"precompile: error: the fresh process serving .* exited 0 but printed no report; run `",
+        ),
+        (
+            subprocess.CompletedProcess([], 0, json.dumps({
+                "load_s": 0.1, "first_call_s": 0.1, "max_abs_diff": 0.5, "cache_used": True, "inductor_imported": False,
+            }), ""),
+            1,
+            r"precompile: error: the pair served in a fresh process differs from eager by 0.5 \(over the 0.0001 tolerance\)",
+        ),
+    ],
+    ids=["child-crashes", "child-prints-no-report", "mismatch"],
+)
+def test_demo_failures_are_clear_errors_with_a_non_zero_exit(tmp_path, monkeypatch, capsys, child, code, message):
+    import precompile.demo as demo
+    from precompile.cli import main
+
+    monkeypatch.setattr(demo, "subprocess", types.SimpleNamespace(run=lambda *args, **kwargs: child))
+    assert main(["--color", "never", "demo", str(tmp_path / "out"), "--backend", "eager"]) == code
+    err = capsys.readouterr().err
+    assert re.search(message, err.replace("\n", " ")), err
+    assert "Traceback" not in err

@@ -151,6 +151,28 @@ def test_unbacked_marks_are_refused_with_eager_and_when_the_graph_guards_on_them
     assert not (tmp_path / "u.py").exists()
 
 
+def scale_rows(x, w):
+    return (x * w).relu().sum(dim=1)
+
+
+def test_dims_after_the_first_can_be_marked_unbacked(tmp_path):
+    """Dims 1 and 2 of one input marked in one capture (one compile): any size of either serves."""
+    from torch._dynamo.decorators import mark_unbacked
+
+    x, w = torch.randn(2, 5, 3), torch.randn(2, 1, 1)
+    mark_unbacked(x, 1)
+    mark_unbacked(x, 2)
+    with precompile.capture(
+        scale_rows, artifact_path=tmp_path / "d.py", cache_path=tmp_path / "d.cache", tracer=precompile.MakeFxTracer()
+    ) as cap:
+        cap(x, w)
+    runnable = precompile.load(tmp_path / "d.py", tmp_path / "d.cache")
+    assert runnable.metadata.inputs[0].shape == (2, None, None)
+    for rows, cols in ((1, 1), (7, 3), (4, 11)):
+        y = torch.randn(2, rows, cols)
+        assert torch.allclose(runnable(y, w), scale_rows(y, w))
+
+
 def aliasing(model, x):
     return model(x), x, x.t(), model.weight, x.view(-1)[:3]
 

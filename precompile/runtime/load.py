@@ -14,7 +14,6 @@ from typing import Any
 from precompile.errors import PrecompileError, PrecompileWarning
 from precompile.schema.metadata import ArtifactMetadata, DynamoMetadata
 from precompile.schema.pair import (
-    declared_code_hash,
     pairing_problem,
     read_cache,
     read_python_code,
@@ -69,8 +68,10 @@ def _usable_cache(python_code, cache_path: Path):
     """The cache's envelope if it pairs with python_code; None (with a warning) if it is unusable."""
     cache = read_cache(cache_path, MAX_CACHE_SIZE)
     if cache.envelope is not None and cache.envelope.code_hash != python_code.code_hash:
-        if resolve_pending_cache(cache_path, python_code.data, declared_code_hash):
-            cache = read_cache(cache_path, MAX_CACHE_SIZE)
+        # A write interrupted between its renames, or one still renaming (resolving waits for its
+        # lock): either way the cache that pairs may be in place now.
+        resolve_pending_cache(cache_path, python_code.data)
+        cache = read_cache(cache_path, MAX_CACHE_SIZE)
     if cache.envelope is None:
         warnings.warn(
             f"ignoring the cache: {cache.problem}. Loading from python_code {python_code.path} alone "

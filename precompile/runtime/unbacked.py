@@ -39,7 +39,7 @@ def refuse_unsupported_marks(path: str, tensor: torch.Tensor, *, allow_unbacked:
             f"{path} was marked with mark_unbacked(..., hint_override=...), which precompile does not support yet; "
             "mark the dim without it"
         )
-    if any(getattr(tensor, "_specialize_on", None) or {}.values()):
+    if any((getattr(tensor, "_specialize_on", None) or {}).values()):  # {dim: [specializations]}
         raise PrecompileError(f"{path} was marked with mark_unbacked(..., specialize_on=...), which precompile does not support")
 
 
