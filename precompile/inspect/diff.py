@@ -1,7 +1,9 @@
 """Semantic diff of two artifacts, keyed by identity (names, paths, field names), not position.
 
 Sections come in a fixed order, most meaningful first: guards, inputs, outputs, params, buffers,
-metadata, envelope, bundle; then a normalized unified diff of python_code section by section.
+metadata, envelope, bundle, entries (a Mega-Cache's, entry by entry); then a normalized unified diff of
+python_code section by section. Names Dynamo mints per process (graph uuids, continuation counters)
+are masked throughout, so two captures of the same code in two processes compare equal.
 """
 from __future__ import annotations
 
@@ -9,13 +11,14 @@ import difflib
 import re
 
 from precompile.inspect.guards import guards_of, shape_text
-from precompile.inspect.model import Artifact
+from precompile.inspect.model import Artifact, MegaCache
+from precompile.inspect.process_ids import mask_process_ids
 from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
 from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.schema.pycode import decode_source
 
-SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle")
+SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
 _DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
 
 
@@ -91,6 +94,25 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
             env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
             out["bundle"] = {f.path: f"{f.kind} {f.size} bytes sha256 {f.sha256}" for f in bundle.files}
         out["envelope"] = env
+    elif artifact.cache.upstream is not None and (artifact.cache.upstream.precompile or artifact.cache.upstream.mega_cache):
+        upstream = artifact.cache.upstream
+        env = {"kind": artifact.cache.kind}
+        mega = upstream.mega_cache
+        if upstream.precompile is not None:
+            envelope = upstream.precompile
+            mega = envelope.artifact
+            env.update({
+                "format": envelope.format,
+                "version": str(envelope.version),
+                "backend": str(envelope.backend),
+                "code_hash": str(envelope.code_hash),
+                "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
+                "artifact": "None" if mega is None else f"Mega-Cache {mega.blob.size} bytes sha256 {mega.blob.sha256}",
+            })
+        if mega is not None:
+            env["mega_cache.encoding_version"] = str(mega.encoding_version)
+            out["entries"] = _entries(mega)
+        out["envelope"] = env
     elif artifact.cache.upstream is not None:
         upstream = artifact.cache.upstream
         env = {"kind": artifact.cache.kind}
@@ -100,13 +122,27 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
                 env[f"{scan.member}: imports {imp.module}.{imp.name}"] = imp.risk
         out["envelope"] = env
         out["bundle"] = {member.name: f"zip member {member.size} bytes" for member in upstream.members}
-    elif artifact.cache.kind != "missing":
+    elif artifact.cache.kind not in ("missing", "absent"):
         out["envelope"] = {"kind": artifact.cache.kind}
+    code = artifact.python_code.upstream
+    if code is not None:
+        out["metadata"] = {"BACKEND": str(code.backend), **{literal.name: literal.value for literal in code.literals}}
+    return {section: {mask_process_ids(k): mask_process_ids(v) for k, v in values.items()} for section, values in out.items()}
+
+
+def _entries(mega: MegaCache) -> dict[str, str]:
+    """A Mega-Cache entry by entry, keyed by (kind, key): its content, and what its pickle would import."""
+    out = {}
+    for entry in mega.entries:
+        value = f"{entry.content} {entry.file.size} bytes sha256 {entry.file.sha256}"
+        if entry.scan is not None:
+            value += "; imports " + (", ".join(f"{i.module}.{i.name} ({i.risk})" for i in entry.scan.imports) or "nothing")
+        out[f"{entry.kind} {entry.key}"] = value
     return out
 
 
 def _normalize(text: str) -> list[str]:
-    return [_DIGEST.sub("<sha256>", line.rstrip()) for line in text.splitlines()]
+    return [_DIGEST.sub("<sha256>", mask_process_ids(line.rstrip())) for line in text.splitlines()]
 
 
 def _code_sections(artifact: Artifact, data: bytes | None) -> dict[str, list[str]]:
@@ -155,8 +191,8 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
         p for art in (a, b) for p in (art.python_code.problem, art.cache.problem) if p is not None
     )
     return DiffReport(
-        a=a.python_code.path,
-        b=b.python_code.path,
+        a=a.python_code.path or a.cache.path,
+        b=b.python_code.path or b.cache.path,
         equal=not entries and not code,
         entries=tuple(entries),
         python_code=tuple(code),
