@@ -7,12 +7,15 @@ are masked throughout, so two captures of the same code in two processes compare
 """
 from __future__ import annotations
 
+import ast
+import base64
+import binascii
 import difflib
 import re
 
 from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.model import Artifact, MegaCache
-from precompile.inspect.process_ids import mask_process_ids
+from precompile.inspect.process_ids import mask_process_ids, opaque_fingerprint
 from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
 from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
@@ -83,11 +86,14 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
             "producer.precompile": envelope.producer.precompile,
             "producer.torch": envelope.producer.torch,
             "producer.python": envelope.producer.python,
-            "code_hash": envelope.code_hash,
             "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
         }
+        if artifact.given != "pair":
+            env["code_hash"] = envelope.code_hash  # with python_code at hand, its sections and `pairs` say it all
         bundle = envelope.bundle
         if bundle is not None:
+            if artifact.given != "pair":
+                env["code_hash"] = str(envelope.code_hash)
             env.update({f"bundle.keys.{k}": v for k, v in bundle.keys.items()})
             env["bundle.payload_size"] = str(bundle.payload_size)
             env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
@@ -101,11 +107,12 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
         if upstream.precompile is not None:
             envelope = upstream.precompile
             mega = envelope.artifact
+            if artifact.given != "pair":
+                env["code_hash"] = str(envelope.code_hash)
             env.update({
                 "format": envelope.format,
                 "version": str(envelope.version),
                 "backend": str(envelope.backend),
-                "code_hash": str(envelope.code_hash),
                 "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
                 "artifact": "None" if mega is None else f"Mega-Cache {mega.blob.size} bytes sha256 {mega.blob.sha256}",
             })
@@ -117,6 +124,8 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
         upstream = artifact.cache.upstream
         env = {"kind": artifact.cache.kind}
         for scan in upstream.pickles:
+            if artifact.given != "pair":
+                env["code_hash"] = str(envelope.code_hash)
             env.update({f"{scan.member}: {field.key}": field.summary for field in scan.fields})
             for imp in scan.flagged:
                 env[f"{scan.member}: imports {imp.module}.{imp.name}"] = imp.risk
@@ -156,11 +165,34 @@ def _code_sections(artifact: Artifact, data: bytes | None) -> dict[str, list[str
     for section, text in split_sections(source):
         lines = _normalize(text)
         if section.slug.startswith("opaque"):
-            # Pickled state differs between any two captures (Dynamo mints fresh ids); what it means
-            # is compared above, through the metadata and guards it is described by.
-            lines = [line for line in lines if line.startswith("#")]
+            # Pickled state differs between any two captures (Dynamo mints fresh ids): it is compared
+            # through a fingerprint of its opcode stream with those ids masked, never line by line.
+            lines = [line for line in lines if line.startswith("#")] + _fingerprints(text)
         sections[section.slug] = lines
     return sections
+
+
+def _fingerprints(text: str) -> list[str]:
+    """One line per base64 pickle assigned in an opaque section: its name and masked fingerprint."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ["# opaque state: not parseable, compared by its comment lines only"]
+    lines = []
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        try:
+            value = ast.literal_eval(node.value)
+            chunks = (value,) if isinstance(value, str) else value
+            data = base64.b64decode("".join(chunks), validate=True)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, binascii.Error):
+            continue
+        fingerprint = opaque_fingerprint(data)
+        if fingerprint is not None:
+            # 32 hex digits: a full-length digest line would itself be masked as "<sha256>".
+            lines.append(f"# {node.targets[0].id}: pickle, fingerprint with per-process names masked {fingerprint[:32]}")
+    return lines
 
 
 def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *, context: int = 3) -> DiffReport:
