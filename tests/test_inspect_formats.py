@@ -249,3 +249,14 @@ def test_every_verb_reads_upstream_fixtures_without_torch(tmp_path):
     codes = json.loads(proc.stderr.strip().splitlines()[-1])
     assert set(codes.values()) <= {0, 1, 2}
     assert codes["extract fixtures/upstream/mega_cache.bin"] == 0 and codes["diff fixtures/upstream/eager eager"] == 0
+
+
+def test_guards_and_verify_of_upstream_pairs(capsys):
+    rc, out, err = run_cli(capsys, ["guards", "--json", "fixtures/upstream/train_step"])
+    assert rc == 0, err
+    specs = {(s["kind"], s["path"]): s["value"] for s in json.loads(out)["guards"]["specializations"]}
+    assert specs[("shape", "input leaf 1")] == "(3, 2)" and specs[("param", "2.weight")] == "(2, 8) torch.float32 cpu"
+    rc, out, err = run_cli(capsys, ["verify", "fixtures/upstream/eager"])
+    assert rc == 0 and "ok    code hash: " + hashlib.sha256((UPSTREAM / "eager.py").read_bytes()).hexdigest() in out, out + err
+    rc, out, _ = run_cli(capsys, ["verify", "fixtures/upstream/eager.py", "fixtures/upstream/train_step.cache"])
+    assert rc == 1 and "FAIL  code hash: the cache's code hash is" in out

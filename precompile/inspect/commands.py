@@ -1,7 +1,8 @@
 """The inspect verbs of the `precompile` command: show, guards, diff, verify, extract, schema.
 
 `register(verbs)` adds them to the CLI's subparsers. Every verb takes an artifact as
-PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME; has `--json`; prints data on
+PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME (show, diff and extract also
+one file alone, of any kind `reader.open_one` tells by content); has `--json`; prints data on
 stdout and diagnostics on stderr; and exits 0 (clean), 1 (a finding: different, failed check,
 unpaired or flagged) or 2 (trouble: a file is unreadable, foreign or newer than understood).
 """

@@ -135,7 +135,7 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
         out["envelope"] = {"kind": artifact.cache.kind}
     code = artifact.python_code.upstream
     if code is not None:
-        out["metadata"] = {"BACKEND": str(code.backend), **{literal.name: literal.value for literal in code.literals}}
+        out["metadata"] = {literal.name: literal.value for literal in code.literals}
     return {section: {mask_process_ids(k): mask_process_ids(v) for k, v in values.items()} for section, values in out.items()}
 
 

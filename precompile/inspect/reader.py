@@ -2,7 +2,8 @@
 
 Reuses the schema's readers (`precompile.schema.pair`, `pycode`, `codec`); adds what forensics
 needs on top: a model that keeps going past a bad file, version tags read even when too new, and
-recognition of upstream torch caches (a torch.save zip, or a bare pickle) scanned statically.
+recognition of the formats of `formats/` (upstream precompile pairs, Mega-Caches, torch.save zips,
+bare pickles), every pickle scanned statically.
 By default the cache is read header-first (the payload is only measured); `deep=True` also reads
 and hashes the payload, for verify and extract.
 """
