@@ -260,3 +260,39 @@ def test_guards_and_verify_of_upstream_pairs(capsys):
     assert rc == 0 and "ok    code hash: " + hashlib.sha256((UPSTREAM / "eager.py").read_bytes()).hexdigest() in out, out + err
     rc, out, _ = run_cli(capsys, ["verify", "fixtures/upstream/eager.py", "fixtures/upstream/train_step.cache"])
     assert rc == 1 and "FAIL  code hash: the cache's code hash is" in out
+
+
+def _mutate(rng, data: bytes) -> bytes:
+    data = bytearray(data)
+    for _ in range(rng.randrange(1, 4)):
+        index = rng.randrange(len(data) + 1)
+        choice = rng.randrange(3)
+        if choice == 0:
+            del data[index:]
+        elif choice == 1 and index < len(data):
+            data[index] ^= 1 << rng.randrange(8)
+        else:
+            data[index:index] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 9)))
+    return bytes(data)
+
+
+def test_mutated_mega_caches_and_upstream_envelopes_are_reported_never_raised():
+    """Seeded mutations reach past the checksum (it is recomputed) and into data.pkl: every one reads
+    into a model or a clean problem; the readers never raise and never call anything."""
+    import random
+    import zipfile
+
+    from precompile.inspect.formats.mega_cache import read_mega_cache
+    from precompile.inspect.formats.upstream import upstream_envelope
+
+    rng = random.Random("formats-fuzz")
+    mega = (UPSTREAM / "mega_cache.bin").read_bytes()
+    data_pkl = zipfile.ZipFile(UPSTREAM / "inductor.cache").read("archive/data.pkl")
+    problems = 0
+    for _ in range(300):
+        body = _mutate(rng, mega[4:])
+        result = read_mega_cache(zlib.crc32(body).to_bytes(4, "big") + body, where="fuzz")
+        problems += result.problem is not None
+        envelope = upstream_envelope(_mutate(rng, data_pkl), where="fuzz")
+        assert envelope is None or envelope.format == "torch.compiler.precompile"
+    assert problems > 0  # the mutations did reach the parser's checks

@@ -20,6 +20,7 @@ import msgspec
 from precompile.errors import PrecompileError
 from precompile.inspect.formats.mega_cache import looks_like_mega_cache, read_mega_cache
 from precompile.inspect.formats.upstream import (
+    CACHE_VERSION,
     envelope_problem,
     upstream_code,
     upstream_envelope,
@@ -255,7 +256,7 @@ def _read_zip(path: str, size: int) -> CacheInfo:
             format_version=envelope.version,
             upstream=UpstreamCache(container="torch_save_zip", members=members, pickles=tuple(pickles), precompile=envelope),
             problem=envelope_problem(envelope, path),
-            newer=envelope.version is not None and envelope.version > 1,
+            newer=envelope.version is not None and envelope.version > CACHE_VERSION,
         )
     if not any(m.name.endswith("data.pkl") for m in members):
         upstream_note = f"cache {path} is a zip file without a data.pkl: neither a precompile cache nor a torch.save archive"
@@ -300,8 +301,7 @@ def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False)
     cache = read_cache(cache_path, deep=deep)
     envelope = cache.upstream.precompile if cache.upstream is not None else None
     if code_info.upstream is not None and envelope is not None:
-        data = read_bytes(Path(python_code_path), "python_code", MAX_PYTHON_CODE_SIZE)
-        problem = upstream_pairing_problem(data, code_info.upstream, envelope)
+        problem = upstream_pairing_problem(code_info.file.sha256, code_info.upstream, envelope)
         return Artifact(python_code=code_info, cache=cache, pairs=problem is None, pairing_problem=problem)
     if code is None or cache.envelope is None:
         return Artifact(python_code=code_info, cache=cache, pairs=None)
@@ -325,7 +325,7 @@ def open_one(path: str, *, deep: bool = False) -> Artifact:
         raise PrecompileError(f"could not read {path}: {exc.strerror or exc}") from None
     if _is_cache_content(head, path):
         cache = read_cache(path, deep=deep)
-        if cache.kind == "pickle":
+        if cache.kind == "pickle" and cache.upstream is not None:
             cache = msgspec.structs.replace(cache, problem=None)  # alone, a bare pickle is what was asked about
         return Artifact(python_code=PythonCodeInfo(path=""), cache=cache, pairs=None, given="cache")
     code_info, _ = read_python_code(path)

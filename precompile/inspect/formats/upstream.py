@@ -10,8 +10,6 @@ the python_code bytes.
 """
 from __future__ import annotations
 
-import hashlib
-
 from precompile.inspect.formats.mega_cache import read_mega_cache
 from precompile.inspect.formats.pickle_values import PickleValueError, pickle_value
 from precompile.inspect.model import NamedValue, UpstreamCodeInfo, UpstreamPrecompile
@@ -78,11 +76,11 @@ def envelope_problem(envelope: UpstreamPrecompile, path: str) -> str | None:
     return envelope.artifact.problem if envelope.artifact is not None else None
 
 
-def upstream_pairing_problem(python_code: bytes, code: UpstreamCodeInfo, envelope: UpstreamPrecompile) -> str | None:
-    """Why this upstream cache does not belong to this upstream python_code (upstream's load refuses it), or None."""
+def upstream_pairing_problem(digest: str, code: UpstreamCodeInfo, envelope: UpstreamPrecompile) -> str | None:
+    """Why this upstream cache does not belong to the upstream python_code whose sha256 is `digest`
+    (upstream's load refuses such a pair), or None."""
     if envelope.backend != code.backend:
         return f"the cache's backend {envelope.backend!r} does not match the python_code BACKEND {code.backend!r}"
-    digest = hashlib.sha256(python_code).hexdigest()
     if envelope.code_hash != digest:
         return f"the cache's code_hash {envelope.code_hash} does not match sha256(python_code) {digest}"
     return None
