@@ -477,13 +477,12 @@ def test_readable_parts_of_a_dynamo_artifact_are_locked(dynamo_pairs, snapshot):
 
     from snapshot_extensions import PythonSourceSnapshot
 
+    from precompile.inspect.process_ids import mask_process_ids
+
     _, pairs = dynamo_pairs
     source = pairs["break_eager"][0].read_text(encoding="utf-8")
     readable = re.sub(r"(# \d+\. Opaque state: [^\n]*\n# =+\n)_dynamo_state = \(.*?\n\)\n", r"\1<opaque state elided>\n", source, flags=re.S)
-    readable = re.sub(r"pickled \(\d+ bytes, sha256 [0-9a-f]{64}\)", "pickled (<size>, <sha256>)", readable)
-    # Dynamo mints a uuid per graph and numbers continuations from a process-wide counter.
-    readable = re.sub(r"__compiled_fn_\d+_[0-9a-f_]{36}", "__compiled_fn_<n>_<uuid>", readable)
-    readable = re.sub(r"(__resume_at_\d+)_\d+", r"\1_<n>", readable)
+    readable = mask_process_ids(readable)  # the one mask `precompile diff` uses too
     assert "_dynamo_state" not in readable.split("Driver: rebuilds")[0]
     assert readable == snapshot.use_extension(PythonSourceSnapshot)
 

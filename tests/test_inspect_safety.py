@@ -146,4 +146,6 @@ def test_zip_member_size_is_bounded(capsys, tmp_path, monkeypatch):
 def test_missing_cache_is_reported(capsys, tmp_path):
     shutil.copy(FIXTURES / "v1/mlp.py", tmp_path / "only.py")
     rc, out, err = run_cli(capsys, ["show", str(tmp_path / "only.py")])
+    assert rc == 0 and "cache: none given (no NAME.cache beside it); python_code shown alone" in out  # one file alone is shown
+    rc, out, err = run_cli(capsys, ["show", str(tmp_path / "only.py"), str(tmp_path / "only.cache")])
     assert rc == 2 and "does not exist" in err and "pairs: cannot tell" in out

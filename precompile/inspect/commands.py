@@ -1,7 +1,8 @@
 """The inspect verbs of the `precompile` command: show, guards, diff, verify, extract, schema.
 
 `register(verbs)` adds them to the CLI's subparsers. Every verb takes an artifact as
-PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME; has `--json`; prints data on
+PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME (show, diff and extract also
+one file alone, of any kind `reader.open_one` tells by content); has `--json`; prints data on
 stdout and diagnostics on stderr; and exits 0 (clean), 1 (a finding: different, failed check,
 unpaired or flagged) or 2 (trouble: a file is unreadable, foreign or newer than understood).
 """
@@ -15,9 +16,11 @@ import sys
 from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
-from precompile.inspect.reader import open_artifact, resolve_pair
+from precompile.inspect.reader import open_artifact, open_given, resolve_pair
 
 ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
+ONE_FILE_HELP = (f"{ARTIFACT_HELP}; or one file alone of any kind known (told by content): a precompile or upstream "
+                 "torch.compiler.precompile cache, a Mega-Cache blob, a bare pickle, python_code")
 
 
 def _artifact(paths: list[str], *, deep: bool = False) -> Artifact:
@@ -71,7 +74,7 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
 def _show(args, out, err) -> int:
     from precompile.inspect.report import ShowReport
 
-    artifact = _artifact(args.artifact)
+    artifact = open_given(args.artifact)
     problems, findings = _problems(artifact), _findings(artifact)
     report = ShowReport(artifact=artifact, problems=problems)
     _emit(args, out, report, render_text.render_show(report) if not args.json else ())
@@ -105,8 +108,12 @@ def _read_code(artifact: Artifact) -> bytes | None:
 def _diff(args, out, err) -> int:
     from precompile.inspect.diff import diff
 
-    a = _artifact([args.a])
-    b = _artifact([args.b])
+    if len(args.paths) == 4:
+        a, b = _artifact(args.paths[:2]), _artifact(args.paths[2:])
+    elif len(args.paths) == 2:
+        a, b = open_given(args.paths[:1]), open_given(args.paths[1:])
+    else:
+        raise PrecompileError(f"diff compares two artifacts: A B, or A.py A.cache B.py B.cache; got {len(args.paths)} paths")
     report = diff(a, b, _read_code(a), _read_code(b), context=args.context)
     _emit(args, out, report, render_text.render_diff(report) if not args.json else ())
     _diagnose(err, report.problems)
@@ -130,7 +137,7 @@ def _extract(args, out, err) -> int:
 
     if len(args.paths) < 2:
         raise PrecompileError("extract needs an artifact and a directory: extract ARTIFACT [CACHE] DIR")
-    artifact = _artifact(args.paths[:-1], deep=True)
+    artifact = open_given(args.paths[:-1], deep=True)
     report = extract(artifact, _read_code(artifact) or b"", args.paths[-1])
     _emit(args, out, report, render_text.render_extract(report) if not args.json else ())
     _diagnose(err, report.problems)
@@ -174,27 +181,28 @@ def _guarded(handler):
 def register(verbs: argparse._SubParsersAction) -> None:
     """Add the inspect verbs to the `precompile` command's subparsers."""
 
-    def add(name: str, help_text: str, handler, *, artifact: bool = True) -> argparse.ArgumentParser:
+    def add(name: str, help_text: str, handler, *, artifact: bool = True, one_file: bool = False) -> argparse.ArgumentParser:
         parser = verbs.add_parser(name, help=help_text, description=help_text)
         if artifact:
-            parser.add_argument("artifact", nargs="+", metavar="ARTIFACT", help=ARTIFACT_HELP)
+            parser.add_argument("artifact", nargs="+", metavar="ARTIFACT", help=ONE_FILE_HELP if one_file else ARTIFACT_HELP)
         parser.add_argument("--json", action="store_true", help="print the versioned JSON report instead of text")
         parser.set_defaults(handler=_guarded(handler))
         return parser
 
-    add("show", "show tags, versions, calling convention, hashes, pairing and bundle contents of an artifact", _show)
+    add("show", "show tags, versions, calling convention, hashes, pairing and bundle contents of an artifact", _show, one_file=True)
     guards = add("guards", "show what an artifact checks before serving a call, and what it does not", _guards)
     guards.add_argument("--frame", help="only this frame (name or variant number)")
     guards.add_argument("--type", help="only this guard type or specialization kind (shape, dtype, device, constant, param, buffer)")
     guards.add_argument("--risky", action="store_true", help="only risky slots")
     diff = add("diff", "semantic diff of two artifacts; exit 0 equal, 1 different, 2 trouble", _diff, artifact=False)
-    diff.add_argument("a", metavar="A", help="the first artifact: a directory holding one pair, or a prefix DIR/NAME")
-    diff.add_argument("b", metavar="B", help="the second artifact, likewise")
+    diff.add_argument("paths", nargs="+", metavar="PATH", help=(
+        "A B (each a directory holding one pair, a prefix DIR/NAME, or one file alone of a kind `show` knows), "
+        "or A.py A.cache B.py B.cache"))
     diff.add_argument("--context", type=int, default=3, help="lines of context in the python_code diff (default: 3)")
     verify = add("verify", "check a pair's integrity; --host: whether this machine can serve it; exit 0/1/2", _verify)
     verify.add_argument("--host", action="store_true", help="also check this host's Python and torch against the artifact")
     extract = add("extract", "write python_code sections, metadata, envelope and bundle files into a new directory", _extract, artifact=False)
-    extract.add_argument("paths", nargs="+", metavar="ARTIFACT... DIR", help=f"{ARTIFACT_HELP}; then the directory to create")
+    extract.add_argument("paths", nargs="+", metavar="ARTIFACT... DIR", help=f"{ONE_FILE_HELP}; then the directory to create")
     schema = add("schema", "print the JSON Schemas of the cache envelope, the python_code metadata and the --json report", _schema, artifact=False)
     schema.add_argument("which", nargs="?", default="all", choices=("all", "cache-envelope", "python-code-metadata", "inspect-report"))
 

@@ -1,22 +1,28 @@
 """Semantic diff of two artifacts, keyed by identity (names, paths, field names), not position.
 
 Sections come in a fixed order, most meaningful first: guards, inputs, outputs, params, buffers,
-metadata, envelope, bundle; then a normalized unified diff of python_code section by section.
+metadata, envelope, bundle, entries (a Mega-Cache's, entry by entry); then a normalized unified diff of
+python_code section by section. Names Dynamo mints per process (graph uuids, continuation counters)
+are masked throughout, so two captures of the same code in two processes compare equal.
 """
 from __future__ import annotations
 
+import ast
+import base64
+import binascii
 import difflib
 import re
 
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
-from precompile.inspect.model import Artifact
+from precompile.inspect.model import Artifact, MegaCache
+from precompile.inspect.process_ids import mask_process_ids, opaque_fingerprint
 from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
 from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.schema.pycode import decode_source
 
-SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle")
+SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
 _DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
 
 
@@ -81,33 +87,72 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
             "producer.precompile": envelope.producer.precompile,
             "producer.torch": envelope.producer.torch,
             "producer.python": envelope.producer.python,
-            "code_hash": envelope.code_hash,
             "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
         }
+        if artifact.given != "pair":
+            env["code_hash"] = envelope.code_hash  # with python_code at hand, its sections and `pairs` say it all
         bundle = envelope.bundle
         if bundle is not None:
+            if artifact.given != "pair":
+                env["code_hash"] = str(envelope.code_hash)
             env.update({f"bundle.keys.{k}": v for k, v in bundle.keys.items()})
             env["bundle.payload_size"] = str(bundle.payload_size)
             env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
             env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
             out["bundle"] = {f.path: f"{f.kind} {f.size} bytes sha256 {f.sha256}" for f in bundle.files}
         out["envelope"] = env
+    elif artifact.cache.upstream is not None and (artifact.cache.upstream.precompile or artifact.cache.upstream.mega_cache):
+        upstream = artifact.cache.upstream
+        env = {"kind": artifact.cache.kind}
+        mega = upstream.mega_cache
+        if upstream.precompile is not None:
+            envelope = upstream.precompile
+            mega = envelope.artifact
+            if artifact.given != "pair":
+                env["code_hash"] = str(envelope.code_hash)
+            env.update({
+                "format": envelope.format,
+                "version": str(envelope.version),
+                "backend": str(envelope.backend),
+                "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
+                "artifact": "None" if mega is None else f"Mega-Cache {mega.blob.size} bytes sha256 {mega.blob.sha256}",
+            })
+        if mega is not None:
+            env["mega_cache.encoding_version"] = str(mega.encoding_version)
+            out["entries"] = _entries(mega)
+        out["envelope"] = env
     elif artifact.cache.upstream is not None:
         upstream = artifact.cache.upstream
         env = {"kind": artifact.cache.kind}
         for scan in upstream.pickles:
+            if artifact.given != "pair":
+                env["code_hash"] = str(envelope.code_hash)
             env.update({f"{scan.member}: {field.key}": field.summary for field in scan.fields})
             for imp in scan.flagged:
                 env[f"{scan.member}: imports {imp.module}.{imp.name}"] = imp.risk
         out["envelope"] = env
         out["bundle"] = {member.name: f"zip member {member.size} bytes" for member in upstream.members}
-    elif artifact.cache.kind != "missing":
+    elif artifact.cache.kind not in ("missing", "absent"):
         out["envelope"] = {"kind": artifact.cache.kind}
+    code = artifact.python_code.upstream
+    if code is not None:
+        out["metadata"] = {literal.name: literal.value for literal in code.literals}
+    return {section: {mask_process_ids(k): mask_process_ids(v) for k, v in values.items()} for section, values in out.items()}
+
+
+def _entries(mega: MegaCache) -> dict[str, str]:
+    """A Mega-Cache entry by entry, keyed by (kind, key): its content, and what its pickle would import."""
+    out = {}
+    for entry in mega.entries:
+        value = f"{entry.content} {entry.file.size} bytes sha256 {entry.file.sha256}"
+        if entry.scan is not None:
+            value += "; imports " + (", ".join(f"{i.module}.{i.name} ({i.risk})" for i in entry.scan.imports) or "nothing")
+        out[f"{entry.kind} {entry.key}"] = value
     return out
 
 
 def _normalize(text: str) -> list[str]:
-    return [_DIGEST.sub("<sha256>", line.rstrip()) for line in text.splitlines()]
+    return [_DIGEST.sub("<sha256>", mask_process_ids(line.rstrip())) for line in text.splitlines()]
 
 
 def _code_sections(artifact: Artifact, data: bytes | None) -> dict[str, list[str]]:
@@ -121,11 +166,34 @@ def _code_sections(artifact: Artifact, data: bytes | None) -> dict[str, list[str
     for section, text in split_sections(source):
         lines = _normalize(text)
         if section.slug.startswith("opaque"):
-            # Pickled state differs between any two captures (Dynamo mints fresh ids); what it means
-            # is compared above, through the metadata and guards it is described by.
-            lines = [line for line in lines if line.startswith("#")]
+            # Pickled state differs between any two captures (Dynamo mints fresh ids): it is compared
+            # through a fingerprint of its opcode stream with those ids masked, never line by line.
+            lines = [line for line in lines if line.startswith("#")] + _fingerprints(text)
         sections[section.slug] = lines
     return sections
+
+
+def _fingerprints(text: str) -> list[str]:
+    """One line per base64 pickle assigned in an opaque section: its name and masked fingerprint."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ["# opaque state: not parseable, compared by its comment lines only"]
+    lines = []
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        try:
+            value = ast.literal_eval(node.value)
+            chunks = (value,) if isinstance(value, str) else value
+            data = base64.b64decode("".join(chunks), validate=True)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, binascii.Error):
+            continue
+        fingerprint = opaque_fingerprint(data)
+        if fingerprint is not None:
+            # 32 hex digits: a full-length digest line would itself be masked as "<sha256>".
+            lines.append(f"# {node.targets[0].id}: pickle, fingerprint with per-process names masked {fingerprint[:32]}")
+    return lines
 
 
 def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *, context: int = 3) -> DiffReport:
@@ -156,8 +224,8 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
         p for art in (a, b) for p in (art.python_code.problem, art.cache.problem) if p is not None
     )
     return DiffReport(
-        a=a.python_code.path,
-        b=b.python_code.path,
+        a=a.python_code.path or a.cache.path,
+        b=b.python_code.path or b.cache.path,
         equal=not entries and not code,
         entries=tuple(entries),
         python_code=tuple(code),

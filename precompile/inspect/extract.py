@@ -3,20 +3,28 @@
 Layout under DIR: `python_code/NN-<section>.py` (the captured graph is `NN-captured-graph.py`),
 `subgraphs/<name>.py` for each Inductor output module a Dynamo artifact holds as a string, `metadata.json`, `envelope.json`, and `bundle/<path>` for each kernel bundle file (hash-checked by
 `codec.decode_payload`); for an upstream torch.save cache, `cache/<member>` holds each zip member's
-raw bytes (nothing is unpickled). DIR must be new or empty; bundle paths that would escape it are refused.
+raw bytes (nothing is unpickled). A Mega-Cache (an upstream precompile cache's `artifact` field, or a
+bare blob) gives `mega_cache.bin` (its bytes) and `mega_cache/NNN-<kind>-<key>` (each entry's raw
+content); upstream python_code gives its sections and `metadata.json` (its calling-convention
+literals as written); a bare pickle gives `cache/<file name>`. DIR must be new or empty; bundle paths
+that would escape it are refused.
 """
 from __future__ import annotations
 
 import ast
 import hashlib
 import os
+import re
 import zipfile
 from pathlib import Path, PurePosixPath
 
 import msgspec
 
 from precompile.errors import PrecompileError
+from precompile.inspect.formats.mega_cache import entry_contents
+from precompile.inspect.formats.pickle_values import pickle_value
 from precompile.inspect.model import Artifact, Blob
+from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE
 from precompile.inspect.reader import MAX_ZIP_MEMBERS, read_member
 from precompile.inspect.report import ExtractedFile, ExtractReport
 from precompile.inspect.sections import split_sections
@@ -52,6 +60,31 @@ def _zip_members(path: str, problems: list[str]) -> list[tuple[str, bytes, str]]
     return planned
 
 
+def _mega_cache_files(cache, problems: list[str]) -> list[tuple[str, bytes, str]]:
+    """A Mega-Cache's bytes and each entry's raw content (re-read from the file, never loaded)."""
+    upstream = cache.upstream
+    if upstream.mega_cache is not None:
+        data = read_bytes(Path(cache.path), "cache", MAX_PICKLE_SIZE)
+    elif upstream.precompile is not None and upstream.precompile.artifact is not None:
+        try:
+            with zipfile.ZipFile(cache.path) as archive:
+                info = next(i for i in archive.infolist() if i.filename.endswith("data.pkl"))
+                value = pickle_value(read_member(archive, info))
+        except Exception as exc:  # noqa: BLE001 - the file changed since it was read: report, never crash
+            problems.append(f"cache {cache.path}: its artifact field cannot be read again: {type(exc).__name__}: {exc}")
+            return []
+        data = value.get("artifact") if isinstance(value, dict) else None
+        if not isinstance(data, bytes):
+            return []
+    else:
+        return []
+    planned = [("mega_cache.bin", data, "Mega-Cache container (raw bytes, never loaded)")]
+    for index, (kind, key, content) in enumerate(entry_contents(data)):
+        name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{kind}-{key}")[:120].strip(".") or "entry"
+        planned.append((f"mega_cache/{index:03d}-{name}", content, f"Mega-Cache entry {kind} {key} (raw content, never loaded)"))
+    return planned
+
+
 def _subgraph_modules(metadata, source: str) -> list[tuple[str, bytes, str]]:
     """A Dynamo artifact's Inductor output modules, each as the file it is (python_code holds them as
     string literals): `subgraphs/<name>.py`. Read with ast, never executed."""
@@ -74,17 +107,21 @@ def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractRe
         raise PrecompileError(f"extract directory {directory} exists and is not empty; pass a new or empty directory")
     planned: list[tuple[str, bytes, str]] = []
     problems: list[str] = []
-    try:
-        source = decode_source(python_code, filename=artifact.python_code.path)
-    except PrecompileError as exc:
-        problems.append(str(exc))
-        source = None
+    source = None
+    if artifact.given != "cache":
+        try:
+            source = decode_source(python_code, filename=artifact.python_code.path)
+        except PrecompileError as exc:
+            problems.append(str(exc))
     if source is not None:
         for section, text in split_sections(source):
             planned.append((f"python_code/{section.index:02d}-{section.slug}.py", text.encode("utf-8", "surrogatepass"), f"python_code section {section.title}"))
         planned.extend(_subgraph_modules(artifact.python_code.metadata, source))
     if artifact.python_code.metadata is not None:
         planned.append(("metadata.json", msgspec.json.format(msgspec.json.encode(artifact.python_code.metadata), indent=2) + b"\n", "python_code metadata"))
+    elif artifact.python_code.upstream is not None:
+        planned.append(("metadata.json", msgspec.json.format(msgspec.json.encode(artifact.python_code.upstream), indent=2) + b"\n",
+                        "upstream python_code calling-convention literals"))
     if artifact.python_code.problem:
         problems.append(artifact.python_code.problem)
     cache = artifact.cache
@@ -103,6 +140,14 @@ def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractRe
                     planned.append((f"bundle/{_safe_relative(entry.path)}", files[entry.path], f"bundle file ({entry.kind})"))
     if cache.upstream is not None and cache.upstream.container == "torch_save_zip":
         planned.extend(_zip_members(cache.path, problems))
+    if cache.upstream is not None and cache.upstream.precompile is not None:
+        planned.append(("envelope.json", msgspec.json.format(msgspec.json.encode(cache.upstream.precompile), indent=2) + b"\n",
+                        "upstream precompile cache envelope (with its Mega-Cache's entries)"))
+    if cache.upstream is not None:
+        planned.extend(_mega_cache_files(cache, problems))
+    if cache.upstream is not None and cache.upstream.container == "pickle":
+        planned.append((f"cache/{_safe_relative(os.path.basename(cache.path))}", read_bytes(Path(cache.path), "cache", MAX_PICKLE_SIZE),
+                        "bare pickle (raw bytes, not unpickled)"))
     if cache.problem:
         problems.append(cache.problem)
     written = []

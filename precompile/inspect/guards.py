@@ -7,7 +7,9 @@ their guard slots (kept, dropped, risky, policy-dropped) keyed by (guard_type, s
 """
 from __future__ import annotations
 
-from precompile.inspect.model import Artifact, FrameGuards, GuardSlot, Guards, Specialization
+import ast
+
+from precompile.inspect.model import Artifact, FrameGuards, GuardSlot, Guards, Specialization, UpstreamCodeInfo
 from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 
 _NOT_CHECKED_ALWAYS = (
@@ -95,7 +97,50 @@ def dynamo_guards(meta: DynamoMetadata) -> Guards:
     )
 
 
+def upstream_guards(code: UpstreamCodeInfo) -> Guards:
+    """Upstream precompile's python_code is a MakeFx capture too: its driver checks the literals."""
+    values = {}
+    for literal in code.literals:
+        try:
+            values[literal.name] = ast.literal_eval(literal.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            values[literal.name] = None
+
+    def column(name: str) -> list:
+        value = values.get(name)
+        return list(value) if isinstance(value, (list, tuple)) else []
+
+    specs: list[Specialization] = []
+    shapes, dtypes, devices = column("USER_INPUT_SHAPES"), column("USER_INPUT_DTYPES"), column("USER_INPUT_DEVICES")
+    for index in range(max(len(shapes), len(dtypes), len(devices))):
+        path = f"input leaf {index}"
+        for kind, items in (("shape", shapes), ("dtype", dtypes), ("device", devices)):
+            if index < len(items) and items[index] is not None:
+                specs.append(Specialization(kind=kind, path=path, value=shape_text(items[index]) if kind == "shape" else str(items[index])))
+    for kind, prefix in (("param", "PARAM"), ("buffer", "BUFFER")):
+        names, shapes, dtypes, devices = (column(f"{prefix}_{part}") for part in ("NAMES", "SHAPES", "DTYPES", "DEVICES"))
+        for index, name in enumerate(names):
+            parts = [shape_text(shapes[index]) if index < len(shapes) else "?", *(str(col[index]) for col in (dtypes, devices) if index < len(col))]
+            specs.append(Specialization(kind=kind, path=str(name), value=" ".join(parts)))
+    return Guards(
+        tracer="make_fx",
+        has_guards=False,
+        headline=(
+            "no guards: an upstream torch.compiler.precompile artifact (make_fx) is specialized on its calling-convention "
+            "literals, and its driver refuses a call whose input shapes, dtypes, devices or parameters differ"
+        ),
+        not_checked=_NOT_CHECKED_ALWAYS + (
+            ("strides of the inputs and weights (only the inductor backend's kernels assert them)",)
+            if code.backend == "inductor" else ("strides and memory format of the inputs (the eager backend accepts any layout)",)
+        ),
+        frames=(FrameGuards(frame="(upstream precompile fn)", variant=0, slots=()),),
+        specializations=tuple(specs),
+    )
+
+
 def guards_of(artifact: Artifact) -> Guards | None:
+    if artifact.python_code.upstream is not None:
+        return upstream_guards(artifact.python_code.upstream)
     meta = artifact.python_code.metadata
     if isinstance(meta, MakeFxMetadata):
         return makefx_guards(meta)

@@ -35,6 +35,22 @@ class Section(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str
 
 
+class NamedValue(msgspec.Struct, frozen=True, kw_only=True):
+    """A top-level literal of python_code, its value as written (the source text of the literal)."""
+
+    name: str
+    value: str
+
+
+class UpstreamCodeInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """python_code written by torch's own `torch.compiler.precompile` (torch 2.14+): a MakeFx capture
+    whose calling convention is a set of UPPER_CASE literals, with no FORMAT_VERSION."""
+
+    backend: str | None = None
+    literals: tuple[NamedValue, ...] = ()
+    """The calling-convention literals upstream's loader reads, in file order."""
+
+
 class PythonCodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     path: str
     file: Blob | None = None
@@ -49,6 +65,8 @@ class PythonCodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     problem: str | None = None
     newer: bool = False
     """True when the problem is a format version newer than this reader understands."""
+    upstream: UpstreamCodeInfo | None = None
+    """Set when the file is upstream torch's precompile python_code rather than this project's."""
 
 
 class PickleImport(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,15 +107,61 @@ class ZipMember(msgspec.Struct, frozen=True, kw_only=True):
     compressed_size: int
 
 
-class UpstreamCache(msgspec.Struct, frozen=True, kw_only=True):
-    """A cache in upstream torch's own format (a torch.save zip of a plain dict) or a bare pickle."""
+class MegaCacheEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One artifact of a Mega-Cache: which of torch's caches it primes, under which key, and what it holds."""
 
-    container: Literal["torch_save_zip", "pickle"]
+    kind: str
+    """torch's cache kind: inductor, aot_autograd, autotune, pgo, precompile, ..."""
+    key: str
+    file: Blob
+    content: Literal["pickle", "text", "binary"]
+    scan: PickleScan | None = None
+    """The static scan of the content when it is a pickle: what loading it would import."""
+
+
+class MegaCache(msgspec.Struct, frozen=True, kw_only=True):
+    """torch's Mega-Cache container (`torch.compiler.save_cache_artifacts()`), decoded statically."""
+
+    blob: Blob
+    crc32: str | None = None
+    """The stored checksum, hex; None when the blob is too short to hold one."""
+    encoding_version: int | None = None
+    entries: tuple[MegaCacheEntry, ...] = ()
+    problem: str | None = None
+
+
+class UpstreamPrecompile(msgspec.Struct, frozen=True, kw_only=True):
+    """The envelope of an upstream `torch.compiler.precompile` cache: the plain dict in its data.pkl."""
+
+    format: str
+    version: int | None = None
+    backend: str | None = None
+    code_hash: str | None = None
+    """sha256 of the python_code the cache belongs to."""
+    artifact: MegaCache | None = None
+    """The `artifact` field: a Mega-Cache for the inductor backend, None (absent) for eager."""
+
+
+class UpstreamCache(msgspec.Struct, frozen=True, kw_only=True):
+    """A cache in a format of upstream torch: a torch.save zip (upstream precompile's cache is one),
+    a bare pickle, or a bare Mega-Cache blob."""
+
+    container: Literal["torch_save_zip", "pickle", "mega_cache"]
     members: tuple[ZipMember, ...] = ()
     pickles: tuple[PickleScan, ...] = ()
+    precompile: UpstreamPrecompile | None = None
+    mega_cache: MegaCache | None = None
+    """The bare Mega-Cache, when the file is one (a precompile cache's own is under `precompile`)."""
+
+    @property
+    def scans(self) -> tuple[PickleScan, ...]:
+        """Every pickle scanned: the container's own, then each Mega-Cache entry's."""
+        mega = self.mega_cache or (self.precompile.artifact if self.precompile is not None else None)
+        entries = tuple(entry.scan for entry in mega.entries if entry.scan is not None) if mega is not None else ()
+        return self.pickles + entries
 
 
-CacheKind = Literal["precompile", "torch_save_zip", "pickle", "unknown", "missing"]
+CacheKind = Literal["precompile", "upstream_precompile", "mega_cache", "torch_save_zip", "pickle", "unknown", "missing", "absent"]
 
 
 class CacheInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,6 +185,8 @@ class Artifact(msgspec.Struct, frozen=True, kw_only=True):
     pairs: bool | None
     """True when the cache belongs to this python_code (tags and code hash agree); None: not checkable."""
     pairing_problem: str | None = None
+    given: Literal["pair", "python_code", "cache"] = "pair"
+    """What was opened: a pair, or one file alone (the other side is then empty: path "", kind "absent")."""
 
     @property
     def readable(self) -> bool:
@@ -130,7 +196,7 @@ class Artifact(msgspec.Struct, frozen=True, kw_only=True):
     def flagged_imports(self) -> tuple[tuple[str, PickleImport], ...]:
         if self.cache.upstream is None:
             return ()
-        return tuple((scan.member, imp) for scan in self.cache.upstream.pickles for imp in scan.flagged)
+        return tuple((scan.member, imp) for scan in self.cache.upstream.scans for imp in scan.flagged)
 
 
 # ---- guards: empty for MakeFx, shaped for Dynamo's guard slots -------------------------------

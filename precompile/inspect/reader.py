@@ -2,7 +2,8 @@
 
 Reuses the schema's readers (`precompile.schema.pair`, `pycode`, `codec`); adds what forensics
 needs on top: a model that keeps going past a bad file, version tags read even when too new, and
-recognition of upstream torch caches (a torch.save zip, or a bare pickle) scanned statically.
+recognition of the formats of `formats/` (upstream precompile pairs, Mega-Caches, torch.save zips,
+bare pickles), every pickle scanned statically.
 By default the cache is read header-first (the payload is only measured); `deep=True` also reads
 and hashes the payload, for verify and extract.
 """
@@ -17,6 +18,14 @@ from pathlib import Path
 import msgspec
 
 from precompile.errors import PrecompileError
+from precompile.inspect.formats.mega_cache import looks_like_mega_cache, read_mega_cache
+from precompile.inspect.formats.upstream import (
+    CACHE_VERSION,
+    envelope_problem,
+    upstream_code,
+    upstream_envelope,
+    upstream_pairing_problem,
+)
 from precompile.inspect.model import (
     Artifact,
     Blob,
@@ -33,6 +42,8 @@ from precompile.schema.pair import PythonCode, parse_cache, pairing_problem, rea
 from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, parse_metadata
 
 MAX_ZIP_MEMBERS = 10_000
+SNIFF_SIZE = 256
+"""Bytes read to tell a file's kind by its content."""
 _PICKLE_PROTOCOLS = range(0, 6)
 
 
@@ -106,6 +117,9 @@ def _parse_python_code(data: bytes, path: str):
         literal_names=tuple(sorted(values)),
         sections=sections,
     )
+    upstream = upstream_code(values)
+    if upstream is not None:
+        return PythonCodeInfo(**info, upstream=upstream), None
     try:
         metadata = parse_metadata(source, filename=path)
     except PrecompileError as exc:
@@ -138,6 +152,10 @@ def read_cache(path: str, *, deep: bool = False) -> CacheInfo:
         return _read_zip(path, size)
     if len(head) >= 2 and head[0] == 0x80 and head[1] in _PICKLE_PROTOCOLS:
         return _read_bare_pickle(path, size)
+    if looks_like_mega_cache(_read_prefix(path, SNIFF_SIZE)):
+        if size > MAX_PICKLE_SIZE:
+            return CacheInfo(path=path, kind="mega_cache", problem=f"cache {path} is a {size}-byte Mega-Cache, over the {MAX_PICKLE_SIZE}-byte limit")
+        return _read_bare_mega_cache(path, read_bytes(Path(path), "cache", MAX_PICKLE_SIZE))
     data = head if not deep else _read_bounded(path, size)
     cache = parse_cache(Path(path), data)
     return CacheInfo(path=path, kind="unknown", file=_blob(data) if deep else None, problem=cache.problem or "unrecognized cache")
@@ -216,16 +234,30 @@ def _read_zip(path: str, size: int) -> CacheInfo:
                 raise ValueError(f"{len(infos)} members, over the {MAX_ZIP_MEMBERS}-member limit")
             members = tuple(ZipMember(name=i.filename, size=i.file_size, compressed_size=i.compress_size) for i in infos)
             pickles = []
+            envelope = None
             for info in sorted(infos, key=lambda i: i.filename):
                 if info.filename.endswith(".pkl"):
                     if info.file_size > MAX_PICKLE_SIZE:
                         raise ValueError(f"member {info.filename} declares {info.file_size} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
-                    pickles.append(scan_pickle(read_member(archive, info), member=info.filename))
+                    data = read_member(archive, info)
+                    pickles.append(scan_pickle(data, member=info.filename))
+                    if info.filename.endswith("data.pkl") and envelope is None:
+                        envelope = upstream_envelope(data, where=f"cache {path}")
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
         # zlib.error is an Exception subclass too; everything a broken zip can raise is reported
         return CacheInfo(path=path, kind="torch_save_zip", problem=f"{upstream_note}, and it cannot be read: {exc}")
     except Exception as exc:  # noqa: BLE001 - a corrupt member stream (zlib.error, ...) is a finding, not a crash
         return CacheInfo(path=path, kind="torch_save_zip", problem=f"{upstream_note}, and it cannot be read: {type(exc).__name__}: {exc}")
+    if envelope is not None:
+        return CacheInfo(
+            path=path,
+            kind="upstream_precompile",
+            file=Blob(size=size, sha256=""),
+            format_version=envelope.version,
+            upstream=UpstreamCache(container="torch_save_zip", members=members, pickles=tuple(pickles), precompile=envelope),
+            problem=envelope_problem(envelope, path),
+            newer=envelope.version is not None and envelope.version > CACHE_VERSION,
+        )
     if not any(m.name.endswith("data.pkl") for m in members):
         upstream_note = f"cache {path} is a zip file without a data.pkl: neither a precompile cache nor a torch.save archive"
     return CacheInfo(
@@ -234,6 +266,18 @@ def _read_zip(path: str, size: int) -> CacheInfo:
         file=Blob(size=size, sha256=""),
         upstream=UpstreamCache(container="torch_save_zip", members=members, pickles=tuple(pickles)),
         problem=upstream_note,
+    )
+
+
+def _read_bare_mega_cache(path: str, data: bytes) -> CacheInfo:
+    mega = read_mega_cache(data, where=f"cache {path}")
+    return CacheInfo(
+        path=path,
+        kind="mega_cache",
+        file=_blob(data),
+        format_version=mega.encoding_version,
+        upstream=UpstreamCache(container="mega_cache", mega_cache=mega),
+        problem=mega.problem,
     )
 
 
@@ -255,7 +299,47 @@ def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False)
     """The typed model of a pair; raises PrecompileError only when python_code cannot be read at all."""
     code_info, code = read_python_code(python_code_path)
     cache = read_cache(cache_path, deep=deep)
+    envelope = cache.upstream.precompile if cache.upstream is not None else None
+    if code_info.upstream is not None and envelope is not None:
+        problem = upstream_pairing_problem(code_info.file.sha256, code_info.upstream, envelope)
+        return Artifact(python_code=code_info, cache=cache, pairs=problem is None, pairing_problem=problem)
     if code is None or cache.envelope is None:
         return Artifact(python_code=code_info, cache=cache, pairs=None)
     problem = pairing_problem(code, cache.envelope)
     return Artifact(python_code=code_info, cache=cache, pairs=problem is None, pairing_problem=problem)
+
+
+def _is_cache_content(head: bytes, path: str) -> bool:
+    """Whether a file's first bytes say it is a cache of a kind this reader knows, not python_code."""
+    if head.startswith(MAGIC) or head.startswith(b"PK") or (len(head) >= 2 and head[0] == 0x80 and head[1] in _PICKLE_PROTOCOLS):
+        return True
+    return looks_like_mega_cache(_read_prefix(path, SNIFF_SIZE))
+
+
+def open_one(path: str, *, deep: bool = False) -> Artifact:
+    """One file alone, of any kind this reader knows, told apart by its content (not its name): a
+    precompile or upstream cache, a bare Mega-Cache blob, a bare pickle, or python_code (ours or upstream's)."""
+    try:
+        head = _read_prefix(path, PREFIX_SIZE)
+    except OSError as exc:
+        raise PrecompileError(f"could not read {path}: {exc.strerror or exc}") from None
+    if _is_cache_content(head, path):
+        cache = read_cache(path, deep=deep)
+        if cache.kind == "pickle" and cache.upstream is not None:
+            cache = msgspec.structs.replace(cache, problem=None)  # alone, a bare pickle is what was asked about
+        return Artifact(python_code=PythonCodeInfo(path=""), cache=cache, pairs=None, given="cache")
+    code_info, _ = read_python_code(path)
+    return Artifact(python_code=code_info, cache=CacheInfo(path="", kind="absent"), pairs=None, given="python_code")
+
+
+def open_given(paths: list[str], *, deep: bool = False) -> Artifact:
+    """What the user named: a pair (two paths, a directory, a prefix, or one file of a pair whose
+    sibling NAME.py/NAME.cache exists), or else one file alone."""
+    if len(paths) == 1 and os.path.isfile(paths[0]):
+        given = paths[0]
+        stem, suffix = os.path.splitext(given)
+        sibling = {".py": f"{stem}.cache", ".cache": f"{stem}.py"}.get(suffix)
+        if sibling is None or not os.path.isfile(sibling):
+            return open_one(given, deep=deep)
+    python_code, cache = resolve_pair(paths)
+    return open_artifact(python_code, cache, deep=deep)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from precompile.inspect.diff import SECTIONS
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
-from precompile.inspect.model import Artifact, CacheInfo, Guards, PythonCodeInfo, UpstreamCache
+from precompile.inspect.model import Artifact, CacheInfo, Guards, MegaCache, PickleScan, PythonCodeInfo, UpstreamCache
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
 from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 
@@ -29,7 +29,10 @@ def _python_code(info: PythonCodeInfo) -> list[Line]:
     size = f"{info.file.size} bytes, sha256 {info.file.sha256}" if info.file else "unreadable"
     lines: list[Line] = [(f"python_code {info.path} ({size})", HEAD)]
     meta = info.metadata
-    if meta is None:
+    if info.upstream is not None:
+        lines.append((f"  upstream torch.compiler.precompile python_code (make_fx), backend {info.upstream.backend or '?'}", None))
+        lines.extend((f"    {literal.name} = {literal.value}", None) for literal in info.upstream.literals)
+    elif meta is None:
         lines.append((f"  format version {info.format_version if info.format_version is not None else '?'}, tracer {info.tracer or '?'}", None))
         if info.literal_names:
             lines.append((f"  literals: {', '.join(info.literal_names)}", None))
@@ -63,8 +66,41 @@ def _calling_convention(meta: MakeFxMetadata) -> list[Line]:
     return lines
 
 
+def _imports(scan: PickleScan, indent: str) -> list[Line]:
+    lines: list[Line] = [(f"{indent}imports ({len(scan.imports)})", None)]
+    for imp in scan.imports:
+        flag = "" if imp.risk == "allowed" else f"  FLAGGED: {imp.risk}"
+        lines.append((f"{indent}  {imp.module}.{imp.name}{flag}", None if imp.risk == "allowed" else BAD))
+    if scan.problem:
+        lines.append((f"{indent}scan problem: {scan.problem}", WARN))
+    return lines
+
+
+def _mega_cache(mega: MegaCache, title: str) -> list[Line]:
+    version = mega.encoding_version if mega.encoding_version is not None else "?"
+    lines: list[Line] = [(f"  {title}: Mega-Cache ({mega.blob.size} bytes, sha256 {mega.blob.sha256}, encoding version {version}, "
+                          f"crc32 {mega.crc32 or '?'}), {len(mega.entries)} entries, never loaded", None)]
+    for entry in mega.entries:
+        lines.append((f"    {entry.kind} {entry.key}  {entry.content} {entry.file.size} bytes sha256 {entry.file.sha256}", None))
+        if entry.scan is not None:
+            lines.extend(_imports(entry.scan, "      "))
+    if mega.problem:
+        lines.append((f"    problem: {mega.problem}", BAD))
+    return lines
+
+
 def _upstream(upstream: UpstreamCache) -> list[Line]:
     lines: list[Line] = []
+    envelope = upstream.precompile
+    if envelope is not None:
+        lines.append((f"  upstream torch.compiler.precompile cache, version {envelope.version}, backend {envelope.backend}", None))
+        lines.append((f"  code_hash {envelope.code_hash}", None))
+        if envelope.artifact is None:
+            lines.append(("  artifact: None (nothing compiled to prime)", None))
+        else:
+            lines.extend(_mega_cache(envelope.artifact, "artifact"))
+    if upstream.mega_cache is not None:
+        lines.extend(_mega_cache(upstream.mega_cache, "file"))
     if upstream.members:
         lines.append((f"  zip members ({len(upstream.members)})", None))
         lines.extend((f"    {m.name}  {m.size} bytes", None) for m in sorted(upstream.members, key=lambda m: m.name))
@@ -74,12 +110,7 @@ def _upstream(upstream: UpstreamCache) -> list[Line]:
         if scan.top_level is not None:
             lines.append((f"    evaluates to: {scan.top_level}", None))
         lines.extend((f"    field {f.key}: {f.summary}", None) for f in scan.fields)
-        lines.append((f"    imports ({len(scan.imports)})", None))
-        for imp in scan.imports:
-            flag = "" if imp.risk == "allowed" else f"  FLAGGED: {imp.risk}"
-            lines.append((f"      {imp.module}.{imp.name}{flag}", None if imp.risk == "allowed" else BAD))
-        if scan.problem:
-            lines.append((f"    scan problem: {scan.problem}", WARN))
+        lines.extend(_imports(scan, "    "))
     return lines
 
 
@@ -100,7 +131,7 @@ def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
             lines.append((f"  kernel bundle: {len(bundle.files)} files, {bundle.payload_size} bytes ({bundle.payload_compressed_size} compressed, sha256 {bundle.payload_sha256})", None))
             lines.extend((f"    {k} = {v}", None) for k, v in sorted(bundle.keys.items()))
             lines.extend((f"    {f.path}  {f.kind} {f.size} bytes sha256 {f.sha256}", None) for f in bundle.files)
-    elif cache.format_version is not None:
+    elif cache.format_version is not None and cache.upstream is None:
         lines.append((f"  format version {cache.format_version}", None))
     if cache.upstream is not None:
         lines.extend(_upstream(cache.upstream))
@@ -109,9 +140,14 @@ def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
 
 def render_show(report: ShowReport) -> list[Line]:
     artifact = report.artifact
-    lines = _python_code(artifact.python_code) + _cache(artifact.cache, artifact)
-    pairs = {True: ("yes", GOOD), False: ("NO", BAD), None: ("cannot tell", WARN)}[artifact.pairs]
-    lines.append((f"pairs: {pairs[0]}" + (f" ({artifact.pairing_problem})" if artifact.pairing_problem else ""), pairs[1]))
+    lines = [] if artifact.given == "cache" else _python_code(artifact.python_code)
+    if artifact.given != "python_code":
+        lines += _cache(artifact.cache, artifact)
+    if artifact.given == "python_code":
+        lines.append(("cache: none given (no NAME.cache beside it); python_code shown alone", WARN))
+    if artifact.given == "pair":
+        pairs = {True: ("yes", GOOD), False: ("NO", BAD), None: ("cannot tell", WARN)}[artifact.pairs]
+        lines.append((f"pairs: {pairs[0]}" + (f" ({artifact.pairing_problem})" if artifact.pairing_problem else ""), pairs[1]))
     meta = artifact.python_code.metadata
     if isinstance(meta, DynamoMetadata):
         lines.append((f"frames: {len(meta.frames)}", None))

@@ -38,9 +38,10 @@ class GuardsReport(_Report, frozen=True, kw_only=True, tag="guards"):
 
 class DiffEntry(msgspec.Struct, frozen=True, kw_only=True):
     section: str
-    """guards, inputs, outputs, params, buffers, metadata, envelope or bundle."""
+    """guards, inputs, outputs, params, buffers, metadata, envelope, bundle or entries (a Mega-Cache's)."""
     key: str
-    """The identity compared: an input path, a parameter name, a field name, a bundle file path."""
+    """The identity compared: an input path, a parameter name, a field name, a bundle file path, a
+    Mega-Cache entry's "kind key"."""
     change: Change
     a: str | None = None
     b: str | None = None

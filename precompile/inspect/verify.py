@@ -22,7 +22,9 @@ RECAPTURE = "capture the artifact again with this precompile"
 def _integrity(artifact: Artifact) -> list[Check]:
     checks: list[Check] = []
     code, cache = artifact.python_code, artifact.cache
-    if code.problem is None:
+    if code.problem is None and code.upstream is not None:
+        checks.append(Check(name="python_code metadata", status="ok", actual=f"upstream torch.compiler.precompile (make_fx), backend {code.upstream.backend}"))
+    elif code.problem is None:
         checks.append(Check(name="python_code metadata", status="ok", actual=f"format version {code.format_version}, tracer {code.tracer}"))
     else:
         checks.append(Check(name="python_code metadata", status="fail", message=code.problem,
@@ -36,6 +38,9 @@ def _integrity(artifact: Artifact) -> list[Check]:
             checks.append(Check(name="pickle imports", status="fail", actual=f"{imp.module}.{imp.name}",
                                 message=f"{member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled",
                                 remedy="do not load this cache; treat it as hostile"))
+    upstream = cache.upstream.precompile if cache.upstream is not None else None
+    if code.upstream is not None and upstream is not None:
+        return checks + _upstream_pairing(code.upstream.backend, code.file.sha256, upstream.backend, upstream.code_hash)
     meta, envelope = code.metadata, cache.envelope
     if meta is None or envelope is None:
         checks.append(Check(name="pairing", status="skip", message="needs a readable python_code and cache"))
@@ -57,6 +62,19 @@ def _integrity(artifact: Artifact) -> list[Check]:
     if artifact.pairing_problem is not None and all(c.status == "ok" for c in checks[-3:]):
         checks.append(Check(name="pairing", status="fail", message=artifact.pairing_problem, remedy=RECAPTURE))
     checks.extend(_bundle(artifact))
+    return checks
+
+
+def _upstream_pairing(code_backend, code_sha256, cache_backend, cache_code_hash) -> list[Check]:
+    """Upstream precompile's own pairing rule: the backend tags agree and code_hash = sha256(python_code)."""
+    checks = []
+    for name, expected, actual in (("backend tag", code_backend, cache_backend), ("code hash", code_sha256, cache_code_hash)):
+        if expected == actual:
+            checks.append(Check(name=name, status="ok", expected=expected, actual=actual))
+        else:
+            checks.append(Check(name=name, status="fail", expected=expected, actual=actual,
+                                message=f"the cache's {name} is {actual}, the python_code's is {expected}: they are not one pair",
+                                remedy="pass the cache torch.compiler.precompile returned with this python_code"))
     return checks
 
 

@@ -1,0 +1,66 @@
+"""`precompile diff` of two captures of the same code, each in its own fresh process, says equal:
+the names Dynamo mints per process (graph uuids, continuation counters) are masked."""
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_fresh
+from test_inspect_helpers import run_cli
+
+CAPTURE = r"""
+import sys, torch, precompile, dynamo_cases as dc
+directory, name, case, warm = sys.argv[1:5]
+if warm == "warm":
+    # Compile something else first, so this process's counters and uuids differ from the other's.
+    torch.compile(lambda x: torch._dynamo.graph_break() or x.cos(), backend="eager")(torch.ones(2))
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+calls = {"break": [((model, torch.ones(4, 8)), {}), ((model, torch.ones(4, 8)), {"scale": 3.0})],
+         "global": [((torch.ones(4, 8),), {})]}[case]
+fn = {"break": dc.break_and_scale, "global": dc.uses_global}[case]
+with torch.no_grad(), precompile.capture(fn, artifact_path=f"{directory}/{name}.py", cache_path=f"{directory}/{name}.cache",
+                                         tracer=precompile.DynamoTracer(), backend="eager") as cap:
+    for args, kwargs in calls:
+        cap(*args, **kwargs)
+"""
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("determinism")
+    for name, case, warm in (("a", "break", "cold"), ("b", "break", "warm"), ("other", "global", "cold")):
+        proc = run_fresh(CAPTURE, str(directory), name, case, warm, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    return directory
+
+
+def test_two_processes_capturing_the_same_code_diff_as_equal(capsys, captures):
+    assert "__compiled_fn_" in (captures / "a.py").read_text() and "__resume_at_" in (captures / "a.py").read_text()
+    rc, out, err = run_cli(capsys, ["diff", str(captures / "a"), str(captures / "b")])
+    assert rc == 0, out + err
+    assert "no differences" in out
+
+
+def test_the_captures_really_differ_in_minted_names_and_diff_still_sees_real_changes(capsys, captures):
+    a, b = (captures / "a.py").read_text(), (captures / "b.py").read_text()
+    assert a != b  # Dynamo minted different names: without the mask, diff would report them
+    rc, out, _ = run_cli(capsys, ["diff", str(captures / "a"), str(captures / "other")])
+    assert rc == 1 and "FN_NAME: dynamo_cases.break_and_scale -> dynamo_cases.uses_global" in out
+
+
+def test_a_swapped_opaque_state_is_a_difference(capsys, captures, tmp_path):
+    """Masking minted names must not hide the one unreadable part: a different pickle there is reported."""
+    import base64
+    import pickle
+    import re
+    import shutil
+
+    source = (captures / "a.py").read_text()
+    swapped = base64.b64encode(pickle.dumps({"codes": []}, protocol=4)).decode()
+    edited, count = re.subn(r"_dynamo_state = \(.*?\n\)\n", f"_dynamo_state = ({swapped!r},)\n", source, flags=re.S)
+    assert count == 1
+    (tmp_path / "s.py").write_text(edited)
+    shutil.copy(captures / "a.cache", tmp_path / "s.cache")
+    rc, out, _ = run_cli(capsys, ["diff", str(captures / "a"), str(tmp_path / "s")])
+    assert rc == 1 and "section opaque-state (changed)" in out
+    assert "-# _dynamo_state: pickle, fingerprint with per-process names masked" in out
