@@ -44,8 +44,7 @@ install() {
 if install >"$logs/install.log" 2>&1; then
     report install PASS "$("$venv/bin/python" -c 'import torch, triton; print(f"torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")')"
 else
-    report install FAIL "see $logs/install.log: $(tail -n 1 "$logs/install.log")"
-    printf '%s\n' "${results[@]}"
+    report install FAIL "$(grep -m 1 -E "ERROR|Error" "$logs/install.log" || tail -n 1 "$logs/install.log") (log: $logs/install.log)"
     exit 1
 fi
 py="$venv/bin/python"
