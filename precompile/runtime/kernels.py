@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from precompile.errors import PrecompileError
+from precompile.runtime import triton_cache
 from precompile.schema.bundle_keys import host_keys
 from precompile.schema.envelope import KernelBundle
 
@@ -55,7 +57,17 @@ def kind_of(path: str) -> str | None:
 
 
 def collect_files(cache_dir: Path) -> dict[str, tuple[str, bytes]]:
-    """The kernel files in a private cache dir, {relative path: (kind, bytes)}."""
+    """The kernel files in a private cache dir, {relative path: (kind, bytes)}.
+
+    Raises PrecompileError naming each Triton kernel or autotune decision of the capture's block
+    that is not among them (so it could not be frozen).
+    """
+    missing = triton_cache.unfrozen(cache_dir / _TRITON_DIR)
+    if missing:
+        raise PrecompileError(
+            "could not freeze the Triton kernels the serving process needs: " + "; ".join(missing)
+            + ". Let Triton compile them inside the capture block with its default file cache manager"
+        )
     files = {}
     for path in sorted(cache_dir.rglob("*")):
         if not path.is_file():
@@ -99,6 +111,8 @@ def kernel_libraries(namespace: dict, cache_dir: Path) -> dict[str, str]:
 
 
 _CAPTURE_LOCK = threading.Lock()
+# Where a capture's Triton files go inside its cache dir (and Inductor's own default for device 0).
+_TRITON_DIR = "triton/0"
 # ISA probe libraries an earlier capture of this process built: seeded into the next capture's
 # dir, so probing costs a load rather than a compile there, and still lands in its bundle.
 _PROBES: dict[str, bytes] = {}
@@ -137,7 +151,7 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
             for relative, data in _PROBES.items():
                 (directory / relative).parent.mkdir(parents=True, exist_ok=True)
                 (directory / relative).write_bytes(data)
-            with temporary_cache_dir(str(directory)), _triton_cache_in(directory / "triton"), inductor_config.patch(
+            with temporary_cache_dir(str(directory)), triton_cache.triton_block(directory / _TRITON_DIR), inductor_config.patch(
                 cpp_cache_precompile_headers=False
             ):
                 _forget_isa_probes()
@@ -148,20 +162,6 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
         finally:
             cpp_builder.CppBuilder.get_command_line = original
             shutil.rmtree(directory, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _triton_cache_in(directory: Path) -> Iterator[None]:
-    """Triton compiles into the capture's dir, whatever TRITON_CACHE_DIR says, so its kernels ship."""
-    original = os.environ.get("TRITON_CACHE_DIR")
-    os.environ["TRITON_CACHE_DIR"] = str(directory / "0")
-    try:
-        yield
-    finally:
-        if original is None:
-            os.environ.pop("TRITON_CACHE_DIR", None)
-        else:
-            os.environ["TRITON_CACHE_DIR"] = original
 
 
 def _forget_isa_probes() -> None:
@@ -220,20 +220,26 @@ def producer_vec_isas(keys: dict[str, str]) -> Iterator[None]:
         cpu_vec_isa.valid_vec_isa_list = original
 
 
-def _destination(path: str, cache_dir: Path) -> Path:
+def _destination(path: str, cache_dir: Path, triton_dir: Path) -> Path:
     """Where a bundle file goes: Inductor's cache dir layout, Triton's files where Triton looks."""
     if path.startswith("/") or ".." in path.split("/"):
         raise ValueError(f"bundle path {path!r} escapes the cache dir")
-    triton_dir = os.environ.get("TRITON_CACHE_DIR")
-    if triton_dir and path.startswith("triton/"):
-        return Path(triton_dir) / path.split("/", 2)[2]
+    if path.startswith("triton/"):
+        return triton_dir / path.split("/", 2)[2]
     return cache_dir / path
 
 
 def prime(bundle: KernelBundle, files: dict[str, bytes], cache_dir: Path) -> dict[str, str]:
-    """Extract the bundle into `cache_dir`; return {kernel source sha256: absolute library path}."""
+    """Extract the bundle into `cache_dir`; return {kernel source sha256: absolute library path}.
+
+    Triton's files go where this process's Triton reads its cache, and Triton is pointed there
+    (with its autotuning cache on), so captured Triton kernels launch without compiling or tuning.
+    """
+    triton_dir = triton_cache.serving_dir(cache_dir)
+    if any(entry.path.startswith("triton/") for entry in bundle.files):
+        triton_cache.serve_from(triton_dir)
     for entry in bundle.files:
-        target = _destination(entry.path, cache_dir)
+        target = _destination(entry.path, cache_dir, triton_dir)
         data = files[entry.path]
         with contextlib.suppress(OSError):
             if target.stat().st_size == len(data) and target.read_bytes() == data:

@@ -17,6 +17,7 @@ import importlib.machinery
 import os
 import sys
 import threading
+import types
 
 from precompile.errors import PrecompileError
 
@@ -36,8 +37,19 @@ _GATES = {
     "torch._inductor.runtime.triton_heuristics": (
         ("CachingAutotuner.benchmark_all_configs", "a Triton kernel would be autotuned"),
     ),
-    "triton.compiler.compiler": (("compile", "a Triton kernel would be compiled"),),
+    # Triton's compile() also serves cache hits (a primed kernel): only its cache-miss path, which
+    # builds the kernel's IR, is a compile. Methods are gated on their class, so the compile a
+    # JITFunction bound by `from ..compiler import compile` still reaches the gate.
+    "triton.compiler.compiler": (
+        ("ASTSource.make_ir", "a Triton kernel would be compiled"),
+        ("IRSource.make_ir", "a Triton kernel would be compiled"),
+    ),
     "triton.runtime.autotuner": (("Autotuner._bench", "a Triton autotuner would benchmark"),),
+    # The benchmarker itself, wherever a name for it was bound (see _rebind).
+    "triton.testing": (
+        ("do_bench", "a Triton kernel would be benchmarked"),
+        ("do_bench_cudagraph", "a Triton kernel would be benchmarked"),
+    ),
 }
 
 _lock = threading.Lock()
@@ -79,8 +91,26 @@ def _install_gates(module) -> None:
             continue
         if isinstance(owner, type) and isinstance(owner.__dict__.get(name), staticmethod):
             setattr(owner, name, staticmethod(_gate(current, what)))
-        else:
+        elif isinstance(owner, type):
             setattr(owner, name, _gate(current, what))
+        else:
+            gated = _gate(current, what)
+            setattr(owner, name, gated)
+            _rebind(current, gated)
+
+
+def _rebind(original, gated) -> None:
+    """Point the module-level names already bound to a gated function (`from m import f`) at its gate.
+
+    Modules imported later bind the gate itself. Only names that are the function's own name are
+    looked at (one lookup per module, so the policy keeps a fast start); a name given by
+    `import ... as`, a closure, a default argument or an instance attribute is not reached: Triton's
+    and Inductor's callers look it up at module level under its own name or go through a gated method.
+    """
+    name = original.__name__
+    for module in list(sys.modules.values()):
+        if isinstance(module, types.ModuleType) and module.__dict__.get(name) is original:  # not a lazy stand-in
+            module.__dict__[name] = gated
 
 
 class _GatingLoader(importlib.abc.Loader):

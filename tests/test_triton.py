@@ -1,0 +1,246 @@
+"""Triton inside the capture block, priming at load, and no_compilation()'s reach into Triton.
+
+Triton compiles for a CUDA target on a CPU; tests/triton_cases.py stands in for the driver so
+Triton's own launch path (JITFunction.run, Autotuner.run) runs to its end without a GPU. These
+run wherever triton is installed (torch's CUDA builds ship it); the `cuda` ones need a GPU.
+"""
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import os
+
+import pytest
+
+pytestmark = [
+    pytest.mark.triton,
+    pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed"),
+]
+
+import torch  # noqa: E402
+
+import precompile  # noqa: E402
+from conftest import run_fresh  # noqa: E402
+from precompile.runtime import kernels, triton_cache  # noqa: E402
+from precompile.runtime import no_compilation as policy  # noqa: E402
+
+
+@pytest.fixture
+def tc(monkeypatch, tmp_path):
+    """tests/triton_cases.py on the stand-in driver, with a user TRITON_CACHE_DIR and fresh caches."""
+    import triton_cases
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "user-triton"))
+    monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
+    from triton.runtime.driver import driver
+
+    monkeypatch.setattr(driver, "_active", triton_cases.CpuOnlyCudaDriver())
+    for fn in (triton_cases.add_one, triton_cases.add_two.fn):
+        fn.device_caches.clear()
+    triton_cases.add_two.cache.clear()
+    triton_cases.add_two.cache_results = False
+    triton_cases.BENCHMARKS.clear()
+    triton_cases.TIMINGS.update({16: 1.0, 32: 2.0})
+    return triton_cases
+
+
+def _kernels(fn) -> dict:
+    return {key: kernel for entry in fn.device_caches.values() for key, kernel in entry[0].items()}
+
+
+def _best_block(autotuner, n: int) -> int:
+    return autotuner.cache[(n, "torch.float32")].kwargs["BLOCK"]
+
+
+def test_the_block_compiles_and_tunes_again_in_its_own_dir_and_keeps_earlier_decisions_after(tc, tmp_path):
+    x8, x4 = torch.zeros(8), torch.zeros(4)
+    tc.launch_add_one(x8)
+    tc.launch_add_two(x8)
+    tc.launch_add_two(x4)  # a decision the block will not take again
+    assert tc.BENCHMARKS == [16, 32, 16, 32] and _best_block(tc.add_two, 8) == 16
+    before = _kernels(tc.add_one)
+    user_files = sorted(p.name for p in (tmp_path / "user-triton").rglob("*"))
+
+    block = tmp_path / "block"
+    tc.TIMINGS.update({16: 3.0, 32: 1.0})  # the block's real inputs favour the other config
+    with triton_cache.triton_block(block):
+        assert os.environ["TRITON_CACHE_DIR"] == str(block) and os.environ["TRITON_CACHE_AUTOTUNING"] == "1"
+        assert _kernels(tc.add_one) == {} and tc.add_two.cache == {}  # set aside
+        tc.launch_add_one(x8)
+        tc.launch_add_two(x8)
+        assert tc.BENCHMARKS[4:] == [16, 32] and _best_block(tc.add_two, 8) == 32  # tuned again
+        assert triton_cache.unfrozen(block) == []
+        inside = _kernels(tc.add_one)
+
+    names = collections.Counter(p.name for p in block.rglob("*") if p.is_file())
+    assert names["__grp__add_one.json"] == 1 and names["add_two.autotune.json"] == 1
+    assert sorted(p.name for p in (tmp_path / "user-triton").rglob("*")) == user_files  # not used inside
+    assert os.environ["TRITON_CACHE_DIR"] == str(tmp_path / "user-triton")
+    assert "TRITON_CACHE_AUTOTUNING" not in os.environ and tc.add_two.cache_results is False
+    # Afterwards: the block's compiles and decisions over the earlier ones, the others kept.
+    assert _kernels(tc.add_one) == inside and inside.keys() == before.keys()
+    assert _best_block(tc.add_two, 8) == 32 and _best_block(tc.add_two, 4) == 16
+
+
+def test_a_write_names_the_triton_kernel_it_cannot_freeze(tc, tmp_path):
+    import triton
+
+    with triton_cache.triton_block(tmp_path / "capture" / "triton" / "0"):
+        triton.knobs.cache.dir = str(tmp_path / "elsewhere")  # the program sends Triton elsewhere mid-block
+        try:
+            tc.launch_add_one(torch.zeros(8))
+        finally:
+            del triton.knobs.cache.dir
+        with pytest.raises(precompile.PrecompileError, match=r"could not freeze the Triton kernels .*triton_cases\.add_one"):
+            kernels.collect_files(tmp_path / "capture")
+
+
+PRIMED_SERVE = r"""
+import json, os, sys
+import msgspec
+import precompile, triton_cases as tc
+from precompile.runtime import kernels
+from precompile.schema.codec import decode_payload
+from precompile.schema.envelope import KernelBundle
+import torch
+
+if not os.environ.get("TRITON_CACHE_DIR"):
+    del os.environ["TRITON_CACHE_DIR"]  # the test's own is not this process's
+bundle = msgspec.json.decode(open(sys.argv[1], "rb").read(), type=KernelBundle)
+payload = open(sys.argv[2], "rb").read()
+tc.use_cpu_only_driver()
+mode = sys.argv[3]
+if mode == "primed":
+    kernels.prime(bundle, decode_payload(bundle, payload, 0), kernels.inductor_cache_dir())
+outcome = "served"
+try:
+    with precompile.no_compilation():
+        tc.launch_add_one(torch.zeros(8))
+        tc.launch_add_two(torch.zeros(8))
+except precompile.PrecompileError as exc:
+    outcome = str(exc)
+print(json.dumps({"outcome": outcome, "benchmarks": tc.BENCHMARKS, "best": tc.add_two.cache[(8, "torch.float32")].kwargs["BLOCK"] if tc.add_two.cache else None,
+                  "triton_dir": os.environ.get("TRITON_CACHE_DIR")}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["primed", "bare"])
+def test_a_primed_process_launches_the_captured_kernels_without_compiling_or_tuning(tc, tmp_path, mode):
+    from precompile.schema.codec import build_bundle
+
+    capture_dir = tmp_path / "capture"
+    tc.TIMINGS.update({16: 3.0, 32: 1.0})
+    with triton_cache.triton_block(capture_dir / "triton" / "0"):
+        tc.launch_add_one(torch.zeros(8))
+        tc.launch_add_two(torch.zeros(8))
+        files = kernels.collect_files(capture_dir)
+    assert {kind for kind, _ in files.values()} == {"triton"}
+    bundle, payload = build_bundle(files, {})
+    import msgspec
+
+    (tmp_path / "bundle.json").write_bytes(msgspec.json.encode(bundle))
+    (tmp_path / "payload").write_bytes(payload)
+    env = {"HOME": str(tmp_path / "home"), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "serve"), "TRITON_CACHE_DIR": ""}
+    proc = run_fresh(PRIMED_SERVE, str(tmp_path / "bundle.json"), str(tmp_path / "payload"), mode, env=env)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if mode == "primed":
+        # The block's decision ships (BLOCK=32), read from Triton's autotuning cache: no benchmark, no compile.
+        assert result == {"outcome": "served", "benchmarks": [], "best": 32, "triton_dir": str(tmp_path / "serve" / "triton" / "0")}
+    else:
+        assert "no_compilation() is active and a Triton" in result["outcome"] and result["benchmarks"] == []
+
+
+# -- no_compilation() reaches Triton however it is called -------------------------------------------
+
+
+def test_the_gate_stops_a_jit_compile_through_the_launch_path_but_lets_cache_hits_through(tc):
+    x = torch.zeros(8)
+    with precompile.no_compilation():
+        with pytest.raises(policy.CompilationForbidden, match="a Triton kernel would be compiled"):
+            tc.launch_add_one(x)  # JITFunction.run -> its bound compile -> the IR build
+    tc.launch_add_one(x)  # compiles into the file cache
+    tc.add_one.device_caches.clear()
+    with precompile.no_compilation():
+        tc.launch_add_one(x)  # compile() again, but a file-cache hit: nothing is built
+
+
+def test_the_gate_stops_a_compile_called_through_a_name_bound_by_from_import(tc):
+    from triton.compiler import ASTSource
+    from triton.compiler import compile as bound_compile
+
+    source = ASTSource(tc.add_one, {"x_ptr": "*fp32", "n": "i32", "BLOCK": "constexpr"}, {(2,): 32})
+    with precompile.no_compilation():
+        with pytest.raises(policy.CompilationForbidden, match="a Triton kernel would be compiled"):
+            bound_compile(source)
+
+
+def test_the_gate_stops_the_autotuners_benchmark_through_its_run(tc):
+    import triton
+
+    from triton_cases import add_one
+
+    tuned = triton.autotune(configs=[triton.Config({"BLOCK": 16}), triton.Config({"BLOCK": 32})], key=["n"])(add_one)
+    tc.launch_add_one(torch.zeros(8))  # both specializations exist: only the benchmark is left to refuse
+    add_one[(1,)](torch.zeros(8), 8, BLOCK=32)
+    with precompile.no_compilation():
+        with pytest.raises(policy.CompilationForbidden, match="a Triton autotuner would benchmark"):
+            tuned[(1,)](torch.zeros(8), 8)
+
+
+BOUND_BENCHMARKER = r"""
+import sys, types
+import triton.testing
+from triton.testing import do_bench
+holder = types.ModuleType("holder")
+holder.do_bench = do_bench
+sys.modules["holder"] = holder
+import precompile
+with precompile.no_compilation():
+    for call in (do_bench, holder.do_bench, triton.testing.do_bench):
+        try:
+            call(lambda: None)
+            print("ran")
+        except precompile.PrecompileError:
+            print("refused")
+"""
+
+
+def test_the_gate_reaches_a_benchmarker_bound_by_name_before_it_was_installed():
+    proc = run_fresh(BOUND_BENCHMARKER)
+    assert proc.returncode == 0, proc.stderr
+    # Every module-level name bound to it before the gate went in (here in __main__ and `holder`) is rebound.
+    assert proc.stdout.split() == ["refused", "refused", "refused"]
+
+
+# -- on a GPU ---------------------------------------------------------------------------------------
+
+CUDA_SERVE = r"""
+import sys, torch, precompile
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).cuda()
+x = torch.randn(8, 32, device="cuda")
+with precompile.no_compilation():
+    served = precompile.load(sys.argv[1], sys.argv[2])(model, x)
+torch.testing.assert_close(served, model(x))
+print("ok")
+"""
+
+
+def relu_mlp(model, x):
+    return model(x)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_check.sh runs this)")
+def test_a_cuda_inductor_capture_serves_in_a_fresh_process_under_no_compilation(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).cuda()
+    x = torch.randn(8, 32, device="cuda")
+    artifact, cache = tmp_path / "m.py", tmp_path / "m.cache"
+    with precompile.capture(relu_mlp, artifact_path=artifact, cache_path=cache, tracer=precompile.MakeFxTracer()) as cap:
+        cap(model, x)
+    proc = run_fresh(CUDA_SERVE, str(artifact), str(cache), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "serve")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("ok")
