@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from precompile.inspect.model import Artifact
+from precompile.inspect.opaque import finding_text
 from precompile.inspect.report import Check, VerifyReport
 from precompile.schema.bundle_keys import host_keys, mismatches
 from precompile.schema.codec import CacheFormatError, decode_payload, payload_problem
@@ -36,6 +37,7 @@ def _integrity(artifact: Artifact) -> list[Check]:
             checks.append(Check(name="pickle imports", status="fail", actual=f"{imp.module}.{imp.name}",
                                 message=f"{member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled",
                                 remedy="do not load this cache; treat it as hostile"))
+    checks.extend(_opaque(artifact))
     meta, envelope = code.metadata, cache.envelope
     if meta is None or envelope is None:
         checks.append(Check(name="pairing", status="skip", message="needs a readable python_code and cache"))
@@ -57,6 +59,25 @@ def _integrity(artifact: Artifact) -> list[Check]:
     if artifact.pairing_problem is not None and all(c.status == "ok" for c in checks[-3:]):
         checks.append(Check(name="pairing", status="fail", message=artifact.pairing_problem, remedy=RECAPTURE))
     checks.extend(_bundle(artifact))
+    return checks
+
+
+def _opaque(artifact: Artifact) -> list[Check]:
+    """Each pickle python_code carries (a Dynamo artifact's opaque state): what it would import."""
+    checks = []
+    found = artifact.opaque_findings
+    for scan in artifact.python_code.pickles:
+        mine = [imp for s, imp in found if s is scan]
+        if not mine:
+            names = len({(imp.module, imp.name) for imp in scan.imports})
+            unknown = len({(imp.module, imp.name) for imp in scan.imports if imp.risk == "unknown"})
+            checks.append(Check(name="opaque pickle", status="ok",
+                                actual=f"{scan.member} would import {names} names ({unknown} not on the data-only list), none dangerous"))
+        for imp in mine:
+            checks.append(Check(name="opaque pickle", status="fail",
+                                actual=f"{imp.module}.{imp.name} at opcode offset {imp.offset}" if imp else None,
+                                message=finding_text(scan, imp),
+                                remedy="do not load this artifact: loading unpickles this state; treat it as hostile"))
     return checks
 
 
