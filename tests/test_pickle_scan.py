@@ -240,6 +240,7 @@ def test_nested_budget_is_shared(monkeypatch):
     outer = pickle.dumps([inner + bytes([i]) for i in range(100)], protocol=4)
     scan = scan_pickle(outer, member="x")
     assert 1 <= scan.nested <= 10
+    assert "past the nested-scan limits" in scan.problem  # not scanned means not vouched for
 
 
 # ---- the hostile Dynamo artifact: its opaque state calls os.system --------------------------------
@@ -274,3 +275,43 @@ def test_hostile_artifact_is_flagged_by_show_guards_verify(capsys, monkeypatch, 
     failed = [c for c in report["checks"] if c["status"] == "fail"]
     assert [c["actual"] for c in failed] == ["os.system at opcode offset 23"]
     assert not (ROOT / MARKER).exists()
+
+
+def test_huge_literals_stay_summaries():
+    big = pickle.dumps({"n": 1 << 200_000, 1 << 100_000: "k"}, protocol=4)
+    scan = scan_pickle(big, member="x")
+    assert scan.problem is None
+    assert "int (200001 bits)" in {f.summary for f in scan.fields}
+
+
+def test_mutated_corpus_never_raises():
+    import random
+
+    rng = random.Random(10)
+    corpus = [(HOSTILE / f"{name}.pkl").read_bytes() for name in sorted(EXPECTED)]
+    for _ in range(1500):
+        data = bytearray(rng.choice(corpus))
+        for _ in range(rng.randrange(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        scan_pickle(bytes(data), member="x")
+
+
+def test_verify_scans_pickles_in_the_kernel_bundle(capsys, tmp_path):
+    """A cache whose bundle carries a pickle (a compiler cache entry) gets it scanned by verify."""
+    import hashlib
+    import shutil
+
+    import msgspec
+
+    from precompile.schema.codec import build_bundle, decode_header, encode_cache
+
+    shutil.copy(FIXTURES / "v1/mlp.py", tmp_path / "b.py")
+    envelope, _ = decode_header((FIXTURES / "v1/mlp.cache").read_bytes())
+    evil = (HOSTILE / "p4_stack_global_literal.pkl").read_bytes()
+    bundle, payload = build_bundle({"fx/entry": ("fxgraph", evil)}, dict(envelope.bundle.keys) if envelope.bundle else {})
+    envelope = msgspec.structs.replace(envelope, bundle=bundle,
+                                       code_hash=hashlib.sha256((tmp_path / "b.py").read_bytes()).hexdigest())
+    (tmp_path / "b.cache").write_bytes(encode_cache(envelope, payload))
+    rc, out, err = run_cli(capsys, ["verify", str(tmp_path / "b")])
+    assert rc == 1
+    assert "FAIL  bundle pickle: cache" in out and "bundle file fx/entry would import os.system at opcode offset" in out

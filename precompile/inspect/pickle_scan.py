@@ -20,6 +20,7 @@ import _compat_pickle
 import hashlib
 import pickletools
 import re
+import warnings
 
 from precompile.inspect.model import Blob, Field, PickleImport, PickleScan, Risk
 
@@ -29,6 +30,8 @@ MAX_FIELDS = 200
 MAX_NESTED_DEPTH = 3
 MAX_NESTED_BYTES = 64 * 1024 * 1024
 """Bytes scanned as candidate nested pickles, over one top-level scan and all its depths."""
+MAX_NESTED_SCANS = 10_000
+"""Candidate nested pickles scanned, likewise; past either limit the scan ends with a problem."""
 
 # The data-only reconstructors. A callable is on this list when, applied to data (and to classes
 # that are themselves imports of the same pickle, each judged on its own), it only builds a value:
@@ -181,6 +184,8 @@ def summarize(value) -> str:
         return value.what
     if isinstance(value, str):
         return repr(value) if len(value) <= 80 else f"str ({len(value)} chars)"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"int ({value.bit_length()} bits)"  # repr of a huge int is refused (and quadratic)
     if isinstance(value, _SCALARS):
         return repr(value)
     if isinstance(value, (bytes, bytearray)):
@@ -221,6 +226,7 @@ class _Budget:
 
     def __init__(self) -> None:
         self.nested_bytes = MAX_NESTED_BYTES
+        self.nested_scans = MAX_NESTED_SCANS
 
 
 class _Machine:
@@ -240,6 +246,8 @@ class _Machine:
         """Offsets of each reference to a callable judged by use (GETATTR, MODULE_IMPORTERS)."""
         self.safe_uses: dict[tuple[str, str], int] = {}
         self.nested = 0
+        self.unscanned: list[int] = []
+        """Offsets of values that may hold a pickle but were past the nested-scan limits."""
         self.reached_stop = False
 
     # ---- findings ------------------------------------------------------------------------------
@@ -304,6 +312,9 @@ class _Machine:
             problem = "scan stopped: nesting too deep"
         except Exception as exc:  # noqa: BLE001 - genops on malformed bytes: ValueError, EOFError, UnicodeDecodeError, ...
             problem = f"not a well-formed pickle: {type(exc).__name__}: {exc}"
+        if self.unscanned and problem is None:
+            problem = (f"{len(self.unscanned)} values that may hold a pickle (the first at offset {self.unscanned[0]}) "
+                       f"are past the nested-scan limits ({MAX_NESTED_SCANS} pickles, {MAX_NESTED_BYTES} bytes) and were not scanned")
         for (module, name), offsets in sorted(self.refs.items()):
             unsafe = len(offsets) - self.safe_uses.get((module, name), 0)
             if unsafe > 0:
@@ -511,13 +522,19 @@ class _Machine:
                 value = value.encode("latin-1")
             except UnicodeEncodeError:
                 return  # a pickle is bytes; a str outside latin-1 never encodes to one with _codecs.encode's spelling
-        if not _looks_like_pickle(value) or len(value) > self.budget.nested_bytes:
+        if not _looks_like_pickle(value):
+            return
+        if len(value) > self.budget.nested_bytes or self.budget.nested_scans <= 0:
+            self.unscanned.append(pos)  # cannot vouch for it: run() turns this into the scan's problem
             return
         self.budget.nested_bytes -= len(value)
+        self.budget.nested_scans -= 1
         where = f"pickle inside the {opcode} at offset {pos}"
         within = f"{self.within} > {where}" if self.within else where
         inner = _Machine(bytes(value), self.budget, self.depth + 1, within)
         inner.run()
+        if inner.unscanned:
+            self.unscanned.append(pos)
         found = {key: entry for key, entry in inner.imports.items()}
         framed = value[0] == 0x80
         keep = inner.reached_stop or (framed and found) or any(key[2] == "dangerous" for key in found)
@@ -538,7 +555,9 @@ def scan_pickle(data: bytes, *, member: str) -> PickleScan:
     if len(data) > MAX_PICKLE_SIZE:
         return PickleScan(member=member, blob=blob, problem=f"{len(data)} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
     machine = _Machine(bytes(data), _Budget(), 0, None)
-    result, problem = machine.run()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # pickletools on odd STRING escapes: not our reader's noise
+        result, problem = machine.run()
     fields: tuple[Field, ...] = ()
     top = None
     if machine.reached_stop:

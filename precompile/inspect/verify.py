@@ -11,6 +11,7 @@ from pathlib import Path
 
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
+from precompile.inspect.pickle_scan import scan_pickle
 from precompile.inspect.report import Check, VerifyReport
 from precompile.schema.bundle_keys import host_keys, mismatches
 from precompile.schema.codec import CacheFormatError, decode_payload, payload_problem
@@ -104,7 +105,20 @@ def _bundle(artifact: Artifact) -> list[Check]:
         return checks
     for entry in bundle.files:
         checks.append(Check(name=f"bundle file {entry.path}", status="ok", expected=entry.sha256, actual=f"{len(files[entry.path])} bytes"))
+        checks.extend(_bundle_pickle(cache.path, entry.path, files[entry.path]))
     return checks
+
+
+def _bundle_pickle(cache_path: str, path: str, data: bytes) -> list[Check]:
+    """A bundle file that is a pickle (a cache entry a compiler would unpickle) is scanned like the opaque state."""
+    if len(data) < 2 or data[0] != 0x80 or data[1] > 5:
+        return []
+    scan = scan_pickle(data, member=f"bundle file {path}")
+    found = [(scan, imp) for imp in scan.dangerous] + ([(scan, None)] if scan.problem else [])
+    return [Check(name="bundle pickle", status="fail",
+                  actual=f"{imp.module}.{imp.name} at opcode offset {imp.offset}" if imp else None,
+                  message=f"cache {cache_path}: {finding_text(scan, imp)}",
+                  remedy="do not load this cache; treat it as hostile") for scan, imp in found]
 
 
 def host_torch_version() -> str | None:
