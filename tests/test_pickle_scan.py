@@ -315,3 +315,19 @@ def test_verify_scans_pickles_in_the_kernel_bundle(capsys, tmp_path):
     rc, out, err = run_cli(capsys, ["verify", str(tmp_path / "b")])
     assert rc == 1
     assert "FAIL  bundle pickle: cache" in out and "bundle file fx/entry would import os.system at opcode offset" in out
+
+
+@pytest.mark.parametrize("spelling", ["spaced", "urlsafe", "bytes"])
+def test_opaque_blob_spellings_the_driver_could_decode_are_scanned(spelling, capsys, tmp_path):
+    """A blob hidden from a strict base64 check (a space, URL-safe letters) or kept as bytes is scanned."""
+    evil = (HOSTILE / "p4_stack_global_literal.pkl").read_bytes()
+    literal = {
+        "spaced": repr(" " + base64.b64encode(evil).decode()),
+        "urlsafe": repr(base64.urlsafe_b64encode(evil).decode()),
+        "bytes": repr(evil),
+    }[spelling]
+    source = (FIXTURES / "v1/mlp.py").read_text() + f"\n_hidden = {literal}\n"
+    (tmp_path / "h.py").write_text(source)
+    rc, out, err = run_cli(capsys, ["show", str(tmp_path / "h.py"), str(FIXTURES / "v1/mlp.cache")])
+    assert "_hidden" in out and "os.system  FLAGGED: dangerous" in out
+    assert "would import os.system at opcode offset" in err

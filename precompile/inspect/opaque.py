@@ -2,36 +2,49 @@
 
 A Dynamo artifact ships its opaque state (guard trees, transformed bytecode) as a base64 string
 that `load` decodes and unpickles: the one part of python_code a reviewer cannot read. Every str
-literal that is strict base64 of a pickle, and every bytes literal that is a pickle, anywhere in the
-file, is scanned by `pickle_scan`, and named by its section, the name it is assigned to and its line.
+literal that decodes (base64, standard or URL-safe, as leniently as `b64decode`) to a pickle, and
+every bytes literal that is one, anywhere in the file, is scanned by `pickle_scan`, and named by its
+section, the name it is assigned to and its line.
 """
 from __future__ import annotations
 
 import ast
 import base64
 import binascii
-import re
 
 from precompile.inspect.model import PickleImport, PickleScan, Section
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, scan_pickle
 
 MIN_BLOB_CHARS = 16
-_BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
+
+
+def _is_pickle_header(data: bytes) -> bool:
+    return len(data) >= 2 and data[0] == 0x80 and data[1] <= 5 and len(data) <= MAX_PICKLE_SIZE
 
 
 def _pickle_of(value) -> bytes | None:
+    """The pickle a literal holds: bytes as they are; a str decoded as base64 the lenient way
+    `b64decode` does by default (characters outside the alphabet are dropped), standard or URL-safe,
+    or taken as latin-1 when it starts like a pickle itself."""
     if isinstance(value, bytes):
-        data = value
-    elif isinstance(value, str) and len(value) >= MIN_BLOB_CHARS and len(value) % 4 == 0 and _BASE64.match(value):
+        return value if _is_pickle_header(value) else None
+    if not isinstance(value, str) or len(value) < MIN_BLOB_CHARS:
+        return None
+    if value.startswith("\x80"):
         try:
-            data = base64.b64decode(value, validate=True)
+            data = value.encode("latin-1")
+        except UnicodeEncodeError:
+            data = b""
+        if _is_pickle_header(data):
+            return data
+    for decode in (base64.b64decode, base64.urlsafe_b64decode):
+        try:
+            data = decode(value)
         except (binascii.Error, ValueError):
-            return None
-    else:
-        return None
-    if len(data) < 2 or data[0] != 0x80 or data[1] > 5 or len(data) > MAX_PICKLE_SIZE:
-        return None
-    return data
+            continue
+        if _is_pickle_header(data):
+            return data
+    return None
 
 
 def _section_of(line: int, sections: tuple[Section, ...]) -> str:
@@ -62,7 +75,9 @@ def scan_literal_pickles(source: str, sections: tuple[Section, ...]) -> tuple[Pi
             continue
         where = targets.get(id(node), "a literal")
         member = f"python_code section {_section_of(node.lineno, sections)}: {where} (line {node.lineno})"
-        found.append((node.lineno, node.col_offset, scan_pickle(data, member=member)))
+        scan = scan_pickle(data, member=member)
+        if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
+            found.append((node.lineno, node.col_offset, scan))
     return tuple(scan for _, _, scan in sorted(found, key=lambda item: item[:2]))
 
 
