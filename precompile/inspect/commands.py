@@ -68,7 +68,13 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
         found.append(f"{artifact.cache.path} does not pair with {artifact.python_code.path}: {artifact.pairing_problem}")
     for member, imp in artifact.flagged_imports:
         found.append(f"{artifact.cache.path}: pickle {member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled")
-    return tuple(found)
+    return tuple(found) + _opaque_findings(artifact)
+
+
+def _opaque_findings(artifact: Artifact) -> tuple[str, ...]:
+    from precompile.inspect.opaque import finding_text
+
+    return tuple(f"{artifact.python_code.path}: {finding_text(scan, imp)}" for scan, imp in artifact.opaque_findings)
 
 
 def _show(args, out, err) -> int:
@@ -91,10 +97,12 @@ def _guards(args, out, err) -> int:
     if guards is not None:
         guards = filtered(guards, frame=args.frame, kind=args.type, risky_only=args.risky)
     problems = (artifact.python_code.problem,) if guards is None and artifact.python_code.problem else ()
-    report = GuardsReport(python_code=artifact.python_code.path, guards=guards, problems=problems)
+    findings = _opaque_findings(artifact)
+    report = GuardsReport(python_code=artifact.python_code.path, guards=guards, problems=problems,
+                          pickles=artifact.python_code.pickles, findings=findings)
     _emit(args, out, report, render_text.render_guards(report) if not args.json else ())
-    _diagnose(err, problems)
-    return 2 if guards is None else 0
+    _diagnose(err, problems, findings)
+    return 2 if guards is None else 1 if findings else 0
 
 
 def _read_code(artifact: Artifact) -> bytes | None:

@@ -62,6 +62,8 @@ class PythonCodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     """Every top-level UPPER_CASE assignment, sorted: the metadata names and anything else."""
     metadata: ArtifactMetadata | None = None
     sections: tuple[Section, ...] = ()
+    pickles: tuple["PickleScan", ...] = ()
+    """The pickles python_code carries as literals (a Dynamo artifact's opaque state), scanned, never unpickled."""
     problem: str | None = None
     newer: bool = False
     """True when the problem is a format version newer than this reader understands."""
@@ -76,6 +78,13 @@ class PickleImport(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     risk: Risk
     count: int = 1
+    offset: int | None = None
+    """Byte offset of the first opcode that performs it, in the pickle that holds it."""
+    opcode: str | None = None
+    unresolved: str | None = None
+    """Why the import (or call) cannot be named statically; such an import is always "dangerous"."""
+    within: str | None = None
+    """Where the nested pickle that holds it sits, e.g. "pickle inside the BINBYTES at offset 120"; None: the pickle itself."""
 
 
 class Field(msgspec.Struct, frozen=True, kw_only=True):
@@ -95,10 +104,17 @@ class PickleScan(msgspec.Struct, frozen=True, kw_only=True):
     """What the pickle evaluates to, statically: "dict", "list", "call torch._utils._rebuild_tensor_v2", ..."""
     fields: tuple[Field, ...] = ()
     problem: str | None = None
+    nested: int = 0
+    """How many nested pickles (in bytes or str values) were scanned; their imports are in `imports`."""
 
     @property
     def flagged(self) -> tuple[PickleImport, ...]:
         return tuple(imp for imp in self.imports if imp.risk != "allowed")
+
+    @property
+    def dangerous(self) -> tuple[PickleImport, ...]:
+        """The findings: dangerous imports, and every import or call the scan could not resolve."""
+        return tuple(imp for imp in self.imports if imp.risk == "dangerous")
 
 
 class ZipMember(msgspec.Struct, frozen=True, kw_only=True):
@@ -191,6 +207,17 @@ class Artifact(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def readable(self) -> bool:
         return self.python_code.problem is None and self.cache.problem is None
+
+    @property
+    def opaque_findings(self) -> tuple[tuple[PickleScan, PickleImport | None], ...]:
+        """Each dangerous or unresolved import of python_code's pickles, and (scan, None) for a
+        pickle the scan could not follow to its end."""
+        found: list[tuple[PickleScan, PickleImport | None]] = []
+        for scan in self.python_code.pickles:
+            found.extend((scan, imp) for imp in scan.dangerous)
+            if scan.problem is not None:
+                found.append((scan, None))
+        return tuple(found)
 
     @property
     def flagged_imports(self) -> tuple[tuple[str, PickleImport], ...]:

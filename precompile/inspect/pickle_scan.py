@@ -1,45 +1,107 @@
-"""Static scan of a pickle: what it would import and what it would build, without unpickling.
+"""Static scan of a pickle: what it would import and call, without unpickling it.
 
-`pickletools.genops` only decodes opcodes and their arguments; on top of it a tiny symbolic stack
-machine follows containers and literals so a plain dict's keys and scalar fields can be listed, and
-every GLOBAL/STACK_GLOBAL is recorded with a risk: "allowed" (torch, collections, builtins'
-safe constructors, the standard library's data types), "dangerous" (process execution, code
-evaluation, imports, file access) or "unknown" (anything else). Nothing is ever called.
+`pickletools.genops` only decodes opcodes and their arguments; on top of it `_Machine` runs the
+pickle machine symbolically, opcode by opcode as `pickle._Unpickler` does: the same stack, the same
+mark stack, the same memo. Values are literals (exactly as the string, bytes and number opcodes
+push them), containers of values, imported objects (`_Global`) or results nothing static can know
+(`_Computed`: a call, a persistent id, an out-of-band buffer). Nothing is ever called or imported.
+
+Sound by construction: an import is *resolved* only when its module and name are `str` values that
+a string opcode pushed (directly or through the memo); any other operand of STACK_GLOBAL, an EXT
+registry code, a call of something that is not an import, and a BUILD or APPEND/SETITEM that
+mutates an imported object itself are *unresolved* findings, risk "dangerous". Bytes and strings
+that hold a pickle (and the bytes `_codecs.encode` builds from a string) are scanned too, to a
+bounded depth. Malformed input ends the run where the unpickler itself would stop, with `problem`
+set; every import seen up to there is kept, since the unpickler would have performed them.
 """
 from __future__ import annotations
 
 import _compat_pickle
 import hashlib
 import pickletools
-from collections import Counter
+import re
+import warnings
 
 from precompile.inspect.model import Blob, Field, PickleImport, PickleScan, Risk
 
 MAX_PICKLE_SIZE = 256 * 1024 * 1024
 MAX_OPS = 2_000_000
 MAX_FIELDS = 200
+MAX_NESTED_DEPTH = 3
+MAX_NESTED_BYTES = 64 * 1024 * 1024
+"""Bytes scanned as candidate nested pickles, over one top-level scan and all its depths."""
+MAX_NESTED_SCANS = 10_000
+"""Candidate nested pickles scanned, likewise; past either limit the scan ends with a problem."""
 
-_SAFE_BUILTINS = frozenset(
-    "bool bytearray bytes complex dict float frozenset int list object range set slice str tuple".split()
+# The data-only reconstructors. A callable is on this list when, applied to data (and to classes
+# that are themselves imports of the same pickle, each judged on its own), it only builds a value:
+# it executes no code given as data, imports nothing by a computed name, opens no file, process or
+# socket, unpickles nothing, and looks up no attribute by a computed name. The tensor rebuilders
+# take storages from the loader's persistent ids (torch.load reads them from its own zip) and set
+# sizes, strides and flags; `_rebuild_from_type_v2` and copyreg's helpers call a class or function
+# that the pickle imports, and that import is judged by itself. `_codecs.encode` is how protocol-2
+# pickles spell bytes: it encodes a str (its codec lookup can only import the standard library's
+# `encodings` package); the scan treats its result as bytes and scans them for a nested pickle.
+# Everything else is "unknown" (listed for a reviewer) or "dangerous" (named below).
+DATA_ONLY = frozenset(
+    [("builtins", name) for name in
+     "bool bytearray bytes complex dict float frozenset int list object range set slice str tuple".split()]
+    + [("collections", name) for name in ("OrderedDict", "Counter", "deque", "defaultdict")]
+    + [("copyreg", name) for name in ("_reconstructor", "__newobj__", "__newobj_ex__")]
+    + [("_codecs", "encode")]
+    + [("datetime", name) for name in ("date", "datetime", "time", "timedelta", "timezone")]
+    + [("decimal", "Decimal"), ("fractions", "Fraction"), ("uuid", "UUID")]
+    + [("pathlib", "PurePosixPath"), ("pathlib", "PureWindowsPath")]
+    + [("torch._utils", name) for name in (
+        "_rebuild_tensor", "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_parameter",
+        "_rebuild_parameter_with_state", "_rebuild_meta_tensor_no_storage", "_rebuild_wrapper_subclass",
+        "_rebuild_qtensor", "_rebuild_sparse_tensor", "_rebuild_nested_tensor",
+        "_rebuild_device_tensor_from_cpu_tensor", "_rebuild_device_tensor_from_numpy")]
+    + [("torch._tensor", "_rebuild_from_type_v2"), ("torch.nn.parameter", "Parameter"),
+       ("torch.serialization", "_get_layout"), ("torch.storage", "UntypedStorage"),
+       ("torch.storage", "TypedStorage"), ("torch", "Size"), ("torch", "device"), ("torch", "dtype")]
+    + [("torch", f"{kind}Storage") for kind in (
+        "Untyped", "Float", "Double", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool",
+        "ComplexFloat", "ComplexDouble", "QUInt8", "QInt8", "QInt32", "QUInt4x2", "QUInt2x4")]
+    + [("torch", name) for name in (
+        "float32 float float64 double float16 half bfloat16 complex32 complex64 cfloat complex128 cdouble "
+        "uint8 uint16 uint32 uint64 int8 int16 short int32 int int64 long bool quint8 qint8 qint32 quint4x2 "
+        "float8_e4m3fn float8_e5m2 float8_e4m3fnuz float8_e5m2fnuz "
+        "strided sparse_coo sparse_csr sparse_csc sparse_bsr sparse_bsc _mkldnn "
+        "contiguous_format channels_last channels_last_3d preserve_format").split()]
 )
-_SAFE_STDLIB = frozenset(
-    {
-        ("_codecs", "encode"),
-        ("copyreg", "_reconstructor"),
-        ("datetime", "date"),
-        ("datetime", "datetime"),
-        ("datetime", "time"),
-        ("datetime", "timedelta"),
-        ("datetime", "timezone"),
-        ("decimal", "Decimal"),
-        ("fractions", "Fraction"),
-        ("uuid", "UUID"),
-        ("pathlib", "PurePosixPath"),
-        ("pathlib", "PureWindowsPath"),
-    }
+
+# Modules whose every member can reach the process, the file system, the network, the import
+# system or an interpreter (directly or as an alias inside an attribute chain: `tempfile._os`).
+DANGEROUS_MODULES = frozenset(
+    "os posix nt subprocess _posixsubprocess shutil sys socket importlib imp zipimport pkgutil runpy "
+    "ctypes cffi pickle _pickle cPickle marshal dill cloudpickle joblib shelve dbm code codeop pty "
+    "webbrowser multiprocessing threading _thread signal asyncio tempfile glob io _io fileinput "
+    "linecache tokenize inspect types gc operator _operator timeit cProfile profile pdb bdb "
+    "trace doctest platform sysconfig urllib http ftplib smtplib telnetlib requests sqlite3 logging "
+    "builtins __builtin__ numpy.testing yaml".split()
 )
-_DANGEROUS_MODULES = ("os", "posix", "nt", "subprocess", "shutil", "sys", "socket", "importlib", "pty", "runpy", "ctypes", "pickle", "marshal", "code", "webbrowser", "multiprocessing")
-_DANGEROUS_BUILTINS = frozenset("eval exec compile __import__ getattr setattr delattr open input breakpoint globals locals vars".split())
+# torch's own doors to code: compiled or scripted modules, packages, hubs, loaders, code caches.
+DANGEROUS_TORCH = (
+    "torch.jit", "torch._C._jit", "torch.package", "torch.hub", "torch.serialization", "torch.storage._load",
+    "torch.utils.cpp_extension", "torch._inductor.codecache", "torch.multiprocessing", "torch.fx.graph_module",
+    "torch._dynamo.eval_frame", "torch.compiler", "torch.ops", "torch._ops", "torch.library",
+)
+# Names that unpickle, evaluate, import or run, in whichever module they live.
+DANGEROUS_NAMES = frozenset(
+    "eval exec execfile compile system popen spawn load loads load_module import_module __import__ "
+    "_load_from_bytes reduce_graph_module reduce_package_graph_module reduce_deploy_graph_module "
+    "run call check_call check_output Popen getattr setattr delattr open".split()
+)
+# Callables judged by how each reference to them is used rather than by their import: getattr on an
+# import with a literal attribute name is the import of a dotted name, and Dynamo's module reducer
+# applied to a literal is the import of that module; each is recorded and judged as that import.
+# Any other use (a computed operand, passed along as data, kept past the end) is dangerous.
+GETATTR = ("builtins", "getattr")
+MODULE_IMPORTERS = frozenset({("torch._dynamo.guards", "GuardsStatePickler._unpickle_python_module")})
+MODULE = "<module>"
+"""The name recorded for the import of a whole module."""
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 def resolve(module: str, name: str, protocol: int) -> tuple[str, str]:
@@ -54,34 +116,76 @@ def resolve(module: str, name: str, protocol: int) -> tuple[str, str]:
 
 
 def classify(module: str, name: str) -> Risk:
-    if module == "builtins" or module == "__builtin__":
-        if name in _SAFE_BUILTINS:
-            return "allowed"
-        return "dangerous" if name in _DANGEROUS_BUILTINS else "unknown"
-    root = module.split(".", 1)[0]
-    if root in _DANGEROUS_MODULES:
-        return "dangerous"
-    if root == "torch" or module == "collections" or (module, name) in _SAFE_STDLIB:
+    """allowed (on the data-only list), dangerous (named as able to execute, import, open or
+    unpickle, reached directly or through a dotted attribute chain) or unknown."""
+    if (module, name) in DATA_ONLY:
         return "allowed"
+    parts = name.split(".")
+    if any(part.startswith("__") and part.endswith("__") and len(part) > 4 for part in parts):
+        return "dangerous"  # __globals__, __builtins__, __subclasses__, __import__: escapes
+    modules = module.split(".")
+    dotted = {".".join(modules[: i + 1]) for i in range(len(modules))}
+    if dotted & DANGEROUS_MODULES or any(part.lstrip("_") in DANGEROUS_MODULES for part in parts[:-1]):
+        return "dangerous"
+    if any(module == prefix or module.startswith(prefix + ".") or f"{module}.{name}".startswith(prefix + ".")
+           for prefix in DANGEROUS_TORCH):
+        return "dangerous"
+    if parts[-1] in DANGEROUS_NAMES:
+        return "dangerous"
     return "unknown"
 
 
-class _Opaque:
-    """A value the scan cannot know without running code: a global, a call, a persistent id."""
+class _Global:
+    """An object an import would produce; `resolved` is False when its names were not literals."""
+
+    __slots__ = ("module", "name", "resolved", "judged_by_use")
+
+    def __init__(self, module: str, name: str, resolved: bool = True) -> None:
+        self.module, self.name, self.resolved = module, name, resolved
+        self.judged_by_use = resolved and ((module, name) == GETATTR or (module, name) in MODULE_IMPORTERS)
+
+
+class _Computed:
+    """A value the scan cannot know without running code: a call's result, a persistent id, a buffer."""
+
+    __slots__ = ("what",)
 
     def __init__(self, what: str) -> None:
         self.what = what
 
 
-_MARK = object()
+class _Unhashable:
+    """A dict key standing for a value that is not a plain literal (only used for summaries)."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+
+class _Stop(Exception):
+    """The unpickler itself would raise here: the run ends with this message as its problem."""
+
+
 _SCALARS = (type(None), bool, int, float, str)
+_LITERAL_KEYS = (type(None), bool, int, float, str, bytes)
+_STRING_OPS = frozenset("STRING BINSTRING SHORT_BINSTRING UNICODE BINUNICODE SHORT_BINUNICODE BINUNICODE8".split())
+_BYTES_OPS = frozenset("BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8".split())
+_NUMBER_OPS = frozenset("INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT".split())
+_LATIN1 = frozenset({"latin1", "latin-1", "latin_1", "iso-8859-1", "iso8859-1", "l1"})
 
 
 def summarize(value) -> str:
-    if isinstance(value, _Opaque):
+    if isinstance(value, _Computed):
+        return value.what
+    if isinstance(value, _Global):
+        return f"{value.module}.{value.name}"
+    if isinstance(value, _Unhashable):
         return value.what
     if isinstance(value, str):
         return repr(value) if len(value) <= 80 else f"str ({len(value)} chars)"
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"int ({value.bit_length()} bits)"  # repr of a huge int is refused (and quadratic)
     if isinstance(value, _SCALARS):
         return repr(value)
     if isinstance(value, (bytes, bytearray)):
@@ -92,11 +196,357 @@ def summarize(value) -> str:
         return f"list ({len(value)} items)"
     if isinstance(value, tuple):
         return f"tuple ({len(value)} items)"
+    if isinstance(value, (set, frozenset)):
+        return f"{type(value).__name__} ({len(value)} items)"
     return type(value).__name__
 
 
-def _key(value) -> str:
+def _dict_key(value):
+    return value if isinstance(value, _LITERAL_KEYS) else _Unhashable(summarize(value))
+
+
+def _key_text(value) -> str:
     return value if isinstance(value, str) else summarize(value)
+
+
+def _looks_like_pickle(data: bytes) -> bool:
+    """A protocol 2+ header, or a protocol 0/1 stream that starts like one (an opcode byte)."""
+    if len(data) < 4:
+        return False
+    if data[0] == 0x80:
+        return data[1] <= 5
+    return chr(data[0]) in _OPCODE_CHARS
+
+
+_OPCODE_CHARS = frozenset(op.code for op in pickletools.opcodes)
+
+
+class _Budget:
+    """The nested-pickle budget shared by one top-level scan and all its nested scans."""
+
+    def __init__(self) -> None:
+        self.nested_bytes = MAX_NESTED_BYTES
+        self.nested_scans = MAX_NESTED_SCANS
+
+
+class _Machine:
+    def __init__(self, data: bytes, budget: _Budget, depth: int, within: str | None) -> None:
+        self.data = data
+        self.budget = budget
+        self.depth = depth
+        self.within = within
+        self.stack: list = []
+        self.metastack: list[list] = []
+        self.memo: dict = {}
+        self.protocol = 0
+        self.seen_proto = False
+        self.imports: dict[tuple, list] = {}
+        """(module, name, risk, unresolved, within) -> [count, first offset, opcode]."""
+        self.refs: dict[tuple[str, str], list[int]] = {}
+        """Offsets of each reference to a callable judged by use (GETATTR, MODULE_IMPORTERS)."""
+        self.safe_uses: dict[tuple[str, str], int] = {}
+        self.nested = 0
+        self.unscanned: list[int] = []
+        """Offsets of values that may hold a pickle but were past the nested-scan limits."""
+        self.reached_stop = False
+
+    # ---- findings ------------------------------------------------------------------------------
+
+    def record(self, module: str, name: str, risk: Risk, offset: int, opcode: str, unresolved: str | None = None,
+               within: str | None = None, count: int = 1) -> None:
+        key = (module, name, risk, unresolved, within if within is not None else self.within)
+        entry = self.imports.get(key)
+        if entry is None:
+            self.imports[key] = [count, offset, opcode]
+        else:
+            entry[0] += count
+
+    def unresolved(self, what: str, offset: int, opcode: str, module: str = "?", name: str = "?") -> None:
+        self.record(module, name, "dangerous", offset, opcode, unresolved=what)
+
+    # ---- stack -----------------------------------------------------------------------------------
+
+    def pop(self):
+        if not self.stack:
+            raise _Stop("stack underflow")
+        return self.stack.pop()
+
+    def top(self):
+        if not self.stack:
+            raise _Stop("stack underflow")
+        return self.stack[-1]
+
+    def pop_mark(self) -> list:
+        if not self.metastack:
+            raise _Stop("MARK missing")
+        items = self.stack
+        self.stack = self.metastack.pop()
+        return items
+
+    def push(self, value, offset: int) -> None:
+        self.stack.append(value)
+
+    def copy(self, value, offset: int) -> None:
+        """Push a second reference (GET, DUP): each reference to a callable judged by use counts."""
+        if isinstance(value, _Global) and value.judged_by_use:
+            self.refs.setdefault((value.module, value.name), []).append(offset)
+        self.stack.append(value)
+
+    # ---- the run ---------------------------------------------------------------------------------
+
+    def run(self):
+        """The value the pickle evaluates to (None when it never reached STOP) and the problem, if any."""
+        result, problem = None, None
+        try:
+            for count, (op, arg, pos) in enumerate(pickletools.genops(self.data)):
+                if count >= MAX_OPS:
+                    raise _Stop(f"more than {MAX_OPS} opcodes: not scanned past offset {pos}")
+                if op.name == "STOP":
+                    result = self.pop()
+                    self.reached_stop = True
+                    break
+                self.step(op.name, arg, pos or 0)
+        except _Stop as exc:
+            problem = f"scan stopped: {exc}"
+        except RecursionError:
+            problem = "scan stopped: nesting too deep"
+        except Exception as exc:  # noqa: BLE001 - genops on malformed bytes: ValueError, EOFError, UnicodeDecodeError, ...
+            problem = f"not a well-formed pickle: {type(exc).__name__}: {exc}"
+        if self.unscanned and problem is None:
+            problem = (f"{len(self.unscanned)} values that may hold a pickle (the first at offset {self.unscanned[0]}) "
+                       f"are past the nested-scan limits ({MAX_NESTED_SCANS} pickles, {MAX_NESTED_BYTES} bytes) and were not scanned")
+        for (module, name), offsets in sorted(self.refs.items()):
+            unsafe = len(offsets) - self.safe_uses.get((module, name), 0)
+            if unsafe > 0:
+                self.record(module, name, "dangerous", offsets[0], "GLOBAL", count=unsafe,
+                            unresolved=f"{name} is used other than on literal operands naming what it reaches")
+        return result, problem
+
+    def step(self, name: str, arg, pos: int) -> None:  # noqa: C901 - one branch per opcode family
+        if name == "PROTO":
+            self.protocol, self.seen_proto = arg, True
+        elif name == "FRAME":
+            pass
+        elif name == "MARK":
+            self.metastack.append(self.stack)
+            self.stack = []
+        elif name in _STRING_OPS:
+            self.push(arg, pos)
+            self.nested_pickle(arg, pos, name)
+        elif name in _BYTES_OPS:
+            value = bytearray(arg) if name == "BYTEARRAY8" else arg
+            self.push(value, pos)
+            self.nested_pickle(arg, pos, name)
+        elif name in _NUMBER_OPS:
+            self.push(arg, pos)
+        elif name in ("NONE", "NEWTRUE", "NEWFALSE"):
+            self.push({"NONE": None, "NEWTRUE": True, "NEWFALSE": False}[name], pos)
+        elif name == "EMPTY_DICT":
+            self.push({}, pos)
+        elif name == "EMPTY_LIST":
+            self.push([], pos)
+        elif name == "EMPTY_TUPLE":
+            self.push((), pos)
+        elif name == "EMPTY_SET":
+            self.push(set(), pos)
+        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+            if arg < 0:
+                raise _Stop("negative PUT argument")
+            self.memo[arg] = self.top()
+        elif name == "MEMOIZE":
+            self.memo[len(self.memo)] = self.top()
+        elif name in ("GET", "BINGET", "LONG_BINGET"):
+            if arg not in self.memo:
+                raise _Stop(f"memo value {arg} not found (opcode {name} at offset {pos})")
+            self.copy(self.memo[arg], pos)
+        elif name == "DUP":
+            self.copy(self.top(), pos)
+        elif name == "POP":
+            if self.stack:
+                self.stack.pop()
+            else:
+                self.pop_mark()
+        elif name == "POP_MARK":
+            self.pop_mark()
+        elif name == "TUPLE":
+            self.push(tuple(self.pop_mark()), pos)
+        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
+            n = int(name[-1])
+            if len(self.stack) < n:
+                raise _Stop("stack underflow")
+            items = tuple(self.stack[-n:])
+            del self.stack[-n:]
+            self.push(items, pos)
+        elif name == "LIST":
+            self.push(self.pop_mark(), pos)
+        elif name == "DICT":
+            items = self.pop_mark()
+            if len(items) % 2:
+                raise _Stop("DICT with an odd number of items")
+            self.push({_dict_key(items[i]): items[i + 1] for i in range(0, len(items), 2)}, pos)
+        elif name == "FROZENSET":
+            self.push(frozenset(_dict_key(item) for item in self.pop_mark()), pos)
+        elif name in ("APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"):
+            self.mutate(name, pos)
+        elif name in ("GLOBAL", "INST"):
+            module, _, attr = str(arg).partition(" ")
+            value = self.import_(module, attr, pos, name)
+            if name == "INST":
+                args = self.pop_mark()
+                self.push(self.call(value, tuple(args), pos, name), pos)
+            else:
+                self.push(value, pos)
+        elif name == "STACK_GLOBAL":
+            attr = self.pop()
+            module = self.pop()
+            if type(module) is str and type(attr) is str:
+                self.push(self.import_(module, attr, pos, name), pos)
+            else:
+                shown_module = module if type(module) is str else f"<{summarize(module)}>"
+                shown_name = attr if type(attr) is str else f"<{summarize(attr)}>"
+                self.unresolved("STACK_GLOBAL operands are not strings pushed by string opcodes", pos, name,
+                                shown_module, shown_name)
+                self.push(_Global(shown_module, shown_name, resolved=False), pos)
+        elif name in ("EXT1", "EXT2", "EXT4"):
+            self.unresolved(f"extension code {arg} names its import in the copyreg registry", pos, name,
+                            "<copyreg extension>", str(arg))
+            self.push(_Global("<copyreg extension>", str(arg), resolved=False), pos)
+        elif name == "REDUCE":
+            args = self.pop()
+            func = self.pop()
+            self.push(self.call(func, args, pos, name), pos)
+        elif name == "NEWOBJ":
+            args = self.pop()
+            cls = self.pop()
+            self.push(self.call(cls, args, pos, name), pos)
+        elif name == "NEWOBJ_EX":
+            self.pop()
+            args = self.pop()
+            cls = self.pop()
+            self.push(self.call(cls, args, pos, name), pos)
+        elif name == "OBJ":
+            items = self.pop_mark()
+            if not items:
+                raise _Stop("OBJ without a class")
+            self.push(self.call(items[0], tuple(items[1:]), pos, name), pos)
+        elif name == "BUILD":
+            self.pop()
+            target = self.top()
+            if isinstance(target, _Global) and target.resolved:
+                self.unresolved(f"BUILD sets state on the imported object {target.module}.{target.name} itself",
+                                pos, name, target.module, target.name)
+        elif name == "PERSID":
+            self.push(_Computed(f"persistent id {arg!r}"), pos)
+        elif name == "BINPERSID":
+            self.push(_Computed(f"persistent id {summarize(self.pop())}"), pos)
+        elif name == "NEXT_BUFFER":
+            self.push(_Computed("out-of-band buffer"), pos)
+        elif name == "READONLY_BUFFER":
+            self.top()  # makes the buffer on top read-only, in place
+        else:
+            raise _Stop(f"unsupported opcode {name} at offset {pos}")
+
+    def import_(self, module: str, name: str, pos: int, opcode: str) -> _Global:
+        module, name = resolve(module, name, self.protocol)
+        return self.reach(_Global(module, name), pos, opcode)
+
+    def reach(self, value: _Global, pos: int, opcode: str) -> _Global:
+        """Record an import, or a reference to a callable judged by use (see call() and run())."""
+        if value.judged_by_use:
+            self.refs.setdefault((value.module, value.name), []).append(pos)
+        else:
+            self.record(value.module, value.name, classify(value.module, value.name), pos, opcode)
+        return value
+
+    def call(self, func, args, pos: int, opcode: str):
+        if not isinstance(func, (_Global, _Computed)):
+            raise _Stop(f"{opcode} at offset {pos} calls {summarize(func)}, which is not callable")
+        if isinstance(func, _Computed):
+            self.unresolved(f"{opcode} calls a value that is not an import ({summarize(func)})", pos, opcode,
+                            "<computed>", summarize(func))
+            return _Computed(f"{summarize(func)}(...)")
+        if not func.resolved:
+            return _Computed(f"{func.module}.{func.name}(...)")
+        key = (func.module, func.name)
+        if func.judged_by_use and opcode == "REDUCE" and isinstance(args, tuple):
+            if key == GETATTR and len(args) == 2:
+                owner, attr = args
+                if isinstance(owner, _Global) and owner.resolved and type(attr) is str and _IDENT.match(attr):
+                    # getattr(imported object, "literal") is the import of a dotted name: judged as one
+                    self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
+                    name = f"{owner.name}.{attr}" if owner.name != MODULE else attr
+                    return self.reach(_Global(owner.module, name), pos, "REDUCE getattr")
+            elif key in MODULE_IMPORTERS and len(args) == 1 and type(args[0]) is str and _IDENT.match(args[0]):
+                self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
+                return self.reach(_Global(args[0], MODULE), pos, f"REDUCE {func.name}")
+        if (func.module, func.name) == ("_codecs", "encode") and isinstance(args, tuple) and args and type(args[0]) is str:
+            encoding = args[1] if len(args) > 1 else "utf-8"
+            if type(encoding) is str and encoding.lower() in _LATIN1 | {"utf-8", "utf8", "ascii"}:
+                try:
+                    data = args[0].encode(encoding)
+                except (UnicodeEncodeError, LookupError):
+                    return _Computed("_codecs.encode(...)")
+                self.nested_pickle(data, pos, "_codecs.encode")
+                return data
+        return _Computed(f"{func.module}.{func.name}(...)")
+
+    def mutate(self, name: str, pos: int) -> None:
+        if name == "APPEND":
+            items = [self.pop()]
+        elif name == "SETITEM":
+            value = self.pop()
+            items = [self.pop(), value]
+        else:
+            items = self.pop_mark()
+        target = self.top()
+        if isinstance(target, _Global):
+            if target.resolved:
+                self.unresolved(f"{name} mutates the imported object {target.module}.{target.name} itself", pos, name,
+                                target.module, target.name)
+        elif name in ("APPEND", "APPENDS") and isinstance(target, list):
+            target.extend(items)
+        elif name in ("SETITEM", "SETITEMS") and isinstance(target, dict):
+            if len(items) % 2:
+                raise _Stop("SETITEMS with an odd number of items")
+            for i in range(0, len(items), 2):
+                target[_dict_key(items[i])] = items[i + 1]
+        elif name == "ADDITEMS" and isinstance(target, set):
+            target.update(_dict_key(item) for item in items)
+
+    def nested_pickle(self, value, pos: int, opcode: str) -> None:
+        """Scan a bytes or str literal that holds a pickle, and keep what it would import."""
+        if self.depth >= MAX_NESTED_DEPTH or len(value) < 4:
+            return
+        if isinstance(value, str):
+            try:
+                value = value.encode("latin-1")
+            except UnicodeEncodeError:
+                return  # a pickle is bytes; a str outside latin-1 never encodes to one with _codecs.encode's spelling
+        if not _looks_like_pickle(value):
+            return
+        if len(value) > self.budget.nested_bytes or self.budget.nested_scans <= 0:
+            self.unscanned.append(pos)  # cannot vouch for it: run() turns this into the scan's problem
+            return
+        self.budget.nested_bytes -= len(value)
+        self.budget.nested_scans -= 1
+        where = f"pickle inside the {opcode} at offset {pos}"
+        within = f"{self.within} > {where}" if self.within else where
+        inner = _Machine(bytes(value), self.budget, self.depth + 1, within)
+        inner.run()
+        if inner.unscanned:
+            self.unscanned.append(pos)
+        found = {key: entry for key, entry in inner.imports.items()}
+        framed = value[0] == 0x80
+        keep = inner.reached_stop or (framed and found) or any(key[2] == "dangerous" for key in found)
+        if not keep:
+            return
+        self.nested += 1 + inner.nested
+        for (module, name, risk, unresolved, inner_within), (count, offset, op) in found.items():
+            if not framed and not inner.reached_stop and risk != "dangerous":
+                continue
+            if not (framed or _IDENT.match(module) or unresolved):
+                continue  # a protocol 0 lookalike naming no importable module: the unpickler would fail there
+            self.record(module, name, risk, offset, op, unresolved, within=inner_within, count=count)
 
 
 def scan_pickle(data: bytes, *, member: str) -> PickleScan:
@@ -104,206 +554,22 @@ def scan_pickle(data: bytes, *, member: str) -> PickleScan:
     blob = Blob(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     if len(data) > MAX_PICKLE_SIZE:
         return PickleScan(member=member, blob=blob, problem=f"{len(data)} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
-    imports: Counter[tuple[str, str]] = Counter()
-    stack: list = []
-    memo: dict = {}
-    protocol = None
-    result = None
-    problem = None
-    strings: list[str] = []  # last string pushes, for STACK_GLOBAL when the stack machine gave up
-    structural = True
-    try:
-        for count, (op, arg, _pos) in enumerate(pickletools.genops(data)):
-            if count >= MAX_OPS:
-                raise ValueError(f"more than {MAX_OPS} opcodes")
-            name = op.name
-            if name == "PROTO":
-                protocol = arg
-            if name in ("GLOBAL", "INST"):
-                module, _, attr = str(arg).partition(" ")
-                imports[resolve(module, attr, protocol or 0)] += 1
-            elif name == "STACK_GLOBAL":
-                if structural and len(stack) >= 2 and isinstance(stack[-1], str) and isinstance(stack[-2], str):
-                    module, attr = stack[-2], stack[-1]
-                elif len(strings) >= 2:
-                    module, attr = strings[-2], strings[-1]
-                else:
-                    module, attr = "?", "?"
-                imports[resolve(module, attr, protocol or 0)] += 1
-            if isinstance(arg, str):
-                strings = (strings + [arg])[-2:]
-            if not structural:
-                if name in ("BINGET", "LONG_BINGET", "GET") and isinstance(memo.get(arg), str):
-                    strings = (strings + [memo[arg]])[-2:]
-                continue
-            try:
-                result = _step(name, arg, stack, memo, protocol or 0)
-            except _GiveUp as exc:
-                structural = False
-                problem = f"structure not followed past opcode {name}: {exc}"
-    except Exception as exc:  # genops on malformed bytes: ValueError, EOFError, UnicodeDecodeError, ...
-        problem = f"not a well-formed pickle: {type(exc).__name__}: {exc}"
-        result = None
+    machine = _Machine(bytes(data), _Budget(), 0, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # pickletools on odd STRING escapes: not our reader's noise
+        result, problem = machine.run()
     fields: tuple[Field, ...] = ()
     top = None
-    if structural and result is not None:
+    if machine.reached_stop:
         top = summarize(result)
         if isinstance(result, dict):
-            items = sorted(result.items(), key=lambda kv: _key(kv[0]))
-            fields = tuple(Field(key=_key(k), summary=summarize(v)) for k, v in items[:MAX_FIELDS])
+            items = sorted(result.items(), key=lambda kv: _key_text(kv[0]))
+            fields = tuple(Field(key=_key_text(k), summary=summarize(v)) for k, v in items[:MAX_FIELDS])
     found = tuple(
-        PickleImport(module=module, name=attr, risk=classify(module, attr), count=n)
-        for (module, attr), n in sorted(imports.items())
+        PickleImport(module=module, name=name, risk=risk, count=count, offset=offset, opcode=opcode,
+                     unresolved=unresolved, within=within)
+        for (module, name, risk, unresolved, within), (count, offset, opcode) in sorted(
+            machine.imports.items(), key=lambda kv: (kv[0][4] or "", kv[1][1], kv[0][0], kv[0][1]))
     )
-    return PickleScan(member=member, blob=blob, protocol=protocol, imports=found, top_level=top, fields=fields, problem=problem)
-
-
-class _GiveUp(Exception):
-    pass
-
-
-def _pop_mark(stack: list) -> list:
-    for index in range(len(stack) - 1, -1, -1):
-        if stack[index] is _MARK:
-            items = stack[index + 1 :]
-            del stack[index:]
-            return items
-    raise _GiveUp("MARK missing")
-
-
-def _pop(stack: list):
-    if not stack or stack[-1] is _MARK:
-        raise _GiveUp("stack underflow")
-    return stack.pop()
-
-
-def _hashable(value):
-    try:
-        hash(value)
-        return value
-    except TypeError:
-        return _Opaque(summarize(value))
-
-
-def _step(name: str, arg, stack: list, memo: dict, protocol: int):  # noqa: C901 - one branch per opcode family
-    if name in ("PROTO", "FRAME"):
-        return None
-    if name == "STOP":
-        return _pop(stack)
-    if name == "MARK":
-        stack.append(_MARK)
-    elif name in ("EMPTY_DICT",):
-        stack.append({})
-    elif name in ("EMPTY_LIST",):
-        stack.append([])
-    elif name == "EMPTY_TUPLE":
-        stack.append(())
-    elif name == "EMPTY_SET":
-        stack.append(set())
-    elif name in ("NONE", "NEWTRUE", "NEWFALSE", "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4",
-                  "FLOAT", "BINFLOAT", "STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE",
-                  "SHORT_BINUNICODE", "BINUNICODE8", "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8"):
-        value = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}.get(name, arg)
-        stack.append(value)
-    elif name in ("BINPUT", "LONG_BINPUT", "PUT"):
-        if not stack:
-            raise _GiveUp("stack underflow")
-        memo[arg] = stack[-1]
-    elif name == "MEMOIZE":
-        if not stack:
-            raise _GiveUp("stack underflow")
-        memo[len(memo)] = stack[-1]
-    elif name in ("BINGET", "LONG_BINGET", "GET"):
-        if arg not in memo:
-            raise _GiveUp(f"memo {arg} missing")
-        stack.append(memo[arg])
-    elif name == "TUPLE":
-        stack.append(tuple(_pop_mark(stack)))
-    elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-        n = int(name[-1])
-        items = [_pop(stack) for _ in range(n)][::-1]
-        stack.append(tuple(items))
-    elif name in ("LIST",):
-        stack.append(list(_pop_mark(stack)))
-    elif name == "DICT":
-        items = _pop_mark(stack)
-        stack.append({_hashable(items[i]): items[i + 1] for i in range(0, len(items) - 1, 2)})
-    elif name == "APPEND":
-        value = _pop(stack)
-        target = _pop(stack)
-        if isinstance(target, list):
-            target.append(value)
-        stack.append(target)
-    elif name == "APPENDS":
-        items = _pop_mark(stack)
-        target = _pop(stack)
-        if isinstance(target, list):
-            target.extend(items)
-        stack.append(target)
-    elif name == "SETITEM":
-        value = _pop(stack)
-        key = _pop(stack)
-        target = _pop(stack)
-        if isinstance(target, dict):
-            target[_hashable(key)] = value
-        stack.append(target)
-    elif name == "SETITEMS":
-        items = _pop_mark(stack)
-        target = _pop(stack)
-        if isinstance(target, dict):
-            for i in range(0, len(items) - 1, 2):
-                target[_hashable(items[i])] = items[i + 1]
-        stack.append(target)
-    elif name == "ADDITEMS":
-        items = _pop_mark(stack)
-        target = _pop(stack)
-        if isinstance(target, set):
-            target.update(_hashable(item) for item in items)
-        stack.append(target)
-    elif name == "FROZENSET":
-        stack.append(frozenset(_hashable(item) for item in _pop_mark(stack)))
-    elif name in ("GLOBAL", "INST"):
-        module, attr = resolve(*str(arg).partition(" ")[::2], protocol)
-        if name == "INST":
-            _pop_mark(stack)
-            stack.append(_Opaque(f"{module}.{attr}(...)"))
-        else:
-            stack.append(_Opaque(f"{module}.{attr}"))
-    elif name == "STACK_GLOBAL":
-        attr = _pop(stack)
-        module = _pop(stack)
-        stack.append(_Opaque(".".join(resolve(str(module), str(attr), protocol))))
-    elif name in ("REDUCE", "NEWOBJ"):
-        _pop(stack)
-        callee = _pop(stack)
-        stack.append(_Opaque(f"{summarize(callee)}(...)"))
-    elif name == "NEWOBJ_EX":
-        _pop(stack)
-        _pop(stack)
-        callee = _pop(stack)
-        stack.append(_Opaque(f"{summarize(callee)}(...)"))
-    elif name == "OBJ":
-        items = _pop_mark(stack)
-        callee = items[0] if items else _Opaque("?")
-        stack.append(_Opaque(f"{summarize(callee)}(...)"))
-    elif name == "BUILD":
-        _pop(stack)
-        target = _pop(stack)
-        stack.append(target if isinstance(target, _Opaque) else _Opaque(f"{summarize(target)} (built)"))
-    elif name in ("PERSID", "BINPERSID"):
-        if name == "BINPERSID":
-            _pop(stack)
-        stack.append(_Opaque("persistent id (storage)"))
-    elif name == "POP":
-        _pop(stack)
-    elif name == "POP_MARK":
-        _pop_mark(stack)
-    elif name == "DUP":
-        stack.append(stack[-1] if stack else None)
-    elif name in ("EXT1", "EXT2", "EXT4"):
-        stack.append(_Opaque(f"extension code {arg}"))
-    elif name == "NEXT_BUFFER" or name == "READONLY_BUFFER":
-        stack.append(_Opaque("out-of-band buffer"))
-    else:
-        raise _GiveUp(f"unsupported opcode {name}")
-    return None
+    return PickleScan(member=member, blob=blob, protocol=machine.protocol if machine.seen_proto else None,
+                      imports=found, top_level=top, fields=fields, problem=problem, nested=machine.nested)

@@ -34,6 +34,7 @@ from precompile.inspect.model import (
     UpstreamCache,
     ZipMember,
 )
+from precompile.inspect.opaque import scan_literal_pickles
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, scan_pickle
 from precompile.inspect.sections import split_sections
 from precompile.schema.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
@@ -101,6 +102,7 @@ def _parse_python_code(data: bytes, path: str):
     except PrecompileError as exc:
         return PythonCodeInfo(path=path, file=blob, problem=str(exc)), None
     sections = tuple(section for section, _ in split_sections(source))
+    pickles = scan_literal_pickles(source, sections)
     values: dict = {}
     try:
         values = literal_assignments(source, filename=path)
@@ -116,6 +118,7 @@ def _parse_python_code(data: bytes, path: str):
         tracer=tracer if isinstance(tracer, str) else None,
         literal_names=tuple(sorted(values)),
         sections=sections,
+        pickles=pickles,
     )
     upstream = upstream_code(values)
     if upstream is not None:

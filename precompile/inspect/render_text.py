@@ -47,8 +47,38 @@ def _python_code(info: PythonCodeInfo) -> list[Line]:
     if info.sections:
         parts = ", ".join(f"{s.slug} ({s.first_line}-{s.first_line + s.line_count - 1})" for s in info.sections)
         lines.append((f"  sections: {parts}", None))
+    lines.extend(_literal_pickles(info))
     if isinstance(meta, MakeFxMetadata):
         lines.extend(_calling_convention(meta))
+    return lines
+
+
+def _literal_pickles(info: PythonCodeInfo) -> list[Line]:
+    lines: list[Line] = []
+    for scan in info.pickles:
+        proto = f"protocol {scan.protocol}" if scan.protocol is not None else "protocol ?"
+        nested = f", {scan.nested} nested pickles" if scan.nested else ""
+        lines.append((f"  pickle in {scan.member} ({scan.blob.size} bytes, {proto}{nested}, sha256 {scan.blob.sha256}): "
+                      "never unpickled", None))
+        lines.extend(_import_lines(scan, "    "))
+    return lines
+
+
+def _import_lines(scan: PickleScan, indent: str) -> list[Line]:
+    """What a pickle would import, in the order it would, each name once (nested pickles included)."""
+    counts: dict[tuple[str, str, str], int] = {}
+    for imp in scan.imports:
+        key = (imp.module, imp.name, imp.risk)
+        counts[key] = counts.get(key, 0) + imp.count
+    lines: list[Line] = [(f"{indent}imports ({len(counts)})", None)]
+    for (module, name, risk), count in counts.items():
+        flag = {"allowed": "", "unknown": "  (unknown: not on the data-only list)"}.get(risk, f"  FLAGGED: {risk}")
+        times = f" (x{count})" if count > 1 else ""
+        lines.append((f"{indent}  {module}.{name}{times}{flag}", {"allowed": None, "unknown": WARN}.get(risk, BAD)))
+    lines.extend((f"{indent}  {imp.module}.{imp.name} at offset {imp.offset}: {imp.unresolved}", BAD)
+                 for imp in scan.imports if imp.unresolved)
+    if scan.problem:
+        lines.append((f"{indent}scan problem: {scan.problem}", WARN))
     return lines
 
 
@@ -66,16 +96,6 @@ def _calling_convention(meta: MakeFxMetadata) -> list[Line]:
     return lines
 
 
-def _imports(scan: PickleScan, indent: str) -> list[Line]:
-    lines: list[Line] = [(f"{indent}imports ({len(scan.imports)})", None)]
-    for imp in scan.imports:
-        flag = "" if imp.risk == "allowed" else f"  FLAGGED: {imp.risk}"
-        lines.append((f"{indent}  {imp.module}.{imp.name}{flag}", None if imp.risk == "allowed" else BAD))
-    if scan.problem:
-        lines.append((f"{indent}scan problem: {scan.problem}", WARN))
-    return lines
-
-
 def _mega_cache(mega: MegaCache, title: str) -> list[Line]:
     version = mega.encoding_version if mega.encoding_version is not None else "?"
     lines: list[Line] = [(f"  {title}: Mega-Cache ({mega.blob.size} bytes, sha256 {mega.blob.sha256}, encoding version {version}, "
@@ -83,7 +103,7 @@ def _mega_cache(mega: MegaCache, title: str) -> list[Line]:
     for entry in mega.entries:
         lines.append((f"    {entry.kind} {entry.key}  {entry.content} {entry.file.size} bytes sha256 {entry.file.sha256}", None))
         if entry.scan is not None:
-            lines.extend(_imports(entry.scan, "      "))
+            lines.extend(_import_lines(entry.scan, "      "))
     if mega.problem:
         lines.append((f"    problem: {mega.problem}", BAD))
     return lines
@@ -110,7 +130,7 @@ def _upstream(upstream: UpstreamCache) -> list[Line]:
         if scan.top_level is not None:
             lines.append((f"    evaluates to: {scan.top_level}", None))
         lines.extend((f"    field {f.key}: {f.summary}", None) for f in scan.fields)
-        lines.extend(_imports(scan, "    "))
+        lines.extend(_import_lines(scan, "    "))
     return lines
 
 
@@ -191,6 +211,11 @@ def render_guards(report: GuardsReport) -> list[Line]:
     lines.append((f"specializations ({len(guards.specializations)}), checked on every call:", HEAD))
     width = max((len(s.path) for s in guards.specializations), default=0)
     lines.extend((f"  {s.kind:<8} {s.path:<{width}}  {s.value}", None) for s in guards.specializations)
+    for scan in report.pickles:
+        imports = len({(imp.module, imp.name) for imp in scan.imports})
+        lines.append((f"opaque state {scan.member}: {scan.blob.size} bytes, never unpickled; would import {imports} names, "
+                      f"{len(scan.dangerous)} dangerous or unresolved", BAD if scan.dangerous or scan.problem else None))
+    lines.extend((f"finding: {f}", BAD) for f in report.findings)
     lines.extend((f"problem: {p}", BAD) for p in report.problems)
     return lines
 

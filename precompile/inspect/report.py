@@ -13,7 +13,7 @@ from typing import Literal, Union
 
 import msgspec
 
-from precompile.inspect.model import Artifact, Blob, Guards
+from precompile.inspect.model import Artifact, Blob, Guards, PickleScan
 
 REPORT_VERSION = "1"
 SCHEMA_PATH = Path(__file__).parent / "report.schema.json"
@@ -34,6 +34,10 @@ class GuardsReport(_Report, frozen=True, kw_only=True, tag="guards"):
     python_code: str
     guards: Guards | None
     problems: tuple[str, ...] = ()
+    pickles: tuple[PickleScan, ...] = ()
+    """The opaque state's pickles (guard trees live there for Dynamo artifacts), scanned, never unpickled."""
+    findings: tuple[str, ...] = ()
+    """Dangerous or unresolved imports of those pickles, each naming the section, the import and its opcode offset."""
 
 
 class DiffEntry(msgspec.Struct, frozen=True, kw_only=True):

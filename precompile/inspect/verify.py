@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 from precompile.inspect.model import Artifact
+from precompile.inspect.opaque import finding_text
+from precompile.inspect.pickle_scan import scan_pickle
 from precompile.inspect.report import Check, VerifyReport
 from precompile.schema.bundle_keys import host_keys, mismatches
 from precompile.schema.codec import CacheFormatError, decode_payload, payload_problem
@@ -38,6 +40,7 @@ def _integrity(artifact: Artifact) -> list[Check]:
             checks.append(Check(name="pickle imports", status="fail", actual=f"{imp.module}.{imp.name}",
                                 message=f"{member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled",
                                 remedy="do not load this cache; treat it as hostile"))
+    checks.extend(_opaque(artifact))
     upstream = cache.upstream.precompile if cache.upstream is not None else None
     if code.upstream is not None and upstream is not None:
         return checks + _upstream_pairing(code.upstream.backend, code.file.sha256, upstream.backend, upstream.code_hash)
@@ -62,6 +65,25 @@ def _integrity(artifact: Artifact) -> list[Check]:
     if artifact.pairing_problem is not None and all(c.status == "ok" for c in checks[-3:]):
         checks.append(Check(name="pairing", status="fail", message=artifact.pairing_problem, remedy=RECAPTURE))
     checks.extend(_bundle(artifact))
+    return checks
+
+
+def _opaque(artifact: Artifact) -> list[Check]:
+    """Each pickle python_code carries (a Dynamo artifact's opaque state): what it would import."""
+    checks = []
+    found = artifact.opaque_findings
+    for scan in artifact.python_code.pickles:
+        mine = [imp for s, imp in found if s is scan]
+        if not mine:
+            names = len({(imp.module, imp.name) for imp in scan.imports})
+            unknown = len({(imp.module, imp.name) for imp in scan.imports if imp.risk == "unknown"})
+            checks.append(Check(name="opaque pickle", status="ok",
+                                actual=f"{scan.member} would import {names} names ({unknown} not on the data-only list), none dangerous"))
+        for imp in mine:
+            checks.append(Check(name="opaque pickle", status="fail",
+                                actual=f"{imp.module}.{imp.name} at opcode offset {imp.offset}" if imp else None,
+                                message=finding_text(scan, imp),
+                                remedy="do not load this artifact: loading unpickles this state; treat it as hostile"))
     return checks
 
 
@@ -101,7 +123,20 @@ def _bundle(artifact: Artifact) -> list[Check]:
         return checks
     for entry in bundle.files:
         checks.append(Check(name=f"bundle file {entry.path}", status="ok", expected=entry.sha256, actual=f"{len(files[entry.path])} bytes"))
+        checks.extend(_bundle_pickle(cache.path, entry.path, files[entry.path]))
     return checks
+
+
+def _bundle_pickle(cache_path: str, path: str, data: bytes) -> list[Check]:
+    """A bundle file that is a pickle (a cache entry a compiler would unpickle) is scanned like the opaque state."""
+    if len(data) < 2 or data[0] != 0x80 or data[1] > 5:
+        return []
+    scan = scan_pickle(data, member=f"bundle file {path}")
+    found = [(scan, imp) for imp in scan.dangerous] + ([(scan, None)] if scan.problem else [])
+    return [Check(name="bundle pickle", status="fail",
+                  actual=f"{imp.module}.{imp.name} at opcode offset {imp.offset}" if imp else None,
+                  message=f"cache {cache_path}: {finding_text(scan, imp)}",
+                  remedy="do not load this cache; treat it as hostile") for scan, imp in found]
 
 
 def host_torch_version() -> str | None:

@@ -1,0 +1,91 @@
+"""Find the pickles python_code carries as literals and scan them, never unpickling them.
+
+A Dynamo artifact ships its opaque state (guard trees, transformed bytecode) as a base64 string
+that `load` decodes and unpickles: the one part of python_code a reviewer cannot read. Every str
+literal that decodes (base64, standard or URL-safe, as leniently as `b64decode`) to a pickle, and
+every bytes literal that is one, anywhere in the file, is scanned by `pickle_scan`, and named by its
+section, the name it is assigned to and its line.
+"""
+from __future__ import annotations
+
+import ast
+import base64
+import binascii
+
+from precompile.inspect.model import PickleImport, PickleScan, Section
+from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, scan_pickle
+
+MIN_BLOB_CHARS = 16
+
+
+def _is_pickle_header(data: bytes) -> bool:
+    return len(data) >= 2 and data[0] == 0x80 and data[1] <= 5 and len(data) <= MAX_PICKLE_SIZE
+
+
+def _pickle_of(value) -> bytes | None:
+    """The pickle a literal holds: bytes as they are; a str decoded as base64 the lenient way
+    `b64decode` does by default (characters outside the alphabet are dropped), standard or URL-safe,
+    or taken as latin-1 when it starts like a pickle itself."""
+    if isinstance(value, bytes):
+        return value if _is_pickle_header(value) else None
+    if not isinstance(value, str) or len(value) < MIN_BLOB_CHARS:
+        return None
+    if value.startswith("\x80"):
+        try:
+            data = value.encode("latin-1")
+        except UnicodeEncodeError:
+            data = b""
+        if _is_pickle_header(data):
+            return data
+    for decode in (base64.b64decode, base64.urlsafe_b64decode):
+        try:
+            data = decode(value)
+        except (binascii.Error, ValueError):
+            continue
+        if _is_pickle_header(data):
+            return data
+    return None
+
+
+def _section_of(line: int, sections: tuple[Section, ...]) -> str:
+    for section in sections:
+        if section.first_line <= line < section.first_line + section.line_count:
+            return section.slug
+    return "header"
+
+
+def scan_literal_pickles(source: str, sections: tuple[Section, ...]) -> tuple[PickleScan, ...]:
+    """Each pickle held by a str (base64) or bytes literal, in file order; () when the file does not parse."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ()
+    targets: dict[int, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if len(names) == 1 and isinstance(names[0], ast.Name):
+                targets[id(node.value)] = names[0].id
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Constant):
+            continue
+        data = _pickle_of(node.value)
+        if data is None:
+            continue
+        where = targets.get(id(node), "a literal")
+        member = f"python_code section {_section_of(node.lineno, sections)}: {where} (line {node.lineno})"
+        scan = scan_pickle(data, member=member)
+        if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
+            found.append((node.lineno, node.col_offset, scan))
+    return tuple(scan for _, _, scan in sorted(found, key=lambda item: item[:2]))
+
+
+def finding_text(scan: PickleScan, imp: PickleImport | None) -> str:
+    """One finding of `Artifact.opaque_findings`: the section, the import and the opcode offset."""
+    if imp is None:
+        return f"{scan.member}: the pickle could not be scanned to its end ({scan.problem}), so what it would do is unknown"
+    where = f", in the {imp.within}" if imp.within else ""
+    why = imp.unresolved or "able to execute code, import, open files or unpickle"
+    return (f"{scan.member} would import {imp.module}.{imp.name} at opcode offset {imp.offset} "
+            f"({imp.opcode}{where}) if unpickled: {why}")

@@ -1,0 +1,333 @@
+"""The pickle scan is sound: every hostile pickle is flagged, it names at least every import the real
+unpickler performs, it flags whatever picklescan or fickling flag, and it stays bounded on junk."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import pickle
+import re
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from fickling.analysis import Severity, check_safety
+from fickling.fickle import Pickled
+from picklescan.scanner import SafetyLevel, scan_pickle_bytes
+
+from test_inspect_helpers import FIXTURES, ROOT, run_cli
+
+from precompile.inspect.pickle_scan import DATA_ONLY, classify, scan_pickle
+
+HOSTILE = FIXTURES / "hostile"
+EXPECTED = json.loads((HOSTILE / "expected.json").read_text())
+MARKER = "PRECOMPILE_POISON_MARKER"
+
+
+def _fixture_pickles() -> dict[str, bytes]:
+    """Every pickle the fixtures hold: bare files, zip members, and base64 blobs in python_code."""
+    found: dict[str, bytes] = {}
+    for path in sorted(FIXTURES.rglob("*")):
+        name = str(path.relative_to(FIXTURES))
+        if path.suffix == ".pkl" and path.parent != HOSTILE:  # the corpus is parametrized by EXPECTED
+            found[name] = path.read_bytes()
+        elif path.suffix == ".cache" and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                for member in archive.namelist():
+                    if member.endswith(".pkl"):
+                        found[f"{name}:{member}"] = archive.read(member)
+        elif path.suffix == ".py" and path.parent.name in ("v1", "damaged", "hostile"):
+            for literal in re.findall(r"^_dynamo_state = \(\n((?:    '[^']*'\n)+)\)", path.read_text(), flags=re.M):
+                found[f"{name}:_dynamo_state"] = base64.b64decode("".join(re.findall(r"'([^']*)'", literal)))
+    return found
+
+
+FIXTURE_PICKLES = _fixture_pickles()
+
+
+def test_corpus_is_what_the_script_writes():
+    sys.path.insert(0, str(HOSTILE))
+    try:
+        import make_hostile
+    finally:
+        sys.path.remove(str(HOSTILE))
+    assert len(make_hostile.CORPUS) >= 30
+    assert {p.stem for p in HOSTILE.glob("*.pkl")} == set(make_hostile.CORPUS)
+    for name, (data, expect) in make_hostile.CORPUS.items():
+        assert (HOSTILE / f"{name}.pkl").read_bytes() == data, name
+        assert EXPECTED[name] == expect
+    assert {data[1] for data, _ in make_hostile.CORPUS.values() if data[0] == 0x80} >= {2, 3, 4, 5}
+    assert any(data[0] != 0x80 for data, _ in make_hostile.CORPUS.values())  # protocols 0 and 1 have no PROTO
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_every_hostile_pickle_is_flagged(name):
+    scan = scan_pickle((HOSTILE / f"{name}.pkl").read_bytes(), member=name)
+    expect = EXPECTED[name]
+    if expect == "unresolved":
+        assert any(imp.unresolved for imp in scan.dangerous), scan.imports
+    else:
+        assert expect in {f"{imp.module}.{imp.name}" for imp in scan.dangerous}, scan.imports
+    assert all(imp.offset is not None and imp.opcode for imp in scan.dangerous)
+
+
+def test_the_str_decoy_trick_is_unresolved_not_allowed():
+    """The issue's trick: names built by builtins.str calls, decoy strings left on the stack."""
+    scan = scan_pickle((HOSTILE / "p4_str_decoy.pkl").read_bytes(), member="x")
+    assert [(imp.module, imp.name, imp.risk) for imp in scan.imports if imp.risk != "allowed"] == [
+        ("<builtins.str(...)>", "<builtins.str(...)>", "dangerous")
+    ]
+    assert "torch.load" not in {f"{imp.module}.{imp.name}" for imp in scan.imports}
+
+
+def test_nested_findings_say_where_they_sit():
+    scan = scan_pickle((HOSTILE / "p4_doubly_nested.pkl").read_bytes(), member="x")
+    (imp,) = scan.dangerous
+    assert (imp.module, imp.name) == ("os", "system")
+    assert imp.within.count("pickle inside the BINBYTES at offset") == 2
+    assert scan.nested == 2
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "risk"),
+    [
+        ("torch.fx.graph_module", "reduce_graph_module", "dangerous"), ("torch", "load", "dangerous"),
+        ("torch.serialization", "_load_from_bytes", "dangerous"), ("torch.storage", "_load_from_bytes", "dangerous"),
+        ("builtins", "__import__", "dangerous"), ("builtins", "print", "dangerous"), ("importlib", "import_module", "dangerous"),
+        ("pickle", "loads", "dangerous"), ("_pickle", "loads", "dangerous"), ("numpy", "load", "dangerous"),
+        ("shlex", "os.system", "dangerous"), ("collections", "OrderedDict.__class__", "dangerous"),
+        ("torch._utils", "_rebuild_parameter", "allowed"), ("torch.serialization", "_get_layout", "allowed"),
+        ("torch", "float32", "allowed"), ("builtins", "frozenset", "allowed"), ("copyreg", "_reconstructor", "allowed"),
+        ("torch._dynamo.guards", "GuardsState", "unknown"), ("torch.nn.modules.linear", "Linear", "unknown"),
+    ],
+)
+def test_allowlist_is_explicit(module, name, risk):
+    assert classify(module, name) == risk
+
+
+class _Stub:
+    """Stands for whatever an import would return: callable, settable, never does anything."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __call__(self, *args, **kwargs):
+        return _Stub()
+
+    def __setstate__(self, state):
+        pass
+
+    def append(self, value):
+        pass
+
+    def extend(self, values):
+        pass
+
+    def __setitem__(self, key, value):
+        pass
+
+
+class _RecordingUnpickler(pickle.Unpickler):
+    """The real unpickler, whose find_class records the import and returns a stub (real only for the
+    str/bytes builders, so the str-decoy trick goes as far as it would)."""
+
+    REAL = {("builtins", n): getattr(__builtins__ if isinstance(__builtins__, dict) else __builtins__, n, None)
+            for n in ("str", "bytes", "int", "tuple", "list", "dict")}
+
+    def __init__(self, data: bytes):
+        super().__init__(io.BytesIO(data), buffers=iter([bytearray(b"buffer")] * 8))
+        self.imports: list[tuple[str, str]] = []
+
+    def find_class(self, module, name):
+        if self.proto < 3:
+            import _compat_pickle
+
+            module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+            module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        self.imports.append((module, name))
+        real = self.REAL.get((module, name))
+        return real if real is not None else type(name.replace(".", "_"), (_Stub,), {})
+
+    def persistent_load(self, pid):
+        return _Stub()
+
+
+def _real_imports(data: bytes) -> list[tuple[str, str]]:
+    unpickler = _RecordingUnpickler(data)
+    try:
+        unpickler.load()
+    except Exception:  # noqa: BLE001 - the unpickler stops where the pickle is broken; what it imported before counts
+        pass
+    return unpickler.imports
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(FIXTURE_PICKLES))
+def test_scan_names_every_import_the_unpickler_performs(name):
+    data = (HOSTILE / f"{name}.pkl").read_bytes() if name in EXPECTED else FIXTURE_PICKLES[name]
+    scan = scan_pickle(data, member=name)
+    top_level = {(imp.module, imp.name) for imp in scan.imports if imp.within is None}
+    dotted = {(imp.module, imp.name.split(".")[0]) for imp in scan.imports if imp.within is None}
+    unresolved = any(imp.unresolved and imp.within is None for imp in scan.imports)
+    for module, attr in _real_imports(data):
+        if (module, attr) == ("builtins", "getattr"):
+            continue  # judged by use: recorded as the dotted names it reaches, or flagged itself
+        assert (module, attr) in top_level | dotted or unresolved, (module, attr, scan.imports)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED) + sorted(FIXTURE_PICKLES))
+def test_differential_with_picklescan_and_fickling(name):
+    """Whatever either of them flags, ours flags too. Flagging is judged per pickle: picklescan's
+    "Dangerous" (or its scan error) needs a dangerous finding or a problem here (its names can be decoys:
+    it pairs the last strings seen); fickling's verdict above LIKELY_SAFE (or its failure) needs an
+    import off the data-only list or a problem here."""
+    data = (HOSTILE / f"{name}.pkl").read_bytes() if name in EXPECTED else FIXTURE_PICKLES[name]
+    ours = scan_pickle(data, member=name)
+    result = scan_pickle_bytes(io.BytesIO(data), name)
+    dangerous = {(g.module, g.name) for g in result.globals if g.safety == SafetyLevel.Dangerous}
+    if dangerous or result.scan_err:
+        assert ours.dangerous or ours.problem, (dangerous, ours.imports)
+    try:
+        results = check_safety(Pickled.load(data)).results
+        fickling_flags = [str(r) for r in results if r.severity >= Severity.LIKELY_UNSAFE and not _data_only(r)]
+    except Exception as exc:  # noqa: BLE001 - fickling cannot follow it (EXT codes, out-of-band buffers): that is its flag
+        fickling_flags = [repr(exc)]
+    if fickling_flags:
+        assert ours.flagged or ours.problem, (fickling_flags, ours.imports)
+
+
+def _data_only(result) -> bool:
+    """fickling calls every import outside the standard library unsafe, and every call of one; the
+    reconstructors on our explicit data-only list (torch's tensor rebuilders...) are the deliberate
+    exception, and only they."""
+    trigger = result.trigger or ""
+    if result.analysis_name == "NonStandardImports":
+        match = re.fullmatch(r"from (\S+) import (\S+)", trigger)
+        return bool(match) and match.groups() in DATA_ONLY
+    if result.analysis_name == "OvertlyBadEval" and result.severity == Severity.LIKELY_UNSAFE:
+        return trigger.split("(", 1)[0] in {name for _, name in DATA_ONLY}
+    return False
+
+
+def test_dynamo_fixtures_carry_nothing_dangerous():
+    """The real opaque states: names not on the data-only list are listed, none is a finding."""
+    states = [name for name in FIXTURE_PICKLES if name.endswith(":_dynamo_state") and "hostile" not in name]
+    assert len(states) == 5  # dynamo_break, _eager, _installed, _rows, _rows_risky
+    for name in states:
+        scan = scan_pickle(FIXTURE_PICKLES[name], member=name)
+        assert scan.problem is None and scan.dangerous == (), (name, scan.dangerous)
+        assert scan.nested >= 1
+        assert ("torch._dynamo.guards", "GuardsState") in {(i.module, i.name) for i in scan.imports}
+
+
+def test_malformed_and_huge_inputs_end_with_a_problem():
+    for data in (b"", b"\x80", b"\x80\x04\x95", b"(((((", b"\x80\x04" + b"h\x00", b"\x80\x02cos\nsystem\n" + b"\xff",
+                 b"\x80\x04" + b"N" * 10 + b"t.", b"\x80\x04\x8c\x02os\x8c\x02os\x93" + b"R."):
+        scan = scan_pickle(data, member="x")
+        assert scan.problem is not None, data
+    scan = scan_pickle(b"\x80\x02cos\nsystem\n\xff", member="x")
+    assert ("os", "system", "dangerous") in {(i.module, i.name, i.risk) for i in scan.imports}  # kept past the break
+    many = b"\x80\x04" + b"]" + b"(" + b"K\x01" * 3_000_000 + b"e."
+    scan = scan_pickle(many, member="x")
+    assert "opcodes" in scan.problem
+
+
+def test_nested_budget_is_shared(monkeypatch):
+    """A pickle holding many large bytes values is scanned in bounded work: the nested budget is one
+    for the whole scan, so repeating the value never multiplies the work."""
+    monkeypatch.setattr("precompile.inspect.pickle_scan.MAX_NESTED_BYTES", 10_000)
+    inner = pickle.dumps([b"x" * 1000], protocol=4)
+    outer = pickle.dumps([inner + bytes([i]) for i in range(100)], protocol=4)
+    scan = scan_pickle(outer, member="x")
+    assert 1 <= scan.nested <= 10
+    assert "past the nested-scan limits" in scan.problem  # not scanned means not vouched for
+
+
+# ---- the hostile Dynamo artifact: its opaque state calls os.system --------------------------------
+
+def test_hostile_artifact_really_calls_os_system(tmp_path):
+    """The tests below mean something: the blob, unpickled, runs the shell command."""
+    source = (HOSTILE / "dynamo_os_system.py").read_text()
+    data = FIXTURE_PICKLES["hostile/dynamo_os_system.py:_dynamo_state"]
+    assert b"os" in data and b"system" in data
+    code = "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"
+    subprocess.run([sys.executable, "-c", code], input=data, cwd=tmp_path, capture_output=True, timeout=30)
+    assert (tmp_path / MARKER).exists()
+    assert "_dynamo_state = (" in source
+
+
+def test_hostile_artifact_is_flagged_by_show_guards_verify(capsys, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)
+    path = "fixtures/hostile/dynamo_os_system"
+    rc, out, err = run_cli(capsys, ["show", path])
+    assert rc == 1 and "Traceback" not in err
+    assert "pairs: yes" in out
+    assert "os.system  FLAGGED: dangerous" in out
+    assert "python_code section opaque-state: _dynamo_state (line 297) would import os.system at opcode offset 23" in err
+    rc, out, err = run_cli(capsys, ["guards", path])
+    assert rc == 1 and "would import os.system at opcode offset 23 (STACK_GLOBAL)" in out + err
+    rc, out, err = run_cli(capsys, ["verify", path])
+    assert rc == 1
+    assert "FAIL  opaque pickle: python_code section opaque-state: _dynamo_state (line 297) would import os.system" in out
+    assert "os.system at opcode offset 23" in out
+    rc, out, err = run_cli(capsys, ["verify", "--json", path])
+    report = json.loads(out)
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert [c["actual"] for c in failed] == ["os.system at opcode offset 23"]
+    assert not (ROOT / MARKER).exists()
+
+
+def test_huge_literals_stay_summaries():
+    big = pickle.dumps({"n": 1 << 200_000, 1 << 100_000: "k"}, protocol=4)
+    scan = scan_pickle(big, member="x")
+    assert scan.problem is None
+    assert "int (200001 bits)" in {f.summary for f in scan.fields}
+
+
+def test_mutated_corpus_never_raises():
+    import random
+
+    rng = random.Random(10)
+    corpus = [(HOSTILE / f"{name}.pkl").read_bytes() for name in sorted(EXPECTED)]
+    for _ in range(1500):
+        data = bytearray(rng.choice(corpus))
+        for _ in range(rng.randrange(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        scan_pickle(bytes(data), member="x")
+
+
+def test_verify_scans_pickles_in_the_kernel_bundle(capsys, tmp_path):
+    """A cache whose bundle carries a pickle (a compiler cache entry) gets it scanned by verify."""
+    import hashlib
+    import shutil
+
+    import msgspec
+
+    from precompile.schema.codec import build_bundle, decode_header, encode_cache
+
+    shutil.copy(FIXTURES / "v1/mlp.py", tmp_path / "b.py")
+    envelope, _ = decode_header((FIXTURES / "v1/mlp.cache").read_bytes())
+    evil = (HOSTILE / "p4_stack_global_literal.pkl").read_bytes()
+    bundle, payload = build_bundle({"fx/entry": ("fxgraph", evil)}, dict(envelope.bundle.keys) if envelope.bundle else {})
+    envelope = msgspec.structs.replace(envelope, bundle=bundle,
+                                       code_hash=hashlib.sha256((tmp_path / "b.py").read_bytes()).hexdigest())
+    (tmp_path / "b.cache").write_bytes(encode_cache(envelope, payload))
+    rc, out, err = run_cli(capsys, ["verify", str(tmp_path / "b")])
+    assert rc == 1
+    assert "FAIL  bundle pickle: cache" in out and "bundle file fx/entry would import os.system at opcode offset" in out
+
+
+@pytest.mark.parametrize("spelling", ["spaced", "urlsafe", "bytes"])
+def test_opaque_blob_spellings_the_driver_could_decode_are_scanned(spelling, capsys, tmp_path):
+    """A blob hidden from a strict base64 check (a space, URL-safe letters) or kept as bytes is scanned."""
+    evil = (HOSTILE / "p4_stack_global_literal.pkl").read_bytes()
+    literal = {
+        "spaced": repr(" " + base64.b64encode(evil).decode()),
+        "urlsafe": repr(base64.urlsafe_b64encode(evil).decode()),
+        "bytes": repr(evil),
+    }[spelling]
+    source = (FIXTURES / "v1/mlp.py").read_text() + f"\n_hidden = {literal}\n"
+    (tmp_path / "h.py").write_text(source)
+    rc, out, err = run_cli(capsys, ["show", str(tmp_path / "h.py"), str(FIXTURES / "v1/mlp.cache")])
+    assert "_hidden" in out and "os.system  FLAGGED: dangerous" in out
+    assert "would import os.system at opcode offset" in err
