@@ -106,8 +106,10 @@ def test_the_cache_records_what_keys_its_kernels(captured_inductor):
     _, cache = captured_inductor["train_step"]
     bundle = parse_cache(cache, cache.read_bytes()).envelope.bundle
     assert {f.kind for f in bundle.files} >= {"kernel", "kernel-source", "isa-probe"}
-    assert set(bundle.keys) >= {"torch", "python", "isa", "compiler_command_sha256", "precompiled_headers", "cpu_flags"}
-    assert bundle.keys["precompiled_headers"] == "off"
+    assert set(bundle.keys) >= {"torch", "torch_git", "cxx11_abi", "python", "python_abi", "machine", "isa", "cpu_flags"}
+    assert set(bundle.provenance) >= {"torch_dir", "python_include", "compiler", "compiler_command_sha256", "precompiled_headers"}
+    assert not set(bundle.keys) & set(bundle.provenance)  # paths are never requirements
+    assert bundle.provenance["precompiled_headers"] == "off"
     assert set(bundle.kernels.values()) == {f.path for f in bundle.files if f.kind == "kernel"}
 
 
