@@ -12,6 +12,8 @@ Inductor keeps precompiled headers), on the built-in demo transformer and on a s
   precompile-nocache precompile.load() with the cache file missing (python_code JIT-compiles)
   dynamo             precompile.load() of a DynamoTracer pair (backend="inductor") + first call
   dynamo-eager       precompile.load() of a DynamoTracer pair (backend="eager") + first call
+  precompile-venv2   "precompile", served from another venv at another path with the same torch build
+  dynamo-venv2       "dynamo", served from that other venv (the bundles are keyed on the build, not paths)
 
 Each row reports the whole process (start to first result, as the parent measured it) and the
 part after `import torch`, as ratios to eager's and to precompile's. A second table measures
@@ -24,9 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -34,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIOS = ("eager", "compile-cold", "compile-warm", "compile-mega", "aoti", "precompile", "precompile-nocache",
-             "dynamo", "dynamo-eager")
+             "dynamo", "dynamo-eager", "precompile-venv2", "dynamo-venv2")
+ELSEWHERE = "-venv2"  # the scenario without this suffix, run by the second venv's python
 COLD = {"compile-cold", "precompile-nocache"}  # minutes of compiling each: run once
 
 # ---------------------------------------------------------------------------------------------
@@ -153,12 +158,25 @@ def _env(cache_dir: Path, tmp_dir: Path) -> dict[str, str]:
     return env
 
 
-def _run(mode: str, model: str, device: str, work: Path, cache_dir: Path, tmp_dir: Path) -> dict | None:
+def _second_venv(root: Path) -> str:
+    """The python of a second virtualenv at another path holding this one's packages, hard-linked
+    (copied across filesystems): the same torch build installed elsewhere, as on a serving host."""
+    venv = root / "venv2"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
+    here = sysconfig.get_paths()["purelib"]
+    there = venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    if subprocess.run(["cp", "-al", f"{here}/.", str(there)], capture_output=True, timeout=600).returncode != 0:
+        shutil.copytree(here, there, symlinks=True, dirs_exist_ok=True)
+    return str(venv / "bin" / "python")
+
+
+def _run(mode: str, model: str, device: str, work: Path, cache_dir: Path, tmp_dir: Path,
+         python: str = sys.executable) -> dict | None:
     for directory in (cache_dir, tmp_dir):
         directory.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, mode, model, device, str(work), str(ROOT)],
+        [python, "-c", CHILD, mode, model, device, str(work), str(ROOT)],
         capture_output=True, text=True, env=_env(cache_dir, tmp_dir), timeout=1800,
     )
     total = time.perf_counter() - started
@@ -176,9 +194,9 @@ def measure(model: str, device: str, repeat: int) -> dict[str, dict]:
         work.mkdir()
         fresh = iter(range(10**6))
 
-        def isolated(mode):  # its own empty cache dir and TMPDIR
+        def isolated(mode, python=sys.executable):  # its own empty cache dir and TMPDIR
             n = next(fresh)
-            return _run(mode, model, device, work, root / f"cache{n}", root / f"tmp{n}")
+            return _run(mode, model, device, work, root / f"cache{n}", root / f"tmp{n}", python)
 
         print(f"[{model}] preparing: warm cache, mega-cache blob, AOTInductor package, precompile pairs", file=sys.stderr)
         warm_cache, warm_tmp = root / "warm-cache", root / "warm-tmp"
@@ -187,6 +205,7 @@ def measure(model: str, device: str, repeat: int) -> dict[str, dict]:
         isolated("aoti-prepare")
         isolated("precompile-prepare")
         isolated("dynamo-prepare")
+        elsewhere = _second_venv(root)
 
         results: dict[str, list[dict]] = {s: [] for s in SCENARIOS}
         for round_index in range(repeat):
@@ -196,6 +215,8 @@ def measure(model: str, device: str, repeat: int) -> dict[str, dict]:
                 print(f"[{model}] {scenario} (round {round_index + 1})", file=sys.stderr)
                 if scenario == "compile-warm":
                     outcome = _run(scenario, model, device, work, warm_cache, warm_tmp)
+                elif scenario.endswith(ELSEWHERE):
+                    outcome = isolated(scenario[: -len(ELSEWHERE)], elsewhere)
                 else:
                     outcome = isolated(scenario)
                 if outcome is not None:

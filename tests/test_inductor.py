@@ -68,10 +68,10 @@ def test_a_bundle_that_does_not_fit_this_host_warns_and_jit_compiles(captured_in
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "jit"))
     artifact, cache = _copy(captured_inductor["plain_function"], tmp_path, "elsewhere")
     parsed = parse_cache(cache, cache.read_bytes())
-    keys = {**parsed.envelope.bundle.keys, "torch_dir": "/opt/other-venv/torch"}
+    keys = {**parsed.envelope.bundle.keys, "torch": "2.13.0+cu130"}  # another build of the same release
     envelope = msgspec.structs.replace(parsed.envelope, bundle=msgspec.structs.replace(parsed.envelope.bundle, keys=keys))
     cache.write_bytes(codec.encode_cache(envelope, cache.read_bytes()[parsed.payload_offset :]))
-    with pytest.warns(PrecompileWarning, match=r"does not fit this host: torch_dir is '.+' here but '/opt/other-venv/torch' where it was captured.*JIT"):
+    with pytest.warns(PrecompileWarning, match=r"does not fit this host: torch is '.+' here but '2.13.0\+cu130' where it was captured.*JIT"):
         runnable = precompile.load(artifact, cache)
     case = CASES["plain_function"]
     assert torch.allclose(runnable(*case.args())["sum"], case.fn(*case.args())["sum"])
@@ -106,8 +106,10 @@ def test_the_cache_records_what_keys_its_kernels(captured_inductor):
     _, cache = captured_inductor["train_step"]
     bundle = parse_cache(cache, cache.read_bytes()).envelope.bundle
     assert {f.kind for f in bundle.files} >= {"kernel", "kernel-source", "isa-probe"}
-    assert set(bundle.keys) >= {"torch", "python", "isa", "compiler_command_sha256", "precompiled_headers", "cpu_flags"}
-    assert bundle.keys["precompiled_headers"] == "off"
+    assert set(bundle.keys) >= {"torch", "torch_git", "cxx11_abi", "python", "python_abi", "machine", "isa", "cpu_flags"}
+    assert set(bundle.provenance) >= {"torch_dir", "python_include", "compiler", "compiler_command_sha256", "precompiled_headers"}
+    assert not set(bundle.keys) & set(bundle.provenance)  # paths are never requirements
+    assert bundle.provenance["precompiled_headers"] == "off"
     assert set(bundle.kernels.values()) == {f.path for f in bundle.files if f.kind == "kernel"}
 
 

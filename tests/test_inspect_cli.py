@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 
+from precompile.schema.bundle_keys import host_keys
 from test_inspect_helpers import ALL, FIXTURES, ROOT, run_cli
 
 SHOW_RC = {
@@ -259,15 +260,30 @@ def test_verify_host_says_when_the_kernel_bundle_does_not_fit_this_host(capsys, 
         shutil.copy(FIXTURES / f"v1/mlp_inductor{suffix}", tmp_path / f"m{suffix}")
     data = (tmp_path / "m.cache").read_bytes()
     envelope, offset = codec.decode_header(data)
-    keys = {**envelope.bundle.keys, "torch_dir": "/elsewhere/torch", "cpu_flags": "amx_tile avx512f"}
+    keys = {**envelope.bundle.keys, "torch_dir": "/elsewhere/torch", "torch_git": "0" * 40, "cpu_flags": "amx_tile avx512f"}
     changed = msgspec.structs.replace(envelope, bundle=msgspec.structs.replace(envelope.bundle, keys=keys))
     (tmp_path / "m.cache").write_bytes(codec.encode_cache(changed, data[offset:]))
     rc, out, err = run_cli(capsys, ["verify", "--host", str(tmp_path / "m")])
     assert rc == 1, err
-    assert "FAIL  host kernels torch_dir: torch_dir is '" in out and "but '/elsewhere/torch' where it was captured" in out
-    assert "expected /elsewhere/torch, found " in out
+    assert f"FAIL  host kernels requirement torch_git: torch_git is '{host_keys()['torch_git']}' here but '{'0' * 40}' where it was captured" in out
     assert "lacks instruction-set flags of the capturing CPU: amx_tile" in out
     assert "remedy: serving here compiles the kernels again" in out
+    # where torch was installed is provenance: shown beside this host's, never a failure
+    assert "ok    host kernels provenance torch_dir: captured with /elsewhere/torch, here " in out
+    assert "FAIL  host kernels provenance" not in out
+
+
+def test_verify_host_takes_an_old_bundles_paths_as_provenance(capsys):
+    """fixtures/v1/dynamo_rows (kept as written) was captured in another checkout's venv; its keys held
+    torch_dir and python_include as requirements then. Here they are provenance: shown, never failed.
+    (Whether this CPU has the capturing CPU's flags depends on the machine the suite runs on.)"""
+    rc, out, err = run_cli(capsys, ["verify", "--host", "fixtures/v1/dynamo_rows"])
+    assert rc in (0, 1), out + err
+    assert "ok    host kernels requirement torch: 2.13.0+cpu" in out
+    assert "ok    host kernels provenance torch_dir: captured with /work/main/.venv/lib/python3.11/site-packages/torch" in out
+    assert "ok    host kernels provenance python_include: captured with " in out
+    failed = [line for line in out.splitlines() if line.startswith("  FAIL")]
+    assert all(line.startswith("  FAIL  host kernels requirement cpu_flags") for line in failed), failed
 
 
 def test_upstream_caches_diff_by_field_and_extract_their_members_raw(capsys, tmp_path):

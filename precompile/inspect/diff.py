@@ -96,6 +96,7 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
             if artifact.given != "pair":
                 env["code_hash"] = str(envelope.code_hash)
             env.update({f"bundle.keys.{k}": v for k, v in bundle.keys.items()})
+            env.update({f"bundle.provenance.{k}": v for k, v in bundle.provenance.items()})
             env["bundle.payload_size"] = str(bundle.payload_size)
             env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
             env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"

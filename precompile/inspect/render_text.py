@@ -10,6 +10,7 @@ from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
 from precompile.inspect.model import Artifact, CacheInfo, Guards, MegaCache, PickleScan, PythonCodeInfo, UpstreamCache
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
+from precompile.schema.bundle_keys import provenance, requirements
 from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 
 Line = tuple[str, "str | None"]
@@ -149,7 +150,10 @@ def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
             lines.append(("  kernel bundle: empty", None))
         else:
             lines.append((f"  kernel bundle: {len(bundle.files)} files, {bundle.payload_size} bytes ({bundle.payload_compressed_size} compressed, sha256 {bundle.payload_sha256})", None))
-            lines.extend((f"    {k} = {v}", None) for k, v in sorted(bundle.keys.items()))
+            lines.append(("    requirements (a serving host must match them):", None))
+            lines.extend((f"      {k} = {v}", None) for k, v in sorted(requirements(bundle.keys).items()))
+            lines.append(("    provenance (for information only):", None))
+            lines.extend((f"      {k} = {v}", None) for k, v in provenance(bundle.keys, bundle.provenance).items())
             lines.extend((f"    {f.path}  {f.kind} {f.size} bytes sha256 {f.sha256}", None) for f in bundle.files)
     elif cache.format_version is not None and cache.upstream is None:
         lines.append((f"  format version {cache.format_version}", None))
@@ -252,7 +256,7 @@ def render_verify(report: VerifyReport) -> list[Line]:
     lines: list[Line] = [(f"verify {report.python_code} {report.cache}{' (with host)' if report.host else ''}", HEAD)]
     for check in report.checks:
         status = {"ok": ("ok  ", GOOD), "fail": ("FAIL", BAD), "skip": ("skip", WARN)}[check.status]
-        detail = check.actual if check.status == "ok" and check.actual else check.message
+        detail = (check.message or check.actual) if check.status == "ok" else check.message
         lines.append((f"  {status[0]}  {check.name}" + (f": {detail}" if detail else ""), status[1]))
         if check.status == "fail":
             if check.expected is not None or check.actual is not None:

@@ -1,7 +1,8 @@
 """Integrity checks of a pair and, with `host=True`, whether this machine can serve it.
 
 Each failed check names the expected and the actual value and the remedy. Nothing imports torch:
-the host's torch version comes from the installed distribution's metadata.
+the host's torch version and build come from the installed distribution's metadata and version.py
+(read as text); what only torch can tell (its C++ ABI, a GPU's compute capability) is a skip.
 """
 from __future__ import annotations
 
@@ -13,7 +14,17 @@ from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.pickle_scan import scan_pickle
 from precompile.inspect.report import Check, VerifyReport
-from precompile.schema.bundle_keys import host_keys, mismatches
+from precompile.schema.bundle_keys import (
+    ISA_KEYS,
+    NEEDS_TORCH,
+    host_keys,
+    host_provenance,
+    is_gpu_bundle,
+    mismatches,
+    provenance,
+    requirements,
+    unchecked,
+)
 from precompile.schema.codec import CacheFormatError, decode_payload, payload_problem
 from precompile.schema.pair import read_bytes
 from precompile.schema.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
@@ -169,15 +180,45 @@ def _host(artifact: Artifact) -> list[Check]:
                             remedy=f"install torch=={meta.torch_version}, or capture it again with torch {shown}"))
     bundle = artifact.cache.envelope.bundle if artifact.cache.envelope is not None else None
     if bundle is not None and bundle.files:
-        found = mismatches(bundle.keys, host_keys())
-        for mismatch in found:
-            checks.append(Check(name=f"host kernels {mismatch.key}", status="fail", expected=mismatch.captured,
-                                actual=mismatch.here if mismatch.key != "cpu_flags" else "(this CPU's flags)",
+        checks.extend(_host_kernels(bundle))
+    return checks
+
+
+def _host_kernels(bundle) -> list[Check]:
+    """One line per requirement of the kernel bundle (fits, does not, or cannot tell without torch),
+    then its provenance: the producer's paths, shown beside this host's and never required."""
+    host = host_keys(gpu=is_gpu_bundle(bundle.keys))
+    found = {mismatch.key: mismatch for mismatch in mismatches(bundle.keys, host)}
+    cannot_tell = set(unchecked(bundle.keys, host))
+    checks = []
+    for key, captured in sorted(requirements(bundle.keys).items()):
+        name = f"host kernels requirement {key}"
+        mismatch = found.get(key)
+        if mismatch is not None:
+            checks.append(Check(name=name, status="fail", expected=mismatch.captured,
+                                actual=mismatch.here if key != "cpu_flags" else "(this CPU's flags)",
                                 message=str(mismatch),
                                 remedy="serving here compiles the kernels again (JIT, needs a C++ compiler): "
                                        "capture on a host like this one to ship kernels it can use"))
-        if not found:
-            checks.append(Check(name="host kernels", status="ok", message="the kernel bundle fits this host"))
+        elif key in cannot_tell:
+            checks.append(Check(name=name, status="skip", expected=captured,
+                                message=f"{captured!r} where captured; cannot tell here without importing torch "
+                                        f"({NEEDS_TORCH.get(key, 'not known to this precompile')}): load checks it"))
+        elif key == "cpu_flags":
+            checks.append(Check(name=name, status="ok", actual=f"this CPU has all {len(captured.split())} flags of the capturing CPU"))
+        elif key in ISA_KEYS:
+            checks.append(Check(name=name, status="ok", actual=f"{captured} (needs only the CPU flags checked above)"))
+        else:
+            checks.append(Check(name=name, status="ok", expected=captured, actual=host[key],
+                                message="" if captured else "empty here and where captured"))
+    here = host_provenance()
+    for key, captured in provenance(bundle.keys, bundle.provenance).items():
+        shown = f"captured with {captured}" + (f", here {here[key]}" if key in here else "")
+        checks.append(Check(name=f"host kernels provenance {key}", status="ok", expected=captured, actual=here.get(key),
+                            message=f"{shown} (for information: not required of a serving host)"))
+    if not found:
+        checks.append(Check(name="host kernels", status="ok",
+                            message="the kernel bundle fits this host" + (" as far as a torch-free check can tell" if cannot_tell else "")))
     return checks
 
 

@@ -104,7 +104,8 @@ def _freeze_kernels(source: str, namespace: dict, cache_dir: Path, commands: lis
         )
     files = kernels.collect_files(cache_dir)
     return build_bundle(
-        files, kernels.producer_keys(commands, cache_dir), {sources[name]: libraries[name] for name in sources}
+        files, kernels.producer_keys(files), {sources[name]: libraries[name] for name in sources},
+        kernels.producer_provenance(commands, cache_dir),
     )
 
 

@@ -312,8 +312,11 @@ class DynamoSession:
         python_code = source.encode("utf-8")
         bundle, payload = None, b""  # the eager backend has no kernels: the cache carries no bundle
         if self.backend == "inductor":
+            files = kernels.collect_files(self.cache_dir)
             bundle, payload = build_bundle(
-                kernels.collect_files(self.cache_dir), kernels.producer_keys(self.commands, self.cache_dir)
+                files, kernels.producer_keys(files),
+                kernels.libraries_by_source((section.source for section in sections), files),
+                kernels.producer_provenance(self.commands, self.cache_dir),
             )
         log.info("rendered a Dynamo artifact: %d frames, %d variants, %d bytes", len(frames), len(guards), len(python_code))
         return python_code, cache_for(python_code, backend=self.backend, tracer="dynamo", bundle=bundle, payload=payload)

@@ -11,6 +11,7 @@ import ast
 import contextlib
 import getpass
 import hashlib
+import importlib.util
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from precompile.errors import PrecompileError
 from precompile.runtime import triton_cache
-from precompile.schema.bundle_keys import host_keys
+from precompile.schema import bundle_keys
 from precompile.schema.envelope import KernelBundle
 
 # Bundle file kinds, by how the file is named in Inductor's cache dir.
@@ -81,6 +82,11 @@ def collect_files(cache_dir: Path) -> dict[str, tuple[str, bytes]]:
 
 def kernel_sources(source: str) -> dict[str, str]:
     """{kernel name: sha256 of its C++ source} for every `name = async_compile.cpp_pybinding(types, src)`."""
+    return {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in kernel_texts(source).items()}
+
+
+def kernel_texts(source: str) -> dict[str, str]:
+    """{kernel name: its C++ source} for every `name = async_compile.cpp_pybinding(types, src)`."""
     found = {}
     for node in ast.parse(source).body:
         if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
@@ -94,8 +100,33 @@ def kernel_sources(source: str) -> dict[str, str]:
             and isinstance(call.args[1], ast.Constant)
             and isinstance(call.args[1].value, str)
         ):
-            found[node.targets[0].id] = hashlib.sha256(call.args[1].value.encode("utf-8")).hexdigest()
+            found[node.targets[0].id] = call.args[1].value
     return found
+
+
+def libraries_by_source(modules, files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
+    """{sha256 of a kernel's C++ source: its library's path in `files`} for the kernels of the Inductor
+    output modules `modules` (their source texts), matched by content (see `built_from`)."""
+    built = {
+        path[: -len(".cpp")] + ".so": data.decode("utf-8", "replace")
+        for path, (kind, data) in files.items()
+        if kind == "kernel-source" and path[: -len(".cpp")] + ".so" in files
+    }
+    found = {}
+    for module in modules:
+        for text in kernel_texts(module).values():
+            library = built_from(text, built)
+            if library is not None:
+                found[hashlib.sha256(text.encode("utf-8")).hexdigest()] = library
+    return found
+
+
+def built_from(source: str, built: dict[str, str]) -> str | None:
+    """The library in `built` ({library: the C++ file it was built from}) of a kernel's source.
+    Inductor builds each kernel from a `<key>.main.cpp` holding its source followed by the Python
+    binding it appends; should one kernel's source begin with another's, the closest fit wins."""
+    candidates = sorted((len(text), library) for library, text in built.items() if text.startswith(source))
+    return candidates[0][1] if candidates else None
 
 
 def kernel_libraries(namespace: dict, cache_dir: Path) -> dict[str, str]:
@@ -180,19 +211,61 @@ def _forget_isa_probes() -> None:
                 clear()
 
 
-def producer_keys(commands: list[str], cache_dir: Path) -> dict[str, str]:
-    """host_keys() plus what only the capturing process knows: ISA, compiler command-line hash, PCH."""
+def producer_keys(files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
+    """What the bundled kernels depend on (see schema/bundle_keys.py): this build, this CPU and its
+    vector ISA, and for a bundle holding Triton kernels, the GPU and Triton they were built for."""
     from torch._inductor import cpu_vec_isa
 
+    keys = bundle_keys.host_keys()
+    keys["isa"] = str(cpu_vec_isa.pick_vec_isa())
+    keys["valid_isas"] = ";".join(str(isa) for isa in cpu_vec_isa.valid_vec_isa_list())
+    if any(kind == "triton" for kind, _ in files.values()):
+        keys.update(gpu_keys())
+    return keys
+
+
+def producer_provenance(commands: list[str], cache_dir: Path) -> dict[str, str]:
+    """Where this build lives and how it compiled: recorded for information, never required of a host."""
     root = str(cache_dir)
     normalized = sorted({" ".join(t for t in line.replace(root, "<cache>").split() if "<cache>" not in t) for line in commands})
+    compilers = sorted({os.path.basename(line.split()[0]) for line in commands if line.split()})
     return {
-        **host_keys(),
-        "isa": str(cpu_vec_isa.pick_vec_isa()),
-        "valid_isas": ";".join(str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()),
+        **bundle_keys.host_provenance(),
+        "compiler": " ".join(compilers),
         "compiler_command_sha256": hashlib.sha256("\n".join(normalized).encode("utf-8")).hexdigest(),
         "precompiled_headers": "off",
     }
+
+
+def gpu_keys() -> dict[str, str]:
+    """What Triton kernels depend on, as this process sees it: the current GPU's compute capability,
+    the Triton release, Triton's build hash combined with its GPU backend's (the assembler version
+    and target architecture: what Triton's own cache key holds beside the kernel and its options),
+    and the environment variables Triton lets invalidate its cache."""
+    import torch
+
+    keys = {"gpu_capability": "no CUDA device", "triton": bundle_keys.triton_version(), "triton_key": "no GPU backend",
+            "triton_env": ""}
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        keys["gpu_capability"] = f"{major}.{minor}"
+        with contextlib.suppress(Exception):  # no Triton, or one whose backend cannot load here
+            from torch.utils._triton import triton_hash_with_backend
+
+            keys["triton_key"] = triton_hash_with_backend()
+    with contextlib.suppress(Exception):
+        from triton._C.libtriton import get_cache_invalidating_env_vars
+
+        keys["triton_env"] = " ".join(f"{k}={v}" for k, v in sorted(get_cache_invalidating_env_vars().items()))
+    return keys
+
+
+def serving_keys(recorded: dict[str, str]) -> dict[str, str]:
+    """This serving process's values of the requirements a bundle records (torch is imported here)."""
+    keys = bundle_keys.host_keys()
+    if bundle_keys.is_gpu_bundle(recorded):
+        keys.update(gpu_keys())
+    return keys
 
 
 @contextlib.contextmanager
@@ -218,6 +291,57 @@ def producer_vec_isas(keys: dict[str, str]) -> Iterator[None]:
         yield
     finally:
         cpu_vec_isa.valid_vec_isa_list = original
+
+
+@contextlib.contextmanager
+def inductor_serves_from(primed: dict[str, str], built: dict[str, str]) -> Iterator[None]:
+    """While a Dynamo artifact builds its subgraphs, Inductor takes each C++ kernel the bundle holds
+    from its library, found by the sha256 of the kernel's source (`primed`), as a MakeFx artifact's
+    kernel runtime does; or, for a bundle written before it recorded that map, by the C++ file the
+    library was built from (`built`, see `built_sources`). Inductor's own lookup keys a kernel on its
+    full build command, which names this host's torch and Python include dirs: another install of
+    the same build would miss and compile."""
+    import sys
+
+    import torch
+    from torch._inductor.async_compile import AsyncCompile
+
+    original = AsyncCompile.cpp_pybinding
+
+    def cpp_pybinding(self, argtypes, source_code):
+        path = primed.get(hashlib.sha256(source_code.encode("utf-8")).hexdigest()) or built_from(source_code, built)
+        if path is None:
+            return original(self, argtypes, source_code)
+        os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
+            torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
+        )
+        name = os.path.basename(path).split(".")[0] + ".kernel"
+        module = sys.modules.get(name)
+        if module is None:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            sys.modules[name] = module
+        return module.kernel
+
+    AsyncCompile.cpp_pybinding = cpp_pybinding
+    try:
+        yield
+    finally:
+        AsyncCompile.cpp_pybinding = original
+
+
+def built_sources(bundle: KernelBundle, cache_dir: Path) -> dict[str, str]:
+    """{absolute library path: the C++ file it was built from} of a primed bundle without a kernels
+    map (written before it recorded one); {} for a bundle that has the map."""
+    if bundle.kernels:
+        return {}
+    paths = {entry.path for entry in bundle.files}
+    return {
+        str(cache_dir / library): (cache_dir / entry.path).read_text(encoding="utf-8", errors="replace")
+        for entry in bundle.files
+        if entry.kind == "kernel-source" and (library := entry.path[: -len(".cpp")] + ".so") in paths
+    }
 
 
 def _destination(path: str, cache_dir: Path, triton_dir: Path) -> Path:

@@ -140,7 +140,7 @@ def _prime_kernels(cache) -> dict[str, str] | None:
     bundle = cache.envelope.bundle
     if bundle is None or not bundle.files:
         return None
-    reasons = bundle_keys.mismatches(bundle.keys, bundle_keys.host_keys())
+    reasons = bundle_keys.mismatches(bundle.keys, kernels.serving_keys(bundle.keys))
     if reasons:
         warnings.warn(
             f"the kernel bundle in {cache.path} does not fit this host: {'; '.join(map(str, reasons))}. "
@@ -185,9 +185,14 @@ def load(
     cache = _usable_cache(python_code, cache_path)
     primed = _prime_kernels(cache) if cache is not None else None
     # A Dynamo artifact's output modules load their kernels through Inductor itself, which would
-    # probe this host's vector ISAs first; a MakeFx artifact's kernel runtime never asks.
+    # probe this host's vector ISAs first and look kernels up by keys that hash install paths; a
+    # MakeFx artifact's kernel runtime does neither.
     through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata)
-    with kernels.producer_vec_isas(cache.envelope.bundle.keys) if through_inductor else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        if through_inductor:
+            bundle = cache.envelope.bundle
+            stack.enter_context(kernels.producer_vec_isas(bundle.keys))
+            stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
         namespace = execute(python_code.source, str(artifact_path.resolve()), primed, allow_serve_time_compiles)
     log.info(
         "loaded %s in %.3f s (cache %s, %d kernels primed)",

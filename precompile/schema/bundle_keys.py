@@ -1,12 +1,21 @@
 """What keys a kernel bundle to a host, and why a bundle does not fit one. Torch-free.
 
-Compiled kernels are keyed (by Inductor) on their full build command, which holds the torch and
-Python install paths and the ISA flags; they also run only on a CPU with the instruction sets they
-were built for. A capture records these ingredients in the bundle's `keys`; `load` and
-`precompile verify --host` compare them with this host.
+A frozen kernel depends on the build it links against and the processor it runs on, not on where
+that build is installed: a C++ kernel needs libtorch of the same build (version, git revision, C++
+ABI, debug or release, CUDA version), the same Python ABI (its bindings use the C API), the same
+machine and every CPU flag the compiler was allowed to use (Inductor builds with -march=native); a
+Triton kernel needs the same GPU compute capability, CUDA, Triton build and Triton backend (what
+Triton's own cache key hashes, less the kernel's source and options, which the bundle carries). Those are the bundle's
+`keys`, its requirements: `load` and `precompile verify --host` compare them with this host.
+
+Where the producer's torch and Python lived, and the compile command it used, are `provenance`:
+recorded for information, never a reason to refuse a bundle, since no kernel that fits is compiled
+again. Bundles written before provenance had its own field kept those paths among their keys;
+`requirements` and `provenance` sort them by name.
 """
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.util
 import os
@@ -14,6 +23,23 @@ import platform
 import sys
 import sysconfig
 from dataclasses import dataclass
+
+# Requirements a host is compared on, by equality. A bundle records the subset that applies to it.
+BUILD_KEYS = ("torch", "torch_git", "torch_debug", "torch_cuda", "cxx11_abi", "python", "python_abi", "machine")
+# A GPU bundle's own: torch_cuda above is the CUDA runtime torch ships with and links against.
+GPU_KEYS = ("gpu_capability", "triton", "triton_key", "triton_env")
+# Requirements that describe the kernels' instruction set: implied by `cpu_flags`, which is checked.
+ISA_KEYS = ("isa", "valid_isas")
+# Names an older producer kept among `keys` that are provenance by today's rule.
+LEGACY_PROVENANCE = ("torch_dir", "python_include", "compiler_command_sha256", "precompiled_headers")
+
+# Requirements a host cannot tell without importing torch (or, for the GPU, initialising CUDA).
+NEEDS_TORCH = {
+    "cxx11_abi": "the C++ ABI is compiled into torch._C",
+    "gpu_capability": "a GPU's compute capability needs the CUDA driver (nothing torch-free reports it)",
+    "triton_key": "Triton's build hash (with its GPU backend's) is computed by Triton itself",
+    "triton_env": "Triton names its cache-invalidating environment variables itself",
+}
 
 
 def cpu_flags() -> frozenset[str] | None:
@@ -28,33 +54,94 @@ def cpu_flags() -> frozenset[str] | None:
     return None
 
 
-def _torch_install() -> tuple[str, str]:
-    """(version, package dir) of torch: from the imported module, else found without importing it."""
+def _literals(path: str) -> dict[str, object]:
+    """Top-level `name = literal` assignments of a Python file, read with ast (never executed)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found = {}
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
+        if isinstance(target, ast.Name) and node.value is not None:
+            try:
+                found[target.id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return found
+
+
+def _torch_build() -> tuple[dict[str, str], str]:
+    """(build keys of the installed torch, its package dir): from the imported module, else from
+    torch/version.py read as text, so verify never imports torch."""
     torch = sys.modules.get("torch")
     if torch is not None:
-        return str(torch.__version__), os.path.dirname(torch.__file__)
+        version = torch.version
+        build = {"torch": str(torch.__version__), "torch_git": str(version.git_version), "torch_debug": str(bool(version.debug)),
+                 "torch_cuda": str(version.cuda or "")}
+        abi = getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None)
+        if abi is not None:
+            build["cxx11_abi"] = str(int(abi))
+        return build, os.path.dirname(torch.__file__)
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:
-        return "", ""
+        return {"torch": ""}, ""
+    directory = list(spec.submodule_search_locations)[0]
+    literals = _literals(os.path.join(directory, "version.py"))
     try:
         version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
-        version = ""
-    return version, list(spec.submodule_search_locations)[0]
+        version = str(literals.get("__version__", ""))
+    build = {"torch": version}
+    if "git_version" in literals:
+        build.update(torch_git=str(literals["git_version"]), torch_debug=str(bool(literals.get("debug"))),
+                     torch_cuda=str(literals.get("cuda") or ""))
+    return build, directory
 
 
-def host_keys() -> dict[str, str]:
-    """The ingredients of the kernel cache keys that this host can tell cheaply, without importing torch."""
-    torch_version, torch_dir = _torch_install()
+def triton_version() -> str:
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def host_keys(*, gpu: bool = False) -> dict[str, str]:
+    """The requirements this host can tell cheaply, without importing torch (see NEEDS_TORCH);
+    with `gpu`, the Triton release too (a search of the installed distributions)."""
+    build, _ = _torch_build()
     flags = cpu_flags()
-    return {
-        "torch": torch_version,
+    keys = {
+        **build,
         "python": "%d.%d" % sys.version_info[:2],
+        "python_abi": str(sysconfig.get_config_var("SOABI") or ""),
         "machine": platform.machine(),
-        "torch_dir": torch_dir,
-        "python_include": sysconfig.get_paths()["include"],
         "cpu_flags": " ".join(sorted(flags)) if flags is not None else "",
     }
+    if gpu:
+        keys["triton"] = triton_version()
+    return keys
+
+
+def is_gpu_bundle(keys: dict[str, str]) -> bool:
+    return any(key in keys for key in GPU_KEYS)
+
+
+def host_provenance() -> dict[str, str]:
+    """Where torch and Python are installed here: what a producer records for information only."""
+    _, torch_dir = _torch_build()
+    return {"torch_dir": torch_dir, "python_include": sysconfig.get_paths()["include"]}
+
+
+def requirements(keys: dict[str, str]) -> dict[str, str]:
+    """The keys of a bundle that a host must match (an older bundle's paths left out)."""
+    return {key: value for key, value in keys.items() if key not in LEGACY_PROVENANCE}
+
+
+def provenance(keys: dict[str, str], recorded: dict[str, str]) -> dict[str, str]:
+    """A bundle's provenance: its `provenance` field plus the paths an older producer kept in `keys`."""
+    return dict(sorted({**{k: v for k, v in keys.items() if k in LEGACY_PROVENANCE}, **recorded}.items()))
 
 
 @dataclass(frozen=True)
@@ -72,14 +159,24 @@ class Mismatch:
 
 
 def mismatches(recorded: dict[str, str], host: dict[str, str]) -> list[Mismatch]:
-    """Why a bundle keyed by `recorded` cannot serve this host, one entry per key."""
+    """Why a bundle keyed by `recorded` cannot serve this host, one entry per requirement.
+
+    Only requirements both sides know are compared: a key the bundle does not record (an older
+    producer) or this host cannot tell (see `unchecked`) is not a reason to refuse.
+    """
+    wanted = requirements(recorded)
     found = [
-        Mismatch(key, recorded.get(key, ""), host.get(key, ""))
-        for key in ("torch", "python", "machine", "torch_dir", "python_include")
-        if recorded.get(key) != host.get(key)
+        Mismatch(key, value, host[key])
+        for key, value in wanted.items()
+        if key not in ISA_KEYS and key != "cpu_flags" and key in host and value != host[key]
     ]
-    missing = sorted(set(recorded.get("cpu_flags", "").split()) - set(host.get("cpu_flags", "").split()))
+    missing = sorted(set(wanted.get("cpu_flags", "").split()) - set(host.get("cpu_flags", "").split()))
     if missing:
         shown = " ".join(missing[:8]) + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
         found.append(Mismatch("cpu_flags", shown, host.get("cpu_flags") or "(unreadable)"))
     return found
+
+
+def unchecked(recorded: dict[str, str], host: dict[str, str]) -> list[str]:
+    """The requirements of `recorded` that `host` cannot tell (a torch-free host: see NEEDS_TORCH)."""
+    return [key for key in requirements(recorded) if key not in ISA_KEYS and key != "cpu_flags" and key not in host]

@@ -49,7 +49,10 @@ def encode_cache(envelope: CacheEnvelope, payload: bytes = b"") -> bytes:
 
 
 def build_bundle(
-    files: dict[str, tuple[str, bytes]], keys: dict[str, str], kernels: dict[str, str] | None = None
+    files: dict[str, tuple[str, bytes]],
+    keys: dict[str, str],
+    kernels: dict[str, str] | None = None,
+    provenance: dict[str, str] | None = None,
 ) -> tuple[KernelBundle, bytes]:
     """Index `files` ({relative path: (kind, bytes)}) in sorted path order and compress them.
 
@@ -70,6 +73,7 @@ def build_bundle(
         payload_compressed_size=len(compressed),
         payload_sha256=hashlib.sha256(compressed).hexdigest() if compressed else "",
         kernels=dict(sorted((kernels or {}).items())),
+        provenance=dict(sorted((provenance or {}).items())),
     )
     return bundle, compressed
 

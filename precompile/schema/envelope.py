@@ -39,7 +39,9 @@ class KernelBundle(msgspec.Struct, frozen=True, kw_only=True):
 
     files: tuple[BundleFile, ...] = ()
     keys: dict[str, str] = {}
-    """Ingredients of the kernel cache keys (torch, python, isa, compiler command hash, ...)."""
+    """What the kernels depend on, which a serving host must match: the torch build, Python ABI,
+    machine, CPU flags and ISA, and for GPU kernels the GPU architecture, CUDA and Triton build
+    (see schema/bundle_keys.py). Bundles written before `provenance` also kept paths here."""
     payload_size: int = 0
     """Uncompressed size of the payload: the files' bytes concatenated in index order."""
     payload_compressed_size: int = 0
@@ -47,6 +49,9 @@ class KernelBundle(msgspec.Struct, frozen=True, kw_only=True):
     """sha256 of the compressed payload as stored."""
     kernels: dict[str, str] = {}
     """sha256 of a kernel's source in python_code -> the path of its compiled library in `files`."""
+    provenance: dict[str, str] = {}
+    """Where the producer's torch and Python lived and how it compiled (command hash): for
+    information only, never compared with a serving host."""
 
 
 class CacheEnvelopeV1(msgspec.Struct, frozen=True, kw_only=True, tag=1, tag_field="format_version"):
