@@ -101,12 +101,11 @@ class DynamoSession:
         return self
 
     def _start(self) -> None:
-        from torch._dynamo.package import CompilePackage
-        from torch._dynamo.precompile_context import PrecompileContext
+        from precompile.runtime.torch_compat import CompilePackage, PrecompileContext, dynamo, dynamo_config, functorch_config
 
         if self.backend == "inductor":  # the eager backend builds no kernels
             self.cache_dir, self.commands = self._stack.enter_context(kernels.private_inductor_cache())
-        self._stack.enter_context(torch._dynamo.config.patch(recompile_limit=self.tracer.recompile_limit))
+        self._stack.enter_context(dynamo_config.patch(recompile_limit=self.tracer.recompile_limit))
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
         dynamo_log.addHandler(self._truncation)
         self._stack.callback(dynamo_log.removeHandler, self._truncation)
@@ -114,15 +113,15 @@ class DynamoSession:
         graph_break_log.addHandler(self._fallbacks)
         self._stack.callback(graph_break_log.removeHandler, self._fallbacks)
         self._stack.enter_context(
-            torch._functorch.config.patch(force_non_lazy_backward_lowering=True, bundled_autograd_cache=True)
+            functorch_config.patch(force_non_lazy_backward_lowering=True, bundled_autograd_cache=True)
         )
         # Compiled code a previous compile left on fn (or on its continuations) would serve calls
         # without compiling, so nothing would be recorded: start from Dynamo's empty caches.
-        torch._dynamo.reset()
+        dynamo.reset()
         PrecompileContext.clear()
         self.package = CompilePackage(self.fn)
         self._recorder = AtenRecorder() if self.backend == "eager" else None
-        self.compiled = torch._dynamo.optimize(
+        self.compiled = dynamo.optimize(
             backend=self._recorder or self.backend, package=self.package, guard_filter_fn=self._ledger,
             dynamic=self.tracer.dynamic,
         )(self.fn)
@@ -152,7 +151,7 @@ class DynamoSession:
         return self._summary(entry, frames, backends, guards, slots)
 
     def _collect(self):
-        from torch._dynamo.precompile_context import PrecompileContext
+        from precompile.runtime.torch_compat import PrecompileContext
 
         entry = self.package.cache_entry()
         backends, frames, guards = {}, [], []

@@ -188,7 +188,7 @@ def wont_generalize(guards: list[VariantGuards]) -> tuple[str, ...]:
 def account_frame(code, ledger: GuardLedger, slots: SlotLists, taken: set) -> list[VariantGuards]:
     """Each captured variant of one package frame, readably: its kept checks (shape guards last),
     the slots the filter dropped in its compile, and those the invariance policy takes out."""
-    from torch._dynamo.package import load_guards_state
+    from precompile.runtime.torch_compat import load_guards_state
 
     name = code.python_code.co_name
     states = [load_guards_state(guarded.guards_state) for guarded in code.guarded_codes]

@@ -115,9 +115,7 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
     """
     import fcntl
 
-    import torch._inductor.config as inductor_config
-    from torch._inductor import cpp_builder
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+    from precompile.runtime.torch_compat import cpp_builder, inductor_config, temporary_cache_dir
 
     directory = Path(tempfile.gettempdir()) / f"precompile-capture-kernels-{os.getuid()}"
     commands: list[str] = []
@@ -170,7 +168,7 @@ def _forget_isa_probes() -> None:
     The serving process's Inductor needs the probe libraries to pick the same ISA without
     compiling; a capture must bundle them whatever ran earlier in this process.
     """
-    from torch._inductor import cpu_vec_isa
+    from precompile.runtime.torch_compat import cpu_vec_isa
 
     for value in vars(cpu_vec_isa).values():
         members = vars(value).values() if isinstance(value, type) else (value,)
@@ -182,7 +180,7 @@ def _forget_isa_probes() -> None:
 
 def producer_keys(commands: list[str], cache_dir: Path) -> dict[str, str]:
     """host_keys() plus what only the capturing process knows: ISA, compiler command-line hash, PCH."""
-    from torch._inductor import cpu_vec_isa
+    from precompile.runtime.torch_compat import cpu_vec_isa
 
     root = str(cache_dir)
     normalized = sorted({" ".join(t for t in line.replace(root, "<cache>").split() if "<cache>" not in t) for line in commands})
@@ -204,7 +202,7 @@ def producer_vec_isas(keys: dict[str, str]) -> Iterator[None]:
     producer had, so the producer's probe results hold here, and they pick the very ISA its kernels
     were keyed by. Only while an artifact loads; a bundle without the key probes as usual.
     """
-    from torch._inductor import cpu_vec_isa
+    from precompile.runtime.torch_compat import cpu_vec_isa
 
     names = [name for name in keys.get("valid_isas", "").split(";") if name]
     known = {str(isa): isa for isa in cpu_vec_isa.supported_vec_isa_list}

@@ -8,6 +8,8 @@ on for the whole process.
 Torch-free at import: the gates wrap torch's entry points when their modules are imported (an
 import hook), so turning the policy on never imports torch._inductor itself and a primed artifact
 keeps its fast start. A gate, once installed, stays and checks the depth on every call.
+The first activation checks, from torch's sources, that every gate's target exists on this torch
+(torch_compat.missing_gates) and refuses with PrecompileError where one does not.
 """
 from __future__ import annotations
 
@@ -19,26 +21,10 @@ import sys
 import threading
 
 from precompile.errors import PrecompileError
+from precompile.runtime.torch_compat import NO_COMPILATION_GATES as _GATES
+from precompile.runtime.torch_compat import missing_gates
 
 ENV_VAR = "TORCH_PRECOMPILE_NO_COMPILATION"
-
-# module -> (dotted attribute, what calling it would do)
-_GATES = {
-    "torch._dynamo.convert_frame": (("_compile", "Dynamo would compile a frame"),),
-    "torch.fx.experimental.proxy_tensor": (("_MakefxTracer.trace", "make_fx would trace a graph"),),
-    "torch._functorch._aot_autograd.graph_compile": (("aot_stage2_compile", "AOTAutograd would compile a graph"),),
-    "torch._inductor.graph": (("GraphLowering.compile_to_module", "Inductor would lower a graph"),),
-    "torch._inductor.cpp_builder": (("CppBuilder.build", "a C++ kernel would be built"),),
-    "torch._inductor.select_algorithm": (
-        ("AlgorithmSelectorCache.autotune", "Inductor would autotune"),
-        ("AlgorithmSelectorCache.benchmark_example_value", "Inductor would benchmark"),
-    ),
-    "torch._inductor.runtime.triton_heuristics": (
-        ("CachingAutotuner.benchmark_all_configs", "a Triton kernel would be autotuned"),
-    ),
-    "triton.compiler.compiler": (("compile", "a Triton kernel would be compiled"),),
-    "triton.runtime.autotuner": (("Autotuner._bench", "a Triton autotuner would benchmark"),),
-}
 
 _lock = threading.Lock()
 _depth = 0
@@ -112,6 +98,14 @@ def _ensure_gates() -> None:
     global _hook_installed
     if _hook_installed:
         return
+    missing = missing_gates()
+    if missing:
+        import torch
+
+        raise PrecompileError(
+            f"no_compilation() cannot guard this torch {torch.__version__}: it has no {', '.join(missing)}, so "
+            "a compile there would go unnoticed; use a torch precompile supports (2.11 to 2.14)"
+        )
     sys.meta_path.insert(0, _GatingFinder())
     _hook_installed = True
     for name in _GATES:
