@@ -8,8 +8,6 @@ import sys
 import pytest
 import torch
 
-pytestmark = pytest.mark.compat
-
 FEATURES = [
     "MakeFx tracer", "Dynamo tracer", "eager backend", "inductor backend", "frozen C++ kernels",
     "Triton/CUDA kernels", "no-Inductor load path", "no_compilation() gates", "installed serving mode",

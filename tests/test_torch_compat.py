@@ -13,8 +13,6 @@ from precompile.errors import PrecompileError
 from precompile.runtime import no_compilation as no_compilation_module
 from precompile.runtime import torch_compat
 
-pytestmark = pytest.mark.compat
-
 RUNTIME = Path(precompile.__file__).parent / "runtime"
 DRIVERS = Path(precompile.__file__).parent / "codegen" / "drivers"
 
@@ -120,3 +118,5 @@ def test_driver_private_name_tables_match_torch_compat():
     """Drivers run standalone and cannot import torch_compat: their copies must say the same."""
     tables = {p.stem: t for p in sorted(DRIVERS.glob("*.py")) if (t := _driver_table(p)) is not None}
     assert tables == torch_compat.DRIVER_NAMES
+    for table in tables.values():
+        assert {name: torch_compat.PRIVATE_NAMES.get(name) for name in table} == table

@@ -50,7 +50,7 @@ def _gate(function, what: str):
             )
         return function(*args, **kwargs)
 
-    gated.__precompile_gate__ = True
+    gated.__precompile_gate__ = True  # type: ignore[attr-defined]
     return gated
 
 

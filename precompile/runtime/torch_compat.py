@@ -33,6 +33,7 @@ PRIVATE_NAMES: dict[str, str] = {
     "compile_fx": "torch._inductor.compile_fx",
     # what a primed C++ kernel library reads at load (codegen/drivers/inductor_runtime.py)
     "inductor_tensor_data_ptr": "torch._C:_dynamo.guards._torchinductor_pyobject_tensor_data_ptr",
+    "assert_size_stride": "torch._C:_dynamo.guards.assert_size_stride",
     # Dynamo package, guards and config
     "dynamo": "torch._dynamo",
     "dynamo_config": "torch._dynamo.config",
@@ -57,7 +58,12 @@ PRIVATE_NAMES: dict[str, str] = {
 _MOVED: dict[tuple[int, int], dict[str, str]] = {}
 
 # Private names the standalone drivers reach (codegen/drivers/*.py `_TORCH_PRIVATE`), by driver.
-DRIVER_NAMES: dict[str, dict[str, str]] = {}
+DRIVER_NAMES: dict[str, dict[str, str]] = {
+    "inductor_runtime": {
+        "assert_size_stride": "torch._C:_dynamo.guards.assert_size_stride",
+        "inductor_tensor_data_ptr": "torch._C:_dynamo.guards._torchinductor_pyobject_tensor_data_ptr",
+    },
+}
 
 # no_compilation() gates: module -> ((dotted attribute, what calling it would do), ...).
 NO_COMPILATION_GATES: dict[str, tuple[tuple[str, str], ...]] = {
@@ -85,6 +91,7 @@ INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES = (
     "from torch._inductor.codegen.memory_planning import _align as align",
     "from torch._inductor.async_compile import AsyncCompile",
     "from torch._inductor.select_algorithm import extern_kernels",
+    "from torch._inductor.runtime.runtime_utils import assert_tensor_metadata",  # torch 2.14 on
 )
 
 
