@@ -59,6 +59,19 @@ def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0 if report.ok else 1
 
 
+def _doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from precompile.runtime.doctor import diagnose
+
+    report = diagnose(probe_compiler=not args.no_compiler_probe)
+    if args.json:
+        out.print(report.to_json(), markup=False)
+        return 0
+    out.print(report.summary(), markup=False)
+    for feature in report.features:
+        out.print(f"  {'yes' if feature.works else 'no ':3}  {feature.name:24} {feature.detail}", markup=False)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="precompile", description="Capture, load and inspect precompile artifacts.")
     parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour output (default: auto)")
@@ -67,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("directory", nargs="?", default="precompile-demo", help="where to write the pair (default: ./precompile-demo)")
     demo.add_argument("--backend", choices=("inductor", "eager"), default="inductor", help="how the captured graph is realized (default: inductor)")
     demo.set_defaults(handler=_demo)
+    doctor = verbs.add_parser("doctor", help="which features work with this torch, Python and host, and why not")
+    doctor.add_argument("--json", action="store_true", help="the report as JSON")
+    doctor.add_argument("--no-compiler-probe", action="store_true", help="skip building an empty library with the C++ compiler")
+    doctor.set_defaults(handler=_doctor)
     register_inspect_verbs(verbs)
     return parser
 

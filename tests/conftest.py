@@ -12,6 +12,22 @@ TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 
 
+# What the compat run (`./dev compat VERSION`, CI on torch 2.11, 2.12 and 2.14.1) covers, by file:
+# every fresh-process round trip, the demo, Dynamo, inspect and the torch_compat door. The rest
+# (capture API details, refusals, fuzzing) exercises our own code the same way on every torch.
+COMPAT_FILES = {
+    "test_cli_demo.py", "test_doctor.py", "test_dynamo.py", "test_inductor.py", "test_inspect_cli.py",
+    "test_inspect_safety.py", "test_no_compilation.py", "test_plain_exec.py", "test_roundtrip.py",
+    "test_torch_compat.py",
+}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in COMPAT_FILES:
+            item.add_marker(pytest.mark.compat)
+
+
 def run_fresh(code: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter with tests/ importable (and `env` added to the environment)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)]), **(env or {})}

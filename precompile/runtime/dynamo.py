@@ -95,7 +95,7 @@ def record_minted_modules(code) -> None:
     code's module and records none of them in the package: add each to the code's import sources, so
     the driver seeds it as it seeds Dynamo's own import aliases. A minted global that is not a module
     cannot be seeded in another process: refuse the capture, naming it."""
-    from torch._dynamo.package import SerializedCode
+    from precompile.runtime.torch_compat import SerializedCode
 
     scope = sys.modules[code.python_module].__dict__
     for guarded in code.guarded_codes:
@@ -115,7 +115,8 @@ def record_minted_modules(code) -> None:
 def refuse_uninstallable(entry, frames: list[DynamoFrame]) -> None:
     """An installed artifact finds each frame reached by an ordinary call again by its module and
     qualified name in the serving process: refuse, at write time, one that cannot be found that way."""
-    from torch._dynamo.package import SerializedCode, _lookup_code
+    from precompile.runtime.torch_compat import SerializedCode
+    from precompile.runtime.torch_compat import lookup_code as _lookup_code
 
     lost = []
     for code, frame in zip(entry.codes, frames):
@@ -166,12 +167,11 @@ class DynamoSession:
         return self
 
     def _start(self) -> None:
-        from torch._dynamo.package import CompilePackage
-        from torch._dynamo.precompile_context import PrecompileContext
+        from precompile.runtime.torch_compat import CompilePackage, PrecompileContext, dynamo, dynamo_config, functorch_config
 
         if self.backend == "inductor":  # the eager backend builds no kernels
             self.cache_dir, self.commands = self._stack.enter_context(kernels.private_inductor_cache())
-        self._stack.enter_context(torch._dynamo.config.patch(recompile_limit=self.tracer.recompile_limit))
+        self._stack.enter_context(dynamo_config.patch(recompile_limit=self.tracer.recompile_limit))
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
         dynamo_log.addHandler(self._truncation)
         self._stack.callback(dynamo_log.removeHandler, self._truncation)
@@ -179,15 +179,15 @@ class DynamoSession:
         graph_break_log.addHandler(self._fallbacks)
         self._stack.callback(graph_break_log.removeHandler, self._fallbacks)
         self._stack.enter_context(
-            torch._functorch.config.patch(force_non_lazy_backward_lowering=True, bundled_autograd_cache=True)
+            functorch_config.patch(force_non_lazy_backward_lowering=True, bundled_autograd_cache=True)
         )
         # Compiled code a previous compile left on fn (or on its continuations) would serve calls
         # without compiling, so nothing would be recorded: start from Dynamo's empty caches.
-        torch._dynamo.reset()
+        dynamo.reset()
         PrecompileContext.clear()
         self.package = CompilePackage(self.fn)
         self._recorder = AtenRecorder() if self.backend == "eager" else None
-        self.compiled = torch._dynamo.optimize(
+        self.compiled = dynamo.optimize(
             backend=self._recorder or self.backend, package=self.package, guard_filter_fn=self._ledger,
             dynamic=self.tracer.dynamic,
         )(self.fn)
@@ -209,7 +209,7 @@ class DynamoSession:
                 self.errors.append(message)
             if shown is not exc:
                 raise shown from None
-            from torch._dynamo.exc import PackageError
+            from precompile.runtime.torch_compat import PackageError
 
             if isinstance(exc, PackageError):
                 raise PrecompileError(
@@ -225,7 +225,7 @@ class DynamoSession:
         return self._summary(entry, frames, backends, guards, slots)
 
     def _collect(self):
-        from torch._dynamo.precompile_context import PrecompileContext
+        from precompile.runtime.torch_compat import PrecompileContext
 
         entry = self.package.cache_entry()
         backends, frames, guards = {}, [], []

@@ -232,7 +232,7 @@ def account_frame(code, name: str, ledger: GuardLedger, slots: SlotLists, taken:
     """Each captured variant of one package frame (`name`: its qualified name), readably: its kept
     checks (shape guards last), the slots the filter dropped in its compile, and those the
     invariance policy takes out."""
-    from torch._dynamo.package import load_guards_state
+    from precompile.runtime.torch_compat import load_guards_state
 
     states = [load_guards_state(guarded.guards_state) for guarded in code.guarded_codes]
     kept = [

@@ -160,9 +160,7 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
     """
     import fcntl
 
-    import torch._inductor.config as inductor_config
-    from torch._inductor import cpp_builder
-    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+    from precompile.runtime.torch_compat import cpp_builder, inductor_config, temporary_cache_dir
 
     directory = Path(tempfile.gettempdir()) / f"precompile-capture-kernels-{os.getuid()}"
     commands: list[str] = []
@@ -201,7 +199,7 @@ def _forget_isa_probes() -> None:
     The serving process's Inductor needs the probe libraries to pick the same ISA without
     compiling; a capture must bundle them whatever ran earlier in this process.
     """
-    from torch._inductor import cpu_vec_isa
+    from precompile.runtime.torch_compat import cpu_vec_isa
 
     for value in vars(cpu_vec_isa).values():
         members = vars(value).values() if isinstance(value, type) else (value,)
@@ -214,7 +212,7 @@ def _forget_isa_probes() -> None:
 def producer_keys(files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
     """What the bundled kernels depend on (see schema/bundle_keys.py): this build, this CPU and its
     vector ISA, and for a bundle holding Triton kernels, the GPU and Triton they were built for."""
-    from torch._inductor import cpu_vec_isa
+    from precompile.runtime.torch_compat import cpu_vec_isa
 
     keys = bundle_keys.host_keys()
     keys["isa"] = str(cpu_vec_isa.pick_vec_isa())
@@ -277,7 +275,7 @@ def producer_vec_isas(keys: dict[str, str]) -> Iterator[None]:
     producer had, so the producer's probe results hold here, and they pick the very ISA its kernels
     were keyed by. Only while an artifact loads; a bundle without the key probes as usual.
     """
-    from torch._inductor import cpu_vec_isa
+    from precompile.runtime.torch_compat import cpu_vec_isa
 
     names = [name for name in keys.get("valid_isas", "").split(";") if name]
     known = {str(isa): isa for isa in cpu_vec_isa.supported_vec_isa_list}
@@ -303,8 +301,7 @@ def inductor_serves_from(primed: dict[str, str], built: dict[str, str]) -> Itera
     the same build would miss and compile."""
     import sys
 
-    import torch
-    from torch._inductor.async_compile import AsyncCompile
+    from precompile.runtime.torch_compat import AsyncCompile, inductor_tensor_data_ptr
 
     original = AsyncCompile.cpp_pybinding
 
@@ -312,9 +309,7 @@ def inductor_serves_from(primed: dict[str, str], built: dict[str, str]) -> Itera
         path = primed.get(hashlib.sha256(source_code.encode("utf-8")).hexdigest()) or built_from(source_code, built)
         if path is None:
             return original(self, argtypes, source_code)
-        os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
-            torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
-        )
+        os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(inductor_tensor_data_ptr)
         name = os.path.basename(path).split(".")[0] + ".kernel"
         module = sys.modules.get(name)
         if module is None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 import re
 
 import torch
-from torch.fx.graph import _custom_builtins
 
 from precompile.codegen.models import GraphSection
 from precompile.errors import PrecompileError
+from precompile.runtime.torch_compat import INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES, fx_custom_builtins
 
 ENTRY = "captured_graph"
 
@@ -19,7 +19,7 @@ def lower_eager(graph_module: torch.fx.GraphModule, entry: str = ENTRY) -> Graph
     for name in code.globals:
         if not re.search(rf"\b{re.escape(name)}\b", code.src):
             continue  # FX offers a fixed set of globals; import only those the graph uses
-        builtin = _custom_builtins.get(name)
+        builtin = fx_custom_builtins.get(name)
         if builtin is None:
             raise PrecompileError(f"the captured graph refers to {name!r}, which the eager backend cannot render as source")
         imports.append(builtin.import_str)
@@ -31,15 +31,6 @@ def lower_eager(graph_module: torch.fx.GraphModule, entry: str = ENTRY) -> Graph
     return GraphSection(title="Captured graph (eager backend: ATen ops, run as they are)", source="\n".join(imports) + "\n\n\n" + body, entry=entry)
 
 
-# Imports of the Inductor output code that the kernel runtime driver (inductor_runtime.py) provides,
-# so a primed artifact serves without importing torch._inductor.
-_RUNTIME_PROVIDED = (
-    "from torch._inductor.hooks import run_intermediate_hooks",
-    "from torch._inductor.utils import maybe_profile",
-    "from torch._inductor.codegen.memory_planning import _align as align",
-    "from torch._inductor.async_compile import AsyncCompile",
-    "from torch._inductor.select_algorithm import extern_kernels",
-)
 # Where the output code's benchmarking tail starts: not part of the artifact.
 _TAIL = re.compile(r"^def (get_args|benchmark_compiled_module)\(", re.MULTILINE)
 
@@ -51,8 +42,7 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
     """
     import contextlib
 
-    from torch._guards import TracingContext, tracing
-    from torch._inductor import compile_fx
+    from precompile.runtime.torch_compat import TracingContext, compile_fx, tracing
 
     compiled = []
 
@@ -89,6 +79,6 @@ def _adapt_output_code(source: str) -> str:
     lines = [
         line.rstrip()
         for line in source.splitlines()
-        if not line.startswith("# AOT ID:") and line.strip() not in _RUNTIME_PROVIDED
+        if not line.startswith("# AOT ID:") and line.strip() not in INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES
     ]
     return "\n".join(lines).strip("\n")

@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 import msgspec
 import torch
-import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -24,6 +23,7 @@ from torch.nn.utils import stateless
 from precompile.codegen.drivers.makefx import _collect_params_and_buffers
 from precompile.errors import PrecompileError
 from precompile.runtime import unbacked
+from precompile.runtime.torch_compat import pytree
 from precompile.schema.metadata import ConstantLeaf, NamedTensor, TensorLeaf
 
 log = logging.getLogger("precompile")
@@ -250,7 +250,7 @@ def _name(fn) -> str:
 
 def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: list[str], allowed_symbols: set) -> None:
     """Refuse what the graph must not hold: constants, control flow, effects, data-dependence, param updates."""
-    from torch._higher_order_ops.effects import _get_effect
+    from precompile.runtime.torch_compat import OpOverload, get_effect
 
     placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
     param_storages = {
@@ -276,7 +276,7 @@ def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: lis
             continue
         if node.op != "call_function":
             continue
-        if isinstance(node.target, torch._ops.OpOverload) and _get_effect(node.target) is not None:
+        if isinstance(node.target, OpOverload) and get_effect(node.target) is not None:
             raise PrecompileError(f"fn calls the effectful op {node.target}, which a MakeFx artifact does not support yet")
         value = node.meta.get("val")
         if value is not None and free_unbacked_symbols(value) - allowed_symbols:

@@ -8,6 +8,8 @@ on for the whole process.
 Torch-free at import: the gates wrap torch's entry points when their modules are imported (an
 import hook), so turning the policy on never imports torch._inductor itself and a primed artifact
 keeps its fast start. A gate, once installed, stays and checks the depth on every call.
+The first activation checks, from torch's sources, that every gate's target exists on this torch
+(torch_compat.missing_gates) and refuses with PrecompileError where one does not.
 """
 from __future__ import annotations
 
@@ -20,37 +22,10 @@ import threading
 import types
 
 from precompile.errors import PrecompileError
+from precompile.runtime.torch_compat import NO_COMPILATION_GATES as _GATES
+from precompile.runtime.torch_compat import missing_gates
 
 ENV_VAR = "TORCH_PRECOMPILE_NO_COMPILATION"
-
-# module -> (dotted attribute, what calling it would do)
-_GATES = {
-    "torch._dynamo.convert_frame": (("_compile", "Dynamo would compile a frame"),),
-    "torch.fx.experimental.proxy_tensor": (("_MakefxTracer.trace", "make_fx would trace a graph"),),
-    "torch._functorch._aot_autograd.graph_compile": (("aot_stage2_compile", "AOTAutograd would compile a graph"),),
-    "torch._inductor.graph": (("GraphLowering.compile_to_module", "Inductor would lower a graph"),),
-    "torch._inductor.cpp_builder": (("CppBuilder.build", "a C++ kernel would be built"),),
-    "torch._inductor.select_algorithm": (
-        ("AlgorithmSelectorCache.autotune", "Inductor would autotune"),
-        ("AlgorithmSelectorCache.benchmark_example_value", "Inductor would benchmark"),
-    ),
-    "torch._inductor.runtime.triton_heuristics": (
-        ("CachingAutotuner.benchmark_all_configs", "a Triton kernel would be autotuned"),
-    ),
-    # Triton's compile() also serves cache hits (a primed kernel): only its cache-miss path, which
-    # builds the kernel's IR, is a compile. Methods are gated on their class, so the compile a
-    # JITFunction bound by `from ..compiler import compile` still reaches the gate.
-    "triton.compiler.compiler": (
-        ("ASTSource.make_ir", "a Triton kernel would be compiled"),
-        ("IRSource.make_ir", "a Triton kernel would be compiled"),
-    ),
-    "triton.runtime.autotuner": (("Autotuner._bench", "a Triton autotuner would benchmark"),),
-    # The benchmarker itself, wherever a name for it was bound (see _rebind).
-    "triton.testing": (
-        ("do_bench", "a Triton kernel would be benchmarked"),
-        ("do_bench_cudagraph", "a Triton kernel would be benchmarked"),
-    ),
-}
 
 _lock = threading.Lock()
 _depth = 0
@@ -76,7 +51,7 @@ def _gate(function, what: str):
             )
         return function(*args, **kwargs)
 
-    gated.__precompile_gate__ = True
+    gated.__precompile_gate__ = True  # type: ignore[attr-defined]
     return gated
 
 
@@ -142,6 +117,14 @@ def _ensure_gates() -> None:
     global _hook_installed
     if _hook_installed:
         return
+    missing = missing_gates()
+    if missing:
+        import torch
+
+        raise PrecompileError(
+            f"no_compilation() cannot guard this torch {torch.__version__}: it has no {', '.join(missing)}, so "
+            "a compile there would go unnoticed; use a torch precompile supports (2.11 to 2.14)"
+        )
     sys.meta_path.insert(0, _GatingFinder())
     _hook_installed = True
     for name in _GATES:

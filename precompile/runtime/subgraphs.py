@@ -35,8 +35,7 @@ class AtenRecorder:
         self.graphs: list[RecordedGraph] = []
 
     def __call__(self, graph_module: torch.fx.GraphModule, example_inputs) -> object:
-        from torch._dispatch.python import enable_python_dispatcher
-        from torch._guards import TracingContext
+        from precompile.runtime.torch_compat import TracingContext, enable_python_dispatcher
         from torch.fx.experimental.proxy_tensor import make_fx
 
         # Dynamo's fake mode maps each real input to the fake it traced with (its symbolic sizes,

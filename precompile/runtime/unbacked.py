@@ -8,7 +8,7 @@ fails to trace, which the tracer reports as a refusal.
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from precompile.runtime.torch_compat import FakeTensorMode, check
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from precompile.errors import PrecompileError
@@ -63,12 +63,12 @@ def fake_inputs(tensors: list[torch.Tensor]) -> tuple[FakeTensorMode, list[torch
                 size = fake.shape[dim]
                 shape_id = (getattr(tensor, "_dynamo_shape_ids", None) or {}).get(dim)
                 if shape_id is not None:
-                    torch._check(size == first_of_shape_id.setdefault(shape_id, size))
+                    check(size == first_of_shape_id.setdefault(shape_id, size))
                 low, high = (getattr(tensor, "_dynamo_unbacked_bounds", None) or {}).get(dim, (None, None))
                 if low is not None:
-                    torch._check(size >= low)
+                    check(size >= low)
                 if high is not None:
-                    torch._check(size <= high)
+                    check(size <= high)
     mode.shape_env.pending_fresh_unbacked_symbols.clear()
     return mode, fakes
 

@@ -23,12 +23,31 @@ except ImportError:  # served where only torch is installed
 
 _primed_kernels = globals().get("__precompile_kernels__") or {}
 
+# The private torch names this driver reaches on the served path, "module:attribute.path". They
+# live in torch._C on every supported torch (2.11 to 2.14), so serving never imports
+# torch._inductor; precompile's runtime/torch_compat.py holds the same table (a test checks it).
+_TORCH_PRIVATE = {
+    "assert_size_stride": "torch._C:_dynamo.guards.assert_size_stride",
+    "inductor_tensor_data_ptr": "torch._C:_dynamo.guards._torchinductor_pyobject_tensor_data_ptr",
+}
+
+
+def _torch_private(name):
+    module_name, _, path = _TORCH_PRIVATE[name].partition(":")
+    value = _sys.modules[module_name]
+    for part in path.split("."):
+        value = getattr(value, part, None)
+        if value is None:
+            raise PrecompileError(
+                f"torch {torch.__version__} has no {module_name}.{path}, which this artifact's kernel runtime needs; "
+                "serve it with the torch it was captured with"
+            )
+    return value
+
 
 def _load_kernel(path):
     """The `kernel` entry of a compiled C++ kernel library, loaded as Inductor itself loads it."""
-    _os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(
-        torch._C._dynamo.guards._torchinductor_pyobject_tensor_data_ptr
-    )
+    _os.environ["_TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR"] = str(_torch_private("inductor_tensor_data_ptr"))
     name = _os.path.basename(path).split(".")[0] + ".kernel"
     module = _sys.modules.get(name)
     if module is None:
@@ -108,6 +127,18 @@ def align(nbytes):
     from torch._inductor.codegen.memory_planning import _align
 
     return _align(nbytes)
+
+
+def assert_tensor_metadata(tensor, expected_size, expected_stride, expected_dtype, op_name=None):
+    """Inductor's own check of a tensor's dtype, sizes and strides (its output code imports it from
+    torch._inductor.runtime.runtime_utils since torch 2.14, whose package import costs a second)."""
+    if tensor is None:
+        return
+    if tensor.dtype != expected_dtype:
+        raise RuntimeError(
+            f"expected dtype {expected_dtype} but got {tensor.dtype}" + (f"\nError in op: {op_name}" if op_name else "")
+        )
+    _torch_private("assert_size_stride")(tensor, expected_size, expected_stride, op_name)
 
 
 def run_inductor_call(call, flat):

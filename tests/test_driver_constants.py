@@ -1,0 +1,32 @@
+"""Drivers run standalone (only torch installed), so they keep their own copies of a few runtime
+and inspect constants; these tests keep each copy equal to its source."""
+from __future__ import annotations
+
+import inspect as pyinspect
+from pathlib import Path
+
+import pytest
+
+from precompile.codegen import render
+from precompile.codegen.drivers import dynamo as dynamo_driver
+from precompile.codegen.drivers import makefx as makefx_driver
+from precompile.inspect.guards import shape_text
+from precompile.runtime import guard_accounting
+
+TEMPLATES = Path(render.__file__).parent / "templates"
+
+
+def test_the_dynamo_driver_reads_guard_slots_with_the_runtime_slot_pattern():
+    assert dynamo_driver._LOCAL.pattern == guard_accounting._LOCAL.pattern
+    assert dynamo_driver._LOCAL.flags == guard_accounting._LOCAL.flags
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (None,), (2, None, 4), (1, 1)])
+def test_the_makefx_driver_renders_shapes_as_inspect_shows_them(shape):
+    assert makefx_driver._shape_text(shape) == shape_text(shape)
+
+
+def test_the_opaque_state_name_render_writes_is_the_one_the_dynamo_template_passes_to_the_driver():
+    written = pyinspect.getsource(render.render_dynamo)
+    template = (TEMPLATES / "dynamo.py.j2").read_text(encoding="utf-8")
+    assert '"_dynamo_state = (\\n"' in written and "build_forward(globals(), _dynamo_state," in template
