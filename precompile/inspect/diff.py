@@ -107,14 +107,14 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
         env = {"kind": artifact.cache.kind}
         mega = upstream.mega_cache
         if upstream.precompile is not None:
-            envelope = upstream.precompile
-            mega = envelope.artifact
+            precompiled = upstream.precompile
+            mega = precompiled.artifact
             if artifact.given != "pair":
-                env["code_hash"] = str(envelope.code_hash)
+                env["code_hash"] = str(precompiled.code_hash)
             env.update({
-                "format": envelope.format,
-                "version": str(envelope.version),
-                "backend": str(envelope.backend),
+                "format": precompiled.format,
+                "version": str(precompiled.version),
+                "backend": str(precompiled.backend),
                 "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
                 "artifact": "None" if mega is None else f"Mega-Cache {mega.blob.size} bytes sha256 {mega.blob.sha256}",
             })
@@ -126,8 +126,6 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
         upstream = artifact.cache.upstream
         env = {"kind": artifact.cache.kind}
         for scan in upstream.pickles:
-            if artifact.given != "pair":
-                env["code_hash"] = str(envelope.code_hash)
             env.update({f"{scan.member}: {field.key}": field.summary for field in scan.fields})
             for imp in scan.flagged:
                 env[f"{scan.member}: imports {imp.module}.{imp.name}"] = imp.risk

@@ -248,7 +248,7 @@ def gpu_keys() -> dict[str, str]:
         major, minor = torch.cuda.get_device_capability()
         keys["gpu_capability"] = f"{major}.{minor}"
         with contextlib.suppress(Exception):  # no Triton, or one whose backend cannot load here
-            from torch.utils._triton import triton_hash_with_backend
+            from precompile.runtime.torch_compat import triton_hash_with_backend
 
             keys["triton_key"] = triton_hash_with_backend()
     with contextlib.suppress(Exception):

@@ -42,6 +42,7 @@ PRIVATE_NAMES: dict[str, str] = {
     "PrecompileContext": "torch._dynamo.precompile_context:PrecompileContext",
     "SerializedCode": "torch._dynamo.package:SerializedCode",
     "AsyncCompile": "torch._inductor.async_compile:AsyncCompile",
+    "triton_hash_with_backend": "torch.utils._triton:triton_hash_with_backend",
     "lookup_code": "torch._dynamo.package:_lookup_code",
     "PackageError": "torch._dynamo.exc:PackageError",
     # what the installed serving mode's driver reaches (codegen/drivers/dynamo.py)

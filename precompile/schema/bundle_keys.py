@@ -63,10 +63,15 @@ def _literals(path: str) -> dict[str, object]:
         return {}
     found = {}
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None)
-        if isinstance(target, ast.Name) and node.value is not None:
+        if isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and value is not None:
             try:
-                found[target.id] = ast.literal_eval(node.value)
+                found[target.id] = ast.literal_eval(value)
             except ValueError:
                 continue
     return found
