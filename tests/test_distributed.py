@@ -182,3 +182,23 @@ def test_load_everywhere_needs_a_process_group(tmp_path):
         timeout=120,
     )
     assert "needs an initialized torch.distributed process group" in proc.stdout, proc.stderr
+
+
+FIXTURE = ROOT / "fixtures" / "v1" / "all_reduce_world"
+
+
+def test_show_prints_a_committed_artifact_world_without_torch():
+    shown = run_fresh(
+        "import sys\n"
+        "sys.modules['torch'] = None  # inspect must not need torch\n"
+        "from precompile.cli import main\n"
+        f"main(['show', {str(FIXTURE)!r}])\n",
+        timeout=120,
+    )
+    assert "world: size 1, backend gloo, collectives all_reduce" in shown.stdout, shown.stderr
+    assert "process groups: '0' ranks [0]" in shown.stdout
+
+
+def test_loading_a_world_artifact_without_a_process_group_is_refused_naming_its_world():
+    with pytest.raises(precompile.PrecompileError, match=r"captured in a world of size 1 on backend 'gloo'.*no torch.distributed process group"):
+        precompile.load(f"{FIXTURE}.py", f"{FIXTURE}.cache")
