@@ -10,8 +10,10 @@ a functional all_reduce:
                  step under no_compilation()
 
 `first step` is from the moment the parent starts the ranks to the first step finished on the last
-rank. `compile CPU-s` is, summed over ranks, the CPU seconds (the process and its compiler children)
-the first step took beyond a second, identical step: what compiling cost.
+rank; `after import` leaves out each rank's interpreter start and `import torch` (the slowest rank's).
+`compile CPU-s` is, summed over ranks, the CPU seconds (the process and its compiler children) the
+first step took beyond a second, identical step: what compiling cost. precompile's first step runs
+under no_compilation(), which raises rather than compile, so its figure is first-call noise.
 
     python bench/ranks.py [--worlds 2,4] [--repeat 1]
 """
@@ -57,6 +59,8 @@ def _cpu_seconds() -> float:
 
 def _rank_main(rank: int, world: int, port: str, mode: str, pair: str) -> None:
     import torch
+
+    imported = time.time()
     import torch.distributed as dist
 
     import precompile
@@ -72,15 +76,16 @@ def _rank_main(rank: int, world: int, port: str, mode: str, pair: str) -> None:
             print(json.dumps({"rank": rank}))
             dist.destroy_process_group()
             return
-        cpu = _cpu_seconds()
         if mode == "precompile":
             served = precompile.distributed.load_everywhere(artifact, cache)
+            cpu = _cpu_seconds()  # loading reads, checks and execs the pair: it compiles nothing
             with precompile.no_compilation():
                 served(model, x)
                 first_done = time.time()
                 first_cpu = _cpu_seconds() - cpu
                 served(model, x)
         else:
+            cpu = _cpu_seconds()
             compiled = torch.compile(step)
             compiled(model, x)
             first_done = time.time()
@@ -88,7 +93,8 @@ def _rank_main(rank: int, world: int, port: str, mode: str, pair: str) -> None:
             compiled(model, x)
         second_cpu = _cpu_seconds() - cpu - first_cpu
     dist.destroy_process_group()
-    print(json.dumps({"rank": rank, "first_done": first_done, "compile_cpu": max(0.0, first_cpu - second_cpu)}))
+    print(json.dumps({"rank": rank, "imported": imported, "first_done": first_done,
+                      "compile_cpu": max(0.0, first_cpu - second_cpu)}))
 
 
 def _free_port() -> int:
@@ -121,6 +127,7 @@ def _run_world(world: int, mode: str, pair: Path, cache_dir: Path) -> dict:
         return {}
     return {
         "first_step_s": max(r["first_done"] for r in results) - started,
+        "after_import_s": max(r["first_done"] - r["imported"] for r in results),
         "compile_cpu_s": sum(r["compile_cpu"] for r in results),
     }
 
@@ -131,7 +138,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="runs of compile-warm and precompile (best kept)")
     options = parser.parse_args()
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work on the host slows every row alike)")
-    print(f"{'ranks':>5}  {'mode':<13} {'first step s':>12} {'compile CPU-s':>14} {'x compile-warm':>15}")
+    print(f"{'ranks':>5}  {'mode':<13} {'first step s':>12} {'x warm':>7} {'after import s':>15} {'x warm':>7} "
+          f"{'compile CPU-s':>14}")
     for world in (int(w) for w in options.worlds.split(",")):
         work = Path(tempfile.mkdtemp(prefix=f"precompile-bench-ranks-{world}-"))
         try:
@@ -142,11 +150,12 @@ def main() -> None:
                 runs = [_run_world(world, mode, pair, work / ("compile-cache" if mode == "compile-warm" else "serve-cache"))
                         for _ in range(options.repeat)]
                 rows[mode] = min(runs, key=lambda r: r["first_step_s"])
-            warm = rows["compile-warm"]["first_step_s"]
+            warm = rows["compile-warm"]
             for mode in MODES:
                 row = rows[mode]
-                print(f"{world:>5}  {mode:<13} {row['first_step_s']:>12.2f} {row['compile_cpu_s']:>14.2f} "
-                      f"{row['first_step_s'] / warm:>14.2f}x", flush=True)
+                print(f"{world:>5}  {mode:<13} {row['first_step_s']:>12.2f} {row['first_step_s'] / warm['first_step_s']:>6.2f}x "
+                      f"{row['after_import_s']:>15.2f} {row['after_import_s'] / warm['after_import_s']:>6.2f}x "
+                      f"{row['compile_cpu_s']:>14.2f}", flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
