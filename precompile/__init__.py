@@ -25,7 +25,10 @@ _LAZY = {
     "PrecompileSummary": "precompile.schema.summary",
 }
 
-__all__ = ["PrecompileError", "PrecompileWarning", "no_compilation", *_LAZY]
+# public submodules that import torch, also resolved on first use: precompile.distributed.load_everywhere
+_LAZY_MODULES = ("distributed",)
+
+__all__ = ["PrecompileError", "PrecompileWarning", "no_compilation", *_LAZY, *_LAZY_MODULES]
 
 if TYPE_CHECKING:
     from precompile.runtime.capture import Capture, capture
@@ -38,6 +41,8 @@ _activate_from_environment()
 
 
 def __getattr__(name: str):
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f"precompile.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'precompile' has no attribute {name!r}")
@@ -47,4 +52,4 @@ def __getattr__(name: str):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))

@@ -22,14 +22,25 @@ class _Section:
 
 def _ordered_literals(metadata) -> list[tuple[str, object]]:
     values = msgspec.to_builtins(metadata)
+    if values.get("WORLD", 0) is None:
+        del values["WORLD"]  # only an artifact whose graphs call collectives states its world
     head = [(name, values.pop(name)) for name in _HEADER_ORDER]
     return head + list(values.items())
+
+
+def _world_sections(metadata) -> list[_Section]:
+    """The world check, right after the metadata, for an artifact whose graphs call collectives."""
+    if metadata.world is None:
+        return []
+    check = 'check_world(WORLD, artifact=globals().get("__file__", "this artifact"))'
+    return [_Section("World: the graphs call collectives; this file runs only in the world they were captured in.",
+                     source_of("world").rstrip("\n") + "\n\n\n" + check)]
 
 
 def render_makefx(artifact: MakeFxArtifact) -> str:
     graph = artifact.graph
     sections = [_Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
-                         literals=_ordered_literals(artifact.metadata))]
+                         literals=_ordered_literals(artifact.metadata)), *_world_sections(artifact.metadata)]
     if graph.runtime:
         sections.append(_Section("Kernel runtime of the compiled graph: loads its kernels, primed or JIT.",
                                  source_of(graph.runtime).rstrip("\n")))
@@ -57,6 +68,7 @@ def render_dynamo(
     sections = [
         _Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
                  literals=_ordered_literals(metadata)),
+        *_world_sections(metadata),
         *(
             _Section(graph.title, graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
             for graph in subgraphs

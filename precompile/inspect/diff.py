@@ -78,6 +78,10 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
             "OUT_SPEC": meta.out_spec,
             "GRAD_PARAMS": ", ".join(grads) or "(none)",
         }
+    if isinstance(meta, (DynamoMetadata, MakeFxMetadata)) and meta.world is not None:
+        world = meta.world
+        groups = "; ".join(f"{g.name} ranks {list(g.ranks)}" for g in world.groups)
+        out["metadata"]["WORLD"] = f"size {world.size}, backend {world.backend}, groups {groups}, collectives {', '.join(world.collectives)}"
     envelope = artifact.cache.envelope
     if envelope is not None:
         env = {

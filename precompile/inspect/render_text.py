@@ -42,6 +42,8 @@ def _python_code(info: PythonCodeInfo) -> list[Line]:
         lines.append((f"  format version {meta.format_version}, tracer {tracer}, backend {meta.backend}, serving mode {meta.serving_mode}", None))
         lines.append((f"  fn {meta.fn_name}", None))
         lines.append((f"  captured with torch {meta.torch_version}, python {'.'.join(map(str, meta.python_version))}", None))
+        if meta.world is not None:
+            lines.extend(_world(meta.world))
         extra = sorted(set(info.literal_names) - set(type(meta).__struct_encode_fields__) - {"TRACER"})
         if extra:
             lines.append((f"  other literals: {', '.join(extra)}", None))
@@ -81,6 +83,15 @@ def _import_lines(scan: PickleScan, indent: str) -> list[Line]:
     if scan.problem:
         lines.append((f"{indent}scan problem: {scan.problem}", WARN))
     return lines
+
+
+def _world(world) -> list[Line]:
+    """The torch.distributed world the artifact's collectives were captured in (and serve in only)."""
+    groups = ", ".join(f"{g.name!r} ranks {list(g.ranks)}" for g in world.groups) or "none named"
+    return [
+        (f"  world: size {world.size}, backend {world.backend}, collectives {', '.join(world.collectives)}", None),
+        (f"  process groups: {groups}", None),
+    ]
 
 
 def _calling_convention(meta: MakeFxMetadata) -> list[Line]:

@@ -15,7 +15,7 @@ import precompile
 from precompile.codegen.models import MakeFxArtifact
 from precompile.codegen.render import render_makefx
 from precompile.errors import PrecompileError
-from precompile.runtime import kernels, lowering, makefx
+from precompile.runtime import distributed, kernels, lowering, makefx
 from precompile.runtime.load import execute
 from precompile.schema.codec import build_bundle, encode_cache
 from precompile.schema.envelope import FORMAT_VERSION, CacheEnvelopeV1, Producer
@@ -90,6 +90,7 @@ def _render(fn, traced: makefx.MakeFxTrace, backend: str, graph) -> str:
         out_spec=traced.out_spec,
         outputs=traced.outputs,
         grad_param_indices=traced.grad_param_indices,
+        world=distributed.captured_world([graph.source]),
     )
     return render_makefx(MakeFxArtifact(metadata=metadata, graph=graph))
 

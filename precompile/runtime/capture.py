@@ -1,6 +1,7 @@
 """capture(fn, ...) and the caller-driven Capture it returns."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -8,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Generic, ParamSpec, TypeVar
 
 from precompile.errors import PrecompileError
+from precompile.runtime import distributed
 from precompile.runtime.build import build_makefx
 from precompile.runtime.dynamo import DynamoSession, refuse_unsupported_fn
 from precompile.runtime.tracers import DynamoTracer, MakeFxTracer
@@ -51,8 +53,13 @@ def capture(
     cache_path: str | os.PathLike,
     tracer: MakeFxTracer | DynamoTracer | None = None,
     backend: str = "inductor",
+    writer_rank: int = 0,
 ) -> Capture[_P, _R]:
-    """Capture `fn` across the calls made inside `with capture(...) as cap:`, writing the pair on exit."""
+    """Capture `fn` across the calls made inside `with capture(...) as cap:`, writing the pair on exit.
+
+    In a torch.distributed world every rank runs the block (so collectives complete) and only
+    `writer_rank` writes the pair; on exit every rank learns whether the capture succeeded on all.
+    """
     if not callable(fn):
         raise PrecompileError(f"capture() takes the function to capture, got {type(fn).__name__}")
     if backend not in BACKENDS:
@@ -64,24 +71,29 @@ def capture(
             "pass e.g. tracer=precompile.MakeFxTracer()"
         )
     artifact, cache = _check_paths(artifact_path, cache_path)
+    distributed.check_writer_rank(writer_rank)
     if isinstance(tracer, DynamoTracer):
         refuse_unsupported_fn(fn)
-    return Capture(fn, artifact, cache, tracer, backend)
+    return Capture(fn, artifact, cache, tracer, backend, writer_rank)
 
 
 class Capture(Generic[_P, _R]):
     """The caller-driven capture `capture()` returns: enter it, call it like fn, exit to write.
 
     Single use. `save()` inside the block writes what has been captured so far; a block that raises
-    writes nothing it had not saved; a block with no call raises PrecompileError on exit.
+    writes nothing it had not saved; a block with no call raises PrecompileError on exit. In a
+    torch.distributed world only the writer rank writes (`save()` included).
     """
 
-    def __init__(self, fn, artifact_path: Path, cache_path: Path, tracer: MakeFxTracer, backend: str) -> None:
+    def __init__(
+        self, fn, artifact_path: Path, cache_path: Path, tracer: MakeFxTracer, backend: str, writer_rank: int = 0
+    ) -> None:
         self.fn = fn
         self.artifact_path = artifact_path
         self.cache_path = cache_path
         self.tracer = tracer
         self.backend = backend
+        self.writer_rank = writer_rank
         self._state = _NEW
         self._lock = threading.Lock()
         self._pair: tuple[bytes, bytes] | None = None
@@ -103,6 +115,26 @@ class Capture(Generic[_P, _R]):
     def __exit__(self, exc_type, exc, tb) -> bool:
         with self._lock:
             self._state = _SPENT
+        failure = None
+        try:
+            self._finish(exc_type, exc, tb)
+        except BaseException as raised:
+            failure = raised
+        # Every rank tells the others how its part ended, so none waits for a rank that gave up
+        # (nothing outside a world). A block that raised keeps its own exception.
+        ended = failure if failure is not None else exc
+        outcome = None if ended is None else f"{type(ended).__name__}: {ended}"
+        if exc_type is None:
+            distributed.agree(outcome, self.writer_rank)
+        else:
+            with contextlib.suppress(Exception):
+                distributed.agree(outcome, self.writer_rank)
+        if failure is not None:
+            raise failure
+        return False
+
+    def _finish(self, exc_type, exc, tb) -> None:
+        """Build and write what the block captured, as this process's part of the capture."""
         if self._dynamo is not None:
             try:
                 if exc_type is None:
@@ -110,14 +142,15 @@ class Capture(Generic[_P, _R]):
                         raise PrecompileError(
                             "nothing was captured: call the capture with your example arguments inside the `with` block"
                         )
-                    self._pair = self._dynamo.build()
+                    if distributed.writes_here(self.writer_rank):
+                        self._pair = self._dynamo.build()
             finally:
                 self._dynamo.__exit__(exc_type, exc, tb)
-            if exc_type is None:
+            if exc_type is None and self._pair is not None:
                 self._write()
-            return False
+            return
         if exc_type is not None:
-            return False  # the block raised: write nothing more than save() already did
+            return  # the block raised: write nothing more than save() already did
         if self._pair is None:
             if self._call_failed is not None:
                 raise PrecompileError(
@@ -125,7 +158,6 @@ class Capture(Generic[_P, _R]):
                 )
             raise PrecompileError("nothing was captured: call the capture with your example arguments inside the `with` block")
         self._write()
-        return False
 
     def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         with self._lock:
@@ -187,5 +219,7 @@ class Capture(Generic[_P, _R]):
         return "this capture is spent: its `with` block already ran. Call capture() again to capture again"
 
     def _write(self) -> None:
+        if not distributed.writes_here(self.writer_rank):
+            return
         python_code, cache = self._pair
         write_pair(self.artifact_path, self.cache_path, python_code, cache)

@@ -24,7 +24,7 @@ import torch
 from precompile.codegen.models import SubgraphSection
 from precompile.codegen.render import render_dynamo
 from precompile.errors import PrecompileError
-from precompile.runtime import kernels
+from precompile.runtime import distributed, kernels
 from precompile.runtime.tracers import DynamoTracer
 from precompile.runtime.build import cache_for, qualified_name
 from precompile.runtime.dynamo_logs import BackendFallbackLog, TruncationLog
@@ -301,6 +301,7 @@ class DynamoSession:
                 for s in sorted(entry.source_info.inlined_sources, key=lambda s: (s.module, s.firstlineno, s.lastlineno))
             ),
             subgraphs=tuple(subgraphs),
+            world=distributed.captured_world(section.source for section in sections),
         )
         state = pickle.dumps(
             {"codes": entry.codes, "backends": pickled_backends, "defaults": self.fn.__defaults__,

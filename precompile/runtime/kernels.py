@@ -153,16 +153,19 @@ _PROBES: dict[str, bytes] = {}
 def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
     """Compile into an emptied cache dir with the settings artifacts are keyed by; observe build commands.
 
-    The dir's path is fixed per user because compiled libraries embed the path they were built in:
-    a fixed path keeps two captures of the same model byte-identical, so diffs show real changes.
-    Captures on this host take turns (a thread lock and a file lock). Yields the directory and the
-    list the C++ build command lines are appended to.
+    The dir's path is fixed per user (and per rank, in a torch.distributed world) because compiled
+    libraries embed the path they were built in: a fixed path keeps two captures of the same model
+    byte-identical, so diffs show real changes. Single-process captures on this host take turns (a
+    thread lock and a file lock). A rank never waits for the file lock, since the block it guards
+    runs collectives that other ranks wait on: when another job holds its dir, it compiles into a
+    dir of its own process instead. Yields the directory and the list the C++ build command lines
+    are appended to.
     """
-    import fcntl
-
     from precompile.runtime.torch_compat import cpp_builder, inductor_config, temporary_cache_dir
+    from precompile.runtime.distributed import kernel_dir_suffix
 
-    directory = Path(tempfile.gettempdir()) / f"precompile-capture-kernels-{os.getuid()}"
+    suffix = kernel_dir_suffix()
+    directory = Path(tempfile.gettempdir()) / f"precompile-capture-kernels-{os.getuid()}{suffix}"
     commands: list[str] = []
     original = cpp_builder.CppBuilder.get_command_line
 
@@ -171,8 +174,7 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
         commands.append(line)
         return line
 
-    with _CAPTURE_LOCK, open(f"{directory}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _CAPTURE_LOCK, _locked_dir(directory, wait=not suffix) as directory:
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
         cpp_builder.CppBuilder.get_command_line = observed
@@ -191,6 +193,30 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
         finally:
             cpp_builder.CppBuilder.get_command_line = original
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked_dir(directory: Path, *, wait: bool) -> Iterator[Path]:
+    """Hold `directory`'s file lock and yield it; without `wait`, a dir held by another process is
+    swapped for this process's own (its kernels then embed that path)."""
+    import fcntl
+
+    with open(f"{directory}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            held = False
+        if held:
+            yield directory
+            return
+    own = directory.with_name(f"{directory.name}-pid{os.getpid()}")
+    try:
+        with _locked_dir(own, wait=True) as own:
+            yield own
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(f"{own}.lock")
 
 
 def _forget_isa_probes() -> None:

@@ -23,6 +23,7 @@ from torch.nn.utils import stateless
 from precompile.codegen.drivers.makefx import _collect_params_and_buffers
 from precompile.errors import PrecompileError
 from precompile.runtime import unbacked
+from precompile.runtime.distributed import traceable_collectives
 from precompile.runtime.torch_compat import pytree
 from precompile.schema.metadata import ConstantLeaf, NamedTensor, TensorLeaf
 
@@ -197,9 +198,10 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
 
     log.info("tracing %s with make_fx (%d params, %d buffers, %d tensor inputs)", _name(fn), n_params, n_buffers, len(tensor_inputs))
     try:
-        graph_module = make_fx(
-            flat_fn, decomposition_table=decompositions, tracing_mode="fake", _allow_non_fake_inputs=True
-        )(*trace_inputs)
+        with traceable_collectives():  # dist.all_reduce and friends trace as functional collectives
+            graph_module = make_fx(
+                flat_fn, decomposition_table=decompositions, tracing_mode="fake", _allow_non_fake_inputs=True
+            )(*trace_inputs)
     except PrecompileError:
         raise
     except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as exc:

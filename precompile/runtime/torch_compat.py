@@ -43,6 +43,8 @@ PRIVATE_NAMES: dict[str, str] = {
     "SerializedCode": "torch._dynamo.package:SerializedCode",
     "AsyncCompile": "torch._inductor.async_compile:AsyncCompile",
     "triton_hash_with_backend": "torch.utils._triton:triton_hash_with_backend",
+    "traceable_collective_remaps": "torch.distributed._functional_collectives:traceable_collective_remaps",
+    "resolve_process_group": "torch._C:_distributed_c10d._resolve_process_group",
     "lookup_code": "torch._dynamo.package:_lookup_code",
     "PackageError": "torch._dynamo.exc:PackageError",
     # what the installed serving mode's driver reaches (codegen/drivers/dynamo.py)

@@ -63,6 +63,25 @@ class NamedTensor(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     """Set where the backend specializes on memory layout (inductor)."""
 
 
+class ProcessGroupRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A process group the captured collectives talk to, by the name the graph calls it."""
+
+    name: str
+    ranks: tuple[int, ...]
+    """Its global ranks, in group order."""
+
+
+class CapturedWorld(msgspec.Struct, frozen=True, kw_only=True):
+    """The torch.distributed world a capture's collectives ran in; serving needs the same one."""
+
+    size: int
+    backend: str
+    """The default group's backend as torch.distributed.get_backend() names it, e.g. "gloo"."""
+    groups: tuple[ProcessGroupRecord, ...] = ()
+    collectives: tuple[str, ...] = ()
+    """The collective ops the graphs call (functional names, e.g. "all_reduce")."""
+
+
 class ArtifactHeader(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     """What every python_code states, whatever its tracer."""
 
@@ -72,6 +91,8 @@ class ArtifactHeader(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     torch_version: str
     python_version: tuple[int, int]
     fn_name: str
+    world: CapturedWorld | None = None
+    """Set when the graphs call collectives: python_code refuses to run in any other world."""
 
 
 class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", tag_field="TRACER"):

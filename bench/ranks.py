@@ -1,0 +1,167 @@
+"""Time to the first step on every rank, side by side in one run: torch.compile vs precompile.
+
+On 2 and 4 gloo ranks (CPU, 127.0.0.1), each rank a fresh process running an MLP step that ends in
+a functional all_reduce:
+
+  compile-cold   torch.compile on every rank, an empty Inductor cache dir shared by the ranks
+  compile-warm   torch.compile on every rank, the cache dir compile-cold filled
+  precompile     precompile.distributed.load_everywhere of a pair captured beforehand (MakeFxTracer,
+                 backend="inductor", in a world of the same size; the capture is not timed), first
+                 step under no_compilation()
+
+`first step` is from the moment the parent starts the ranks to the first step finished on the last
+rank; `after import` leaves out each rank's interpreter start and `import torch` (the slowest rank's).
+`compile CPU-s` is, summed over ranks, the CPU seconds (the process and its compiler children) the
+first step took beyond a second, identical step: what compiling cost. precompile's first step runs
+under no_compilation(), which raises rather than compile, so its figure is first-call noise.
+
+    python bench/ranks.py [--worlds 2,4] [--repeat 1]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import resource
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("compile-cold", "compile-warm", "precompile")
+TIMEOUT_S = 900
+
+
+def build():
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(256, 256), torch.nn.GELU())))
+    return model, torch.randn(32, 256)
+
+
+def step(model, x):
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    return funcol.all_reduce(model(x).softmax(-1), "sum", dist.group.WORLD)
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _rank_main(rank: int, world: int, port: str, mode: str, pair: str) -> None:
+    import torch
+
+    imported = time.time()
+    import torch.distributed as dist
+
+    import precompile
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=300))
+    model, x = build()
+    artifact, cache = f"{pair}.py", f"{pair}.cache"
+    with torch.no_grad():
+        if mode == "capture":
+            with precompile.capture(step, artifact_path=artifact, cache_path=cache, tracer=precompile.MakeFxTracer()) as cap:
+                cap(model, x)
+            print(json.dumps({"rank": rank}))
+            dist.destroy_process_group()
+            return
+        if mode == "precompile":
+            served = precompile.distributed.load_everywhere(artifact, cache)
+            cpu = _cpu_seconds()  # loading reads, checks and execs the pair: it compiles nothing
+            with precompile.no_compilation():
+                served(model, x)
+                first_done = time.time()
+                first_cpu = _cpu_seconds() - cpu
+                served(model, x)
+        else:
+            cpu = _cpu_seconds()
+            compiled = torch.compile(step)
+            compiled(model, x)
+            first_done = time.time()
+            first_cpu = _cpu_seconds() - cpu
+            compiled(model, x)
+        second_cpu = _cpu_seconds() - cpu - first_cpu
+    dist.destroy_process_group()
+    print(json.dumps({"rank": rank, "imported": imported, "first_done": first_done,
+                      "compile_cpu": max(0.0, first_cpu - second_cpu)}))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _run_world(world: int, mode: str, pair: Path, cache_dir: Path) -> dict:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    port = str(_free_port())
+    started = time.time()
+    procs = [
+        subprocess.Popen([sys.executable, __file__, "--rank", str(rank), str(world), port, mode, str(pair)],
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(world)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=TIMEOUT_S) for proc in procs]
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+            proc.communicate()
+        raise SystemExit(f"{mode} on {world} ranks did not finish within {TIMEOUT_S} s")
+    for rank, (proc, (out, err)) in enumerate(zip(procs, outputs)):
+        if proc.returncode != 0:
+            raise SystemExit(f"{mode} rank {rank} of {world} failed:\n{err[-3000:]}")
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+    if mode == "capture":
+        return {}
+    return {
+        "first_step_s": max(r["first_done"] for r in results) - started,
+        "after_import_s": max(r["first_done"] - r["imported"] for r in results),
+        "compile_cpu_s": sum(r["compile_cpu"] for r in results),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--worlds", default="2,4")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of compile-warm and precompile (best kept)")
+    options = parser.parse_args()
+    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work on the host slows every row alike)")
+    print(f"{'ranks':>5}  {'mode':<13} {'first step s':>12} {'x warm':>7} {'after import s':>15} {'x warm':>7} "
+          f"{'compile CPU-s':>14}")
+    for world in (int(w) for w in options.worlds.split(",")):
+        work = Path(tempfile.mkdtemp(prefix=f"precompile-bench-ranks-{world}-"))
+        try:
+            pair = work / "step"
+            _run_world(world, "capture", pair, work / "capture-cache")
+            rows = {"compile-cold": _run_world(world, "compile-cold", pair, work / "compile-cache")}
+            for mode in ("compile-warm", "precompile"):
+                runs = [_run_world(world, mode, pair, work / ("compile-cache" if mode == "compile-warm" else "serve-cache"))
+                        for _ in range(options.repeat)]
+                rows[mode] = min(runs, key=lambda r: r["first_step_s"])
+            warm = rows["compile-warm"]
+            for mode in MODES:
+                row = rows[mode]
+                print(f"{world:>5}  {mode:<13} {row['first_step_s']:>12.2f} {row['first_step_s'] / warm['first_step_s']:>6.2f}x "
+                      f"{row['after_import_s']:>15.2f} {row['after_import_s'] / warm['after_import_s']:>6.2f}x "
+                      f"{row['compile_cpu_s']:>14.2f}", flush=True)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--rank"]:
+        _rank_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])
+    else:
+        main()
