@@ -367,6 +367,19 @@ def test_the_eager_backend_refuses_a_tensor_constant_with_a_remedy_and_writes_no
     assert not (tmp_path / "constant.py").exists() and not (tmp_path / "constant.cache").exists()
 
 
+EDITED_MODULE = "def step(x):\n    return x.sin() * {factor}\n"
+
+LOAD_EDITED = r"""
+import sys, precompile
+sys.path.insert(0, sys.argv[1])
+try:
+    precompile.load(sys.argv[1] + "/edited.py", sys.argv[1] + "/edited.cache")
+    print("loaded")
+except precompile.PrecompileError as exc:
+    print("refused:", exc)
+"""
+
+
 def test_an_inlined_source_that_changed_since_capture_is_refused_at_load(tmp_path, monkeypatch):
     import importlib
 
