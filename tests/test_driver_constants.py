@@ -30,3 +30,29 @@ def test_the_opaque_state_name_render_writes_is_the_one_the_dynamo_template_pass
     written = pyinspect.getsource(render.render_dynamo)
     template = (TEMPLATES / "dynamo.py.j2").read_text(encoding="utf-8")
     assert '"_dynamo_state = (\\n"' in written and "build_forward(globals(), _dynamo_state," in template
+
+
+@pytest.mark.parametrize(
+    "ref", ["torch:", "torch.nn.functional:", "torch._dynamo.decorators:graph_break", "enum:Enum", "torch.nn:Linear.forward"],
+)
+def test_the_dynamo_driver_resolves_named_identity_references_as_capture_wrote_them(ref):
+    from precompile.runtime import named_identity
+
+    assert dynamo_driver._resolve_reference(ref) is named_identity.resolve(ref)
+
+
+@pytest.mark.parametrize(
+    ("source", "walkable"),
+    [("func", True), ("L['func']", True), ("G['torch']._dynamo", True), ("args[0].__class__", True),
+     ("type(self)", True), ("self._modules['mlp'].forward", True), ("dict(type(x).__dict__)['f']", False),
+     ("G['a'].b[x]", False)],
+)
+def test_the_dynamo_driver_walks_exactly_the_sources_capture_checks_by_name(source, walkable):
+    from precompile.runtime import named_identity
+
+    assert bool(named_identity.SOURCE.fullmatch(source)) is walkable
+    if walkable:  # the driver's root and steps cover the whole source
+        inner = source[5:-1] if source.startswith("type(") else source
+        root = dynamo_driver._SOURCE_ROOT.match(inner)
+        rest = inner[root.end():]
+        assert "".join(m.group(0) for m in dynamo_driver._SOURCE_STEP.finditer(rest)) == rest
