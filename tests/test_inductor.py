@@ -211,8 +211,12 @@ def add_rows(x, y):
 
 
 def test_unbacked_dims_sharing_a_shape_id_must_agree_and_stay_within_bounds(tmp_path):
+    import inspect
+
     from torch._dynamo.decorators import mark_unbacked
 
+    if "max" not in inspect.signature(mark_unbacked).parameters:
+        pytest.skip(f"torch {torch.__version__}'s mark_unbacked takes no min/max bounds")
     x, y = torch.randn(5, 4), torch.randn(5, 4)
     mark_unbacked(x, 0, shape_id="rows", min=2, max=64)
     mark_unbacked(y, 0, shape_id="rows")
