@@ -486,11 +486,14 @@ class _Installed:
         self.frames = {frame.target: frame for frame in frames}
         self.threads = torch.get_num_threads()
         self.compile = torch._dynamo.optimize(backend).callback if allow_compiles else None
-
-    def __call__(self, *args, **kwargs):
+        # Bound once at load, not looked up on every served call.
         from torch._C._dynamo.eval_frame import set_eval_frame
         from torch._dynamo import eval_frame
 
+        self.set_eval_frame, self.eval_frame = set_eval_frame, eval_frame
+
+    def __call__(self, *args, **kwargs):
+        set_eval_frame, eval_frame = self.set_eval_frame, self.eval_frame
         stance = eval_frame._stance.stance
         if stance == "force_eager":
             callback = None
