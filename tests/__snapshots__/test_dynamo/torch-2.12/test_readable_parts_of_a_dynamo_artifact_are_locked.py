@@ -9,13 +9,13 @@
 # beside it only accelerates loading; this file never reads it.
 
 # ======================================================================================
-# 1. Metadata: top-level literals. Tools read them with ast and never execute this file.
+# 1. metadata: Top-level literals. Tools read them with ast and never execute this file.
 # ======================================================================================
 FORMAT_VERSION = 1
 TRACER = 'dynamo'
 BACKEND = 'eager'
 SERVING_MODE = 'standalone'
-TORCH_VERSION = '2.13.0+cpu'
+TORCH_VERSION = '2.12.1+cu130'
 PYTHON_VERSION = (3, 11)
 FN_NAME = 'dynamo_cases.break_and_scale'
 FN_MODULE = 'dynamo_cases'
@@ -241,7 +241,7 @@ SUBGRAPHS = ({'backend_id': '__compiled_fn_<n>_<uuid>',
   'backward': ''})
 
 # ======================================================================================
-# 2. Subgraph graph_0, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
+# 2. graph-0: graph_0, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -253,7 +253,7 @@ def graph_0(arg0_1, arg1_1, arg2_1):
 
 
 # ======================================================================================
-# 3. Subgraph graph_1, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
+# 3. graph-1: graph_1, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -265,7 +265,7 @@ def graph_1(arg0_1, arg1_1, arg2_1, arg3_1):
 
 
 # ======================================================================================
-# 4. Subgraph graph_2, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
+# 4. graph-2: graph_2, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -277,7 +277,7 @@ def graph_2(arg0_1):
 
 
 # ======================================================================================
-# 5. Subgraph graph_3, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
+# 5. graph-3: graph_3, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -290,7 +290,7 @@ def graph_3(arg0_1, arg1_1):
 
 
 # ======================================================================================
-# 6. Subgraph graph_4, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
+# 6. graph-4: graph_4, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -303,13 +303,13 @@ def graph_4(arg0_1, arg1_1, arg2_1):
 
 
 # ======================================================================================
-# 7. Opaque state: guard trees and transformed bytecode, pickled (<size>, <sha256>). Executing this file unpickles it.
+# 7. opaque-state: Guard trees and transformed bytecode, pickled (<size>, <sha256>). Executing this file unpickles it.
 # ======================================================================================
 <opaque state elided>
 
 
 # ======================================================================================
-# 8. Driver: rebuilds the guards, seeds the minted names, dispatches each call to a variant.
+# 8. driver: Rebuilds the guards, seeds the minted names, dispatches each call to a variant.
 # ======================================================================================
 # Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
 # It builds each compiled subgraph from its source section above, rebuilds each captured variant's
