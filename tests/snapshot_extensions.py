@@ -14,13 +14,15 @@ class PythonSourceSnapshot(SingleFileSnapshotExtension):
 
 
 class TorchVersionedSource(PythonSourceSnapshot):
-    """A `.py` golden per torch minor version (`torch-2.13/...`): torch prints other ATen graphs,
-    guard listings and versions on each, so every claimed version keeps its own goldens, written by
-    `./dev compat VERSION tests/... --snapshot-update` on that version."""
+    """A `.py` golden per torch minor version (`tests/goldens/<test module>/torch-2.13/...`): torch
+    prints other ATen graphs, guard listings and versions on each, so every claimed version keeps its
+    own goldens, written by `./dev compat VERSION tests/... --snapshot-update` on that version. They
+    live outside `__snapshots__`, whose .ambr discovery would count the other versions' files as
+    unused snapshots of this run."""
 
     @classmethod
     def dirname(cls, *, test_location) -> str:
-        return str(Path(super().dirname(test_location=test_location)) / torch_series())
+        return str(Path(test_location.filepath).parent / "goldens" / test_location.basename / torch_series())
 
 
 def torch_series() -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from cases import CASES
 from snapshot_extensions import TorchVersionedSource, torch_series
 
-GOLDENS = Path(__file__).parent / "__snapshots__" / "test_codegen_snapshots" / torch_series()
+GOLDENS = Path(__file__).parent / "goldens" / "test_codegen_snapshots" / torch_series()
 
 
 @pytest.fixture
