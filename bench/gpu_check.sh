@@ -62,6 +62,14 @@ else
     report e2e-triton FAIL "${line#FAIL e2e-triton: } (log: $logs/e2e.log)"
 fi
 
+# The rank check over NCCL: torchrun, capture with a collective, load_everywhere on every rank (one
+# rank per GPU, at most 2; a one-GPU machine checks a world of size 1).
+if line=$(timeout "$(within 240)" "$py" bench/gpu_ranks.py --backend nccl 2>"$logs/ranks.log"); then
+    report ranks-nccl PASS "${line#PASS ranks-nccl: }"
+else
+    report ranks-nccl FAIL "${line#FAIL ranks-nccl: } (log: $logs/ranks.log)"
+fi
+
 if timeout "$(within 450)" "$py" bench/coldstart.py --device cuda --repeat "${COLDSTART_REPEAT:-1}" --models mlp \
     >"$logs/coldstart.txt" 2>"$logs/coldstart.log"; then
     report coldstart PASS "bench/coldstart.py --device cuda"

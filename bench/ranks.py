@@ -11,6 +11,16 @@ a functional all_reduce:
 
 `first step` is from the moment the parent starts the ranks to the first step finished on the last
 rank; `after import` leaves out each rank's interpreter start and `import torch` (the slowest rank's).
+A second table splits the last rank's first step time into phases: start python (spawn, interpreter,
+this script's stdlib imports), import torch, join group (import torch.distributed,
+init_process_group), load (build the model, then import precompile and load_everywhere, or
+torch.compile, which imports Dynamo and Inductor), first step (the compile, where there is one).
+
+Every mode's ranks start the same way: a plain `python bench/ranks.py --rank ...` each (torchrun would
+add its launcher's own `import torch` to every row alike), with OMP_NUM_THREADS=1 as torchrun sets it,
+and importing only what the mode uses. precompile's modules are byte-compiled first, as installing
+a wheel does (torch's come compiled): a checkout run from a shell that sets PYTHONDONTWRITEBYTECODE
+would otherwise compile precompile's sources anew in every precompile rank, and no other mode's.
 `compile CPU-s` is, summed over ranks, the CPU seconds (the process and its compiler children) the
 first step took beyond a second, identical step: what compiling cost. precompile's first step runs
 under no_compilation(), which raises rather than compile, so its figure is first-call noise.
@@ -34,6 +44,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("compile-cold", "compile-warm", "precompile")
+# Each rank's timestamps, in order; the phase ending at each is named in PHASE_TITLES.
+PHASES = ("python", "torch", "joined", "ready", "first_done")
+PHASE_TITLES = ("start python", "import torch", "join group", "load", "first step")
 TIMEOUT_S = 900
 
 
@@ -58,43 +71,48 @@ def _cpu_seconds() -> float:
 
 
 def _rank_main(rank: int, world: int, port: str, mode: str, pair: str) -> None:
+    marks = {"python": time.time()}  # the interpreter is up and this script's stdlib imports are done
     import torch
 
-    imported = time.time()
+    marks["torch"] = time.time()
     import torch.distributed as dist
-
-    import precompile
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
+    marks["joined"] = time.time()
     model, x = build()
     artifact, cache = f"{pair}.py", f"{pair}.cache"
     with torch.no_grad():
         if mode == "capture":
+            import precompile
+
             with precompile.capture(step, artifact_path=artifact, cache_path=cache, tracer=precompile.MakeFxTracer()) as cap:
                 cap(model, x)
             print(json.dumps({"rank": rank}))
             dist.destroy_process_group()
             return
         if mode == "precompile":
+            import precompile
+
             served = precompile.distributed.load_everywhere(artifact, cache)
+            marks["ready"] = time.time()
             cpu = _cpu_seconds()  # loading reads, checks and execs the pair: it compiles nothing
             with precompile.no_compilation():
                 served(model, x)
-                first_done = time.time()
+                marks["first_done"] = time.time()
                 first_cpu = _cpu_seconds() - cpu
                 served(model, x)
         else:
             cpu = _cpu_seconds()
             compiled = torch.compile(step)
+            marks["ready"] = time.time()
             compiled(model, x)
-            first_done = time.time()
+            marks["first_done"] = time.time()
             first_cpu = _cpu_seconds() - cpu
             compiled(model, x)
         second_cpu = _cpu_seconds() - cpu - first_cpu
     dist.destroy_process_group()
-    print(json.dumps({"rank": rank, "imported": imported, "first_done": first_done,
-                      "compile_cpu": max(0.0, first_cpu - second_cpu)}))
+    print(json.dumps({"rank": rank, "marks": marks, "compile_cpu": max(0.0, first_cpu - second_cpu)}))
 
 
 def _free_port() -> int:
@@ -104,7 +122,7 @@ def _free_port() -> int:
 
 
 def _run_world(world: int, mode: str, pair: Path, cache_dir: Path) -> dict:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
     port = str(_free_port())
     started = time.time()
     procs = [
@@ -125,10 +143,13 @@ def _run_world(world: int, mode: str, pair: Path, cache_dir: Path) -> dict:
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     if mode == "capture":
         return {}
+    last = max(results, key=lambda r: r["marks"]["first_done"])["marks"]
+    edges = [started, *(last[name] for name in PHASES)]
     return {
-        "first_step_s": max(r["first_done"] for r in results) - started,
-        "after_import_s": max(r["first_done"] - r["imported"] for r in results),
+        "first_step_s": last["first_done"] - started,
+        "after_import_s": max(r["marks"]["first_done"] - r["marks"]["torch"] for r in results),
         "compile_cpu_s": sum(r["compile_cpu"] for r in results),
+        "phases_s": [end - begin for begin, end in zip(edges, edges[1:])],
     }
 
 
@@ -137,6 +158,7 @@ def main() -> None:
     parser.add_argument("--worlds", default="2,4")
     parser.add_argument("--repeat", type=int, default=1, help="runs of compile-warm and precompile (best kept)")
     options = parser.parse_args()
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "precompile")], check=True, timeout=TIMEOUT_S)
     print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work on the host slows every row alike)")
     print(f"{'ranks':>5}  {'mode':<13} {'first step s':>12} {'x warm':>7} {'after import s':>15} {'x warm':>7} "
           f"{'compile CPU-s':>14}")
@@ -146,16 +168,24 @@ def main() -> None:
             pair = work / "step"
             _run_world(world, "capture", pair, work / "capture-cache")
             rows = {"compile-cold": _run_world(world, "compile-cold", pair, work / "compile-cache")}
-            for mode in ("compile-warm", "precompile"):
-                runs = [_run_world(world, mode, pair, work / ("compile-cache" if mode == "compile-warm" else "serve-cache"))
-                        for _ in range(options.repeat)]
-                rows[mode] = min(runs, key=lambda r: r["first_step_s"])
+            runs: dict[str, list[dict]] = {"compile-warm": [], "precompile": []}
+            for _ in range(options.repeat):  # round robin, so a change in the host's load hits every mode alike
+                for mode, mode_runs in runs.items():
+                    mode_runs.append(_run_world(world, mode, pair, work / ("compile-cache" if mode == "compile-warm" else "serve-cache")))
+            rows.update((mode, min(mode_runs, key=lambda r: r["first_step_s"])) for mode, mode_runs in runs.items())
             warm = rows["compile-warm"]
             for mode in MODES:
                 row = rows[mode]
                 print(f"{world:>5}  {mode:<13} {row['first_step_s']:>12.2f} {row['first_step_s'] / warm['first_step_s']:>6.2f}x "
                       f"{row['after_import_s']:>15.2f} {row['after_import_s'] / warm['after_import_s']:>6.2f}x "
                       f"{row['compile_cpu_s']:>14.2f}", flush=True)
+            print(f"{'':>5}  where the last rank's first step time went, s: " + ", ".join(PHASE_TITLES))
+            for mode in MODES:
+                print(f"{world:>5}  {mode:<13} " + " ".join(f"{s:>12.2f}" for s in rows[mode]["phases_s"]), flush=True)
+            floor = sum(rows["precompile"]["phases_s"][:3])
+            print(f"{world:>5}  precompile's floor (start python, import torch, join group): {floor:.2f} s = "
+                  f"{floor / warm['first_step_s']:.2f}x warm; its own load and first step: "
+                  f"{sum(rows['precompile']['phases_s'][3:]):.2f} s", flush=True)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 

@@ -5,9 +5,12 @@ the test fails. Collectives time out after 60 s inside the ranks.
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +64,56 @@ def run_ranks(*args: str, world: int = WORLD, timeout: float = 600) -> list[dict
         assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{err[-4000:]}"
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (Linux /proc)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text() if entry.isdigit() else ""
+        except OSError:
+            continue
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            children.append(int(entry))
+    return children
+
+
+def run_torchrun(script: Path, *args: str, timeout: float = 600) -> str:
+    """`python -m torch.distributed.run --nproc-per-node 2 script args` on 127.0.0.1 in script's dir;
+    its output. A hang fails the test after killing torchrun's process group and each rank's (torchrun
+    starts every rank in a session of its own, which would outlive torchrun and keep the pipe open)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={WORLD}", "--master-addr=127.0.0.1",
+               f"--master-port={_free_port()}", script.name, *args]
+    proc = subprocess.Popen(command, cwd=script.parent, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for group in (*_children(proc.pid), proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"torchrun {script.name} {' '.join(args)} did not finish within {timeout} s (a hang)")
+    assert proc.returncode == 0, f"torchrun {script.name} {' '.join(args)} exited {proc.returncode}:\n{out[-4000:]}"
+    return out
+
+
+def test_the_readme_torchrun_recipe_captures_and_serves_on_two_ranks(tmp_path):
+    """The README's step.py, verbatim, under torchrun: capture on both ranks (rank 0 writes the pair),
+    then serve it on both through load_everywhere under no_compilation(), equal to eager."""
+    readme = (ROOT / "README.md").read_text()
+    recipe = re.search(r"```python\n(# step\.py, run as: torchrun .*?)```", readme, re.DOTALL)
+    assert recipe, "README.md lost its torchrun recipe (a ```python block starting '# step.py, run as: torchrun')"
+    script = tmp_path / "step.py"
+    script.write_text(recipe.group(1))
+    run_torchrun(script, "capture")
+    assert "WORLD = {'size': 2, 'backend': 'gloo'" in (tmp_path / "artifact.py").read_text()
+    assert (tmp_path / "artifact.cache").is_file()
+    served = run_torchrun(script, "serve")
+    # the ranks share torchrun's stdout, so one rank's line may land before the other's newline
+    assert sorted(re.findall(r"rank (\d): served == eager: (True|False)", served)) == [("0", "True"), ("1", "True")], served
 
 
 @pytest.fixture(scope="session")
