@@ -67,7 +67,7 @@ def render_dynamo(
     state only torch can give (guard trees, transformed bytecode, AOTAutograd's wrappers), the driver."""
     width = 100
     chunks = [state_base64[i : i + width] for i in range(0, len(state_base64), width)] or [""]
-    opaque = "guard trees and transformed bytecode"
+    opaque = "Guard trees and transformed bytecode"
     if metadata.backend == "inductor":
         opaque += ", and AOTAutograd's wrappers around each subgraph (its output modules are above)"
     sections = [
@@ -80,7 +80,7 @@ def render_dynamo(
         ),
         _Section(
             "opaque-state",
-            f"{opaque[0].upper()}{opaque[1:]}, pickled "
+            f"{opaque}, pickled "
             f"({state_size} bytes, sha256 {state_sha256}). Executing this file unpickles it.",
             "_dynamo_state = (\n" + "\n".join(f"    {chunk!r}" for chunk in chunks) + "\n)",
         ),
