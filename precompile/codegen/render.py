@@ -1,12 +1,14 @@
 """Render python_code from a render model."""
 from __future__ import annotations
 
+import base64
+import hashlib
 from dataclasses import dataclass
 
 import msgspec
 
 from precompile.codegen.drivers import source_of
-from precompile.codegen.environment import render, text_literal
+from precompile.codegen.environment import py_literal, render, text_literal
 from precompile.codegen.models import MakeFxArtifact, SubgraphSection
 
 # The order metadata literals appear in, so the file reads from what it is to how it is called.
@@ -86,3 +88,63 @@ def render_dynamo(
         what=f"DynamoTracer, backend={metadata.backend!r}",
         sections=sections,
     )
+
+
+def _chunked(text: str, width: int = 100) -> str:
+    chunks = [text[i : i + width] for i in range(0, len(text), width)] or [""]
+    return "(\n" + "\n".join(f"        {chunk!r}" for chunk in chunks) + "\n    )"
+
+
+def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, remainder: bytes) -> str:
+    """python_code of a standalone DynamoTracer artifact: metadata, the compiled subgraphs' source,
+    the marshalled code objects and frame tables, the guards as the code that checks them, what
+    stays opaque (labelled, with its reason), the driver."""
+    python = f"{metadata.python_version[0]}.{metadata.python_version[1]}"
+    blobs = []
+    for blob in parts.blobs:
+        blobs.append(f"    # {blob.what}: {len(blob.data)} bytes, sha256 {hashlib.sha256(blob.data).hexdigest()}")
+        blobs.append(f"    {blob.key!r}: {_chunked(blob.base64)},")
+    bytecode = "\n".join([
+        f"_dynamo_frames = {py_literal(tuple(parts.frames))}",
+        f"_dynamo_defaults = {py_literal(parts.defaults)}",
+        "_dynamo_bytecode = {", *blobs, "}",
+    ])
+    guards = [f"_dynamo_references = {py_literal(parts.references)}"]
+    for title, reason in parts.opaque_variants:
+        guards.append(f"# {title}: checked by torch's guard manager from the opaque remainder below, because\n"
+                      f"# {reason}")
+    guards += [variant.source for variant in parts.rendered]
+    if remainder:
+        encoded = base64.b64encode(remainder).decode("ascii")
+        what = [f"{len(parts.remainder['guards'])} variants' guard state (named in the Guards section)"]
+        if parts.remainder["backends"]:
+            what.append("AOTAutograd's wrappers around each subgraph (its output modules are above)")
+        if "defaults" in parts.remainder:
+            what.append("fn's defaults, which are not literals")
+        opaque = _Section(
+            f"Opaque remainder: {'; '.join(what)}, pickled ({len(remainder)} bytes, sha256 "
+            f"{hashlib.sha256(remainder).hexdigest()}). Executing this file unpickles it.",
+            "_dynamo_state = " + _chunked(encoded).replace("\n        ", "\n    ").replace("\n    )", "\n)"))
+    else:
+        opaque = _Section("Opaque remainder: none. Every code object is marshalled above and every guard rendered; "
+                          "nothing in this file is pickled.", "_dynamo_state = None")
+    sections = [
+        _Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
+                 literals=_ordered_literals(metadata)),
+        *_world_sections(metadata),
+        *(
+            _Section(graph.title, graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
+            for graph in subgraphs
+        ),
+        _Section(f"Bytecode: each frame's original code and each variant's transformed code, marshalled (Python "
+                 f"{python} only), Dynamo's minted names renamed to this artifact's; the tables the driver seeds "
+                 "and dispatches from.", bytecode),
+        _Section("Guard checks: torch's C++ tensor and global-state guards, the helpers the rendered guards use.",
+                 source_of("dynamo_guards").rstrip("\n")),
+        _Section("Guards: each variant's kept guards, the checks that run on every call, in order.",
+                 "\n\n\n".join(guards)),
+        opaque,
+        _Section("Driver: seeds the minted names, dispatches each call to the first variant whose guards hold.",
+                 source_of("dynamo").rstrip("\n")),
+    ]
+    return render("dynamo.py.j2", what=f"DynamoTracer, backend={metadata.backend!r}", sections=sections)
