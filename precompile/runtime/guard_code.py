@@ -60,7 +60,7 @@ def marking_guard_enforced() -> bool:
     root = RootGuardManager()
     root.add_dimension_marking_guard({}, ["_dynamo_dynamic_indices"], {}, ["probe"], None)
     marked = torch.ones(2)
-    marked._dynamo_dynamic_indices = {0}
+    marked._dynamo_dynamic_indices = {0}  # type: ignore[attr-defined]
     return not root.check(marked)
 
 
@@ -274,7 +274,7 @@ class _Variant:
         body = []
         if self.global_state is not None:
             out.append(f"_global_state_{self.prefix} = _GlobalState({self.global_state!r})")
-            body += [f'    failing = "GLOBAL_STATE"',
+            body += ['    failing = "GLOBAL_STATE"',
                      f"    if not _global_state_{self.prefix}.check():",
                      f"        return _global_state_{self.prefix}.reason()"]
         for label, condition in dict.fromkeys(self.lines):
