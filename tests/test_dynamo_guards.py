@@ -372,3 +372,27 @@ def test_a_variant_with_a_guard_it_cannot_render_is_checked_by_torch_and_says_wh
         assert torch.allclose(served(torch.ones(3)), dynamo_cases.uses_global(torch.ones(3)))
     with torch.no_grad(), pytest.raises(precompile.PrecompileError, match="no captured variant of 'uses_global'"):
         served(torch.ones(3))  # outside the device block: torch's guard manager refuses, as it would
+
+
+def test_precompile_guards_prints_for_each_kept_guard_the_condition_that_runs(captured, capsys):
+    """`precompile guards` reads the rendered functions (ast, never executed): each kept slot shows the
+    condition python_code checks on every call, or why torch itself checks nothing there."""
+    import json
+
+    from test_inspect_helpers import run_cli
+
+    path = captured["keywords"]["artifact"]
+    text = path.read_text(encoding="utf-8")
+    rc, out, _ = run_cli(capsys, ["guards", "--json", str(path)])
+    assert rc == 0
+    frames = json.loads(out)["guards"]["frames"]
+    kept = [slot for frame in frames for slot in frame["slots"] if slot["status"] == "kept"]
+    assert kept and all(slot["check"] for slot in kept if slot["guard_type"] != "SHAPE_ENV")
+    for slot in kept:
+        check = slot["check"].removesuffix("  (one TensorGuards call for every tensor)")
+        if check.startswith("not checked: "):
+            assert f"# {slot['guard_type']}" in text and check.removeprefix("not checked: ") in text
+            continue
+        for part in filter(None, check.split(" and ")):
+            assert part in " ".join(text.split()), (slot, part)
+    assert any(slot["check"] == "type(L['alpha']) is float and L['alpha'] == 1.0" for slot in kept), kept
