@@ -277,8 +277,7 @@ class _Variant:
             body += ['    failing = "GLOBAL_STATE"',
                      f"    if not _global_state_{self.prefix}.check():",
                      f"        return _global_state_{self.prefix}.reason()"]
-        for label, condition in dict.fromkeys(self.lines):
-            body += [f"    failing = {label!r}", f"    if not ({condition}):", "        return failing"]
+        # Tensors first: the check most calls that miss fail on, in one C++ call.
         if self.tensors:
             rows = "".join(f"\n    {row!r}," for row in self.tensors)
             out.append(f"_tensors_{self.prefix} = _TensorMatch(({rows}\n))")
@@ -286,6 +285,8 @@ class _Variant:
             body += ['    failing = "TENSOR_MATCH"', f"    tensors = ({sources})",
                      f"    if not _tensors_{self.prefix}.check(tensors):",
                      f"        return _tensors_{self.prefix}.reason(tensors)"]
+        for label, condition in dict.fromkeys(self.lines):
+            body += [f"    failing = {label!r}", f"    if not ({condition}):", "        return failing"]
         if len(self.aliasing) > 1:
             sources = ", ".join(self.aliasing)
             body += ['    failing = "NO_TENSOR_ALIASING: " + ' + repr(", ".join(slot_source(s) for s in self.aliasing)),

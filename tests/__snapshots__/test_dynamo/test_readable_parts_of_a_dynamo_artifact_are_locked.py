@@ -486,6 +486,10 @@ def guards_0_0(L, G):
         failing = "GLOBAL_STATE"
         if not _global_state_0_0.check():
             return _global_state_0_0.reason()
+        failing = "TENSOR_MATCH"
+        tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
+        if not _tensors_0_0.check(tensors):
+            return _tensors_0_0.reason(tensors)
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -534,10 +538,6 @@ def guards_0_0(L, G):
         failing = "MODULE_MATCH G['torch']._dynamo is torch._dynamo:"
         if not (G['torch']._dynamo is _by_name['torch._dynamo:']):
             return failing
-        failing = "TENSOR_MATCH"
-        tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
-        if not _tensors_0_0.check(tensors):
-            return _tensors_0_0.reason(tensors)
     except Exception:  # noqa: BLE001 - a guard whose source is not there fails
         return failing
     return None
@@ -571,6 +571,10 @@ def guards_0_1(L, G):
         failing = "GLOBAL_STATE"
         if not _global_state_0_1.check():
             return _global_state_0_1.reason()
+        failing = "TENSOR_MATCH"
+        tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
+        if not _tensors_0_1.check(tensors):
+            return _tensors_0_1.reason(tensors)
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -622,10 +626,6 @@ def guards_0_1(L, G):
         failing = "MODULE_MATCH G['torch']._dynamo is torch._dynamo:"
         if not (G['torch']._dynamo is _by_name['torch._dynamo:']):
             return failing
-        failing = "TENSOR_MATCH"
-        tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
-        if not _tensors_0_1.check(tensors):
-            return _tensors_0_1.reason(tensors)
     except Exception:  # noqa: BLE001 - a guard whose source is not there fails
         return failing
     return None
@@ -649,6 +649,10 @@ def guards_1_0(L, G):
         failing = "GLOBAL_STATE"
         if not _global_state_1_0.check():
             return _global_state_1_0.reason()
+        failing = "TENSOR_MATCH"
+        tensors = (L['y'],)
+        if not _tensors_1_0.check(tensors):
+            return _tensors_1_0.reason(tensors)
         failing = 'CONSTANT_MATCH scale'
         if not (type(L['scale']) is float and L['scale'] == 2.0):
             return failing
@@ -658,10 +662,6 @@ def guards_1_0(L, G):
         failing = 'TORCH_FUNCTION_STATE'
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
-        failing = "TENSOR_MATCH"
-        tensors = (L['y'],)
-        if not _tensors_1_0.check(tensors):
-            return _tensors_1_0.reason(tensors)
     except Exception:  # noqa: BLE001 - a guard whose source is not there fails
         return failing
     return None
@@ -685,6 +685,10 @@ def guards_1_1(L, G):
         failing = "GLOBAL_STATE"
         if not _global_state_1_1.check():
             return _global_state_1_1.reason()
+        failing = "TENSOR_MATCH"
+        tensors = (L['y'],)
+        if not _tensors_1_1.check(tensors):
+            return _tensors_1_1.reason(tensors)
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -697,10 +701,6 @@ def guards_1_1(L, G):
         failing = 'TYPE_MATCH scale'
         if not (type(L['scale']) is _by_name['builtins:float']):
             return failing
-        failing = "TENSOR_MATCH"
-        tensors = (L['y'],)
-        if not _tensors_1_1.check(tensors):
-            return _tensors_1_1.reason(tensors)
     except Exception:  # noqa: BLE001 - a guard whose source is not there fails
         return failing
     return None
@@ -724,6 +724,10 @@ def guards_1_2(L, G):
         failing = "GLOBAL_STATE"
         if not _global_state_1_2.check():
             return _global_state_1_2.reason()
+        failing = "TENSOR_MATCH"
+        tensors = (L['y'],)
+        if not _tensors_1_2.check(tensors):
+            return _tensors_1_2.reason(tensors)
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -739,10 +743,6 @@ def guards_1_2(L, G):
         failing = 'TYPE_MATCH scale'
         if not (type(L['scale']) is _by_name['builtins:float']):
             return failing
-        failing = "TENSOR_MATCH"
-        tensors = (L['y'],)
-        if not _tensors_1_2.check(tensors):
-            return _tensors_1_2.reason(tensors)
     except Exception:  # noqa: BLE001 - a guard whose source is not there fails
         return failing
     return None
