@@ -13,10 +13,11 @@ ROOT = TESTS.parent
 
 
 # What the compat run (`./dev compat VERSION`, CI on torch 2.11, 2.12 and 2.14.1) covers, by file:
-# every fresh-process round trip, the demo, Dynamo, inspect and the torch_compat door. The rest
-# (capture API details, refusals, fuzzing) exercises our own code the same way on every torch.
+# every fresh-process round trip, the demo, Dynamo, inspect, the torch_compat door and the goldens each
+# torch version keeps. The rest (capture API details, refusals, fuzzing) exercises our own code the
+# same way on every torch.
 COMPAT_FILES = {
-    "test_cli_demo.py", "test_doctor.py", "test_dynamo.py", "test_inductor.py", "test_inspect_cli.py",
+    "test_cli_demo.py", "test_codegen_snapshots.py", "test_doctor.py", "test_dynamo.py", "test_inductor.py", "test_inspect_cli.py",
     "test_inspect_safety.py", "test_no_compilation.py", "test_plain_exec.py", "test_roundtrip.py",
     "test_torch_compat.py",
 }

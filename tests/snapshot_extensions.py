@@ -1,6 +1,8 @@
 """syrupy extensions shared by the snapshot tests."""
 from __future__ import annotations
 
+from pathlib import Path
+
 from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
 
 
@@ -9,3 +11,22 @@ class PythonSourceSnapshot(SingleFileSnapshotExtension):
 
     _write_mode = WriteMode.TEXT
     file_extension = "py"
+
+
+class TorchVersionedSource(PythonSourceSnapshot):
+    """A `.py` golden per torch minor version (`tests/goldens/<test module>/torch-2.13/...`): torch
+    prints other ATen graphs, guard listings and versions on each, so every claimed version keeps its
+    own goldens, written by `./dev compat VERSION tests/... --snapshot-update` on that version. They
+    live outside `__snapshots__`, whose .ambr discovery would count the other versions' files as
+    unused snapshots of this run."""
+
+    @classmethod
+    def dirname(cls, *, test_location) -> str:
+        return str(Path(test_location.filepath).parent / "goldens" / test_location.basename / torch_series())
+
+
+def torch_series() -> str:
+    """`torch-2.13` for torch 2.13.0+cpu: the folder of this torch's goldens."""
+    import torch
+
+    return "torch-" + ".".join(torch.__version__.split(".")[:2])

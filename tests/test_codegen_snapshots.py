@@ -1,8 +1,8 @@
 """The rendered python_code of representative captures, locked by snapshots.
 
 Each golden is also compiled and served, so a snapshot that no longer runs fails here, not in
-production. Goldens are rendered by torch 2.13 (the pinned version); other torch versions print
-other ATen graphs and versions, so the comparison runs only there.
+production. Each torch minor version keeps its own goldens (`torch-2.13/`, ...): torch versions print
+other ATen graphs and versions.
 """
 from __future__ import annotations
 
@@ -12,18 +12,14 @@ import torch
 from pathlib import Path
 
 from cases import CASES
-from snapshot_extensions import PythonSourceSnapshot
+from snapshot_extensions import TorchVersionedSource, torch_series
 
-GOLDENS = Path(__file__).parent / "__snapshots__" / "test_codegen_snapshots"
-
-pytestmark = pytest.mark.skipif(
-    not torch.__version__.startswith("2.13."), reason="goldens are rendered by torch 2.13"
-)
+GOLDENS = Path(__file__).parent / "goldens" / "test_codegen_snapshots" / torch_series()
 
 
 @pytest.fixture
 def snapshot_py(snapshot):
-    return snapshot.use_extension(PythonSourceSnapshot)
+    return snapshot.use_extension(TorchVersionedSource)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

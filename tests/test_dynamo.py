@@ -492,12 +492,11 @@ def test_what_serves_is_the_subgraph_source_python_code_shows(dynamo_pairs, tmp_
         assert "already binds" in report["other artifact"] and "load the artifact in a fresh process" in report["other artifact"]
 
 
-@pytest.mark.skipif(not torch.__version__.startswith("2.13."), reason="goldens are rendered by torch 2.13")
 def test_readable_parts_of_a_dynamo_artifact_are_locked(dynamo_pairs, snapshot):
     """Header, metadata (frames, guard listings, summary) and driver; the opaque state differs per capture."""
     import re
 
-    from snapshot_extensions import PythonSourceSnapshot
+    from snapshot_extensions import TorchVersionedSource
 
     from precompile.inspect.process_ids import mask_process_ids
 
@@ -508,7 +507,7 @@ def test_readable_parts_of_a_dynamo_artifact_are_locked(dynamo_pairs, snapshot):
     readable = mask_process_ids(readable)  # the one mask `precompile diff` uses too
     readable = re.sub(r"(\d+ bytes, sha256 )[0-9a-f]{64}", r"\1<sha256>", readable)
     assert "\n_dynamo_state = None\n" in readable  # nothing is pickled: every guard rendered, code marshalled
-    assert readable == snapshot.use_extension(PythonSourceSnapshot)
+    assert readable == snapshot.use_extension(TorchVersionedSource)
 
 
 DYNAMIC = r"""

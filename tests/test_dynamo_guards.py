@@ -366,7 +366,7 @@ def test_a_variant_with_a_guard_it_cannot_render_is_checked_by_torch_and_says_wh
     text = (tmp_path / "dev.py").read_text(encoding="utf-8")
     assert re.search(r"# Frame 0 \(uses_global\), variant 0: checked by torch's guard manager from the opaque "
                      r"remainder below, because\n# TORCH_FUNCTION_STATE: the capture ran under torch function modes", text)
-    assert "Opaque remainder: 1 variants' guard state" in text
+    assert "opaque-remainder: 1 variants' guard state" in text
     served = precompile.load(tmp_path / "dev.py", tmp_path / "dev.cache")
     with torch.no_grad(), torch.device("cpu"):
         assert torch.allclose(served(torch.ones(3)), dynamo_cases.uses_global(torch.ones(3)))

@@ -3,8 +3,8 @@ fingerprinted per FORMAT_VERSION in tests/format_fingerprints.json, and every la
 keeps a fixture that show, verify and diff read.
 
 When test_the_format_matches_a_fingerprint_of_its_version fails, you changed the artifact format:
-- an incompatible change (a field removed, renamed, retyped or newly required; a section moved or
-  retitled): bump FORMAT_VERSION in precompile/schema/envelope.py, keep reading the old version,
+- an incompatible change (a field removed, renamed, retyped or newly required; a section moved, or
+  retitled so that an older reader no longer splits it or names it differently): bump FORMAT_VERSION in precompile/schema/envelope.py, keep reading the old version,
   add fixtures/v<N>, and start a new list under "<N>" with the fingerprint the failure prints;
 - a compatible change (new optional fields only, msgspec's rules): append the printed fingerprint
   to the current version's list with a "change" line saying what was added; the test checks that

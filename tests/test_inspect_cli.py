@@ -164,7 +164,7 @@ def test_extract(capsys, snapshot, tmp_path, monkeypatch):
     kernel = next(f for f in envelope.bundle.files if f.kind == "kernel-source")
     assert (tmp_path / "out/bundle" / kernel.path).read_bytes().lstrip().startswith(b"#include")
     sections = sorted(p.name for p in (tmp_path / "out/python_code").iterdir())
-    assert sections == ["00-header.py", "01-metadata.py", "02-kernel-runtime-of-the-compiled-graph.py", "03-compiled-graph.py", "04-driver.py"]
+    assert sections == ["00-header.py", "01-metadata.py", "02-kernel-runtime.py", "03-graph.py", "04-driver.py"]
     joined = b"".join((tmp_path / "out/python_code" / n).read_bytes() for n in sections)
     assert joined == (FIXTURES / "v1/mlp_inductor.py").read_bytes()
     rc, _, err = run_cli(capsys, ["extract", "in", "out"])

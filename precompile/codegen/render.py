@@ -17,9 +17,14 @@ _HEADER_ORDER = ("FORMAT_VERSION", "TRACER", "BACKEND", "SERVING_MODE", "TORCH_V
 
 @dataclass(frozen=True)
 class _Section:
+    slug: str
+    """The section's explicit name, which inspect, extract and diff go by (never derived from the title)."""
     title: str
     body: str = ""
     literals: list[tuple[str, object]] | None = None
+
+
+_METADATA_TITLE = "Top-level literals. Tools read them with ast and never execute this file."
 
 
 def _ordered_literals(metadata) -> list[tuple[str, object]]:
@@ -35,19 +40,19 @@ def _world_sections(metadata) -> list[_Section]:
     if metadata.world is None:
         return []
     check = 'check_world(WORLD, artifact=globals().get("__file__", "this artifact"))'
-    return [_Section("World: the graphs call collectives; this file runs only in the world they were captured in.",
+    return [_Section("world", "The graphs call collectives; this file runs only in the world they were captured in.",
                      source_of("world").rstrip("\n") + "\n\n\n" + check)]
 
 
 def render_makefx(artifact: MakeFxArtifact) -> str:
     graph = artifact.graph
-    sections = [_Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
-                         literals=_ordered_literals(artifact.metadata)), *_world_sections(artifact.metadata)]
+    sections = [_Section("metadata", _METADATA_TITLE, literals=_ordered_literals(artifact.metadata)),
+                *_world_sections(artifact.metadata)]
     if graph.runtime:
-        sections.append(_Section("Kernel runtime of the compiled graph: loads its kernels, primed or JIT.",
+        sections.append(_Section("kernel-runtime", "Loads the compiled graph's kernels, primed or JIT.",
                                  source_of(graph.runtime).rstrip("\n")))
-    sections.append(_Section(graph.title, graph.source))
-    sections.append(_Section("Driver: checks each call against the metadata, runs the graph, scatters gradients.",
+    sections.append(_Section("graph", graph.title, graph.source))
+    sections.append(_Section("driver", "Checks each call against the metadata, runs the graph, scatters gradients.",
                              source_of("makefx").rstrip("\n")))
     return render(
         "makefx.py.j2",
@@ -68,19 +73,20 @@ def render_dynamo(
     if metadata.backend == "inductor":
         opaque += ", and AOTAutograd's wrappers around each subgraph (its output modules are above)"
     sections = [
-        _Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
-                 literals=_ordered_literals(metadata)),
+        _Section("metadata", _METADATA_TITLE, literals=_ordered_literals(metadata)),
         *_world_sections(metadata),
         *(
-            _Section(graph.title, graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
+            _Section(graph.name.replace("_", "-"), graph.title,
+                     graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
             for graph in subgraphs
         ),
         _Section(
-            f"Opaque state: {opaque}, pickled "
+            "opaque-state",
+            f"{opaque[0].upper()}{opaque[1:]}, pickled "
             f"({state_size} bytes, sha256 {state_sha256}). Executing this file unpickles it.",
             "_dynamo_state = (\n" + "\n".join(f"    {chunk!r}" for chunk in chunks) + "\n)",
         ),
-        _Section("Driver: rebuilds the guards, seeds the minted names, dispatches each call to a variant.",
+        _Section("driver", "Rebuilds the guards, seeds the minted names, dispatches each call to a variant.",
                  source_of("dynamo").rstrip("\n")),
     ]
     return render(
@@ -122,29 +128,29 @@ def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, 
         if "defaults" in parts.remainder:
             what.append("fn's defaults, which are not literals")
         opaque = _Section(
-            f"Opaque remainder: {'; '.join(what)}, pickled ({len(remainder)} bytes, sha256 "
+            "opaque-remainder", f"{'; '.join(what)[0].upper()}{'; '.join(what)[1:]}, pickled ({len(remainder)} bytes, sha256 "
             f"{hashlib.sha256(remainder).hexdigest()}). Executing this file unpickles it.",
             "_dynamo_state = " + _chunked(encoded).replace("\n        ", "\n    ").replace("\n    )", "\n)"))
     else:
-        opaque = _Section("Opaque remainder: none. Every code object is marshalled above and every guard rendered; "
+        opaque = _Section("opaque-remainder", "None: every code object is marshalled above and every guard rendered; "
                           "nothing in this file is pickled.", "_dynamo_state = None")
     sections = [
-        _Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
-                 literals=_ordered_literals(metadata)),
+        _Section("metadata", _METADATA_TITLE, literals=_ordered_literals(metadata)),
         *_world_sections(metadata),
         *(
-            _Section(graph.title, graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
+            _Section(graph.name.replace("_", "-"), graph.title,
+                     graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
             for graph in subgraphs
         ),
-        _Section(f"Bytecode: each frame's original code and each variant's transformed code, marshalled (Python "
+        _Section("bytecode", f"Each frame's original code and each variant's transformed code, marshalled (Python "
                  f"{python} only), Dynamo's minted names renamed to this artifact's; the tables the driver seeds "
                  "and dispatches from.", bytecode),
-        _Section("Guard checks: torch's C++ tensor and global-state guards, the helpers the rendered guards use.",
+        _Section("guard-checks", "Torch's C++ tensor and global-state guards, the helpers the rendered guards use.",
                  source_of("dynamo_guards").rstrip("\n")),
-        _Section("Guards: each variant's kept guards, the checks that run on every call, in order.",
+        _Section("guards", "Each variant's kept guards, the checks that run on every call, in order.",
                  "\n\n\n".join(guards)),
         opaque,
-        _Section("Driver: seeds the minted names, dispatches each call to the first variant whose guards hold.",
+        _Section("driver", "Seeds the minted names, dispatches each call to the first variant whose guards hold.",
                  source_of("dynamo").rstrip("\n")),
     ]
     return render("dynamo.py.j2", what=f"DynamoTracer, backend={metadata.backend!r}", sections=sections)

@@ -1,6 +1,6 @@
 """Write an artifact's parts into a directory for other tools (git diff, difftastic, debuggers).
 
-Layout under DIR: `python_code/NN-<section>.py` (the captured graph is `NN-captured-graph.py`),
+Layout under DIR: `python_code/NN-<section>.py` (the captured graph is `NN-graph.py`),
 `subgraphs/<name>.py` for each Inductor output module a Dynamo artifact holds as a string, `metadata.json`, `envelope.json`, and `bundle/<path>` for each kernel bundle file (hash-checked by
 `codec.decode_payload`); for an upstream torch.save cache, `cache/<member>` holds each zip member's
 raw bytes (nothing is unpickled). A Mega-Cache (an upstream precompile cache's `artifact` field, or a

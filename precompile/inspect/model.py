@@ -27,7 +27,7 @@ class Section(msgspec.Struct, frozen=True, kw_only=True):
 
     index: int
     slug: str
-    """Stable short name: header, metadata, captured-graph, driver, ..."""
+    """The explicit name the renderer wrote: header, metadata, world, kernel-runtime, graph, graph-0, opaque-state, driver, ..."""
     title: str
     first_line: int
     """1-based line of the section's first line (its opening banner, or line 1 for the header)."""

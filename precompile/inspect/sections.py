@@ -1,7 +1,11 @@
 """Split python_code into its sections at the `# ====` banner lines the templates write.
 
-A section opens with a banner, a `# N. Title` line and a second banner; whatever precedes the first
-banner is the "header" section. Splitting never fails: a file without banners is one section.
+A section opens with a banner, a `# N. slug: Title` line and a second banner; whatever precedes the
+first banner is the "header" section. The slug is the section's explicit name (metadata, world,
+kernel-runtime, graph, graph-0, opaque-state, driver, ...), written by the renderer; files rendered
+before slugs were written name their sections in prose only, and `_legacy_slug` maps those titles to
+the same names, so a diff across the two layouts pairs the same sections. Splitting never fails: a
+file without banners is one section.
 """
 from __future__ import annotations
 
@@ -12,12 +16,30 @@ from precompile.inspect.model import Section
 
 _BANNER = re.compile(r"^# ={10,}\s*$")
 _TITLE = re.compile(r"^#\s*(?:\d+\.\s*)?(.*?)\s*$")
+_NAMED = re.compile(r"([a-z][a-z0-9-]*): (.*)")
+
+# Titles of the layout before explicit slugs, and the names that layout's sections now go by.
+_LEGACY_SUBGRAPH = re.compile(r"Subgraph (graph_\d+), compiled in frame .*?: (forward|backward)? ?")
+_LEGACY_PREFIXES = (("Captured graph", "graph"), ("Compiled graph", "graph"), ("Kernel runtime", "kernel-runtime"))
 
 
-def _slug(title: str) -> str:
+def _legacy_slug(title: str) -> str:
+    subgraph = _LEGACY_SUBGRAPH.match(title)
+    if subgraph is not None:
+        return "-".join(filter(None, (subgraph.group(1).replace("_", "-"), subgraph.group(2))))
+    for prefix, slug in _LEGACY_PREFIXES:
+        if title.startswith(prefix):
+            return slug
     head = re.split(r"[:(]", title, maxsplit=1)[0]
-    slug = re.sub(r"[^a-z0-9]+", "-", head.lower()).strip("-")
-    return slug or "section"
+    return re.sub(r"[^a-z0-9]+", "-", head.lower()).strip("-") or "section"
+
+
+def _named(title: str) -> tuple[str, str]:
+    """(slug, title) of a section's title line."""
+    named = _NAMED.fullmatch(title)
+    if named is not None:
+        return named.group(1), named.group(2)
+    return _legacy_slug(title), title
 
 
 def split_sections(source: str) -> list[tuple[Section, str]]:
@@ -39,7 +61,7 @@ def split_sections(source: str) -> list[tuple[Section, str]]:
         if index == 0 and end == 0:
             continue
         text = "".join(lines[start:end])
-        slug = _slug(title)
+        slug, title = _named(title)
         used[slug] = used.get(slug, 0) + 1
         if used[slug] > 1:
             slug = f"{slug}-{used[slug]}"

@@ -337,7 +337,7 @@ class DynamoSession:
             if self._recorder is not None:
                 source = lower_eager(compiled.aten, entry=name).source
                 sections.append(SubgraphSection(
-                    title=f"Subgraph {where}: ATen ops, run as they are (autograd flows through them)",
+                    title=f"{where}: ATen ops, run as they are (autograd flows through them)",
                     name=name, source=source, runs_in_place=True,
                 ))
                 subgraphs.append(CompiledSubgraph(backend_id=backend_id, frame=frame, forward=name))
@@ -347,7 +347,7 @@ class DynamoSession:
             names = {part: f"{name}_{part}" for part in sources}
             for part, text in sources.items():
                 sections.append(SubgraphSection(
-                    title=f"Subgraph {where}: {part} output module (AOTAutograd + Inductor), loaded as written here",
+                    title=f"{where}: {part} output module (AOTAutograd + Inductor), loaded as written here",
                     name=names[part], source="\n" + text.strip("\n") + "\n", runs_in_place=False,
                 ))
             subgraphs.append(CompiledSubgraph(

@@ -28,7 +28,7 @@ def lower_eager(graph_module: torch.fx.GraphModule, entry: str = ENTRY) -> Graph
     if count != 1:
         raise PrecompileError("the captured graph's source has no forward(self, ...) to render")
     body = "\n".join(line.rstrip() for line in source.splitlines())
-    return GraphSection(title="Captured graph (eager backend: ATen ops, run as they are)", source="\n".join(imports) + "\n\n\n" + body, entry=entry)
+    return GraphSection(title="The captured graph as ATen ops, run as they are (eager backend)", source="\n".join(imports) + "\n\n\n" + body, entry=entry)
 
 
 # Where the output code's benchmarking tail starts: not part of the artifact.
@@ -64,7 +64,7 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
             f"Inductor lowered the captured graph into {len(compiled)} modules; precompile needs exactly one"
         )
     return GraphSection(
-        title="Compiled graph (AOTAutograd + Inductor output code)",
+        title="The compiled graph: AOTAutograd + Inductor output code",
         source=_adapt_output_code(compiled[0].source_code) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
         entry=ENTRY,
         runtime="inductor_runtime",

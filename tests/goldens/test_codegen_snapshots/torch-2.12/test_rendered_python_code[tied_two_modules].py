@@ -9,50 +9,52 @@
 # beside it only accelerates loading; this file never reads it.
 
 # ======================================================================================
-# 1. Metadata: top-level literals. Tools read them with ast and never execute this file.
+# 1. metadata: Top-level literals. Tools read them with ast and never execute this file.
 # ======================================================================================
 FORMAT_VERSION = 1
 TRACER = 'make_fx'
 BACKEND = 'eager'
 SERVING_MODE = 'standalone'
-TORCH_VERSION = '2.13.0+cpu'
+TORCH_VERSION = '2.12.1+cu130'
 PYTHON_VERSION = (3, 11)
-FN_NAME = 'cases.scale_and_shift'
-NUM_POSITIONAL_ARGS = 2
-MODULE_POSITIONS = ()
-PARAMS = ()
+FN_NAME = 'cases.encode_decode'
+NUM_POSITIONAL_ARGS = 3
+MODULE_POSITIONS = (0, 1)
+PARAMS = ({'name': 'm0.weight', 'shape': (8, 8), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'name': 'm0.bias', 'shape': (8,), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'name': 'm1.bias', 'shape': (8,), 'dtype': 'torch.float32', 'device': 'cpu'})
 BUFFERS = ()
-IN_SPEC = ('[1, {"type": "builtins.dict", "context": "[0, 1]", "children_spec": [{"type": null, "context": null, '
+IN_SPEC = ('[1, {"type": "builtins.dict", "context": "[2]", "children_spec": [{"type": null, "context": null, '
+ '"children_spec": []}]}]')
+INPUTS = ({'kind': 'tensor', 'path': 'args[2]', 'shape': (5, 8), 'dtype': 'torch.float32', 'device': 'cpu'},)
+OUT_SPEC = ('[1, {"type": "builtins.tuple", "context": "null", "children_spec": [{"type": null, "context": null, '
  '"children_spec": []}, {"type": null, "context": null, "children_spec": []}]}]')
-INPUTS = ({'kind': 'tensor', 'path': 'args[0]', 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'kind': 'tensor', 'path': 'args[1]', 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'})
-OUT_SPEC = ('[1, {"type": "builtins.dict", "context": "[\\"sum\\", \\"parts\\", \\"label\\"]", "children_spec": '
- '[{"type": null, "context": null, "children_spec": []}, {"type": "builtins.tuple", "context": "null", '
- '"children_spec": [{"type": null, "context": null, "children_spec": []}, {"type": null, "context": null, '
- '"children_spec": []}]}, {"type": null, "context": null, "children_spec": []}]}]')
-OUTPUTS = ({'kind': 'tensor', 'path': "result['sum']", 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'kind': 'tensor', 'path': "result['parts'][0]", 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'kind': 'tensor', 'path': "result['parts'][1]", 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'kind': 'constant', 'path': "result['label']", 'value': 'ok'})
+OUTPUTS = ({'kind': 'tensor', 'path': 'result[0]', 'shape': (5, 8), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'kind': 'tensor', 'path': 'result[1]', 'shape': (), 'dtype': 'torch.float32', 'device': 'cpu'})
 GRAD_PARAM_INDICES = ()
 
 # ======================================================================================
-# 2. Captured graph (eager backend: ATen ops, run as they are)
+# 2. graph: The captured graph as ATen ops, run as they are (eager backend)
 # ======================================================================================
 import torch
 
 
-def captured_graph(arg0_1, arg1_1):
-    mul = torch.ops.aten.mul.Tensor(arg0_1, 2)
-    add = torch.ops.aten.add.Tensor(mul, arg1_1);  mul = None
-    sin = torch.ops.aten.sin.default(arg0_1);  arg0_1 = None
-    cos = torch.ops.aten.cos.default(arg1_1);  arg1_1 = None
-    return [add, sin, cos]
+def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1):
+    detach = torch.ops.aten.detach.default(arg0_1);  arg0_1 = None
+    detach_1 = torch.ops.aten.detach.default(arg1_1);  arg1_1 = None
+    detach_2 = torch.ops.aten.detach.default(arg2_1);  arg2_1 = None
+    t = torch.ops.aten.t.default(detach)
+    addmm = torch.ops.aten.addmm.default(detach_1, arg3_1, t);  detach_1 = arg3_1 = t = None
+    relu = torch.ops.aten.relu.default(addmm);  addmm = None
+    t_1 = torch.ops.aten.t.default(detach)
+    addmm_1 = torch.ops.aten.addmm.default(detach_2, relu, t_1);  detach_2 = relu = t_1 = None
+    sum_1 = torch.ops.aten.sum.default(detach);  detach = None
+    return [addmm_1, sum_1]
 
 
 
 # ======================================================================================
-# 3. Driver: checks each call against the metadata, runs the graph, scatters gradients.
+# 3. driver: Checks each call against the metadata, runs the graph, scatters gradients.
 # ======================================================================================
 # Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
 # It checks a call against the captured calling convention, runs the captured graph on the

@@ -9,52 +9,95 @@
 # beside it only accelerates loading; this file never reads it.
 
 # ======================================================================================
-# 1. Metadata: top-level literals. Tools read them with ast and never execute this file.
+# 1. metadata: Top-level literals. Tools read them with ast and never execute this file.
 # ======================================================================================
 FORMAT_VERSION = 1
 TRACER = 'make_fx'
 BACKEND = 'eager'
 SERVING_MODE = 'standalone'
-TORCH_VERSION = '2.13.0+cpu'
+TORCH_VERSION = '2.11.0+cu130'
 PYTHON_VERSION = (3, 11)
-FN_NAME = 'cases.encode_decode'
-NUM_POSITIONAL_ARGS = 3
-MODULE_POSITIONS = (0, 1)
-PARAMS = ({'name': 'm0.weight', 'shape': (8, 8), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'name': 'm0.bias', 'shape': (8,), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'name': 'm1.bias', 'shape': (8,), 'dtype': 'torch.float32', 'device': 'cpu'})
-BUFFERS = ()
-IN_SPEC = ('[1, {"type": "builtins.dict", "context": "[2]", "children_spec": [{"type": null, "context": null, '
+FN_NAME = 'cases.train_step'
+NUM_POSITIONAL_ARGS = 2
+MODULE_POSITIONS = (0,)
+PARAMS = ({'name': '0.weight', 'shape': (16, 8), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'name': '0.bias', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'name': '1.weight', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'name': '1.bias', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'name': '3.weight', 'shape': (4, 16), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'name': '3.bias', 'shape': (4,), 'dtype': 'torch.float32', 'device': 'cpu'})
+BUFFERS = ({'name': '1.running_mean', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'name': '1.running_var', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'name': '1.num_batches_tracked', 'shape': (), 'dtype': 'torch.int64', 'device': 'cpu'})
+IN_SPEC = ('[1, {"type": "builtins.dict", "context": "[1]", "children_spec": [{"type": null, "context": null, '
  '"children_spec": []}]}]')
-INPUTS = ({'kind': 'tensor', 'path': 'args[2]', 'shape': (5, 8), 'dtype': 'torch.float32', 'device': 'cpu'},)
-OUT_SPEC = ('[1, {"type": "builtins.tuple", "context": "null", "children_spec": [{"type": null, "context": null, '
- '"children_spec": []}, {"type": null, "context": null, "children_spec": []}]}]')
-OUTPUTS = ({'kind': 'tensor', 'path': 'result[0]', 'shape': (5, 8), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'kind': 'tensor', 'path': 'result[1]', 'shape': (), 'dtype': 'torch.float32', 'device': 'cpu'})
-GRAD_PARAM_INDICES = ()
+INPUTS = ({'kind': 'tensor', 'path': 'args[1]', 'shape': (6, 8), 'dtype': 'torch.float32', 'device': 'cpu'},)
+OUT_SPEC = '[1, {"type": null, "context": null, "children_spec": []}]'
+OUTPUTS = ({'kind': 'tensor', 'path': 'result', 'shape': (), 'dtype': 'torch.float32', 'device': 'cpu'},)
+GRAD_PARAM_INDICES = (0, 1, 2, 3, 4)
 
 # ======================================================================================
-# 2. Captured graph (eager backend: ATen ops, run as they are)
+# 2. graph: The captured graph as ATen ops, run as they are (eager backend)
 # ======================================================================================
+from torch import device
 import torch
 
 
-def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1):
+def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_1, arg8_1, arg9_1):
     detach = torch.ops.aten.detach.default(arg0_1);  arg0_1 = None
     detach_1 = torch.ops.aten.detach.default(arg1_1);  arg1_1 = None
     detach_2 = torch.ops.aten.detach.default(arg2_1);  arg2_1 = None
-    t = torch.ops.aten.t.default(detach)
-    addmm = torch.ops.aten.addmm.default(detach_1, arg3_1, t);  detach_1 = arg3_1 = t = None
-    relu = torch.ops.aten.relu.default(addmm);  addmm = None
-    t_1 = torch.ops.aten.t.default(detach)
-    addmm_1 = torch.ops.aten.addmm.default(detach_2, relu, t_1);  detach_2 = relu = t_1 = None
-    sum_1 = torch.ops.aten.sum.default(detach);  detach = None
-    return [addmm_1, sum_1]
+    detach_3 = torch.ops.aten.detach.default(arg3_1);  arg3_1 = None
+    detach_4 = torch.ops.aten.detach.default(arg4_1);  arg4_1 = None
+    t = torch.ops.aten.t.default(detach);  detach = None
+    addmm = torch.ops.aten.addmm.default(detach_1, arg9_1, t);  detach_1 = t = None
+    add_ = torch.ops.aten.add_.Tensor(arg8_1, 1);  arg8_1 = add_ = None
+    empty = torch.ops.aten.empty.memory_format([0], dtype = torch.uint8, layout = torch.strided, device = device(type='cpu'));  empty = None
+    native_batch_norm = torch.ops.aten.native_batch_norm.default(addmm, detach_2, detach_3, arg6_1, arg7_1, True, 0.1, 1e-05);  detach_3 = None
+    getitem = native_batch_norm[0]
+    getitem_1 = native_batch_norm[1]
+    getitem_2 = native_batch_norm[2];  native_batch_norm = None
+    relu = torch.ops.aten.relu.default(getitem);  getitem = None
+    detach_5 = torch.ops.aten.detach.default(relu)
+    t_1 = torch.ops.aten.t.default(detach_4);  detach_4 = None
+    addmm_1 = torch.ops.aten.addmm.default(arg5_1, relu, t_1);  arg5_1 = None
+    pow_1 = torch.ops.aten.pow.Tensor_Scalar(addmm_1, 2)
+    mean = torch.ops.aten.mean.default(pow_1);  pow_1 = None
+    ones_like = torch.ops.aten.ones_like.default(mean, pin_memory = False, memory_format = torch.preserve_format)
+    expand = torch.ops.aten.expand.default(ones_like, [6, 4]);  ones_like = None
+    div = torch.ops.aten.div.Scalar(expand, 24);  expand = None
+    pow_2 = torch.ops.aten.pow.Tensor_Scalar(addmm_1, 1.0);  addmm_1 = None
+    mul = torch.ops.aten.mul.Scalar(pow_2, 2.0);  pow_2 = None
+    mul_1 = torch.ops.aten.mul.Tensor(div, mul);  div = mul = None
+    t_2 = torch.ops.aten.t.default(t_1);  t_1 = None
+    mm = torch.ops.aten.mm.default(mul_1, t_2);  t_2 = None
+    t_3 = torch.ops.aten.t.default(mul_1);  mul_1 = None
+    mm_1 = torch.ops.aten.mm.default(t_3, relu);  t_3 = relu = None
+    t_4 = torch.ops.aten.t.default(mm_1);  mm_1 = None
+    t_5 = torch.ops.aten.t.default(t_4);  t_4 = None
+    detach_6 = torch.ops.aten.detach.default(t_5);  t_5 = None
+    detach_7 = torch.ops.aten.detach.default(detach_5);  detach_5 = None
+    threshold_backward = torch.ops.aten.threshold_backward.default(mm, detach_7, 0);  mm = detach_7 = None
+    native_batch_norm_backward = torch.ops.aten.native_batch_norm_backward.default(threshold_backward, addmm, detach_2, arg6_1, arg7_1, getitem_1, getitem_2, True, 1e-05, [True, True, True]);  threshold_backward = addmm = detach_2 = arg6_1 = arg7_1 = getitem_1 = getitem_2 = None
+    getitem_3 = native_batch_norm_backward[0]
+    getitem_4 = native_batch_norm_backward[1]
+    getitem_5 = native_batch_norm_backward[2];  native_batch_norm_backward = None
+    detach_8 = torch.ops.aten.detach.default(getitem_4);  getitem_4 = None
+    detach_9 = torch.ops.aten.detach.default(getitem_5);  getitem_5 = None
+    t_6 = torch.ops.aten.t.default(getitem_3)
+    mm_2 = torch.ops.aten.mm.default(t_6, arg9_1);  t_6 = arg9_1 = None
+    t_7 = torch.ops.aten.t.default(mm_2);  mm_2 = None
+    sum_1 = torch.ops.aten.sum.dim_IntList(getitem_3, [0], True);  getitem_3 = None
+    view = torch.ops.aten.view.default(sum_1, [16]);  sum_1 = None
+    detach_10 = torch.ops.aten.detach.default(view);  view = None
+    t_8 = torch.ops.aten.t.default(t_7);  t_7 = None
+    detach_11 = torch.ops.aten.detach.default(t_8);  t_8 = None
+    return [mean, detach_11, detach_10, detach_8, detach_9, detach_6]
 
 
 
 # ======================================================================================
-# 3. Driver: checks each call against the metadata, runs the graph, scatters gradients.
+# 3. driver: Checks each call against the metadata, runs the graph, scatters gradients.
 # ======================================================================================
 # Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
 # It checks a call against the captured calling convention, runs the captured graph on the

@@ -9,7 +9,7 @@
 # beside it only accelerates loading; this file never reads it.
 
 # ======================================================================================
-# 1. Metadata: top-level literals. Tools read them with ast and never execute this file.
+# 1. metadata: Top-level literals. Tools read them with ast and never execute this file.
 # ======================================================================================
 FORMAT_VERSION = 1
 TRACER = 'dynamo'
@@ -241,7 +241,7 @@ SUBGRAPHS = ({'backend_id': '__compiled_fn_<n>_<uuid>',
   'backward': ''})
 
 # ======================================================================================
-# 2. Subgraph graph_0, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
+# 2. graph-0: graph_0, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -253,7 +253,7 @@ def graph_0(arg0_1, arg1_1, arg2_1):
 
 
 # ======================================================================================
-# 3. Subgraph graph_1, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
+# 3. graph-1: graph_1, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -265,7 +265,7 @@ def graph_1(arg0_1, arg1_1, arg2_1, arg3_1):
 
 
 # ======================================================================================
-# 4. Subgraph graph_2, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
+# 4. graph-2: graph_2, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -277,7 +277,7 @@ def graph_2(arg0_1):
 
 
 # ======================================================================================
-# 5. Subgraph graph_3, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
+# 5. graph-3: graph_3, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -290,7 +290,7 @@ def graph_3(arg0_1, arg1_1):
 
 
 # ======================================================================================
-# 6. Subgraph graph_4, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
+# 6. graph-4: graph_4, compiled in frame 'torch_dynamo_resume_in_break_and_scale_at_11': ATen ops, run as they are (autograd flows through them)
 # ======================================================================================
 import torch
 
@@ -303,7 +303,7 @@ def graph_4(arg0_1, arg1_1, arg2_1):
 
 
 # ======================================================================================
-# 7. Bytecode: each frame's original code and each variant's transformed code, marshalled (Python 3.11 only), Dynamo's minted names renamed to this artifact's; the tables the driver seeds and dispatches from.
+# 7. bytecode: Each frame's original code and each variant's transformed code, marshalled (Python 3.11 only), Dynamo's minted names renamed to this artifact's; the tables the driver seeds and dispatches from.
 # ======================================================================================
 _dynamo_frames = ({'module': 'dynamo_cases',
   'name': 'break_and_scale',
@@ -363,7 +363,7 @@ _dynamo_bytecode = {
 
 
 # ======================================================================================
-# 8. Guard checks: torch's C++ tensor and global-state guards, the helpers the rendered guards use.
+# 8. guard-checks: Torch's C++ tensor and global-state guards, the helpers the rendered guards use.
 # ======================================================================================
 # What the rendered guards of a standalone Dynamo artifact check with (precompile/codegen/drivers/
 # dynamo_guards.py, included verbatim before them). Everything here is torch's C++ guard machinery
@@ -443,7 +443,7 @@ class _GlobalState:
 
 
 # ======================================================================================
-# 9. Guards: each variant's kept guards, the checks that run on every call, in order.
+# 9. guards: Each variant's kept guards, the checks that run on every call, in order.
 # ======================================================================================
 _dynamo_references = ('builtins:dict',
  'builtins:float',
@@ -749,13 +749,13 @@ def guards_1_2(L, G):
 
 
 # ======================================================================================
-# 10. Opaque remainder: none. Every code object is marshalled above and every guard rendered; nothing in this file is pickled.
+# 10. opaque-remainder: None: every code object is marshalled above and every guard rendered; nothing in this file is pickled.
 # ======================================================================================
 _dynamo_state = None
 
 
 # ======================================================================================
-# 11. Driver: seeds the minted names, dispatches each call to the first variant whose guards hold.
+# 11. driver: Seeds the minted names, dispatches each call to the first variant whose guards hold.
 # ======================================================================================
 # Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
 # It builds each compiled subgraph from its source section above, rebuilds each captured variant's

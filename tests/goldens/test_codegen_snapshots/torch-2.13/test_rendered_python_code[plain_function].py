@@ -9,7 +9,7 @@
 # beside it only accelerates loading; this file never reads it.
 
 # ======================================================================================
-# 1. Metadata: top-level literals. Tools read them with ast and never execute this file.
+# 1. metadata: Top-level literals. Tools read them with ast and never execute this file.
 # ======================================================================================
 FORMAT_VERSION = 1
 TRACER = 'make_fx'
@@ -17,55 +17,42 @@ BACKEND = 'eager'
 SERVING_MODE = 'standalone'
 TORCH_VERSION = '2.13.0+cpu'
 PYTHON_VERSION = (3, 11)
-FN_NAME = 'cases.mlp_forward'
+FN_NAME = 'cases.scale_and_shift'
 NUM_POSITIONAL_ARGS = 2
-MODULE_POSITIONS = (0,)
-PARAMS = ({'name': '0.weight', 'shape': (16, 8), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'name': '0.bias', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'name': '1.weight', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'name': '1.bias', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'name': '3.weight', 'shape': (4, 16), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'name': '3.bias', 'shape': (4,), 'dtype': 'torch.float32', 'device': 'cpu'})
-BUFFERS = ({'name': '1.running_mean', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'name': '1.running_var', 'shape': (16,), 'dtype': 'torch.float32', 'device': 'cpu'},
- {'name': '1.num_batches_tracked', 'shape': (), 'dtype': 'torch.int64', 'device': 'cpu'})
-IN_SPEC = ('[1, {"type": "builtins.dict", "context": "[1]", "children_spec": [{"type": null, "context": null, '
- '"children_spec": []}]}]')
-INPUTS = ({'kind': 'tensor', 'path': 'args[1]', 'shape': (6, 8), 'dtype': 'torch.float32', 'device': 'cpu'},)
-OUT_SPEC = '[1, {"type": null, "context": null, "children_spec": []}]'
-OUTPUTS = ({'kind': 'tensor', 'path': 'result', 'shape': (6, 4), 'dtype': 'torch.float32', 'device': 'cpu'},)
+MODULE_POSITIONS = ()
+PARAMS = ()
+BUFFERS = ()
+IN_SPEC = ('[1, {"type": "builtins.dict", "context": "[0, 1]", "children_spec": [{"type": null, "context": null, '
+ '"children_spec": []}, {"type": null, "context": null, "children_spec": []}]}]')
+INPUTS = ({'kind': 'tensor', 'path': 'args[0]', 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'kind': 'tensor', 'path': 'args[1]', 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'})
+OUT_SPEC = ('[1, {"type": "builtins.dict", "context": "[\\"sum\\", \\"parts\\", \\"label\\"]", "children_spec": '
+ '[{"type": null, "context": null, "children_spec": []}, {"type": "builtins.tuple", "context": "null", '
+ '"children_spec": [{"type": null, "context": null, "children_spec": []}, {"type": null, "context": null, '
+ '"children_spec": []}]}, {"type": null, "context": null, "children_spec": []}]}]')
+OUTPUTS = ({'kind': 'tensor', 'path': "result['sum']", 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'kind': 'tensor', 'path': "result['parts'][0]", 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'kind': 'tensor', 'path': "result['parts'][1]", 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'},
+ {'kind': 'constant', 'path': "result['label']", 'value': 'ok'})
 GRAD_PARAM_INDICES = ()
 
 # ======================================================================================
-# 2. Captured graph (eager backend: ATen ops, run as they are)
+# 2. graph: The captured graph as ATen ops, run as they are (eager backend)
 # ======================================================================================
-from torch import device
 import torch
 
 
-def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_1, arg8_1, arg9_1):
-    detach = torch.ops.aten.detach.default(arg0_1);  arg0_1 = None
-    detach_1 = torch.ops.aten.detach.default(arg1_1);  arg1_1 = None
-    detach_2 = torch.ops.aten.detach.default(arg2_1);  arg2_1 = None
-    detach_3 = torch.ops.aten.detach.default(arg3_1);  arg3_1 = None
-    detach_4 = torch.ops.aten.detach.default(arg4_1);  arg4_1 = None
-    detach_5 = torch.ops.aten.detach.default(arg5_1);  arg5_1 = None
-    t = torch.ops.aten.t.default(detach);  detach = None
-    addmm = torch.ops.aten.addmm.default(detach_1, arg9_1, t);  detach_1 = arg9_1 = t = None
-    empty = torch.ops.aten.empty.memory_format([0], dtype = torch.uint8, layout = torch.strided, device = device(type='cpu'));  empty = None
-    native_batch_norm = torch.ops.aten.native_batch_norm.default(addmm, detach_2, detach_3, arg6_1, arg7_1, False, 0.1, 1e-05);  addmm = detach_2 = detach_3 = arg6_1 = arg7_1 = None
-    getitem = native_batch_norm[0]
-    getitem_1 = native_batch_norm[1];  getitem_1 = None
-    getitem_2 = native_batch_norm[2];  native_batch_norm = getitem_2 = None
-    relu = torch.ops.aten.relu.default(getitem);  getitem = None
-    t_1 = torch.ops.aten.t.default(detach_4);  detach_4 = None
-    addmm_1 = torch.ops.aten.addmm.default(detach_5, relu, t_1);  detach_5 = relu = t_1 = None
-    return [addmm_1]
+def captured_graph(arg0_1, arg1_1):
+    mul = torch.ops.aten.mul.Tensor(arg0_1, 2)
+    add = torch.ops.aten.add.Tensor(mul, arg1_1);  mul = None
+    sin = torch.ops.aten.sin.default(arg0_1);  arg0_1 = None
+    cos = torch.ops.aten.cos.default(arg1_1);  arg1_1 = None
+    return [add, sin, cos]
 
 
 
 # ======================================================================================
-# 3. Driver: checks each call against the metadata, runs the graph, scatters gradients.
+# 3. driver: Checks each call against the metadata, runs the graph, scatters gradients.
 # ======================================================================================
 # Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
 # It checks a call against the captured calling convention, runs the captured graph on the
