@@ -161,8 +161,10 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
                 variant_code = render_variant(index, variant, title, states[(index, variant)],
                                               frozenset(meta.policy_dropped), meta.by_name, renames,
                                               dynamo_config.skip_nnmodule_hook_guards)
-            except Unrenderable as exc:
-                opaque.append((title, str(exc)))
+            except Exception as exc:  # noqa: BLE001 - whatever stops a faithful rendering, torch's manager checks it
+                reason = str(exc) if isinstance(exc, Unrenderable) else (
+                    f"rendering its guards failed on this torch ({type(exc).__name__}: {exc})")
+                opaque.append((title, reason))
                 remainder["guards"][f"{index}.{variant}"] = code.guarded_codes[variant].guards_state
                 names.append("")
                 continue
