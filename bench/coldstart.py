@@ -187,7 +187,13 @@ def _run(mode: str, model: str, device: str, work: Path, cache_dir: Path, tmp_di
     return {**json.loads(lines[-1]), "total": total} if lines else {"total": total}
 
 
-def measure(model: str, device: str, repeat: int) -> dict[str, dict]:
+# What each scenario needs prepared first ("venv2": the second venv).
+_PREPARES = {"compile-mega": "compile-mega-prepare", "aoti": "aoti-prepare", "precompile": "precompile-prepare",
+             "precompile-nocache": "precompile-prepare", "dynamo": "dynamo-prepare", "dynamo-eager": "dynamo-prepare",
+             "precompile-venv2": "precompile-prepare", "dynamo-venv2": "dynamo-prepare"}
+
+
+def measure(model: str, device: str, repeat: int, scenarios: tuple[str, ...] = SCENARIOS) -> dict[str, dict]:
     with tempfile.TemporaryDirectory(prefix="precompile-coldstart-") as scratch:
         root = Path(scratch)
         work = root / "work"
@@ -200,16 +206,14 @@ def measure(model: str, device: str, repeat: int) -> dict[str, dict]:
 
         print(f"[{model}] preparing: warm cache, mega-cache blob, AOTInductor package, precompile pairs", file=sys.stderr)
         warm_cache, warm_tmp = root / "warm-cache", root / "warm-tmp"
-        _run("compile-prepare", model, device, work, warm_cache, warm_tmp)
-        isolated("compile-mega-prepare")
-        isolated("aoti-prepare")
-        isolated("precompile-prepare")
-        isolated("dynamo-prepare")
-        elsewhere = _second_venv(root)
+        _run("compile-prepare", model, device, work, warm_cache, warm_tmp)  # the steady-state table needs it
+        for prepare in dict.fromkeys(_PREPARES[s] for s in scenarios if s in _PREPARES):
+            isolated(prepare)
+        elsewhere = _second_venv(root) if any(s.endswith(ELSEWHERE) for s in scenarios) else None
 
-        results: dict[str, list[dict]] = {s: [] for s in SCENARIOS}
+        results: dict[str, list[dict]] = {s: [] for s in scenarios}
         for round_index in range(repeat):
-            for scenario in SCENARIOS:
+            for scenario in scenarios:
                 if scenario in COLD and round_index > 0:
                     continue
                 print(f"[{model}] {scenario} (round {round_index + 1})", file=sys.stderr)
@@ -233,7 +237,7 @@ def measure(model: str, device: str, repeat: int) -> dict[str, dict]:
         for scenario, runs in results.items()
         if runs
     }
-    return {"cold": medians, "per_call": per_call}
+    return {"cold": medians, "per_call": per_call, "scenarios": scenarios}
 
 
 def report(model: str, measured: dict) -> list[str]:
@@ -242,7 +246,7 @@ def report(model: str, measured: dict) -> list[str]:
     lines = [f"\n== {model}: fresh process to first result (median) ==",
              f"{'scenario':<20}{'total s':>9}{'after import s':>16}{'total/eager':>13}{'after/eager':>13}"
              f"{'total/precomp':>15}{'after/precomp':>15}"]
-    for scenario in SCENARIOS:
+    for scenario in measured["scenarios"]:
         row = cold.get(scenario)
         if row is None:
             lines.append(f"{scenario:<20}{'failed':>9}")
@@ -268,10 +272,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="rounds of the fast scenarios (default 3)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--models", default="demo,mlp")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS),
+                        help="comma-separated subset of the scenarios above, in this order (default: all)")
     args = parser.parse_args()
+    scenarios = tuple(s for s in SCENARIOS if s in args.scenarios.split(","))
+    unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
     lines = []
     for model in args.models.split(","):
-        lines += report(model, measure(model, args.device, args.repeat))
+        lines += report(model, measure(model, args.device, args.repeat, scenarios))
     print("\n".join(lines))
 
 

@@ -38,3 +38,13 @@ def tail_in_python(x):
     y = x.sin()
     torch._dynamo.graph_break()
     return y, LIMITS["k"] + 1  # nothing here for Dynamo to compile
+
+
+def break_on_item(model, x):
+    y = model(x)
+    scale = float(y.abs().sum().item() > 0) + 1.0  # .item() breaks the graph; nothing here names torch._dynamo
+    return (y * scale).sin()
+
+
+def calls_model(model, x):
+    return model(x)

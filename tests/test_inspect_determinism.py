@@ -57,10 +57,11 @@ def test_a_swapped_opaque_state_is_a_difference(capsys, captures, tmp_path):
 
     source = (captures / "a.py").read_text()
     swapped = base64.b64encode(pickle.dumps({"codes": []}, protocol=4)).decode()
-    edited, count = re.subn(r"_dynamo_state = \(.*?\n\)\n", f"_dynamo_state = ({swapped!r},)\n", source, flags=re.S)
+    # A standalone artifact pickles nothing (`_dynamo_state = None`): a pickle put there is reported.
+    edited, count = re.subn(r"\n_dynamo_state = None\n", f"\n_dynamo_state = ({swapped!r},)\n", source)
     assert count == 1
     (tmp_path / "s.py").write_text(edited)
     shutil.copy(captures / "a.cache", tmp_path / "s.cache")
     rc, out, _ = run_cli(capsys, ["diff", str(captures / "a"), str(tmp_path / "s")])
-    assert rc == 1 and "section opaque-state (changed)" in out
-    assert "-# _dynamo_state: pickle, fingerprint with per-process names masked" in out
+    assert rc == 1 and "section opaque-remainder (changed)" in out
+    assert "+# _dynamo_state: pickle, fingerprint with per-process names masked" in out

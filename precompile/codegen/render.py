@@ -1,12 +1,14 @@
 """Render python_code from a render model."""
 from __future__ import annotations
 
+import base64
+import hashlib
 from dataclasses import dataclass
 
 import msgspec
 
 from precompile.codegen.drivers import source_of
-from precompile.codegen.environment import render, text_literal
+from precompile.codegen.environment import py_literal, render, text_literal
 from precompile.codegen.models import MakeFxArtifact, SubgraphSection
 
 # The order metadata literals appear in, so the file reads from what it is to how it is called.
@@ -65,8 +67,6 @@ def render_dynamo(
 ) -> str:
     """python_code of a DynamoTracer artifact: metadata, the compiled subgraphs' source, the opaque
     state only torch can give (guard trees, transformed bytecode, AOTAutograd's wrappers), the driver."""
-    width = 100
-    chunks = [state_base64[i : i + width] for i in range(0, len(state_base64), width)] or [""]
     opaque = "Guard trees and transformed bytecode"
     if metadata.backend == "inductor":
         opaque += ", and AOTAutograd's wrappers around each subgraph (its output modules are above)"
@@ -82,7 +82,7 @@ def render_dynamo(
             "opaque-state",
             f"{opaque}, pickled "
             f"({state_size} bytes, sha256 {state_sha256}). Executing this file unpickles it.",
-            "_dynamo_state = (\n" + "\n".join(f"    {chunk!r}" for chunk in chunks) + "\n)",
+            "_dynamo_state = " + _chunked(state_base64, indent="    ", close=""),
         ),
         _Section("driver", "Rebuilds the guards, seeds the minted names, dispatches each call to a variant.",
                  source_of("dynamo").rstrip("\n")),
@@ -92,3 +92,68 @@ def render_dynamo(
         what=f"DynamoTracer, backend={metadata.backend!r}",
         sections=sections,
     )
+
+
+def _chunked(text: str, width: int = 100, indent: str = "        ", close: str = "    ") -> str:
+    """A long string literal as a parenthesized run of adjacent literals, one line per chunk."""
+    chunks = [text[i : i + width] for i in range(0, len(text), width)] or [""]
+    return "(\n" + "\n".join(f"{indent}{chunk!r}" for chunk in chunks) + f"\n{close})"
+
+
+def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, remainder: bytes) -> str:
+    """python_code of a standalone DynamoTracer artifact: metadata, the compiled subgraphs' source,
+    the marshalled code objects and frame tables, the guards as the code that checks them, what
+    stays opaque (labelled, with its reason), the driver."""
+    python = f"{metadata.python_version[0]}.{metadata.python_version[1]}"
+    blobs = []
+    for blob in parts.blobs:
+        blobs.append(f"    # {blob.what}: {len(blob.data)} bytes, sha256 {hashlib.sha256(blob.data).hexdigest()}")
+        blobs.append(f"    {blob.key!r}: {_chunked(blob.base64)},")
+    bytecode = "\n".join([
+        f"_dynamo_frames = {py_literal(tuple(parts.frames))}",
+        f"_dynamo_defaults = {py_literal(parts.defaults)}",
+        "_dynamo_bytecode = {", *blobs, "}",
+    ])
+    guards = [f"_dynamo_references = {py_literal(parts.references)}"]
+    for title, reason in parts.opaque_variants:
+        guards.append(f"# {title}: checked by torch's guard manager from the opaque remainder below, because\n"
+                      f"# {reason}")
+    guards += [variant.source for variant in parts.rendered]
+    if remainder:
+        encoded = base64.b64encode(remainder).decode("ascii")
+        what = []
+        if parts.remainder["guards"]:
+            count = len(parts.remainder["guards"])
+            owner = "1 variant's" if count == 1 else f"{count} variants'"
+            what.append(f"{owner} guard state (named in the Guards section)")
+        if parts.remainder["backends"]:
+            what.append("AOTAutograd's wrappers around each subgraph (its output modules are above)")
+        if "defaults" in parts.remainder:
+            what.append("fn's defaults, which are not literals")
+        opaque = _Section(
+            "opaque-remainder", f"{'; '.join(what)}, pickled ({len(remainder)} bytes, sha256 "
+            f"{hashlib.sha256(remainder).hexdigest()}). Executing this file unpickles it.",
+            "_dynamo_state = " + _chunked(encoded, indent="    ", close=""))
+    else:
+        opaque = _Section("opaque-remainder", "None: every code object is marshalled above and every guard rendered; "
+                          "nothing in this file is pickled.", "_dynamo_state = None")
+    sections = [
+        _Section("metadata", _METADATA_TITLE, literals=_ordered_literals(metadata)),
+        *_world_sections(metadata),
+        *(
+            _Section(graph.name.replace("_", "-"), graph.title,
+                     graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
+            for graph in subgraphs
+        ),
+        _Section("bytecode", f"Each frame's original code and each variant's transformed code, marshalled (Python "
+                 f"{python} only), Dynamo's minted names renamed to this artifact's; the tables the driver seeds "
+                 "and dispatches from.", bytecode),
+        _Section("guard-checks", "Torch's C++ tensor and global-state guards, the helpers the rendered guards use.",
+                 source_of("dynamo_guards").rstrip("\n")),
+        _Section("guards", "Each variant's kept guards, the checks that run on every call, in order.",
+                 "\n\n\n".join(guards)),
+        opaque,
+        _Section("driver", "Seeds the minted names, dispatches each call to the first variant whose guards hold.",
+                 source_of("dynamo").rstrip("\n")),
+    ]
+    return render("dynamo.py.j2", what=f"DynamoTracer, backend={metadata.backend!r}", sections=sections)

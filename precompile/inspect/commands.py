@@ -93,7 +93,7 @@ def _guards(args, out, err) -> int:
     from precompile.inspect.report import GuardsReport
 
     artifact = _artifact(args.artifact)
-    guards = guards_of(artifact)
+    guards = guards_of(artifact, _read_code(artifact))
     if guards is not None:
         guards = filtered(guards, frame=args.frame, kind=args.type, risky_only=args.risky)
     problems = (artifact.python_code.problem,) if guards is None and artifact.python_code.problem else ()

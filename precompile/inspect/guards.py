@@ -8,6 +8,7 @@ their guard slots (kept, dropped, risky, policy-dropped) keyed by (guard_type, s
 from __future__ import annotations
 
 import ast
+import re
 
 from precompile.inspect.model import Artifact, FrameGuards, GuardSlot, Guards, Specialization, UpstreamCodeInfo
 from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
@@ -60,8 +61,58 @@ def makefx_guards(meta: MakeFxMetadata) -> Guards:
 DROPPED_FRAME = "(every frame)"
 
 
-def dynamo_guards(meta: DynamoMetadata) -> Guards:
-    """Per variant, the guards it keeps; first, under DROPPED_FRAME, the slots no variant checks."""
+_FUNCTION = re.compile(r"guards_(\d+)_(\d+)")
+
+
+def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tuple[str, int], dict[str, str]]:
+    """{(frame, variant): {guard label: the condition that runs}} of a standalone artifact whose
+    guards python_code renders as functions `guards_F_V` (read with ast, never executed); a guard
+    torch itself skips maps to "not checked: why". Empty for artifacts without rendered guards."""
+    if source is None:
+        return {}
+    try:
+        text = source.decode("utf-8") if isinstance(source, bytes) else source
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
+        return {}
+    found: dict[tuple[str, int], dict[str, str]] = {}
+    for node in tree.body:
+        match = _FUNCTION.fullmatch(node.name) if isinstance(node, ast.FunctionDef) else None
+        if match is None or int(match.group(1)) >= len(meta.frames):
+            continue
+        key = (meta.frames[int(match.group(1))].qualname or meta.frames[int(match.group(1))].name, int(match.group(2)))
+        checks: dict[str, str] = {}
+        first, last = node.lineno, node.end_lineno or node.lineno
+        for line in text.splitlines()[first:last]:
+            note = line.strip()
+            if note.startswith("# ") and ": " in note:
+                label, _, why = note[2:].partition(": ")
+                checks.setdefault(label, f"not checked: {why}")
+        label = None
+        for statement in ast.walk(node):
+            if isinstance(statement, ast.Assign) and [getattr(t, "id", None) for t in statement.targets] == ["failing"]:
+                label = statement.value.value if isinstance(statement.value, ast.Constant) else None
+            elif isinstance(statement, ast.If) and isinstance(label, str):
+                test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
+                checks[label] = " ".join((ast.get_source_segment(text, test) or "").split())
+                label = None
+        found[key] = checks
+    return found
+
+
+def _kept_check(slot_label: str, checks: dict[str, str]) -> str:
+    """The rendered condition(s) of a kept slot, matched by its label."""
+    if slot_label.startswith("TENSOR_MATCH") and "TENSOR_MATCH" in checks:
+        return checks["TENSOR_MATCH"] + "  (one TensorGuards call for every tensor)"
+    matched = [check for label, check in checks.items()
+               if label == slot_label or label.startswith((slot_label + " (", slot_label + ": ", slot_label + " is "))]
+    return " and ".join(dict.fromkeys(matched))
+
+
+def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None) -> Guards:
+    """Per variant, the guards it keeps (with the condition that checks each, where python_code
+    renders them); first, under DROPPED_FRAME, the slots no variant checks."""
+    rendered_by_variant = rendered_checks(source, meta)
     summary = meta.summary
     risky = set(map(tuple, summary.risky_dropped_guards))
     rendered = {(t, s): check for t, s, check in summary.dropped_guard_code}
@@ -82,7 +133,8 @@ def dynamo_guards(meta: DynamoMetadata) -> Guards:
             guard_type, _, source = check.partition(" ")
             if not guard_type.isupper():  # a shape guard: an expression over the inputs' sizes
                 guard_type, source = "SHAPE_ENV", check
-            slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept"))
+            runs = _kept_check(f"{guard_type} {source}".strip(), rendered_by_variant.get((variant.frame, variant.variant), {}))
+            slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept", check=runs))
         # Artifacts since per-variant accounting also say which slots each variant does not check.
         slots += [unchecked(check.partition(" ")[::2], False) for check in variant.dropped]
         slots += [unchecked(check.partition(" ")[::2], True) for check in variant.policy_dropped]
@@ -138,14 +190,15 @@ def upstream_guards(code: UpstreamCodeInfo) -> Guards:
     )
 
 
-def guards_of(artifact: Artifact) -> Guards | None:
+def guards_of(artifact: Artifact, source: str | bytes | None = None) -> Guards | None:
+    """`source`: python_code's text, where a Dynamo artifact's rendered checks should be shown."""
     if artifact.python_code.upstream is not None:
         return upstream_guards(artifact.python_code.upstream)
     meta = artifact.python_code.metadata
     if isinstance(meta, MakeFxMetadata):
         return makefx_guards(meta)
     if isinstance(meta, DynamoMetadata):
-        return dynamo_guards(meta)
+        return dynamo_guards(meta, source)
     return None
 
 

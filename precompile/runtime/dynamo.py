@@ -22,11 +22,12 @@ from typing import Any, Callable
 import torch
 
 from precompile.codegen.models import SubgraphSection
-from precompile.codegen.render import render_dynamo
+from precompile.codegen.render import render_dynamo, render_dynamo_standalone
 from precompile.errors import PrecompileError
 from precompile.runtime import distributed, kernels
 from precompile.runtime.tracers import DynamoTracer
 from precompile.runtime.build import cache_for, qualified_name
+from precompile.runtime.dynamo_standalone import remainder_bytes, standalone_parts
 from precompile.runtime.dynamo_logs import BackendFallbackLog, TruncationLog
 from precompile.runtime.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.runtime.lowering import lower_eager
@@ -303,13 +304,18 @@ class DynamoSession:
             subgraphs=tuple(subgraphs),
             world=distributed.captured_world(section.source for section in sections),
         )
-        state = pickle.dumps(
-            {"codes": entry.codes, "backends": pickled_backends, "defaults": self.fn.__defaults__,
-             "kwdefaults": self.fn.__kwdefaults__}
-        )
-        source = render_dynamo(
-            metadata, sections, base64.b64encode(state).decode("ascii"), hashlib.sha256(state).hexdigest(), len(state)
-        )
+        if installed:  # served through Dynamo's frame evaluator: the package entry travels pickled
+            state = pickle.dumps(
+                {"codes": entry.codes, "backends": pickled_backends, "defaults": self.fn.__defaults__,
+                 "kwdefaults": self.fn.__kwdefaults__}
+            )
+            source = render_dynamo(
+                metadata, sections, base64.b64encode(state).decode("ascii"), hashlib.sha256(state).hexdigest(), len(state)
+            )
+        else:
+            parts = standalone_parts(entry, frames, guards, self.fn, pickled_backends,
+                                     [section.source for section in sections])
+            source = render_dynamo_standalone(metadata, sections, parts, remainder_bytes(parts))
         python_code = source.encode("utf-8")
         bundle, payload = None, b""  # the eager backend has no kernels: the cache carries no bundle
         if self.backend == "inductor":

@@ -39,6 +39,7 @@ PRIVATE_NAMES: dict[str, str] = {
     "dynamo_config": "torch._dynamo.config",
     "CompilePackage": "torch._dynamo.package:CompilePackage",
     "load_guards_state": "torch._dynamo.package:load_guards_state",
+    "is_from_unspecialized_builtin_nn_module_source": "torch._dynamo.guards:is_from_unspecialized_builtin_nn_module_source",
     "PrecompileContext": "torch._dynamo.precompile_context:PrecompileContext",
     "SerializedCode": "torch._dynamo.package:SerializedCode",
     "AsyncCompile": "torch._inductor.async_compile:AsyncCompile",
@@ -59,6 +60,9 @@ PRIVATE_NAMES: dict[str, str] = {
     "tracing": "torch._guards:tracing",
     "enable_python_dispatcher": "torch._dispatch.python:enable_python_dispatcher",
     "FakeTensorMode": "torch._subclasses.fake_tensor:FakeTensorMode",
+    "FakeTensor": "torch._subclasses.fake_tensor:FakeTensor",
+    "dispatch_keys": "torch._C:_dispatch_keys",
+    "RootGuardManager": "torch._C:_dynamo.guards.RootGuardManager",
     # graph inspection and building blocks
     "OpOverload": "torch._ops:OpOverload",
     "get_effect": "torch._higher_order_ops.effects:_get_effect",

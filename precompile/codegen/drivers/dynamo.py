@@ -45,10 +45,15 @@ def _check_versions(metadata, artifact):
                         "its guard state is tied to that build", "serve it with that torch, or capture it again here")
 
 
+def _hash_sourcelines(module, first_line, last_line):
+    """sha256 of a module's source lines first_line .. last_line - 1, as Dynamo's package hashes the
+    code it inlined (torch._dynamo.package._hash_sourcelines; a test keeps the two equal)."""
+    lines = _inspect.getsourcelines(module)[0][first_line - 1 : last_line - 1]
+    return _hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
 def _check_sources(metadata, artifact):
     """The code Dynamo inlined must still say what it said at capture: guards do not check it."""
-    from torch._dynamo.package import _hash_sourcelines
-
     for source in metadata.get("INLINED_SOURCES", ()):
         module = _module(source["module"], artifact)
         try:
@@ -174,26 +179,87 @@ def _empty_cells(code):
     return tuple(_types.CellType() for _ in code.co_freevars) or None
 
 
+class _RenderedGuards:
+    """A variant's guards as rendered in python_code (`guards_F_V(L, G)`): the checks that run."""
+
+    manager = None
+
+    def __init__(self, function, scope):
+        self.function = function
+        self.scope = scope
+
+    def check(self, f_locals):
+        return self.function(f_locals, self.scope) is None
+
+    def explain(self, f_locals):
+        return self.function(f_locals, self.scope) or "every guard holds"
+
+
+class _TorchGuards:
+    """A variant's guards as torch's guard manager rebuilt from its pickled guard state."""
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    def check(self, f_locals):
+        return self.manager.check(f_locals)
+
+    def explain(self, f_locals):
+        failed = [part.strip() for part in self.manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
+        return "; ".join(failed[:2]) or "a guard failed"
+
+
+def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact):
+    """torch's guard manager for one variant, from its pickled guard state: the invariance policy's
+    slots taken out, the by-name identity checks added. Returns it with its GLOBAL_STATE guard."""
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    state = load_guards_state(guards_state)
+    _fill_named_locals(state, by_name)
+    _drop_guards(state, policy_dropped)
+    global_state = state.output_graph.global_state_guard
+    _set_thread_count(global_state, torch.get_num_threads())
+    builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
+    if builtins_key:
+        _seed_builtins(scope, builtins_key, artifact)
+    manager = load_guard_manager(state, target, scope)
+    for line in by_name:
+        _check_by_name(manager, line, scope, artifact)
+    return _TorchGuards(manager), global_state, builtins_key
+
+
+def _builtins_dict(scope):
+    """The dict Dynamo's bytecode reads builtins from (the module's __builtins__, a dict or a module)."""
+    found = scope["__builtins__"]
+    return found if isinstance(found, dict) else found.__dict__
+
+
+def _seed_builtins(scope, key, artifact):
+    builtins_dict = _builtins_dict(scope)
+    if scope.setdefault(key, builtins_dict) is not builtins_dict:
+        _fail(artifact, f"module binds {key!r} to something other than its builtins dict",
+              "load the artifact in a fresh process")
+
+
 class _Frame:
-    """One captured code object: its variants and how to call it."""
+    """One captured code object: its variants (guards, then the transformed code) and how to call it."""
 
-    def __init__(self, code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, runs_as_python=False,
-                 target=None):
-        from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
-
-        self.name = code.python_code.co_name
+    def __init__(self, name, original, scope, defaults, kwdefaults, artifact, runs_as_python=False, bypassed=False,
+                 runs_callees_inline=False, target=None):
+        self.name = name
         self.label = self.name  # how a miss names the frame (build_forward sets its qualified name)
         self.artifact = artifact
         self.scope = scope
-        self.original = SerializedCode.to_code_object(code.python_code)
+        self.original = original
         # The code object the guards are built for: the live one an installed frame serves from.
         self.target = self.original if target is None else target
         self.remedy = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
         # A continuation that compiled nothing runs as its original bytecode, as during capture.
         self.runs_as_python = runs_as_python
-        self.bypassed = code.bypassed
+        self.bypassed = bypassed
         # A frame run as Python that Dynamo did compile (to no graph) ran its callees inside its code.
-        self.runs_callees_inline = bool(code.guarded_codes)
+        self.runs_callees_inline = runs_callees_inline
+        self.defaults, self.kwdefaults = defaults, kwdefaults
         signature_fn = _types.FunctionType(self.original, {}, self.name, defaults, _empty_cells(self.original))
         signature_fn.__kwdefaults__ = kwdefaults
         self.signature = _inspect.signature(signature_fn)
@@ -201,28 +267,11 @@ class _Frame:
         self.minted = []
         self.global_state_guards = []
         self.threads = torch.get_num_threads()
-        for index, guarded in enumerate(() if runs_as_python else code.guarded_codes):
-            state = load_guards_state(guarded.guards_state)
-            _fill_named_locals(state, by_name.get(index, ()))
-            _drop_guards(state, policy_dropped.get(index, ()))
-            self.global_state_guards.append(state.output_graph.global_state_guard)
-            _set_thread_count(state.output_graph.global_state_guard, self.threads)
-            builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
-            if builtins_key:
-                self.minted.append(builtins_key)
-                from torch._dynamo.output_graph import get_builtins_dict
 
-                builtins_dict = get_builtins_dict(scope)
-                if scope.setdefault(builtins_key, builtins_dict) is not builtins_dict:
-                    _fail(artifact, f"module binds {builtins_key!r} to something other than its builtins dict",
-                          "load the artifact in a fresh process")
-            manager = load_guard_manager(state, self.target, scope)
-            for line in by_name.get(index, ()):
-                _check_by_name(manager, line, scope, artifact)
-            body_code = SerializedCode.to_code_object(guarded.dynamo_code)
-            body = _types.FunctionType(body_code, scope, self.name, defaults, _empty_cells(body_code))
-            body.__kwdefaults__ = kwdefaults
-            self.variants.append((manager, body))
+    def add_variant(self, guards, body_code):
+        body = _types.FunctionType(body_code, self.scope, self.name, self.defaults, _empty_cells(body_code))
+        body.__kwdefaults__ = self.kwdefaults
+        self.variants.append((guards, body))
 
     def __call__(self, *args, **kwargs):
         return self.call(None, args, kwargs)
@@ -247,8 +296,8 @@ class _Frame:
                     f_locals[name] = cell.cell_contents
                 except ValueError:  # an empty cell
                     pass
-        for manager, body in self.variants:
-            if manager.check(f_locals):
+        for guards, body in self.variants:
+            if guards.check(f_locals):
                 if closure:
                     body = _types.FunctionType(body.__code__, body.__globals__, self.name, body.__defaults__, closure)
                 return body(*args, **kwargs)
@@ -258,18 +307,32 @@ class _Frame:
         if not self.variants:
             _fail(self.artifact, f"frame {self.label!r} has no captured variant (it was bypassed during capture)",
                   "capture again with calls that compile it")
-        reasons = []
-        for index, (manager, _) in enumerate(self.variants):
-            failed = [part.strip() for part in manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
-            reasons.append(f"variant {index}: {'; '.join(failed[:2]) or 'a guard failed'}")
+        reasons = [f"variant {index}: {guards.explain(f_locals)}" for index, (guards, _) in enumerate(self.variants)]
         _fail(self.artifact, f"no captured variant of {self.label!r} covers this call ({len(self.variants)} captured): "
                              + " | ".join(reasons), self.remedy)
 
     def update_threads(self):
-        if torch.get_num_threads() != self.threads:
+        if self.global_state_guards and torch.get_num_threads() != self.threads:
             self.threads = torch.get_num_threads()
             for guard in self.global_state_guards:
                 _set_thread_count(guard, self.threads)
+
+
+def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, runs_as_python, target):
+    """A frame from the pickled package entry (installed artifacts): torch's guard managers."""
+    from torch._dynamo.package import SerializedCode
+
+    original = SerializedCode.to_code_object(code.python_code)
+    frame = _Frame(code.python_code.co_name, original, scope, defaults, kwdefaults, artifact, runs_as_python,
+                   code.bypassed, bool(code.guarded_codes), target)
+    for index, guarded in enumerate(() if runs_as_python else code.guarded_codes):
+        guards, global_state, builtins_key = _torch_guards(
+            guarded.guards_state, frame.target, scope, policy_dropped.get(index, ()), by_name.get(index, ()), artifact)
+        frame.global_state_guards.append(global_state)
+        if builtins_key:
+            frame.minted.append(builtins_key)
+        frame.add_variant(guards, SerializedCode.to_code_object(guarded.dynamo_code))
+    return frame
 
 
 # Where AOTAutograd's bundled result keeps each lowered graph's output module.
@@ -311,6 +374,8 @@ def _artifact_tag(raw_state, namespace):
 def build_forward(metadata, state_blob, artifact="this artifact"):
     """The served entry of a Dynamo artifact, from its metadata literals, subgraphs and opaque state."""
     _check_versions(metadata, artifact)
+    if "_dynamo_frames" in metadata:
+        return _build_standalone(metadata, state_blob, artifact)
     import torch._dynamo  # noqa: F401 - guard trees and backends need Dynamo loaded
 
     installed = metadata.get("SERVING_MODE") == "installed"
@@ -347,9 +412,9 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         variants = [v for v in metadata["GUARDS"] if v["frame"] == described.get("qualname", code.python_code.co_name)]
         policy_dropped = {variant["variant"]: frozenset(variant.get("policy_dropped", ())) for variant in variants}
         by_name = {variant["variant"]: variant.get("by_name", ()) for variant in variants}
-        frame = _Frame(code, scope, state["defaults"] if is_entry else None,
-                       state["kwdefaults"] if is_entry else None, artifact, policy_dropped, by_name,
-                       described.get("runs_as_python", False), target)
+        frame = _pickled_frame(code, scope, state["defaults"] if is_entry else None,
+                               state["kwdefaults"] if is_entry else None, artifact, policy_dropped, by_name,
+                               described.get("runs_as_python", False), target)
         frame.label = described.get("qualname") or frame.name
         frames.append(frame)
         if is_entry:
@@ -367,6 +432,132 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
     live_fn = _qualified(_module(metadata["FN_MODULE"], artifact), metadata["FRAMES"][0]["qualname"])
     allow_compiles = metadata.get("__precompile_allow_serve_time_compiles__", False)
     return _Installed(live_fn, frames, metadata["BACKEND"], artifact, allow_compiles)
+
+
+# -- standalone serving ----------------------------------------------------------------------------
+
+
+def _code_object(metadata, key, filename):
+    """A code object python_code carries marshalled (the Bytecode section), by its key, with the
+    serving process's file of its module named in it and its nested code (tracebacks point there)."""
+    def named(code):
+        consts = tuple(named(c) if isinstance(c, _types.CodeType) else c for c in code.co_consts)
+        return code.replace(co_filename=filename, co_consts=consts)
+
+    return named(_marshal.loads(_base64.b64decode("".join(metadata["_dynamo_bytecode"][key]))))
+
+
+def _resolve_references(metadata, artifact):
+    """Resolve, once at load, every object the rendered guards compare with by name."""
+    for ref in metadata.get("_dynamo_references", ()):
+        try:
+            metadata["_by_name"][ref] = _resolve_reference(ref)
+        except Exception as exc:  # noqa: BLE001 - the named object is not here: the guards cannot run
+            _fail(artifact, f"its guards compare with {ref}, which does not resolve here ({type(exc).__name__}: {exc})",
+                  "serve it with the code it was captured from")
+
+
+def _standalone_tag(metadata, raw_state):
+    """What tells this artifact's seeded names from another's: its bytecode, opaque remainder and
+    subgraphs' code (loading the same artifact again may rebind them, a different one may not)."""
+    digest = _hashlib.sha256(raw_state)
+    for key, chunks in sorted(metadata["_dynamo_bytecode"].items()):
+        digest.update(key.encode("utf-8") + "".join(chunks).encode("ascii"))
+    return _artifact_tag(digest.digest(), metadata)
+
+
+class _DynamoUtils:
+    """Stands in for torch._dynamo.utils where Dynamo's transformed bytecode reads only these from it:
+    the profiler range around a compiled graph and a tensor's size or stride read as a call. Each does
+    what torch's does, without importing Dynamo."""
+
+    @staticmethod
+    def record_pregraph_bytecode_enter():
+        import contextlib
+
+        profiling = torch.autograd.profiler._is_profiler_enabled
+        cm = torch._C._profiler._RecordFunctionFast("Pregraph bytecode") if profiling else contextlib.nullcontext()
+        cm.__enter__()
+        return cm
+
+    @staticmethod
+    def record_pregraph_bytecode_exit(cm):
+        cm.__exit__(None, None, None)
+
+    @staticmethod
+    def call_size(x, i):
+        return x.size(i)
+
+    @staticmethod
+    def call_stride(x, i):
+        return x.stride(i)
+
+    @staticmethod
+    def call_storage_offset(x):
+        return x.storage_offset()
+
+
+def _build_standalone(metadata, state_blob, artifact):
+    """A standalone artifact whose code objects travel marshalled and whose guards are rendered above;
+    torch's Dynamo is imported only for what python_code keeps opaque (the remainder it names)."""
+    _check_sources(metadata, artifact)
+    raw = _base64.b64decode(state_blob) if state_blob else b""
+    remainder = _pickle.loads(raw) if raw else {"guards": {}, "backends": {}}
+    if metadata["BACKEND"] == "inductor":
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp_cache_precompile_headers = False  # as captured: not in the kernels' cache keys
+    tag = _standalone_tag(metadata, raw)
+    _resolve_references(metadata, artifact)
+    backends = {}
+    for subgraph in metadata["SUBGRAPHS"]:
+        backend = _load_subgraph(subgraph, metadata, remainder)
+        if "torch._dynamo" in _sys.modules:  # a frame evaluator may be active: never trace into a subgraph
+            backend = _sys.modules["torch._dynamo"].disable(backend)
+        backend.__precompile_artifact__ = tag
+        backends[subgraph["backend_id"]] = backend
+    stand_in = _DynamoUtils()
+    stand_in.__precompile_artifact__ = tag  # loading this artifact again may rebind it
+    defaults = metadata["_dynamo_defaults"] or remainder["defaults"]  # None: not literals, kept opaque
+    entry = None
+    for index, table in enumerate(metadata["_dynamo_frames"]):
+        module = _module(table["module"], artifact)
+        scope = module.__dict__
+        described = metadata["FRAMES"][index]
+        for alias, module_name in table["import_sources"].items():
+            bound = stand_in if alias in table["stand_ins"] else _importlib.import_module(module_name)
+            _seed(scope, alias, bound, tag, artifact, module.__name__)
+        for backend_id, name in table["backend_ids"]:
+            _seed(scope, name, backends[backend_id], tag, artifact, module.__name__)
+        for key in table["builtins_keys"]:
+            _seed(scope, key, _builtins_dict(scope), tag, artifact, module.__name__)
+        filename = getattr(module, "__file__", None) or f"<module {module.__name__}>"
+        original = _code_object(metadata, str(index), filename)
+        frame = _Frame(table["name"], original, scope, defaults["defaults"] if index == 0 else None,
+                       defaults["kwdefaults"] if index == 0 else None, artifact,
+                       described.get("runs_as_python", False), table["bypassed"], table["compiled"])
+        frame.label = described.get("qualname") or frame.name
+        listed = {v["variant"]: v for v in metadata["GUARDS"] if v["frame"] == frame.label}
+        for variant, guards_name in enumerate(() if frame.runs_as_python else table["guards"]):
+            if guards_name:
+                guards = _RenderedGuards(metadata[guards_name], scope)
+            else:  # torch's guard manager reads Dynamo's own import aliases
+                for dynamo_alias, alias in table["aliases"].items():
+                    bound = _importlib.import_module(table["import_sources"][alias])
+                    _seed(scope, dynamo_alias, bound, tag, artifact, module.__name__)
+                guards, global_state, _ = _torch_guards(
+                    remainder["guards"][f"{index}.{variant}"], original, scope,
+                    frozenset(listed[variant].get("policy_dropped", ())), listed[variant].get("by_name", ()), artifact)
+                frame.global_state_guards.append(global_state)
+            frame.add_variant(guards, _code_object(metadata, f"{index}.{variant}", filename))
+        if index == 0:
+            entry = frame
+        if table["install_to_global"]:
+            continuation = frame if not original.co_freevars else (lambda closure, _frame=frame: _frame.with_closure(closure))
+            continuation.__precompile_artifact__ = tag
+            for name in table["function_names"]:
+                _seed(scope, name, continuation, tag, artifact, module.__name__)
+    return entry
 
 
 def _continuation(frame, code, installed):
@@ -454,8 +645,8 @@ def _install(frames, tag, artifact):
         if frame.runs_as_python:
             _run_as_python(frame.target, recursive=frame.runs_callees_inline)
             continue
-        for manager, body in frame.variants:
-            _load_precompile_entry(frame.target, manager, body.__code__)
+        for guards, body in frame.variants:
+            _load_precompile_entry(frame.target, guards.manager, body.__code__)
 
 
 def _run_as_python(code, recursive):

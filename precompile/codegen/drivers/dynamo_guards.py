@@ -1,0 +1,75 @@
+# What the rendered guards of a standalone Dynamo artifact check with (precompile/codegen/drivers/
+# dynamo_guards.py, included verbatim before them). Everything here is torch's C++ guard machinery
+# or plain Python: nothing imports torch._dynamo.
+import math  # noqa: F401 - shape guards call math.isnan
+
+import torch
+import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guards read CURRENT_DEVICE
+from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
+from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+
+# The objects guards compare with by identity, by "module:qualname" reference; the driver resolves
+# them at load (a reference that does not resolve refuses the load).
+_by_name = {}
+
+
+def _tensor_type(ref):
+    return torch.nn.Parameter if ref == "torch.nn.parameter:Parameter" else torch.Tensor
+
+
+class _TensorMatch:
+    """Every TENSOR_MATCH of a variant as one C++ TensorGuards check: the Python type, dispatch keys,
+    dtype, device, requires_grad, sizes and strides (None: a dynamic dim, any size) of each tensor, as
+    captured. Rows: (source, type reference, dtype, device, requires_grad, sizes, strides)."""
+
+    def __init__(self, rows):
+        self.names = [row[0] for row in rows]
+        examples = []
+        for _, pytype, dtype, device, requires_grad, _, _ in rows:
+            example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
+            if _tensor_type(pytype) is torch.nn.Parameter:
+                example = torch.nn.Parameter(example, requires_grad=requires_grad)
+            else:
+                example.requires_grad_(requires_grad)
+            examples.append(example)
+        self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],
+                                    dynamic_dims_strides=[list(row[6]) for row in rows])
+
+    def check(self, tensors):
+        return self.guards.check(*tensors)
+
+    def reason(self, tensors):
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            kinds = ", ".join(f"{name}: {type(t).__name__}" for name, t in zip(self.names, tensors))
+            return f"TENSOR_MATCH: expected tensors ({kinds})"
+        return "TENSOR_MATCH: " + self.guards.check_verbose(*tensors, tensor_check_names=self.names)
+
+
+class _GlobalState:
+    """The GLOBAL_STATE guard: grad mode, autocast, default dtype, deterministic algorithms, torch
+    function enablement and the rest, as captured (JSON), checked by torch's C++ GlobalStateGuard.
+    It also pins torch.get_num_threads(); that one is kept at the serving process's current count,
+    so serving with another thread count matches while everything else stays checked."""
+
+    def __init__(self, captured):
+        import json
+
+        self.state = json.loads(captured)
+        self.threads = None
+        self.guard = _GlobalStateGuard()
+        self.sync()
+
+    def sync(self):
+        import json
+
+        self.threads = torch.get_num_threads()
+        self.state["num_threads"] = self.threads
+        self.guard.__setstate__(json.dumps(self.state))
+
+    def check(self):
+        if torch.get_num_threads() != self.threads:
+            self.sync()
+        return self.guard.check()
+
+    def reason(self):
+        return "GLOBAL_STATE changed: " + (self.guard.reason() or "").strip()

@@ -1,0 +1,398 @@
+"""The guards a standalone Dynamo artifact renders into python_code decide exactly as torch's own guard
+manager does, built from the same guard state (the differential test), and serving such an artifact
+imports neither torch._dynamo nor torch._inductor nor AOTAutograd."""
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import inspect
+import math
+import re
+import sys
+
+import pytest
+import torch
+
+import dynamo_cases
+import precompile
+from conftest import fresh_json
+from precompile.examples import transformer
+
+
+def _capture(directory, name, fn, calls, grad=False, tracer=None):
+    artifact, cache = directory / f"{name}.py", directory / f"{name}.cache"
+    with torch.set_grad_enabled(grad), precompile.capture(
+        fn, artifact_path=artifact, cache_path=cache, tracer=tracer or precompile.DynamoTracer(), backend="eager"
+    ) as cap:
+        for args, kwargs in calls:
+            cap(*args, **kwargs)
+        entry = cap._dynamo.package.cache_entry()
+    return {"artifact": artifact, "cache": cache, "entry": entry, "calls": calls, "grad": grad, "fn": fn}
+
+
+def _linear():
+    torch.manual_seed(0)
+    return torch.nn.Linear(8, 8)
+
+
+@pytest.fixture(scope="session")
+def captured(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("dynamo_guards")
+    model = _linear()
+    x4, x6 = torch.ones(4, 8), torch.ones(6, 8)
+    demo, demo_x = transformer.make_demo()
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    return {
+        "break": _capture(directory, "break", dynamo_cases.break_on_item,
+                          [((model, x4), {}), ((model, x4 * 2), {}), ((model, x6), {})]),
+        "global": _capture(directory, "global", dynamo_cases.uses_global, [((x4,), {}), ((x6,), {})]),
+        "keywords": _capture(directory, "keywords", dynamo_cases.keyword_step,
+                             [((x4,), {}), ((x4,), {"bias": torch.ones(8), "alpha": 2.0})]),
+        "dynamic": _capture(directory, "dynamic", dynamo_cases.uses_global, [((x4,), {}), ((torch.ones(5, 8),), {})],
+                            tracer=precompile.DynamoTracer(dynamic=True)),
+        "demo": _capture(directory, "demo", transformer.run, [((demo, demo_x), {})]),
+        "mlp": _capture(directory, "mlp", dynamo_cases.calls_model, [((mlp, x4), {})]),
+        "train": _capture(directory, "train", dynamo_cases.train_step, [((_linear(), x4), {})], grad=True),
+    }
+
+
+def _exec_artifact(path):
+    namespace = {"__file__": str(path)}
+    exec(compile(path.read_text(encoding="utf-8"), str(path), "exec"), namespace)  # noqa: S102 - our own artifact
+    return namespace
+
+
+def test_every_capture_here_renders_every_guard_and_pickles_nothing(captured):
+    for name, capture in captured.items():
+        text = capture["artifact"].read_text(encoding="utf-8")
+        assert "\n_dynamo_state = None\n" in text, name
+        assert "opaque remainder below" not in text, name
+
+
+# -- the differential test -------------------------------------------------------------------------
+
+
+class _Sub(torch.nn.Linear):
+    pass
+
+
+def _tensor_mutations(value):
+    yield "float64", value.double()
+    yield "float16", value.half()
+    yield "a storage offset", torch.ones(value.numel() + 1)[1:].view(value.shape)
+    yield "a copy", value.detach().clone()
+    if value.dim():
+        yield "dim 0 = 2", torch.ones(2, *value.shape[1:])
+        yield "dim 0 = 0", torch.ones(0, *value.shape[1:])
+        yield "a strided view", torch.ones(value.shape[0] * 2, *value.shape[1:])[::2]
+    yield "dim 0 + 1", torch.ones(value.shape[0] + 1, *value.shape[1:]) if value.dim() else value + 1
+    yield "dim 0 = 1", torch.ones(1, *value.shape[1:]) if value.dim() else value
+    yield "dim 0 = 9", torch.ones(9, *value.shape[1:]) if value.dim() else value
+    yield "extra dim", value.unsqueeze(0)
+    yield "requires_grad flipped", value.detach().clone().requires_grad_(not value.requires_grad)
+    if value.dim() == 2:
+        yield "transposed layout", value.t().contiguous().t()
+        yield "dim 1 + 1", torch.ones(value.shape[0], value.shape[1] + 1)
+    yield "meta", value.to("meta")
+    yield "a float", 1.0
+    yield "int64", value.long()
+    marked = value.detach().clone()
+    marked._dynamo_dynamic_indices = {0}
+    yield "marked dynamic", marked
+    yield "a Parameter", torch.nn.Parameter(value.detach().clone(), requires_grad=False)
+
+
+def _module_mutations(module):
+    yield "float64", copy.deepcopy(module).double()
+    hooked = copy.deepcopy(module)
+    hooked.register_forward_hook(lambda *args: None)
+    yield "forward hook", hooked
+    patched = copy.deepcopy(module)
+    patched.forward = patched.forward
+    yield "forward in __dict__", patched
+    frozen = copy.deepcopy(module).requires_grad_(False)
+    yield "params frozen", frozen
+    first = next((m for m in module.modules() if isinstance(m, torch.nn.Linear)), None)
+    if first is not None:
+        unbiased = copy.deepcopy(module)
+        target = next(m for m in unbiased.modules() if isinstance(m, torch.nn.Linear))
+        target.bias = None
+        yield "a bias removed", unbiased
+    if type(module) is torch.nn.Linear:
+        other = copy.copy(module)
+        other.__class__ = _Sub
+        yield "a subclass", other
+    children = getattr(module, "_modules", {})
+    for key, child in children.items():
+        if isinstance(child, (torch.nn.ModuleList, torch.nn.Sequential)) and len(child) > 1:
+            fewer = copy.deepcopy(module)
+            del fewer._modules[key]._modules[str(len(child) - 1)]
+            yield f"{key} shortened", fewer
+            reordered = copy.deepcopy(module)
+            inner = reordered._modules[key]._modules
+            items = list(inner.items())
+            inner.clear()
+            inner.update(reversed(items))
+            yield f"{key} keys reordered", reordered
+
+
+def _value_mutations(value):
+    if isinstance(value, bool) or value is None:
+        yield "True", True
+        yield "None", None
+        yield "0", 0
+        return
+    if isinstance(value, (int, float)):
+        yield "+1", value + 1
+        yield "as int", int(value)
+        yield "as float", float(value)
+        yield "nan", math.nan
+        yield "None", None
+        yield "a tensor", torch.tensor(float(value))
+
+
+def _mutations(base):
+    yield "as captured", base
+    tensors = [k for k, v in base.items() if isinstance(v, torch.Tensor)]
+    for key, value in base.items():
+        if isinstance(value, torch.Tensor):
+            found = _tensor_mutations(value)
+        elif isinstance(value, torch.nn.Module):
+            found = _module_mutations(value)
+        else:
+            found = _value_mutations(value)
+        for label, changed in found:
+            yield f"{key}: {label}", {**base, key: changed}
+    if len(tensors) > 1:
+        yield "aliased tensors", {**base, tensors[1]: base[tensors[0]]}
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype):
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
+
+
+@contextlib.contextmanager
+def _deterministic():
+    torch.use_deterministic_algorithms(True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+@contextlib.contextmanager
+def _module_global(name, value):
+    before = getattr(dynamo_cases, name)
+    setattr(dynamo_cases, name, value)
+    try:
+        yield
+    finally:
+        setattr(dynamo_cases, name, before)
+
+
+_CONTEXTS = {
+    "as captured": contextlib.nullcontext,
+    "grad mode flipped": lambda: torch.set_grad_enabled(not torch.is_grad_enabled()),
+    "default dtype float64": lambda: _default_dtype(torch.float64),
+    "deterministic algorithms": _deterministic,
+    "autocast": lambda: torch.autocast("cpu"),
+    "under torch.device('cpu')": lambda: torch.device("cpu"),
+    "module global SCALE = 3.0": lambda: _module_global("SCALE", 3.0),
+    "module global SCALE = 2 (an int)": lambda: _module_global("SCALE", 2),
+}
+
+
+def _record_locals(namespace):
+    """Wrap the artifact's dispatcher so every frame's bound arguments are recorded as calls reach it."""
+    seen = []
+    frame_class = namespace["_Frame"]
+    call = frame_class.call
+
+    def recording(self, closure, args, kwargs):
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        seen.append((self, dict(bound.arguments)))
+        return call(self, closure, args, kwargs)
+
+    frame_class.call = recording
+    return seen
+
+
+def _torch_verdict(guards, f_locals):
+    try:
+        return bool(guards.check(f_locals))
+    except Exception:  # noqa: BLE001 - a check that cannot run is a miss, as in the rendered guards
+        return False
+
+
+@pytest.mark.parametrize("name", ["break", "global", "keywords", "dynamic", "demo", "mlp", "train"])
+def test_rendered_guards_decide_exactly_as_torchs_guard_manager(captured, name):
+    from torch._dynamo.package import SerializedCode
+
+    capture = captured[name]
+    namespace = _exec_artifact(capture["artifact"])
+    seen = _record_locals(namespace)
+    with torch.set_grad_enabled(capture["grad"]):
+        for args, kwargs in capture["calls"]:
+            namespace["forward"](*args, **kwargs)
+    tables = namespace["_dynamo_frames"]
+    listed = {(v["frame"], v["variant"]): v for v in namespace["GUARDS"]}
+    checked, disagreements, verdicts = 0, [], set()
+    bases = {}
+    for frame, f_locals in seen:
+        bases.setdefault(frame.label, (frame, []))[1].append(f_locals)
+    for index, (code, table, described) in enumerate(zip(capture["entry"].codes, tables, namespace["FRAMES"])):
+        if described.get("runs_as_python") or described["qualname"] not in bases:
+            continue
+        frame, base_locals = bases[described["qualname"]]
+        original = SerializedCode.to_code_object(code.python_code)
+        pairs = []
+        for variant, function in enumerate(table["guards"]):
+            meta = listed[(described["qualname"], variant)]
+            torch_guards, _, _ = namespace["_torch_guards"](
+                code.guarded_codes[variant].guards_state, original, frame.scope,
+                frozenset(meta["policy_dropped"]), meta["by_name"], "artifact")
+            pairs.append((variant, namespace[function], torch_guards))
+        for base in base_locals:
+            for label, f_locals in _mutations(base):
+                for context_name, context in _CONTEXTS.items():
+                    with torch.no_grad() if not capture["grad"] else torch.enable_grad(), context():
+                        for variant, rendered, torch_guards in pairs:
+                            ours = rendered(f_locals, frame.scope) is None
+                            theirs = _torch_verdict(torch_guards, f_locals)
+                            checked += 1
+                            verdicts.add(theirs)
+                            if ours != theirs:
+                                disagreements.append(f"{described['qualname']} variant {variant}, {label}, {context_name}: "
+                                                     f"rendered {ours}, torch {theirs} ({rendered(f_locals, frame.scope)})")
+    assert not disagreements, "\n".join(disagreements[:20])
+    assert checked >= 200, checked
+    assert verdicts == {True, False}  # the generated calls both match and miss
+
+
+# -- serving without Dynamo -----------------------------------------------------------------------
+
+SERVE_WITHOUT_DYNAMO = r"""
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[2])
+import dynamo_cases as dc
+from precompile.examples import transformer
+
+def load(name):
+    path = f"{sys.argv[1]}/{name}.py"
+    namespace = {"__file__": path}
+    exec(compile(open(path, encoding="utf-8").read(), path, "exec"), namespace)
+    return namespace["forward"]
+
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 8)
+demo, demo_x = transformer.make_demo()
+torch.manual_seed(1)
+mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+report = {}
+with torch.no_grad():
+    served = load("break")
+    report["break"] = [torch.allclose(served(model, x), dc.break_on_item(model, x))
+                       for x in (torch.ones(4, 8), torch.ones(4, 8) * 2, torch.ones(6, 8), torch.ones(9, 8))]
+    report["demo"] = torch.allclose(load("demo")(demo, demo_x), transformer.run(demo, demo_x), atol=1e-5)
+    report["mlp"] = torch.allclose(load("mlp")(mlp, torch.ones(4, 8)), dc.calls_model(mlp, torch.ones(4, 8)))
+report["imported"] = sorted(m for m in ("torch._dynamo", "torch._inductor", "torch._functorch.aot_autograd") if m in sys.modules)
+print(json.dumps(report))
+"""
+
+
+def test_a_standalone_eager_artifact_serves_without_importing_dynamo_inductor_or_aot_autograd(captured):
+    """Plain exec of python_code (only torch needed) in a fresh process: the demo transformer, an MLP
+    and a graph break with its continuation, served equal to eager, and none of those modules loaded."""
+    directory = captured["break"]["artifact"].parent
+    report = fresh_json(SERVE_WITHOUT_DYNAMO, str(directory), str(dynamo_cases.__file__.rsplit("/", 1)[0]))
+    assert report["break"] == [True, True, True, True]
+    assert report["demo"] is True and report["mlp"] is True
+    assert report["imported"] == []
+
+
+def test_the_driver_hashes_inlined_source_exactly_as_dynamo_does():
+    from torch._dynamo.package import _hash_sourcelines
+
+    from precompile.codegen.drivers import dynamo as driver
+
+    for module, first, last in [(dynamo_cases, 1, 12), (transformer, 10, 40), (dynamo_cases, 5, 5), (math, 1, 2)]:
+        try:
+            theirs = _hash_sourcelines(module, first, last)
+        except (OSError, TypeError) as exc:
+            with pytest.raises(type(exc)):
+                driver._hash_sourcelines(module, first, last)
+            continue
+        assert driver._hash_sourcelines(module, first, last) == theirs
+    assert driver._hash_sourcelines(dynamo_cases, 1, 3) == hashlib.sha256(
+        "".join(inspect.getsourcelines(dynamo_cases)[0][0:2]).encode()).hexdigest()
+
+
+def test_the_dynamo_utils_stand_in_does_what_torch_does():
+    from torch._dynamo import utils
+
+    from precompile.codegen.drivers import dynamo as driver
+    from precompile.runtime.dynamo_standalone import DYNAMO_UTILS_STAND_IN
+
+    x = torch.ones(3, 4)[:, 1:]
+    stand_in = driver._DynamoUtils()
+    assert all(hasattr(stand_in, name) and hasattr(utils, name) for name in DYNAMO_UTILS_STAND_IN)
+    assert stand_in.call_size(x, 1) == utils.call_size(x, 1) and stand_in.call_stride(x, 0) == utils.call_stride(x, 0)
+    assert stand_in.call_storage_offset(x) == utils.call_storage_offset(x)
+    cm = stand_in.record_pregraph_bytecode_enter()
+    stand_in.record_pregraph_bytecode_exit(cm)
+    with torch.autograd.profiler.profile() as prof:
+        stand_in.record_pregraph_bytecode_exit(stand_in.record_pregraph_bytecode_enter())
+    assert any(event.name == "Pregraph bytecode" for event in prof.function_events)
+
+
+def test_a_variant_with_a_guard_it_cannot_render_is_checked_by_torch_and_says_why(tmp_path):
+    """The fallback rule: a variant holding a kept guard with no faithful rendering (here the torch
+    function mode a `with torch.device(...)` block pushes) keeps its pickled guard state in the labelled opaque
+    remainder, python_code names the guard and the reason, and the artifact still serves."""
+    with torch.no_grad(), torch.device("cpu"), precompile.capture(
+        dynamo_cases.uses_global, artifact_path=tmp_path / "dev.py", cache_path=tmp_path / "dev.cache",
+        tracer=precompile.DynamoTracer(), backend="eager",
+    ) as cap:
+        cap(torch.ones(3))
+    text = (tmp_path / "dev.py").read_text(encoding="utf-8")
+    assert re.search(r"# Frame 0 \(uses_global\), variant 0: checked by torch's guard manager from the opaque "
+                     r"remainder below, because\n# TORCH_FUNCTION_STATE: the capture ran under torch function modes", text)
+    assert "opaque-remainder: 1 variant's guard state" in text
+    served = precompile.load(tmp_path / "dev.py", tmp_path / "dev.cache")
+    with torch.no_grad(), torch.device("cpu"):
+        assert torch.allclose(served(torch.ones(3)), dynamo_cases.uses_global(torch.ones(3)))
+    with torch.no_grad(), pytest.raises(precompile.PrecompileError, match="no captured variant of 'uses_global'"):
+        served(torch.ones(3))  # outside the device block: torch's guard manager refuses, as it would
+
+
+def test_precompile_guards_prints_for_each_kept_guard_the_condition_that_runs(captured, capsys):
+    """`precompile guards` reads the rendered functions (ast, never executed): each kept slot shows the
+    condition python_code checks on every call, or why torch itself checks nothing there."""
+    import json
+
+    from test_inspect_helpers import run_cli
+
+    path = captured["keywords"]["artifact"]
+    text = path.read_text(encoding="utf-8")
+    rc, out, _ = run_cli(capsys, ["guards", "--json", str(path)])
+    assert rc == 0
+    frames = json.loads(out)["guards"]["frames"]
+    kept = [slot for frame in frames for slot in frame["slots"] if slot["status"] == "kept"]
+    assert kept and all(slot["check"] for slot in kept if slot["guard_type"] != "SHAPE_ENV")
+    for slot in kept:
+        check = slot["check"].removesuffix("  (one TensorGuards call for every tensor)")
+        if check.startswith("not checked: "):
+            assert f"# {slot['guard_type']}" in text and check.removeprefix("not checked: ") in text
+            continue
+        for part in filter(None, check.split(" and ")):
+            assert part in " ".join(text.split()), (slot, part)
+    assert any(slot["check"] == "type(L['alpha']) is float and L['alpha'] == 1.0" for slot in kept), kept
