@@ -55,6 +55,12 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
     )
 
 
+_RUNTIME_TITLES = {
+    "inductor_runtime": "Kernel runtime of the lowered subgraphs: loads their kernels, primed or JIT.",
+    "dynamo_subgraphs": "Subgraph runtime: runs each output module below and serves its call (no AOTAutograd).",
+}
+
+
 def render_dynamo(
     metadata, subgraphs: list[SubgraphSection], state_base64: str, state_sha256: str, state_size: int
 ) -> str:
@@ -63,12 +69,14 @@ def render_dynamo(
     width = 100
     chunks = [state_base64[i : i + width] for i in range(0, len(state_base64), width)] or [""]
     opaque = "guard trees and transformed bytecode"
-    if metadata.backend == "inductor":
-        opaque += ", and AOTAutograd's wrappers around each subgraph (its output modules are above)"
+    if any(not graph.runs_in_place for graph in subgraphs):
+        opaque += ", and AOTAutograd's wrappers around each subgraph it serves (their output modules are above)"
+    runtimes = dict.fromkeys(name for graph in subgraphs for name in graph.runtime)
     sections = [
         _Section("Metadata: top-level literals. Tools read them with ast and never execute this file.",
                  literals=_ordered_literals(metadata)),
         *_world_sections(metadata),
+        *(_Section(_RUNTIME_TITLES[name], source_of(name).rstrip("\n")) for name in runtimes),
         *(
             _Section(graph.title, graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
             for graph in subgraphs

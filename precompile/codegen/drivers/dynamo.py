@@ -301,6 +301,7 @@ def _artifact_tag(raw_state, namespace):
     for subgraph in namespace["SUBGRAPHS"]:
         for key in ("forward", "backward"):
             value = namespace.get(subgraph.get(key) or "")
+            value = getattr(value, "__precompile_source__", value)  # a lowered subgraph: its module text
             if isinstance(value, str):
                 digest.update(value.encode("utf-8"))
             elif value is not None:
@@ -318,8 +319,8 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         _check_dynamo_serves(artifact)
     _check_sources(metadata, artifact)
 
-    if metadata["BACKEND"] == "inductor":
-        import torch._inductor.config as inductor_config
+    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
+        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
 
         # Precompiled headers are part of every kernel's cache key; artifacts are captured without them.
         inductor_config.cpp_cache_precompile_headers = False
