@@ -195,7 +195,10 @@ def load(
     # Output modules AOTAutograd serves load their kernels through Inductor itself, which would
     # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the
     # kernel runtime (MakeFx artifacts, lowered Dynamo subgraphs) does neither.
-    through_inductor = primed is not None and served_by_aotautograd(python_code.metadata)
+    # A bundle written before it mapped kernel sources to libraries is served through Inductor too.
+    through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata) and (
+        served_by_aotautograd(python_code.metadata) or not cache.envelope.bundle.kernels
+    )
     with contextlib.ExitStack() as stack:
         if through_inductor:
             bundle = cache.envelope.bundle

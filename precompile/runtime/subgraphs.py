@@ -183,6 +183,8 @@ class InductorLowerer:
 def unlowerable(content, num_inputs: int) -> str:
     """Why AOTAutograd's wrappers around a bundled result do more than call its output modules
     (so the subgraph stays served by AOTAutograd); "" when they only call them."""
+    from precompile.runtime.torch_compat import any_autocast_enabled
+
     meta = content.runtime_metadata
     reasons = [
         (content.maybe_subclass_meta is not None, "tensor subclass inputs or outputs (AOTAutograd unwraps them)"),
@@ -198,7 +200,7 @@ def unlowerable(content, num_inputs: int) -> str:
         (meta.is_rng_op_functionalized or meta.num_outputs_rng_offset > 0, "functionalized random ops"),
         (bool(content.indices_of_inps_to_detach), "inputs AOTAutograd detaches"),
         ((meta.num_opaque_objects_saved_for_bw or 0) > 0, "opaque objects saved for backward"),
-        (torch._C._is_any_autocast_enabled(), "autocast is on (AOTAutograd runs the graph with it off)"),
+        (any_autocast_enabled(), "autocast is on (AOTAutograd runs the graph with it off)"),
     ]
     if content.compiled_bw is not None:
         reasons.append((bool(content.compiled_bw.backward_state_indices), "backward state (compiled autograd)"))
