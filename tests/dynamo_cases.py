@@ -48,3 +48,27 @@ def break_on_item(model, x):
 
 def calls_model(model, x):
     return model(x)
+
+
+def transformer_train_step(model, x):
+    from precompile.examples.transformer import run
+
+    loss = run(model, x).pow(2).mean()
+    loss.backward()
+    return loss.detach()
+
+
+def train_with_break(model, x):
+    """Training across a graph break, with an output that takes no gradient (argmax)."""
+    hidden = model[0](x).relu()
+    torch._dynamo.graph_break()
+    out = model[2](hidden)
+    loss = out.pow(2).mean()
+    picked = out.argmax(-1)
+    loss.backward()
+    return loss.detach(), picked
+
+
+def weight_and_its_transpose(w, x):
+    """A training graph returning a view of an input that requires grad: AOTAutograd regenerates it."""
+    return (w * x).sum(), w.t()

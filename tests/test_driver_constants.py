@@ -27,9 +27,11 @@ def test_the_makefx_driver_renders_shapes_as_inspect_shows_them(shape):
 
 
 def test_the_opaque_state_name_render_writes_is_the_one_the_dynamo_template_passes_to_the_driver():
-    written = pyinspect.getsource(render.render_dynamo)
     template = (TEMPLATES / "dynamo.py.j2").read_text(encoding="utf-8")
-    assert '"_dynamo_state = (\\n"' in written and "build_forward(globals(), _dynamo_state," in template
+    assert "build_forward(globals(), _dynamo_state," in template
+    assert '"_dynamo_state = "' in pyinspect.getsource(render.render_dynamo)
+    standalone = pyinspect.getsource(render.render_dynamo_standalone)
+    assert '"_dynamo_state = "' in standalone and '"_dynamo_state = None"' in standalone
 
 
 @pytest.mark.parametrize(

@@ -336,6 +336,18 @@ def test_the_driver_hashes_inlined_source_exactly_as_dynamo_does():
         "".join(inspect.getsourcelines(dynamo_cases)[0][0:2]).encode()).hexdigest()
 
 
+def test_the_driver_finds_an_inlined_module_file_without_importing_it():
+    """Dynamo's polyfills live under torch._dynamo: their source is found and hashed, not imported."""
+    import torch._dynamo.polyfills.builtins as polyfills
+
+    from precompile.codegen.drivers import dynamo as driver
+
+    for module in (polyfills, transformer, dynamo_cases):
+        assert driver._unimported_origin(module.__name__) == module.__file__
+    assert driver._unimported_origin("math") is None  # built in: no source file, so it is imported instead
+    assert driver._unimported_origin("precompile.no_such_module") is None
+
+
 def test_the_dynamo_utils_stand_in_does_what_torch_does():
     from torch._dynamo import utils
 

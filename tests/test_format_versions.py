@@ -62,7 +62,7 @@ def _rendering() -> str:
                                    runtime="inductor_runtime"),
             )),
             render_module.render_dynamo(
-                dynamo, [SubgraphSection(title="Subgraph title", name="g", source="def g():\n    pass", runs_in_place=True)],
+                dynamo, [SubgraphSection(title="Subgraph title", slug="g", name="g", source="def g():\n    pass", runs_in_place=True)],
                 "c3RhdGU=", "0" * 64, 5,
             ),
         ]
@@ -117,8 +117,10 @@ def test_every_format_version_written_keeps_fixtures():
     versions = {int(d.name[1:]) for d in FIXTURES.glob("v*")}
     assert versions == set(range(1, FORMAT_VERSION + 1))
     names = {name for _, name in _layouts()}
-    # v1 holds two Dynamo layouts: subgraphs in the opaque state (dynamo_rows*) and as readable source
-    assert {"mlp", "mlp_inductor", "dynamo_rows", "dynamo_rows_risky", "dynamo_break", "dynamo_break_eager"} <= names
+    # v1 holds three Dynamo layouts: subgraphs in the opaque state (dynamo_rows*), as readable source
+    # (dynamo_break_eager), and lowered to output modules the kernel runtime serves (dynamo_lowered)
+    assert {"mlp", "mlp_inductor", "dynamo_rows", "dynamo_rows_risky", "dynamo_break", "dynamo_break_eager",
+            "dynamo_lowered"} <= names
 
 
 @pytest.mark.parametrize(("version", "name"), _layouts())

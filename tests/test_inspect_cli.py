@@ -12,14 +12,14 @@ from test_inspect_helpers import ALL, FIXTURES, ROOT, run_cli
 SHOW_RC = {
     "v1/mlp": 0, "v1/mlp_b4": 0, "v1/mlp_inductor": 0, "v1/two_modules": 0, "v1/train_step": 0,
     "v1/dynamo_break": 0, "v1/dynamo_break_eager": 0, "v1/dynamo_rows": 0, "v1/dynamo_rows_risky": 0,
-    "v1/dynamo_installed": 0,
+    "v1/dynamo_installed": 0, "v1/dynamo_lowered": 0,
     "damaged/truncated": 2, "damaged/bitflip": 0, "damaged/mismatched": 1, "damaged/foreign": 2,
     "damaged/newer": 2, "damaged/upstream": 2, "damaged/poisoned": 2, "hostile/dynamo_os_system": 1,
 }
 VERIFY_RC = {
     "v1/mlp": 0, "v1/mlp_b4": 0, "v1/mlp_inductor": 0, "v1/two_modules": 0, "v1/train_step": 0,
     "v1/dynamo_break": 0, "v1/dynamo_break_eager": 0, "v1/dynamo_rows": 0, "v1/dynamo_rows_risky": 0,
-    "v1/dynamo_installed": 0,
+    "v1/dynamo_installed": 0, "v1/dynamo_lowered": 0,
     "damaged/truncated": 1, "damaged/bitflip": 1, "damaged/mismatched": 1, "damaged/foreign": 1,
     "damaged/newer": 2, "damaged/upstream": 2, "damaged/poisoned": 1, "hostile/dynamo_os_system": 1,
 }

@@ -212,7 +212,7 @@ def _data_only(result) -> bool:
 def test_dynamo_fixtures_carry_nothing_dangerous():
     """The real opaque states: names not on the data-only list are listed, none is a finding."""
     states = [name for name in FIXTURE_PICKLES if name.endswith(":_dynamo_state") and "hostile" not in name]
-    assert len(states) == 5  # dynamo_break, _eager, _installed, _rows, _rows_risky
+    assert len(states) == 5  # dynamo_break, _eager, _installed, _rows, _rows_risky (_lowered pickles nothing)
     for name in states:
         scan = scan_pickle(FIXTURE_PICKLES[name], member=name)
         assert scan.problem is None and scan.dangerous == (), (name, scan.dangerous)

@@ -27,8 +27,22 @@ class SubgraphSection(msgspec.Struct, frozen=True, kw_only=True):
     """A compiled Dynamo subgraph's lowered source, bound to `name` in python_code."""
 
     title: str
+    slug: str
+    """The section's name in python_code (`graph-0`, `graph-0-forward`), what inspect and diff go by."""
     name: str
     source: str
     runs_in_place: bool
-    """True: `source` is code that defines `name` (eager ATen). False: `source` is an output module
-    AOTAutograd loads itself, bound to `name` as a string (Inductor)."""
+    """True: `source` is code that defines `name` (eager ATen, lowered Inductor). False: `source` is an
+    output module AOTAutograd loads itself, bound to `name` as a string (Inductor's fallback)."""
+    runtime: tuple[str, ...] = ()
+    """Driver modules (codegen/drivers) `source` runs on, included once before the first subgraph."""
+
+
+class AutogradPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """How a training subgraph's forward and backward output modules pass values (see the
+    dynamo_subgraphs driver's autograd_subgraph)."""
+
+    returns: int
+    saved_tensors: int
+    non_differentiable: tuple[int, ...]
+    grad_outputs: tuple[int, ...]

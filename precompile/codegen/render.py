@@ -62,22 +62,39 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
     )
 
 
+# The driver modules lowered subgraphs run on: (slug, title) of the section each is included in.
+_SUBGRAPH_RUNTIMES = {
+    "inductor_runtime": ("kernel-runtime", "Kernel runtime of the lowered subgraphs: loads their kernels, primed or JIT."),
+    "dynamo_subgraphs": ("subgraph-runtime",
+                         "Subgraph runtime: runs each output module below and serves its call (no AOTAutograd)."),
+}
+
+
+def _subgraph_sections(subgraphs: list[SubgraphSection]) -> list[_Section]:
+    """The runtimes the subgraphs run on (each once, in first use order), then each subgraph's source."""
+    runtimes = dict.fromkeys(name for graph in subgraphs for name in graph.runtime)
+    return [
+        *(_Section(*_SUBGRAPH_RUNTIMES[name], source_of(name).rstrip("\n")) for name in runtimes),
+        *(
+            _Section(graph.slug, graph.title,
+                     graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
+            for graph in subgraphs
+        ),
+    ]
+
+
 def render_dynamo(
     metadata, subgraphs: list[SubgraphSection], state_base64: str, state_sha256: str, state_size: int
 ) -> str:
     """python_code of a DynamoTracer artifact: metadata, the compiled subgraphs' source, the opaque
     state only torch can give (guard trees, transformed bytecode, AOTAutograd's wrappers), the driver."""
     opaque = "Guard trees and transformed bytecode"
-    if metadata.backend == "inductor":
-        opaque += ", and AOTAutograd's wrappers around each subgraph (its output modules are above)"
+    if any(not graph.runs_in_place for graph in subgraphs):
+        opaque += ", and AOTAutograd's wrappers around each subgraph it serves (their output modules are above)"
     sections = [
         _Section("metadata", _METADATA_TITLE, literals=_ordered_literals(metadata)),
         *_world_sections(metadata),
-        *(
-            _Section(graph.name.replace("_", "-"), graph.title,
-                     graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
-            for graph in subgraphs
-        ),
+        *_subgraph_sections(subgraphs),
         _Section(
             "opaque-state",
             f"{opaque}, pickled "
@@ -127,7 +144,7 @@ def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, 
             owner = "1 variant's" if count == 1 else f"{count} variants'"
             what.append(f"{owner} guard state (named in the Guards section)")
         if parts.remainder["backends"]:
-            what.append("AOTAutograd's wrappers around each subgraph (its output modules are above)")
+            what.append("AOTAutograd's wrappers around each subgraph it serves (their output modules are above)")
         if "defaults" in parts.remainder:
             what.append("fn's defaults, which are not literals")
         opaque = _Section(
@@ -140,11 +157,7 @@ def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, 
     sections = [
         _Section("metadata", _METADATA_TITLE, literals=_ordered_literals(metadata)),
         *_world_sections(metadata),
-        *(
-            _Section(graph.name.replace("_", "-"), graph.title,
-                     graph.source.rstrip("\n") if graph.runs_in_place else f"{graph.name} = {text_literal(graph.source)}")
-            for graph in subgraphs
-        ),
+        *_subgraph_sections(subgraphs),
         _Section("bytecode", f"Each frame's original code and each variant's transformed code, marshalled (Python "
                  f"{python} only), Dynamo's minted names renamed to this artifact's; the tables the driver seeds "
                  "and dispatches from.", bytecode),

@@ -93,12 +93,30 @@ def _subgraph_modules(metadata, source: str) -> list[tuple[str, bytes, str]]:
         return []
     modules = []
     for node in ast.parse(source).body:
-        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and node.targets[0].id in names and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
-            name = node.targets[0].id
-            modules.append((f"subgraphs/{name}.py", node.value.value.lstrip("\n").encode("utf-8", "surrogatepass"),
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and node.targets[0].id in names):
+            continue
+        name = node.targets[0].id
+        text = _module_text(node.value, name)
+        if text is not None:
+            modules.append((f"subgraphs/{name}.py", text.lstrip("\n").encode("utf-8", "surrogatepass"),
                             f"output module {name} of a compiled subgraph"))
     return modules
+
+
+def _module_text(value: ast.expr, name: str) -> str | None:
+    """The output module bound to `name`: the string itself (served by AOTAutograd), or the text a
+    lowered subgraph's `inductor_subgraph(name, text, ...)` call runs, wherever the binding nests it."""
+    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+        return value.value
+    for node in ast.walk(value):
+        if not isinstance(node, ast.Call) or len(node.args) < 2:
+            continue
+        label, text = node.args[0], node.args[1]
+        if (isinstance(label, ast.Constant) and label.value == name
+                and isinstance(text, ast.Constant) and isinstance(text.value, str)):
+            return text.value
+    return None
 
 
 def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractReport:

@@ -207,8 +207,17 @@ def _subgraphs(meta: DynamoMetadata) -> list[Line]:
     lines: list[Line] = [(f"subgraphs: {len(meta.subgraphs)}, readable source in python_code", None)]
     for graph in meta.subgraphs:
         parts = ", ".join(f"{part} {name}" for part, name in (("forward", graph.forward), ("backward", graph.backward)) if name)
-        lines.append((f"  {graph.backend_id} (frame {graph.frame}): {parts}", None))
+        lines.append((f"  {graph.backend_id} (frame {graph.frame}): {parts}{_served_by(graph)}", None))
     return lines
+
+
+def _served_by(graph) -> str:
+    """How an inductor subgraph is served, where the artifact says (written since it could be lowered)."""
+    if graph.served_by == "inductor_runtime":
+        return ", served directly by the kernel runtime"
+    if graph.served_by == "aotautograd":
+        return f", served by AOTAutograd ({graph.fallback_reason})" if graph.fallback_reason else ", served by AOTAutograd"
+    return ""
 
 
 def render_guards(report: GuardsReport) -> list[Line]:

@@ -31,7 +31,7 @@ from precompile.runtime.dynamo_standalone import remainder_bytes, standalone_par
 from precompile.runtime.dynamo_logs import BackendFallbackLog, TruncationLog
 from precompile.runtime.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.runtime.lowering import lower_eager
-from precompile.runtime.subgraphs import AtenRecorder, split_sources
+from precompile.runtime.subgraphs import AtenRecorder, InductorLowerer, split_sources
 from precompile.schema.codec import build_bundle
 from precompile.schema.envelope import FORMAT_VERSION
 from precompile.schema.metadata import CompiledSubgraph, DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
@@ -187,9 +187,9 @@ class DynamoSession:
         dynamo.reset()
         PrecompileContext.clear()
         self.package = CompilePackage(self.fn)
-        self._recorder = AtenRecorder() if self.backend == "eager" else None
+        self._recorder = AtenRecorder() if self.backend == "eager" else InductorLowerer()
         self.compiled = dynamo.optimize(
-            backend=self._recorder or self.backend, package=self.package, guard_filter_fn=self._ledger,
+            backend=self._recorder, package=self.package, guard_filter_fn=self._ledger,
             dynamic=self.tracer.dynamic,
         )(self.fn)
 
@@ -226,8 +226,6 @@ class DynamoSession:
         return self._summary(entry, frames, backends, guards, slots)
 
     def _collect(self):
-        from precompile.runtime.torch_compat import PrecompileContext
-
         entry = self.package.cache_entry()
         backends, frames, guards = {}, [], []
         slots = SlotLists()
@@ -246,10 +244,7 @@ class DynamoSession:
                 ))
                 continue
             for backend_id in code.backend_ids:
-                if self._recorder is not None:
-                    compiled = self._recorder.recorded(self.package.cached_backends.get(backend_id))
-                else:
-                    compiled = PrecompileContext.serialize_artifact_by_key(backend_id)
+                compiled = self._recorder.recorded(self.package.cached_backends.get(backend_id))
                 if compiled is None:
                     code.bypassed = True
                 else:
@@ -285,7 +280,7 @@ class DynamoSession:
         installed = any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
         if installed:
             refuse_uninstallable(entry, frames)
-        sections, subgraphs, pickled_backends = self._subgraphs(backends)
+        sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
         metadata = DynamoMetadata(
             format_version=FORMAT_VERSION,
             backend=self.backend,
@@ -302,7 +297,7 @@ class DynamoSession:
                 for s in sorted(entry.source_info.inlined_sources, key=lambda s: (s.module, s.firstlineno, s.lastlineno))
             ),
             subgraphs=tuple(subgraphs),
-            world=distributed.captured_world(section.source for section in sections),
+            world=distributed.captured_world([*(section.source for section in sections), *modules]),
         )
         if installed:  # served through Dynamo's frame evaluator: the package entry travels pickled
             state = pickle.dumps(
@@ -322,38 +317,50 @@ class DynamoSession:
             files = kernels.collect_files(self.cache_dir)
             bundle, payload = build_bundle(
                 files, kernels.producer_keys(files),
-                kernels.libraries_by_source((section.source for section in sections), files),
+                kernels.libraries_by_source(modules, files),
                 kernels.producer_provenance(self.commands, self.cache_dir),
             )
         log.info("rendered a Dynamo artifact: %d frames, %d variants, %d bytes", len(frames), len(guards), len(python_code))
         return python_code, cache_for(python_code, backend=self.backend, tracer="dynamo", bundle=bundle, payload=payload)
 
-    def _subgraphs(self, backends: dict) -> tuple[list[SubgraphSection], list[CompiledSubgraph], dict]:
-        """Each compiled graph's lowered source as a python_code section, and what stays opaque."""
-        sections, subgraphs, pickled = [], [], {}
+    def _subgraphs(self, backends: dict) -> tuple[list[SubgraphSection], list[CompiledSubgraph], dict, list[str]]:
+        """Each compiled graph's lowered source as a python_code section, what stays opaque, and the
+        Inductor output modules' text (where the kernel bundle finds their kernels)."""
+        sections, subgraphs, pickled, modules = [], [], {}, []
         for index, (backend_id, (frame, compiled)) in enumerate(backends.items()):
             name = f"graph_{index}"
             where = f"{name}, compiled in frame {frame!r}"
-            if self._recorder is not None:
+            if isinstance(self._recorder, AtenRecorder):
                 source = lower_eager(compiled.aten, entry=name).source
                 sections.append(SubgraphSection(
                     title=f"{where}: ATen ops, run as they are (autograd flows through them)",
-                    name=name, source=source, runs_in_place=True,
+                    slug=name.replace("_", "-"), name=name, source=source, runs_in_place=True,
                 ))
-                subgraphs.append(CompiledSubgraph(backend_id=backend_id, frame=frame, forward=name))
+                subgraphs.append(CompiledSubgraph(backend_id=backend_id, frame=frame, forward=name, served_by="aten"))
                 continue
-            stripped, sources = split_sources(compiled)
+            if compiled.aot is None:
+                sections.append(compiled.section(name, where))
+                modules += compiled.texts.values()
+                subgraphs.append(CompiledSubgraph(
+                    backend_id=backend_id, frame=frame, forward=f"{name}_forward",
+                    backward=f"{name}_backward" if compiled.plan else "", served_by="inductor_runtime",
+                ))
+                continue
+            stripped, sources = split_sources(compiled.aot)
             pickled[backend_id] = stripped
             names = {part: f"{name}_{part}" for part in sources}
             for part, text in sources.items():
                 sections.append(SubgraphSection(
-                    title=f"{where}: {part} output module (AOTAutograd + Inductor), loaded as written here",
-                    name=names[part], source="\n" + text.strip("\n") + "\n", runs_in_place=False,
+                    title=f"{where}: {part} output module, served by AOTAutograd because of "
+                          f"{compiled.reason}; loaded as written here",
+                    slug=names[part].replace("_", "-"), name=names[part], source="\n" + text.strip("\n") + "\n", runs_in_place=False,
                 ))
+                modules.append(text)
             subgraphs.append(CompiledSubgraph(
-                backend_id=backend_id, frame=frame, forward=names["forward"], backward=names.get("backward", "")
+                backend_id=backend_id, frame=frame, forward=names["forward"], backward=names.get("backward", ""),
+                served_by="aotautograd", fallback_reason=compiled.reason,
             ))
-        return sections, subgraphs, pickled
+        return sections, subgraphs, pickled, modules
 
     def _summary(self, entry, frames: list[DynamoFrame], backends: dict, guards: list[VariantGuards], slots: SlotLists) -> PrecompileSummary:
         rendered = {slot: check for slot, check in self._ledger.rendered.items() if slot in slots.dropped}

@@ -161,6 +161,14 @@ def _prime_kernels(cache) -> dict[str, str] | None:
         return None
 
 
+def served_by_aotautograd(metadata) -> bool:
+    """Whether a Dynamo artifact has a subgraph AOTAutograd serves (every inductor subgraph of one
+    written before subgraphs were lowered)."""
+    if not isinstance(metadata, DynamoMetadata) or metadata.backend != "inductor":
+        return False
+    return any(graph.served_by in ("", "aotautograd") for graph in metadata.subgraphs) or not metadata.subgraphs
+
+
 def load(
     artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, allow_serve_time_compiles: bool = False
 ) -> PrecompiledRunnable:
@@ -184,10 +192,13 @@ def load(
         )
     cache = _usable_cache(python_code, cache_path)
     primed = _prime_kernels(cache) if cache is not None else None
-    # A Dynamo artifact's output modules load their kernels through Inductor itself, which would
-    # probe this host's vector ISAs first and look kernels up by keys that hash install paths; a
-    # MakeFx artifact's kernel runtime does neither.
-    through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata)
+    # Output modules AOTAutograd serves load their kernels through Inductor itself, which would
+    # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the
+    # kernel runtime (MakeFx artifacts, lowered Dynamo subgraphs) does neither.
+    # A bundle written before it mapped kernel sources to libraries is served through Inductor too.
+    through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata) and (
+        served_by_aotautograd(python_code.metadata) or not cache.envelope.bundle.kernels
+    )
     with contextlib.ExitStack() as stack:
         if through_inductor:
             bundle = cache.envelope.bundle

@@ -65,13 +65,13 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
         )
     return GraphSection(
         title="The compiled graph: AOTAutograd + Inductor output code",
-        source=_adapt_output_code(compiled[0].source_code) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
+        source=adapt_output_code(compiled[0].source_code) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
         entry=ENTRY,
         runtime="inductor_runtime",
     )
 
 
-def _adapt_output_code(source: str) -> str:
+def adapt_output_code(source: str) -> str:
     """Drop the process-local AOT id line, the benchmarking tail, and the imports the runtime provides."""
     tail = _TAIL.search(source)
     if tail is not None:

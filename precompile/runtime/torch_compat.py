@@ -56,6 +56,7 @@ PRIVATE_NAMES: dict[str, str] = {
     "callback_from_stance": "torch._dynamo.eval_frame:_callback_from_stance",
     # AOTAutograd, tracing contexts, fake tensors
     "functorch_config": "torch._functorch.config",
+    "any_autocast_enabled": "torch._C:_is_any_autocast_enabled",
     "TracingContext": "torch._guards:TracingContext",
     "tracing": "torch._guards:tracing",
     "enable_python_dispatcher": "torch._dispatch.python:enable_python_dispatcher",

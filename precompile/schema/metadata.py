@@ -160,10 +160,17 @@ class CompiledSubgraph(msgspec.Struct, frozen=True, kw_only=True):
     """The global name Dynamo's transformed bytecode calls the graph by."""
     frame: str
     forward: str
-    """backend="eager": the def that runs the graph. backend="inductor": the string holding the
-    forward output module."""
+    """What serves the graph: the ATen def (eager), the callable over the forward output module
+    (served_by "inductor_runtime"), or the string holding the forward output module ("aotautograd")."""
     backward: str = ""
-    """backend="inductor" with grad: the string holding the backward output module."""
+    """backend="inductor" with grad: the backward output module's callable ("inductor_runtime") or
+    string ("aotautograd")."""
+    served_by: str = ""
+    """"aten", "inductor_runtime" (the output modules called directly, no AOTAutograd) or
+    "aotautograd" (its pickled wrappers load the output modules). "" was written before this field:
+    "aten" for backend="eager", "aotautograd" for backend="inductor"."""
+    fallback_reason: str = ""
+    """Why an inductor subgraph is served by AOTAutograd rather than directly."""
 
 
 class InlinedSource(msgspec.Struct, frozen=True, kw_only=True):

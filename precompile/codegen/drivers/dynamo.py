@@ -11,9 +11,11 @@
 import base64 as _base64
 import hashlib as _hashlib
 import importlib as _importlib
+import importlib.machinery as _machinery
 import inspect as _inspect
 import itertools as _itertools
 import json as _json
+import linecache as _linecache
 import marshal as _marshal
 import pickle as _pickle
 import re as _re
@@ -45,19 +47,48 @@ def _check_versions(metadata, artifact):
                         "its guard state is tied to that build", "serve it with that torch, or capture it again here")
 
 
+def _hash_lines(lines, first_line, last_line):
+    return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
+
+
 def _hash_sourcelines(module, first_line, last_line):
     """sha256 of a module's source lines first_line .. last_line - 1, as Dynamo's package hashes the
     code it inlined (torch._dynamo.package._hash_sourcelines; a test keeps the two equal)."""
-    lines = _inspect.getsourcelines(module)[0][first_line - 1 : last_line - 1]
-    return _hashlib.sha256("".join(lines).encode()).hexdigest()
+    return _hash_lines(_inspect.getsourcelines(module)[0], first_line, last_line)
+
+
+def _unimported_origin(name):
+    """The .py file the import system would load for module `name`, found without executing it or
+    its packages; None where it is not a plain source file."""
+    spec, locations = None, None
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        loaded = _sys.modules.get(prefix)
+        spec = getattr(loaded, "__spec__", None) if loaded is not None else _machinery.PathFinder.find_spec(prefix, locations)
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+    origin = spec.origin if spec.has_location else None
+    return origin if origin and origin.endswith(".py") else None
+
+
+def _inlined_source_hash(source, artifact):
+    """The hash of the lines Dynamo inlined from a module as they read now. A module not imported yet
+    is read from its file, not imported: the polyfills Dynamo inlines live in torch._dynamo, which a
+    standalone artifact never imports."""
+    first, last = source["first_line"], source["last_line"]
+    origin = None if source["module"] in _sys.modules else _unimported_origin(source["module"])
+    if origin is not None:
+        return _hash_lines(_linecache.getlines(origin), first, last)
+    return _hash_sourcelines(_module(source["module"], artifact), first, last)
 
 
 def _check_sources(metadata, artifact):
     """The code Dynamo inlined must still say what it said at capture: guards do not check it."""
     for source in metadata.get("INLINED_SOURCES", ()):
-        module = _module(source["module"], artifact)
         try:
-            now = _hash_sourcelines(module, source["first_line"], source["last_line"])
+            now = _inlined_source_hash(source, artifact)
         except (OSError, TypeError):
             now = None
         if now != source["sha256"]:
@@ -364,6 +395,7 @@ def _artifact_tag(raw_state, namespace):
     for subgraph in namespace["SUBGRAPHS"]:
         for key in ("forward", "backward"):
             value = namespace.get(subgraph.get(key) or "")
+            value = getattr(value, "__precompile_source__", value)  # a lowered subgraph: its module text
             if isinstance(value, str):
                 digest.update(value.encode("utf-8"))
             elif value is not None:
@@ -383,8 +415,8 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         _check_dynamo_serves(artifact)
     _check_sources(metadata, artifact)
 
-    if metadata["BACKEND"] == "inductor":
-        import torch._inductor.config as inductor_config
+    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
+        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
 
         # Precompiled headers are part of every kernel's cache key; artifacts are captured without them.
         inductor_config.cpp_cache_precompile_headers = False
@@ -503,8 +535,8 @@ def _build_standalone(metadata, state_blob, artifact):
     _check_sources(metadata, artifact)
     raw = _base64.b64decode(state_blob) if state_blob else b""
     remainder = _pickle.loads(raw) if raw else {"guards": {}, "backends": {}}
-    if metadata["BACKEND"] == "inductor":
-        import torch._inductor.config as inductor_config
+    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
+        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
 
         inductor_config.cpp_cache_precompile_headers = False  # as captured: not in the kernels' cache keys
     tag = _standalone_tag(metadata, raw)

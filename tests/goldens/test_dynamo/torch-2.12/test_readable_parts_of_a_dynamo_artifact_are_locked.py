@@ -222,23 +222,33 @@ INLINED_SOURCES = ({'module': 'dynamo_cases',
 SUBGRAPHS = ({'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'break_and_scale',
   'forward': 'graph_0',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'break_and_scale',
   'forward': 'graph_1',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_2',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_3',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_4',
-  'backward': ''})
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''})
 
 # ======================================================================================
 # 2. graph-0: graph_0, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
@@ -614,6 +624,7 @@ def _artifact_tag(raw_state, namespace):
     for subgraph in namespace["SUBGRAPHS"]:
         for key in ("forward", "backward"):
             value = namespace.get(subgraph.get(key) or "")
+            value = getattr(value, "__precompile_source__", value)  # a lowered subgraph: its module text
             if isinstance(value, str):
                 digest.update(value.encode("utf-8"))
             elif value is not None:
@@ -631,8 +642,8 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         _check_dynamo_serves(artifact)
     _check_sources(metadata, artifact)
 
-    if metadata["BACKEND"] == "inductor":
-        import torch._inductor.config as inductor_config
+    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
+        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
 
         # Precompiled headers are part of every kernel's cache key; artifacts are captured without them.
         inductor_config.cpp_cache_precompile_headers = False

@@ -1,0 +1,83 @@
+# Serving of a Dynamo artifact's lowered Inductor subgraphs (precompile/codegen/drivers/
+# dynamo_subgraphs.py, included verbatim after the kernel runtime). Each subgraph's output module is
+# written below as a string and run here in a namespace of its own (two modules may define the same
+# kernel names), on top of this file's globals, where the kernel runtime above provides what the
+# output code imports from Inductor. Its `call` is served as a plain function over Dynamo's flat
+# graph inputs; a training subgraph pairs its forward and backward modules in an autograd.Function.
+# Nothing here imports torch._inductor or AOTAutograd.
+import linecache as _linecache
+
+import torch
+
+
+def inductor_subgraph(name, text, detached=()):
+    """The output module `text` run in a namespace of its own; returns its call over flat inputs.
+    The `detached` outputs alias an input: each is served as a fresh tensor over the same storage."""
+    filename = f"<precompile subgraph {name}>"
+    _linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
+    namespace = dict(globals())
+    namespace["__name__"] = name
+    exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - the module written in this file
+    call, run = namespace["call"], namespace["run_inductor_call"]  # the kernel runtime's, above
+    detached = frozenset(detached)
+
+    def served(*flat):
+        outputs = run(call, flat)
+        if not detached:
+            return outputs
+        return tuple(value.detach() if index in detached else value for index, value in enumerate(outputs))
+
+    served.__name__ = served.__qualname__ = name
+    served.__precompile_source__ = text  # what tells one artifact's subgraph from another's
+    return served
+
+
+class _AutogradSubgraph(torch.autograd.Function):
+    """A forward module's outputs are the graph's returns, then the tensors and sizes its backward
+    module reads; backward takes those sizes, those tensors and the returns' gradients, and gives
+    one gradient per input."""
+
+    @staticmethod
+    def forward(ctx, plan, *flat):
+        outputs = plan.forward(*flat)
+        returns, saved_end = plan.returns, plan.returns + plan.saved_tensors
+        ctx.plan = plan
+        ctx.save_for_backward(*outputs[returns:saved_end])
+        ctx.sizes = tuple(outputs[saved_end:])
+        ctx.mark_non_differentiable(*(outputs[index] for index in plan.non_differentiable))
+        return tuple(outputs[:returns])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        plan = ctx.plan
+        tangents = [grads[index].contiguous() for index in plan.grad_outputs]
+        return (None, *plan.backward(*ctx.sizes, *ctx.saved_tensors, *tangents))
+
+
+def _run_unintercepted(function):
+    """Let Dynamo's frame evaluator run `function` and everything it calls as they are: autograd
+    calls the backward from wherever .backward() runs, which may be code Dynamo intercepts (a capture,
+    an installed artifact) and which must not try to compile the kernels' caller."""
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    set_code_exec_strategy(function.__code__, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+
+
+_run_unintercepted(_AutogradSubgraph.backward)
+
+
+class autograd_subgraph:
+    """A training subgraph: `forward` and `backward` are inductor_subgraph calls; `returns` outputs
+    of forward are the graph's, then `saved_tensors` tensors and the sizes backward reads;
+    `non_differentiable` returns never take a gradient; `grad_outputs` returns pass theirs to backward
+    (made contiguous, as the backward module was traced with)."""
+
+    def __init__(self, forward, backward, *, returns, saved_tensors, non_differentiable, grad_outputs):
+        self.forward, self.backward = forward, backward
+        self.returns, self.saved_tensors = returns, saved_tensors
+        self.non_differentiable, self.grad_outputs = tuple(non_differentiable), tuple(grad_outputs)
+        self.__name__ = forward.__name__
+        self.__precompile_source__ = forward.__precompile_source__ + backward.__precompile_source__
+
+    def __call__(self, *flat):
+        return _AutogradSubgraph.apply(self, *flat)
