@@ -16,8 +16,9 @@ Inductor keeps precompiled headers), on the built-in demo transformer and on a s
   dynamo-venv2       "dynamo", served from that other venv (the bundles are keyed on the build, not paths)
 
 Each row reports the whole process (start to first result, as the parent measured it) and the
-part after `import torch`, as ratios to eager's and to precompile's. A second table measures
-steady-state latency per call (eager, torch.compile, the served artifact) in one process.
+part after `import torch`, as ratios to eager's and to precompile's, and which compiler modules
+(torch._dynamo, torch._inductor, AOTAutograd) the process had imported by its first result. A second
+table measures steady-state latency per call (eager, torch.compile, the served artifact) in one process.
 
     python bench/coldstart.py [--repeat 3] [--device cpu|cuda] [--models demo,mlp]
 """
@@ -60,7 +61,8 @@ def finish(y):
     if device == "cuda":
         torch.cuda.synchronize()
     done = time.perf_counter()
-    print(json.dumps({"after_import": done - imported, "import": imported - started}))
+    loaded = [name for name in ("torch._dynamo", "torch._inductor", "torch._functorch.aot_autograd") if name in sys.modules]
+    print(json.dumps({"after_import": done - imported, "import": imported - started, "loaded": loaded}))
 
 with torch.no_grad():
     if mode == "eager":
@@ -237,7 +239,8 @@ def measure(model: str, device: str, repeat: int, scenarios: tuple[str, ...] = S
         for scenario, runs in results.items()
         if runs
     }
-    return {"cold": medians, "per_call": per_call, "scenarios": scenarios}
+    loaded = {scenario: runs[-1].get("loaded", []) for scenario, runs in results.items() if runs}
+    return {"cold": medians, "loaded": loaded, "per_call": per_call, "scenarios": scenarios}
 
 
 def report(model: str, measured: dict) -> list[str]:
@@ -245,7 +248,7 @@ def report(model: str, measured: dict) -> list[str]:
     eager, ours = cold.get("eager"), cold.get("precompile")
     lines = [f"\n== {model}: fresh process to first result (median) ==",
              f"{'scenario':<20}{'total s':>9}{'after import s':>16}{'total/eager':>13}{'after/eager':>13}"
-             f"{'total/precomp':>15}{'after/precomp':>15}"]
+             f"{'total/precomp':>15}{'after/precomp':>15}  compiler modules in sys.modules after"]
     for scenario in measured["scenarios"]:
         row = cold.get(scenario)
         if row is None:
@@ -254,7 +257,7 @@ def report(model: str, measured: dict) -> list[str]:
         ratios = [row["total"] / eager["total"], row["after_import"] / eager["after_import"]] if eager else [0, 0]
         ratios += [row["total"] / ours["total"], row["after_import"] / ours["after_import"]] if ours else [0, 0]
         lines.append(f"{scenario:<20}{row['total']:>9.2f}{row['after_import']:>16.3f}{ratios[0]:>13.2f}{ratios[1]:>13.1f}"
-                     f"{ratios[2]:>15.2f}{ratios[3]:>15.1f}")
+                     f"{ratios[2]:>15.2f}{ratios[3]:>15.1f}  {', '.join(measured['loaded'][scenario]) or '-'}")
     if per_call:
         lines.append("-- steady state per call: " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in per_call.items()))
     warm = cold.get("compile-warm")
@@ -264,6 +267,13 @@ def report(model: str, measured: dict) -> list[str]:
             f"(>= 5x); whole process vs eager = {ours['total'] / eager['total']:.2f}x (<= 1.5x)"
             + (f"; per call precompile/torch.compile = {per_call['precompile'] / per_call['torch.compile']:.2f} (<= 1)" if per_call else "")
         )
+    for scenario in ("dynamo", "dynamo-eager"):
+        row = cold.get(scenario)
+        if row and warm and eager:
+            lines.append(
+                f"-- targets, {scenario}: after import / torch.compile warm = {row['after_import'] / warm['after_import']:.2f} "
+                f"(<= 0.2); whole process / eager = {row['total'] / eager['total']:.2f} (<= 1.3)"
+            )
     return lines
 
 

@@ -17,7 +17,8 @@ ROOT = TESTS.parent
 # torch version keeps. The rest (capture API details, refusals, fuzzing) exercises our own code the
 # same way on every torch.
 COMPAT_FILES = {
-    "test_cli_demo.py", "test_codegen_snapshots.py", "test_doctor.py", "test_dynamo.py", "test_inductor.py", "test_inspect_cli.py",
+    "test_cli_demo.py", "test_codegen_snapshots.py", "test_doctor.py", "test_dynamo.py", "test_dynamo_guards.py",
+    "test_dynamo_lowering.py", "test_inductor.py", "test_inspect_cli.py",
     "test_inspect_safety.py", "test_no_compilation.py", "test_plain_exec.py", "test_roundtrip.py",
     "test_torch_compat.py",
 }
@@ -27,6 +28,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name in COMPAT_FILES:
             item.add_marker(pytest.mark.compat)
+
+
+def dynamo_modules_read(artifact: Path) -> list[str]:
+    """The torch._dynamo modules a standalone Dynamo artifact's transformed code reads as globals
+    (torch 2.11's Dynamo inlines its own polyfills there), so serving it imports Dynamo; not those
+    the driver stands in for."""
+    import ast
+
+    tree = ast.parse(artifact.read_text(encoding="utf-8"))
+    frames = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                  and getattr(node.targets[0], "id", None) == "_dynamo_frames")
+    return sorted({module for frame in frames for alias, module in frame["import_sources"].items()
+                   if (module == "torch._dynamo" or module.startswith("torch._dynamo."))
+                   and alias not in frame["stand_ins"]})  # torch._dynamo.utils: the driver's stand-in
 
 
 def run_fresh(code: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:

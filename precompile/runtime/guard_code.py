@@ -28,8 +28,8 @@ _COVERED_BY_GLOBAL_STATE = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "
 # Literal types an EQUALS_MATCH is rendered for (Dynamo's C++ check: same type, then ==).
 _LITERAL_TYPES = (int, float, str, bytes, complex, tuple, list, frozenset, set)
 _SOURCE_NAMES = frozenset({"L", "G"})
-_SHAPE_NAMES = frozenset({"L", "G", "math"})
-_SHAPE_CALLS = frozenset({"size", "stride", "storage_offset", "isnan"})
+_SHAPE_NAMES = frozenset({"L", "G", "math", "___as_tensor"})
+_SHAPE_CALLS = frozenset({"size", "stride", "storage_offset", "isnan", "___as_tensor", "item"})
 _MARKING_NAMES = frozenset({"L", "G", "hasattr", "getattr", "set"})
 _TENSOR_TYPES = {torch.Tensor: "torch:Tensor", torch.nn.Parameter: "torch.nn.parameter:Parameter"}
 
@@ -122,9 +122,12 @@ class _Variant:
         return text
 
     def value(self, guard, label: str):
+        return self.evaluate(guard.name, label)
+
+    def evaluate(self, name: str, label: str):
         og = self.state.output_graph
         try:
-            return eval(guard.name, {"__builtins__": {}}, {"L": og.local_scope, "G": og.global_scope})  # noqa: S307 - Dynamo's own source text over its own saved scopes
+            return eval(name, {"__builtins__": {}}, {"L": og.local_scope, "G": og.global_scope})  # noqa: S307 - Dynamo's own source text over its own saved scopes
         except Exception as exc:  # noqa: BLE001 - the saved scope lacks it: no value to render
             raise Unrenderable(f"{label}: the saved guard state holds no value for it ({type(exc).__name__})") from None
 
@@ -182,6 +185,8 @@ class _Variant:
             self.lines.append((f"{label} is {slot_source(other.name)}", f"{text} is {self.source(guard, label)}"))
         elif kind == "DICT_KEYS_MATCH":
             self.dict_keys(guard, label)
+        elif kind == "HASATTR":
+            self.has_attribute(guard, label)
         elif kind == "SEQUENCE_LENGTH":
             value = self.value(guard, label)
             source = self.source(guard, label)
@@ -190,6 +195,26 @@ class _Variant:
             self.lines.append((label, f"len({source}) == {len(value)}"))
         else:
             raise Unrenderable(f"{label}: no exact rendering of a {kind} guard here")
+
+    def has_attribute(self, guard, label: str) -> None:
+        """hasattr(base, attr), or its negation, as the capture saw it."""
+        attr = (getattr(guard.create_fn, "keywords", None) or {}).get("attr")
+        base = guard.name
+        if attr is None:  # torch 2.11 and 2.12: the guard's source is the attribute, on its base
+            source = guard.originating_source
+            while type(source).__name__ == "NNModuleSource":
+                source = source.base
+            if type(source).__name__ == "CodeSource":
+                self.notes.append(f"{label}: skipped by torch (a function always has __code__)")
+                return
+            attr, owner = getattr(source, "member", None), getattr(source, "base", None)
+            if owner is None or not isinstance(attr, str):
+                raise Unrenderable(f"{label}: the guard names no attribute on a base")
+            base = owner.name if isinstance(owner.name, str) else owner.name()
+        text = rename_sources(base, self.renames)
+        _names_in(text, _SOURCE_NAMES, frozenset(), label)
+        present = hasattr(self.evaluate(base, label), attr)
+        self.lines.append((f"{label} ({attr})", f"{'' if present else 'not '}hasattr({text}, {attr!r})"))
 
     def constant(self, guard, label: str, value, kind: str) -> None:
         source = self.source(guard, label)

@@ -8,6 +8,10 @@ import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guar
 from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
+# Shape guards on an unspecialized float compare it with itself read back through a tensor, with
+# the function Dynamo's own shape guards name so.
+___as_tensor = torch._as_tensor_fullprec
+
 # The objects guards compare with by identity, by "module:qualname" reference; the driver resolves
 # them at load (a reference that does not resolve refuses the load).
 _by_name = {}
