@@ -216,9 +216,7 @@ def _record_locals(namespace):
     call = frame_class.call
 
     def recording(self, closure, args, kwargs):
-        bound = self.signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        seen.append((self, dict(bound.arguments)))
+        seen.append((self, self.bind(*args, **kwargs)))
         return call(self, closure, args, kwargs)
 
     frame_class.call = recording
@@ -411,3 +409,36 @@ def test_precompile_guards_prints_for_each_kept_guard_the_condition_that_runs(ca
         for part in filter(None, check.split(" and ")):
             assert part in " ".join(text.split()), (slot, part)
     assert any(slot["check"] == "type(L['alpha']) is float and L['alpha'] == 1.0" for slot in kept), kept
+
+
+def _every_kind(a, b, /, c, d=4, *args, e, f=6, **kw):
+    pass
+
+
+def _keywords_only(a, *, k):
+    pass
+
+
+def _defaults(x, scale=2.0):
+    pass
+
+
+@pytest.mark.parametrize("fn, args, kwargs", [
+    (_every_kind, (1, 2, 3), {"e": 5}), (_every_kind, (1, 2, 3, 9, 10, 11), {"e": 5, "z": 1}),
+    (_keywords_only, (1,), {"k": 2}), (_defaults, (1,), {}), (_defaults, (1,), {"scale": 3.0}),
+    (_defaults, (1, 2, 3), {}), (_keywords_only, (1, 2), {}), (_every_kind, (1,), {"b": 2, "c": 3, "e": 5}),
+])
+def test_the_driver_binds_arguments_as_the_signature_does(fn, args, kwargs):
+    """The locals the guards read: Python's own binding, defaults applied, in signature order; a call
+    the signature refuses is refused."""
+    from precompile.codegen.drivers import dynamo as driver
+
+    binder = driver._binder(fn.__code__, fn.__name__, fn.__defaults__, fn.__kwdefaults__)
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError:
+        with pytest.raises(TypeError):
+            binder(*args, **kwargs)
+        return
+    bound.apply_defaults()
+    assert list(binder(*args, **kwargs).items()) == list(bound.arguments.items())

@@ -304,7 +304,7 @@ class _Variant:
             out.append(f"_global_state_{self.prefix} = _GlobalState({self.global_state!r})")
             body += ['    failing = "GLOBAL_STATE"',
                      f"    if not _global_state_{self.prefix}.check():",
-                     f"        return _global_state_{self.prefix}.reason()"]
+                     f"        return _global_state_{self.prefix}.reason() if explain else failing"]
         # Tensors first: the check most calls that miss fail on, in one C++ call.
         if self.tensors:
             rows = "".join(f"\n    {row!r}," for row in self.tensors)
@@ -312,7 +312,7 @@ class _Variant:
             sources = ", ".join(self.tensor_sources) + ("," if len(self.tensor_sources) == 1 else "")
             body += ['    failing = "TENSOR_MATCH"', f"    tensors = ({sources})",
                      f"    if not _tensors_{self.prefix}.check(tensors):",
-                     f"        return _tensors_{self.prefix}.reason(tensors)"]
+                     f"        return _tensors_{self.prefix}.reason(tensors) if explain else failing"]
         for label, condition in dict.fromkeys(self.lines):
             body += [f"    failing = {label!r}", f"    if not ({condition}):", "        return failing"]
         if len(self.aliasing) > 1:
@@ -326,9 +326,10 @@ class _Variant:
         out += [
             "",
             "",
-            f"def guards_{self.prefix}(L, G):",
+            f"def guards_{self.prefix}(L, G, explain=False):",
             f'    """{title}: the first kept guard that fails, or None when all hold (a source that is not',
-            '    there fails its guard). L: the bound arguments, G: the globals of the frame\'s module."""'
+            '    there fails its guard). L: the bound arguments, G: the globals of the frame\'s module;',
+            '    explain: say why the tensor or global-state check failed (torch\'s own words), not only its name."""'
             + notes,
             '    failing = "(none yet)"',
             "    try:",

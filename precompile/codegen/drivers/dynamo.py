@@ -223,7 +223,7 @@ class _RenderedGuards:
         return self.function(f_locals, self.scope) is None
 
     def explain(self, f_locals):
-        return self.function(f_locals, self.scope) or "every guard holds"
+        return self.function(f_locals, self.scope, True) or "every guard holds"
 
 
 class _TorchGuards:
@@ -272,6 +272,29 @@ def _seed_builtins(scope, key, artifact):
               "load the artifact in a fresh process")
 
 
+def _binder(code, name, defaults, kwdefaults):
+    """A function with `code`'s signature and defaults that returns its arguments by name, defaults
+    applied: Python's own argument binding, which the guards read as the frame's locals."""
+    names = code.co_varnames
+    positional, kwonly = code.co_argcount, code.co_kwonlyargcount
+    params = list(names[:positional])
+    if code.co_posonlyargcount:
+        params.insert(code.co_posonlyargcount, "/")
+    at = positional + kwonly
+    star = names[at] if code.co_flags & _inspect.CO_VARARGS else None
+    varkw = names[at + bool(star)] if code.co_flags & _inspect.CO_VARKEYWORDS else None
+    params += [f"*{star}" if star else ("*" if kwonly else ""), *names[positional:at], f"**{varkw}" if varkw else ""]
+    arguments = [*names[:positional], *filter(None, [star]), *names[positional:at], *filter(None, [varkw])]
+    source = (f"def _bind({', '.join(p for p in params if p)}):\n"
+              f"    return {{{', '.join(f'{n!r}: {n}' for n in arguments)}}}\n")
+    namespace = {}
+    exec(compile(source, f"<precompile binder of {name}>", "exec"), namespace)  # noqa: S102 - text built from the code's own names
+    binder = namespace["_bind"]
+    binder.__name__ = binder.__qualname__ = name
+    binder.__defaults__, binder.__kwdefaults__ = defaults, kwdefaults
+    return binder
+
+
 class _Frame:
     """One captured code object: its variants (guards, then the transformed code) and how to call it."""
 
@@ -291,9 +314,7 @@ class _Frame:
         # A frame run as Python that Dynamo did compile (to no graph) ran its callees inside its code.
         self.runs_callees_inline = runs_callees_inline
         self.defaults, self.kwdefaults = defaults, kwdefaults
-        signature_fn = _types.FunctionType(self.original, {}, self.name, defaults, _empty_cells(self.original))
-        signature_fn.__kwdefaults__ = kwdefaults
-        self.signature = _inspect.signature(signature_fn)
+        self.bind = _binder(self.original, self.name, defaults, kwdefaults)
         self.variants = []
         self.minted = []
         self.global_state_guards = []
@@ -315,11 +336,9 @@ class _Frame:
         if self.runs_as_python:
             return _types.FunctionType(self.original, self.scope, self.name, None, closure)(*args, **kwargs)
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            f_locals = self.bind(*args, **kwargs)
         except TypeError as exc:
             _fail(self.artifact, f"{self.name}() cannot take these arguments ({exc})", "call it as the captured fn")
-        bound.apply_defaults()
-        f_locals = dict(bound.arguments)
         self.update_threads()
         if closure:
             for name, cell in zip(self.original.co_freevars, closure):

@@ -224,23 +224,33 @@ INLINED_SOURCES = ({'module': 'dynamo_cases',
 SUBGRAPHS = ({'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'break_and_scale',
   'forward': 'graph_0',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'break_and_scale',
   'forward': 'graph_1',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_2',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_3',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_4',
-  'backward': ''})
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''})
 
 # ======================================================================================
 # 2. graph-0: graph_0, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
@@ -305,13 +315,480 @@ def graph_4(arg0_1, arg1_1, arg2_1):
 
 
 # ======================================================================================
-# 7. opaque-state: Guard trees and transformed bytecode, pickled (<size>, <sha256>). Executing this file unpickles it.
+# 7. bytecode: Each frame's original code and each variant's transformed code, marshalled (Python 3.11 only), Dynamo's minted names renamed to this artifact's; the tables the driver seeds and dispatches from.
 # ======================================================================================
-<opaque state elided>
+_dynamo_frames = ({'module': 'dynamo_cases',
+  'name': 'break_and_scale',
+  'install_to_global': False,
+  'function_names': (),
+  'import_sources': {'__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils',
+                     '__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear': 'torch.nn.modules.linear',
+                     '__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module': 'torch.nn.modules.module'},
+  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils',
+              '__import_torch_dot_nn_dot_modules_dot_linear': '__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear',
+              '__import_torch_dot_nn_dot_modules_dot_module': '__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module'},
+  'stand_ins': ('__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils',),
+  'backend_ids': (('__compiled_fn_<n>_<uuid>',
+                   '__precompile_5aa71098cc79_graph_0'),
+                  ('__compiled_fn_<n>_<uuid>',
+                   '__precompile_5aa71098cc79_graph_1')),
+  'builtins_keys': ('__precompile_5aa71098cc79_builtins_0_0', '__precompile_5aa71098cc79_builtins_0_1'),
+  'bypassed': False,
+  'compiled': True,
+  'guards': ('guards_0_0', 'guards_0_1')},
+ {'module': 'dynamo_cases',
+  'name': 'torch_dynamo_resume_in_break_and_scale_at_11',
+  'install_to_global': True,
+  'function_names': ('__precompile_5aa71098cc79_resume_1_0', '__precompile_5aa71098cc79_resume_1_1'),
+  'import_sources': {'__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils'},
+  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils'},
+  'stand_ins': ('__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils',),
+  'backend_ids': (('__compiled_fn_<n>_<uuid>',
+                   '__precompile_5aa71098cc79_graph_2'),
+                  ('__compiled_fn_<n>_<uuid>',
+                   '__precompile_5aa71098cc79_graph_3'),
+                  ('__compiled_fn_<n>_<uuid>',
+                   '__precompile_5aa71098cc79_graph_4')),
+  'builtins_keys': ('__precompile_5aa71098cc79_builtins_1_0',
+                    '__precompile_5aa71098cc79_builtins_1_1',
+                    '__precompile_5aa71098cc79_builtins_1_2'),
+  'bypassed': False,
+  'compiled': True,
+  'guards': ('guards_1_0', 'guards_1_1', 'guards_1_2')})
+_dynamo_defaults = {'defaults': (2.0,), 'kwdefaults': None}
+_dynamo_bytecode = {
+    # frame 0 (break_and_scale): original code: 340 bytes, sha256 <sha256>
+    '0': (<marshalled code elided>),
+    # frame 0 (break_and_scale), variant 0: transformed code: 1302 bytes, sha256 <sha256>
+    '0.0': (<marshalled code elided>),
+    # frame 0 (break_and_scale), variant 1: transformed code: 1397 bytes, sha256 <sha256>
+    '0.1': (<marshalled code elided>),
+    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11): original code: 504 bytes, sha256 <sha256>
+    '1': (<marshalled code elided>),
+    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 0: transformed code: 714 bytes, sha256 <sha256>
+    '1.0': (<marshalled code elided>),
+    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 1: transformed code: 783 bytes, sha256 <sha256>
+    '1.1': (<marshalled code elided>),
+    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 2: transformed code: 878 bytes, sha256 <sha256>
+    '1.2': (<marshalled code elided>),
+}
 
 
 # ======================================================================================
-# 8. driver: Rebuilds the guards, seeds the minted names, dispatches each call to a variant.
+# 8. guard-checks: Torch's C++ tensor and global-state guards, the helpers the rendered guards use.
+# ======================================================================================
+# What the rendered guards of a standalone Dynamo artifact check with (precompile/codegen/drivers/
+# dynamo_guards.py, included verbatim before them). Everything here is torch's C++ guard machinery
+# or plain Python: nothing imports torch._dynamo.
+import math  # noqa: F401 - shape guards call math.isnan
+
+import torch
+import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guards read CURRENT_DEVICE
+from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
+from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+
+# Shape guards on an unspecialized float compare it with itself read back through a tensor, with
+# the function Dynamo's own shape guards name so.
+___as_tensor = torch._as_tensor_fullprec
+
+# The objects guards compare with by identity, by "module:qualname" reference; the driver resolves
+# them at load (a reference that does not resolve refuses the load).
+_by_name = {}
+
+
+def _tensor_type(ref):
+    return torch.nn.Parameter if ref == "torch.nn.parameter:Parameter" else torch.Tensor
+
+
+class _TensorMatch:
+    """Every TENSOR_MATCH of a variant as one C++ TensorGuards check: the Python type, dispatch keys,
+    dtype, device, requires_grad, sizes and strides (None: a dynamic dim, any size) of each tensor, as
+    captured. Rows: (source, type reference, dtype, device, requires_grad, sizes, strides)."""
+
+    def __init__(self, rows):
+        self.names = [row[0] for row in rows]
+        examples = []
+        for _, pytype, dtype, device, requires_grad, _, _ in rows:
+            example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
+            if _tensor_type(pytype) is torch.nn.Parameter:
+                example = torch.nn.Parameter(example, requires_grad=requires_grad)
+            else:
+                example.requires_grad_(requires_grad)
+            examples.append(example)
+        self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],
+                                    dynamic_dims_strides=[list(row[6]) for row in rows])
+
+    def check(self, tensors):
+        return self.guards.check(*tensors)
+
+    def reason(self, tensors):
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            kinds = ", ".join(f"{name}: {type(t).__name__}" for name, t in zip(self.names, tensors))
+            return f"TENSOR_MATCH: expected tensors ({kinds})"
+        return "TENSOR_MATCH: " + self.guards.check_verbose(*tensors, tensor_check_names=self.names)
+
+
+class _GlobalState:
+    """The GLOBAL_STATE guard: grad mode, autocast, default dtype, deterministic algorithms, torch
+    function enablement and the rest, as captured (JSON), checked by torch's C++ GlobalStateGuard.
+    It also pins torch.get_num_threads(); that one is kept at the serving process's current count,
+    so serving with another thread count matches while everything else stays checked."""
+
+    def __init__(self, captured):
+        import json
+
+        self.state = json.loads(captured)
+        self.threads = None
+        self.guard = _GlobalStateGuard()
+        self.sync()
+
+    def sync(self):
+        import json
+
+        self.threads = torch.get_num_threads()
+        self.state["num_threads"] = self.threads
+        self.guard.__setstate__(json.dumps(self.state))
+
+    def check(self):
+        if torch.get_num_threads() != self.threads:
+            self.sync()
+        return self.guard.check()
+
+    def reason(self):
+        return "GLOBAL_STATE changed: " + (self.guard.reason() or "").strip()
+
+
+# ======================================================================================
+# 9. guards: Each variant's kept guards, the checks that run on every call, in order.
+# ======================================================================================
+_dynamo_references = ('builtins:dict',
+ 'builtins:float',
+ 'collections:OrderedDict',
+ 'torch._C._nn:linear',
+ 'torch._dynamo.decorators:graph_break',
+ 'torch._dynamo:',
+ 'torch.nn.functional:',
+ 'torch.nn.modules.linear:',
+ 'torch.nn.modules.linear:Linear',
+ 'torch.nn.modules.module:',
+ 'torch:')
+
+
+# Frame 0 (break_and_scale), variant 0
+_global_state_0_0 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_tensors_0_0 = _TensorMatch((
+    ("model._parameters['bias']", 'torch.nn.parameter:Parameter', 'torch.float32', 'cpu', True, (8,), (1,)),
+    ("model._parameters['weight']", 'torch.nn.parameter:Parameter', 'torch.float32', 'cpu', True, (8, 8), (8, 1)),
+    ('x', 'torch:Tensor', 'torch.float32', 'cpu', False, (4, 8), (8, 1)),
+))
+
+
+def guards_0_0(L, G, explain=False):
+    """Frame 0 (break_and_scale), variant 0: the first kept guard that fails, or None when all hold (a source that is not
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
+    # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
+    failing = "(none yet)"
+    try:
+        failing = "GLOBAL_STATE"
+        if not _global_state_0_0.check():
+            return _global_state_0_0.reason() if explain else failing
+        failing = "TENSOR_MATCH"
+        tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
+        if not _tensors_0_0.check(tensors):
+            return _tensors_0_0.reason(tensors) if explain else failing
+        failing = 'DEFAULT_DEVICE'
+        if not (_device_module.CURRENT_DEVICE is None):
+            return failing
+        failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
+        if not ('forward' not in L['model'].__dict__):
+            return failing
+        failing = 'TORCH_FUNCTION_STATE'
+        if not (torch._C._len_torch_function_stack() == 0):
+            return failing
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"
+        if not (type(G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"
+        if not (type(G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"
+        if not (type(G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"
+        if not (type(G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = 'TYPE_MATCH model'
+        if not (type(L['model']) is _by_name['torch.nn.modules.linear:Linear']):
+            return failing
+        failing = 'TYPE_MATCH model._parameters'
+        if not (type(L['model']._parameters) is _by_name['builtins:dict']):
+            return failing
+        failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
+        if not (G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear'].F.linear is _by_name['torch._C._nn:linear']):
+            return failing
+        failing = "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break"
+        if not (G['torch']._dynamo.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
+            return failing
+        failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
+        if not (G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear'] is _by_name['torch.nn.modules.linear:']):
+            return failing
+        failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F is torch.nn.functional:"
+        if not (G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear'].F is _by_name['torch.nn.functional:']):
+            return failing
+        failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module'] is torch.nn.modules.module:"
+        if not (G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module'] is _by_name['torch.nn.modules.module:']):
+            return failing
+        failing = "MODULE_MATCH G['torch'] is torch:"
+        if not (G['torch'] is _by_name['torch:']):
+            return failing
+        failing = "MODULE_MATCH G['torch']._dynamo is torch._dynamo:"
+        if not (G['torch']._dynamo is _by_name['torch._dynamo:']):
+            return failing
+        failing = 'TENSOR_MATCH x: dimension markings (mark_dynamic and the like)'
+        if not (hasattr(L['x'], '_dynamo_dynamic_indices') == False):
+            return failing
+    except Exception:  # noqa: BLE001 - a guard whose source is not there fails
+        return failing
+    return None
+
+
+# Frame 0 (break_and_scale), variant 1
+_global_state_0_1 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_tensors_0_1 = _TensorMatch((
+    ("model._parameters['bias']", 'torch.nn.parameter:Parameter', 'torch.float32', 'cpu', True, (8,), (1,)),
+    ("model._parameters['weight']", 'torch.nn.parameter:Parameter', 'torch.float32', 'cpu', True, (8, 8), (8, 1)),
+    ('x', 'torch:Tensor', 'torch.float32', 'cpu', False, (None, 8), (8, 1)),
+))
+
+
+def guards_0_1(L, G, explain=False):
+    """Frame 0 (break_and_scale), variant 1: the first kept guard that fails, or None when all hold (a source that is not
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
+    # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
+    failing = "(none yet)"
+    try:
+        failing = "GLOBAL_STATE"
+        if not _global_state_0_1.check():
+            return _global_state_0_1.reason() if explain else failing
+        failing = "TENSOR_MATCH"
+        tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
+        if not _tensors_0_1.check(tensors):
+            return _tensors_0_1.reason(tensors) if explain else failing
+        failing = 'DEFAULT_DEVICE'
+        if not (_device_module.CURRENT_DEVICE is None):
+            return failing
+        failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
+        if not ('forward' not in L['model'].__dict__):
+            return failing
+        failing = 'SHAPE_ENV: 2 <= x.size()[0]'
+        if not (2 <= L['x'].size()[0]):
+            return failing
+        failing = 'TORCH_FUNCTION_STATE'
+        if not (torch._C._len_torch_function_stack() == 0):
+            return failing
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"
+        if not (type(G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"
+        if not (type(G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"
+        if not (type(G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"
+        if not (type(G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = 'TYPE_MATCH model'
+        if not (type(L['model']) is _by_name['torch.nn.modules.linear:Linear']):
+            return failing
+        failing = 'TYPE_MATCH model._parameters'
+        if not (type(L['model']._parameters) is _by_name['builtins:dict']):
+            return failing
+        failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
+        if not (G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear'].F.linear is _by_name['torch._C._nn:linear']):
+            return failing
+        failing = "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break"
+        if not (G['torch']._dynamo.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
+            return failing
+        failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
+        if not (G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear'] is _by_name['torch.nn.modules.linear:']):
+            return failing
+        failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F is torch.nn.functional:"
+        if not (G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear'].F is _by_name['torch.nn.functional:']):
+            return failing
+        failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module'] is torch.nn.modules.module:"
+        if not (G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module'] is _by_name['torch.nn.modules.module:']):
+            return failing
+        failing = "MODULE_MATCH G['torch'] is torch:"
+        if not (G['torch'] is _by_name['torch:']):
+            return failing
+        failing = "MODULE_MATCH G['torch']._dynamo is torch._dynamo:"
+        if not (G['torch']._dynamo is _by_name['torch._dynamo:']):
+            return failing
+        failing = 'TENSOR_MATCH x: dimension markings (mark_dynamic and the like)'
+        if not (hasattr(L['x'], '_dynamo_dynamic_indices') == False):
+            return failing
+    except Exception:  # noqa: BLE001 - a guard whose source is not there fails
+        return failing
+    return None
+
+
+# Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 0
+_global_state_1_0 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_tensors_1_0 = _TensorMatch((
+    ('y', 'torch:Tensor', 'torch.float32', 'cpu', False, (4, 8), (8, 1)),
+))
+
+
+def guards_1_0(L, G, explain=False):
+    """Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 0: the first kept guard that fails, or None when all hold (a source that is not
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
+    # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
+    # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
+    failing = "(none yet)"
+    try:
+        failing = "GLOBAL_STATE"
+        if not _global_state_1_0.check():
+            return _global_state_1_0.reason() if explain else failing
+        failing = "TENSOR_MATCH"
+        tensors = (L['y'],)
+        if not _tensors_1_0.check(tensors):
+            return _tensors_1_0.reason(tensors) if explain else failing
+        failing = 'CONSTANT_MATCH scale'
+        if not (type(L['scale']) is float and L['scale'] == 2.0):
+            return failing
+        failing = 'DEFAULT_DEVICE'
+        if not (_device_module.CURRENT_DEVICE is None):
+            return failing
+        failing = 'TORCH_FUNCTION_STATE'
+        if not (torch._C._len_torch_function_stack() == 0):
+            return failing
+        failing = 'TENSOR_MATCH y: dimension markings (mark_dynamic and the like)'
+        if not (hasattr(L['y'], '_dynamo_dynamic_indices') == False):
+            return failing
+    except Exception:  # noqa: BLE001 - a guard whose source is not there fails
+        return failing
+    return None
+
+
+# Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 1
+_global_state_1_1 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_tensors_1_1 = _TensorMatch((
+    ('y', 'torch:Tensor', 'torch.float32', 'cpu', False, (4, 8), (8, 1)),
+))
+
+
+def guards_1_1(L, G, explain=False):
+    """Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 1: the first kept guard that fails, or None when all hold (a source that is not
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
+    # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
+    # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
+    failing = "(none yet)"
+    try:
+        failing = "GLOBAL_STATE"
+        if not _global_state_1_1.check():
+            return _global_state_1_1.reason() if explain else failing
+        failing = "TENSOR_MATCH"
+        tensors = (L['y'],)
+        if not _tensors_1_1.check(tensors):
+            return _tensors_1_1.reason(tensors) if explain else failing
+        failing = 'DEFAULT_DEVICE'
+        if not (_device_module.CURRENT_DEVICE is None):
+            return failing
+        failing = 'SHAPE_ENV: scale == ___as_tensor(scale).item()'
+        if not (L['scale'] == ___as_tensor(L['scale']).item()):
+            return failing
+        failing = 'SHAPE_ENV: not math.isnan(___as_tensor(scale).item())'
+        if not (not math.isnan(___as_tensor(L['scale']).item())):
+            return failing
+        failing = 'TORCH_FUNCTION_STATE'
+        if not (torch._C._len_torch_function_stack() == 0):
+            return failing
+        failing = 'TYPE_MATCH scale'
+        if not (type(L['scale']) is _by_name['builtins:float']):
+            return failing
+        failing = 'TENSOR_MATCH y: dimension markings (mark_dynamic and the like)'
+        if not (hasattr(L['y'], '_dynamo_dynamic_indices') == False):
+            return failing
+    except Exception:  # noqa: BLE001 - a guard whose source is not there fails
+        return failing
+    return None
+
+
+# Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 2
+_global_state_1_2 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_tensors_1_2 = _TensorMatch((
+    ('y', 'torch:Tensor', 'torch.float32', 'cpu', False, (None, 8), (8, 1)),
+))
+
+
+def guards_1_2(L, G, explain=False):
+    """Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 2: the first kept guard that fails, or None when all hold (a source that is not
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
+    # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
+    # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
+    failing = "(none yet)"
+    try:
+        failing = "GLOBAL_STATE"
+        if not _global_state_1_2.check():
+            return _global_state_1_2.reason() if explain else failing
+        failing = "TENSOR_MATCH"
+        tensors = (L['y'],)
+        if not _tensors_1_2.check(tensors):
+            return _tensors_1_2.reason(tensors) if explain else failing
+        failing = 'DEFAULT_DEVICE'
+        if not (_device_module.CURRENT_DEVICE is None):
+            return failing
+        failing = 'SHAPE_ENV: scale == ___as_tensor(scale).item()'
+        if not (L['scale'] == ___as_tensor(L['scale']).item()):
+            return failing
+        failing = 'SHAPE_ENV: 2 <= y.size()[0]'
+        if not (2 <= L['y'].size()[0]):
+            return failing
+        failing = 'SHAPE_ENV: not math.isnan(___as_tensor(scale).item())'
+        if not (not math.isnan(___as_tensor(L['scale']).item())):
+            return failing
+        failing = 'TORCH_FUNCTION_STATE'
+        if not (torch._C._len_torch_function_stack() == 0):
+            return failing
+        failing = 'TYPE_MATCH scale'
+        if not (type(L['scale']) is _by_name['builtins:float']):
+            return failing
+        failing = 'TENSOR_MATCH y: dimension markings (mark_dynamic and the like)'
+        if not (hasattr(L['y'], '_dynamo_dynamic_indices') == False):
+            return failing
+    except Exception:  # noqa: BLE001 - a guard whose source is not there fails
+        return failing
+    return None
+
+
+# ======================================================================================
+# 10. opaque-remainder: None: every code object is marshalled above and every guard rendered; nothing in this file is pickled.
+# ======================================================================================
+_dynamo_state = None
+
+
+# ======================================================================================
+# 11. driver: Seeds the minted names, dispatches each call to the first variant whose guards hold.
 # ======================================================================================
 # Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
 # It builds each compiled subgraph from its source section above, rebuilds each captured variant's
@@ -326,9 +803,11 @@ def graph_4(arg0_1, arg1_1, arg2_1):
 import base64 as _base64
 import hashlib as _hashlib
 import importlib as _importlib
+import importlib.machinery as _machinery
 import inspect as _inspect
 import itertools as _itertools
 import json as _json
+import linecache as _linecache
 import marshal as _marshal
 import pickle as _pickle
 import re as _re
@@ -360,14 +839,48 @@ def _check_versions(metadata, artifact):
                         "its guard state is tied to that build", "serve it with that torch, or capture it again here")
 
 
+def _hash_lines(lines, first_line, last_line):
+    return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
+
+
+def _hash_sourcelines(module, first_line, last_line):
+    """sha256 of a module's source lines first_line .. last_line - 1, as Dynamo's package hashes the
+    code it inlined (torch._dynamo.package._hash_sourcelines; a test keeps the two equal)."""
+    return _hash_lines(_inspect.getsourcelines(module)[0], first_line, last_line)
+
+
+def _unimported_origin(name):
+    """The .py file the import system would load for module `name`, found without executing it or
+    its packages; None where it is not a plain source file."""
+    spec, locations = None, None
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        loaded = _sys.modules.get(prefix)
+        spec = getattr(loaded, "__spec__", None) if loaded is not None else _machinery.PathFinder.find_spec(prefix, locations)
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+    origin = spec.origin if spec.has_location else None
+    return origin if origin and origin.endswith(".py") else None
+
+
+def _inlined_source_hash(source, artifact):
+    """The hash of the lines Dynamo inlined from a module as they read now. A module not imported yet
+    is read from its file, not imported: the polyfills Dynamo inlines live in torch._dynamo, which a
+    standalone artifact never imports."""
+    first, last = source["first_line"], source["last_line"]
+    origin = None if source["module"] in _sys.modules else _unimported_origin(source["module"])
+    if origin is not None:
+        return _hash_lines(_linecache.getlines(origin), first, last)
+    return _hash_sourcelines(_module(source["module"], artifact), first, last)
+
+
 def _check_sources(metadata, artifact):
     """The code Dynamo inlined must still say what it said at capture: guards do not check it."""
-    from torch._dynamo.package import _hash_sourcelines
-
     for source in metadata.get("INLINED_SOURCES", ()):
-        module = _module(source["module"], artifact)
         try:
-            now = _hash_sourcelines(module, source["first_line"], source["last_line"])
+            now = _inlined_source_hash(source, artifact)
         except (OSError, TypeError):
             now = None
         if now != source["sha256"]:
@@ -489,55 +1002,120 @@ def _empty_cells(code):
     return tuple(_types.CellType() for _ in code.co_freevars) or None
 
 
+class _RenderedGuards:
+    """A variant's guards as rendered in python_code (`guards_F_V(L, G)`): the checks that run."""
+
+    manager = None
+
+    def __init__(self, function, scope):
+        self.function = function
+        self.scope = scope
+
+    def check(self, f_locals):
+        return self.function(f_locals, self.scope) is None
+
+    def explain(self, f_locals):
+        return self.function(f_locals, self.scope, True) or "every guard holds"
+
+
+class _TorchGuards:
+    """A variant's guards as torch's guard manager rebuilt from its pickled guard state."""
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    def check(self, f_locals):
+        return self.manager.check(f_locals)
+
+    def explain(self, f_locals):
+        failed = [part.strip() for part in self.manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
+        return "; ".join(failed[:2]) or "a guard failed"
+
+
+def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact):
+    """torch's guard manager for one variant, from its pickled guard state: the invariance policy's
+    slots taken out, the by-name identity checks added. Returns it with its GLOBAL_STATE guard."""
+    from torch._dynamo.package import load_guard_manager, load_guards_state
+
+    state = load_guards_state(guards_state)
+    _fill_named_locals(state, by_name)
+    _drop_guards(state, policy_dropped)
+    global_state = state.output_graph.global_state_guard
+    _set_thread_count(global_state, torch.get_num_threads())
+    builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
+    if builtins_key:
+        _seed_builtins(scope, builtins_key, artifact)
+    manager = load_guard_manager(state, target, scope)
+    for line in by_name:
+        _check_by_name(manager, line, scope, artifact)
+    return _TorchGuards(manager), global_state, builtins_key
+
+
+def _builtins_dict(scope):
+    """The dict Dynamo's bytecode reads builtins from (the module's __builtins__, a dict or a module)."""
+    found = scope["__builtins__"]
+    return found if isinstance(found, dict) else found.__dict__
+
+
+def _seed_builtins(scope, key, artifact):
+    builtins_dict = _builtins_dict(scope)
+    if scope.setdefault(key, builtins_dict) is not builtins_dict:
+        _fail(artifact, f"module binds {key!r} to something other than its builtins dict",
+              "load the artifact in a fresh process")
+
+
+def _binder(code, name, defaults, kwdefaults):
+    """A function with `code`'s signature and defaults that returns its arguments by name, defaults
+    applied: Python's own argument binding, which the guards read as the frame's locals."""
+    names = code.co_varnames
+    positional, kwonly = code.co_argcount, code.co_kwonlyargcount
+    params = list(names[:positional])
+    if code.co_posonlyargcount:
+        params.insert(code.co_posonlyargcount, "/")
+    at = positional + kwonly
+    star = names[at] if code.co_flags & _inspect.CO_VARARGS else None
+    varkw = names[at + bool(star)] if code.co_flags & _inspect.CO_VARKEYWORDS else None
+    params += [f"*{star}" if star else ("*" if kwonly else ""), *names[positional:at], f"**{varkw}" if varkw else ""]
+    arguments = [*names[:positional], *filter(None, [star]), *names[positional:at], *filter(None, [varkw])]
+    source = (f"def _bind({', '.join(p for p in params if p)}):\n"
+              f"    return {{{', '.join(f'{n!r}: {n}' for n in arguments)}}}\n")
+    namespace = {}
+    exec(compile(source, f"<precompile binder of {name}>", "exec"), namespace)  # noqa: S102 - text built from the code's own names
+    binder = namespace["_bind"]
+    binder.__name__ = binder.__qualname__ = name
+    binder.__defaults__, binder.__kwdefaults__ = defaults, kwdefaults
+    return binder
+
+
 class _Frame:
-    """One captured code object: its variants and how to call it."""
+    """One captured code object: its variants (guards, then the transformed code) and how to call it."""
 
-    def __init__(self, code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, runs_as_python=False,
-                 target=None):
-        from torch._dynamo.package import SerializedCode, load_guard_manager, load_guards_state
-
-        self.name = code.python_code.co_name
+    def __init__(self, name, original, scope, defaults, kwdefaults, artifact, runs_as_python=False, bypassed=False,
+                 runs_callees_inline=False, target=None):
+        self.name = name
         self.label = self.name  # how a miss names the frame (build_forward sets its qualified name)
         self.artifact = artifact
         self.scope = scope
-        self.original = SerializedCode.to_code_object(code.python_code)
+        self.original = original
         # The code object the guards are built for: the live one an installed frame serves from.
         self.target = self.original if target is None else target
         self.remedy = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
         # A continuation that compiled nothing runs as its original bytecode, as during capture.
         self.runs_as_python = runs_as_python
-        self.bypassed = code.bypassed
+        self.bypassed = bypassed
         # A frame run as Python that Dynamo did compile (to no graph) ran its callees inside its code.
-        self.runs_callees_inline = bool(code.guarded_codes)
-        signature_fn = _types.FunctionType(self.original, {}, self.name, defaults, _empty_cells(self.original))
-        signature_fn.__kwdefaults__ = kwdefaults
-        self.signature = _inspect.signature(signature_fn)
+        self.runs_callees_inline = runs_callees_inline
+        self.defaults, self.kwdefaults = defaults, kwdefaults
+        self.bind = _binder(self.original, self.name, defaults, kwdefaults)
         self.variants = []
         self.minted = []
         self.global_state_guards = []
         self.threads = torch.get_num_threads()
-        for index, guarded in enumerate(() if runs_as_python else code.guarded_codes):
-            state = load_guards_state(guarded.guards_state)
-            _fill_named_locals(state, by_name.get(index, ()))
-            _drop_guards(state, policy_dropped.get(index, ()))
-            self.global_state_guards.append(state.output_graph.global_state_guard)
-            _set_thread_count(state.output_graph.global_state_guard, self.threads)
-            builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
-            if builtins_key:
-                self.minted.append(builtins_key)
-                from torch._dynamo.output_graph import get_builtins_dict
 
-                builtins_dict = get_builtins_dict(scope)
-                if scope.setdefault(builtins_key, builtins_dict) is not builtins_dict:
-                    _fail(artifact, f"module binds {builtins_key!r} to something other than its builtins dict",
-                          "load the artifact in a fresh process")
-            manager = load_guard_manager(state, self.target, scope)
-            for line in by_name.get(index, ()):
-                _check_by_name(manager, line, scope, artifact)
-            body_code = SerializedCode.to_code_object(guarded.dynamo_code)
-            body = _types.FunctionType(body_code, scope, self.name, defaults, _empty_cells(body_code))
-            body.__kwdefaults__ = kwdefaults
-            self.variants.append((manager, body))
+    def add_variant(self, guards, body_code):
+        body = _types.FunctionType(body_code, self.scope, self.name, self.defaults, _empty_cells(body_code))
+        body.__kwdefaults__ = self.kwdefaults
+        self.variants.append((guards, body))
 
     def __call__(self, *args, **kwargs):
         return self.call(None, args, kwargs)
@@ -550,11 +1128,9 @@ class _Frame:
         if self.runs_as_python:
             return _types.FunctionType(self.original, self.scope, self.name, None, closure)(*args, **kwargs)
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            f_locals = self.bind(*args, **kwargs)
         except TypeError as exc:
             _fail(self.artifact, f"{self.name}() cannot take these arguments ({exc})", "call it as the captured fn")
-        bound.apply_defaults()
-        f_locals = dict(bound.arguments)
         self.update_threads()
         if closure:
             for name, cell in zip(self.original.co_freevars, closure):
@@ -562,8 +1138,8 @@ class _Frame:
                     f_locals[name] = cell.cell_contents
                 except ValueError:  # an empty cell
                     pass
-        for manager, body in self.variants:
-            if manager.check(f_locals):
+        for guards, body in self.variants:
+            if guards.check(f_locals):
                 if closure:
                     body = _types.FunctionType(body.__code__, body.__globals__, self.name, body.__defaults__, closure)
                 return body(*args, **kwargs)
@@ -573,18 +1149,32 @@ class _Frame:
         if not self.variants:
             _fail(self.artifact, f"frame {self.label!r} has no captured variant (it was bypassed during capture)",
                   "capture again with calls that compile it")
-        reasons = []
-        for index, (manager, _) in enumerate(self.variants):
-            failed = [part.strip() for part in manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
-            reasons.append(f"variant {index}: {'; '.join(failed[:2]) or 'a guard failed'}")
+        reasons = [f"variant {index}: {guards.explain(f_locals)}" for index, (guards, _) in enumerate(self.variants)]
         _fail(self.artifact, f"no captured variant of {self.label!r} covers this call ({len(self.variants)} captured): "
                              + " | ".join(reasons), self.remedy)
 
     def update_threads(self):
-        if torch.get_num_threads() != self.threads:
+        if self.global_state_guards and torch.get_num_threads() != self.threads:
             self.threads = torch.get_num_threads()
             for guard in self.global_state_guards:
                 _set_thread_count(guard, self.threads)
+
+
+def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, runs_as_python, target):
+    """A frame from the pickled package entry (installed artifacts): torch's guard managers."""
+    from torch._dynamo.package import SerializedCode
+
+    original = SerializedCode.to_code_object(code.python_code)
+    frame = _Frame(code.python_code.co_name, original, scope, defaults, kwdefaults, artifact, runs_as_python,
+                   code.bypassed, bool(code.guarded_codes), target)
+    for index, guarded in enumerate(() if runs_as_python else code.guarded_codes):
+        guards, global_state, builtins_key = _torch_guards(
+            guarded.guards_state, frame.target, scope, policy_dropped.get(index, ()), by_name.get(index, ()), artifact)
+        frame.global_state_guards.append(global_state)
+        if builtins_key:
+            frame.minted.append(builtins_key)
+        frame.add_variant(guards, SerializedCode.to_code_object(guarded.dynamo_code))
+    return frame
 
 
 # Where AOTAutograd's bundled result keeps each lowered graph's output module.
@@ -616,6 +1206,7 @@ def _artifact_tag(raw_state, namespace):
     for subgraph in namespace["SUBGRAPHS"]:
         for key in ("forward", "backward"):
             value = namespace.get(subgraph.get(key) or "")
+            value = getattr(value, "__precompile_source__", value)  # a lowered subgraph: its module text
             if isinstance(value, str):
                 digest.update(value.encode("utf-8"))
             elif value is not None:
@@ -626,6 +1217,8 @@ def _artifact_tag(raw_state, namespace):
 def build_forward(metadata, state_blob, artifact="this artifact"):
     """The served entry of a Dynamo artifact, from its metadata literals, subgraphs and opaque state."""
     _check_versions(metadata, artifact)
+    if "_dynamo_frames" in metadata:
+        return _build_standalone(metadata, state_blob, artifact)
     import torch._dynamo  # noqa: F401 - guard trees and backends need Dynamo loaded
 
     installed = metadata.get("SERVING_MODE") == "installed"
@@ -633,8 +1226,8 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         _check_dynamo_serves(artifact)
     _check_sources(metadata, artifact)
 
-    if metadata["BACKEND"] == "inductor":
-        import torch._inductor.config as inductor_config
+    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
+        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
 
         # Precompiled headers are part of every kernel's cache key; artifacts are captured without them.
         inductor_config.cpp_cache_precompile_headers = False
@@ -662,9 +1255,9 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         variants = [v for v in metadata["GUARDS"] if v["frame"] == described.get("qualname", code.python_code.co_name)]
         policy_dropped = {variant["variant"]: frozenset(variant.get("policy_dropped", ())) for variant in variants}
         by_name = {variant["variant"]: variant.get("by_name", ()) for variant in variants}
-        frame = _Frame(code, scope, state["defaults"] if is_entry else None,
-                       state["kwdefaults"] if is_entry else None, artifact, policy_dropped, by_name,
-                       described.get("runs_as_python", False), target)
+        frame = _pickled_frame(code, scope, state["defaults"] if is_entry else None,
+                               state["kwdefaults"] if is_entry else None, artifact, policy_dropped, by_name,
+                               described.get("runs_as_python", False), target)
         frame.label = described.get("qualname") or frame.name
         frames.append(frame)
         if is_entry:
@@ -682,6 +1275,132 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
     live_fn = _qualified(_module(metadata["FN_MODULE"], artifact), metadata["FRAMES"][0]["qualname"])
     allow_compiles = metadata.get("__precompile_allow_serve_time_compiles__", False)
     return _Installed(live_fn, frames, metadata["BACKEND"], artifact, allow_compiles)
+
+
+# -- standalone serving ----------------------------------------------------------------------------
+
+
+def _code_object(metadata, key, filename):
+    """A code object python_code carries marshalled (the Bytecode section), by its key, with the
+    serving process's file of its module named in it and its nested code (tracebacks point there)."""
+    def named(code):
+        consts = tuple(named(c) if isinstance(c, _types.CodeType) else c for c in code.co_consts)
+        return code.replace(co_filename=filename, co_consts=consts)
+
+    return named(_marshal.loads(_base64.b64decode("".join(metadata["_dynamo_bytecode"][key]))))
+
+
+def _resolve_references(metadata, artifact):
+    """Resolve, once at load, every object the rendered guards compare with by name."""
+    for ref in metadata.get("_dynamo_references", ()):
+        try:
+            metadata["_by_name"][ref] = _resolve_reference(ref)
+        except Exception as exc:  # noqa: BLE001 - the named object is not here: the guards cannot run
+            _fail(artifact, f"its guards compare with {ref}, which does not resolve here ({type(exc).__name__}: {exc})",
+                  "serve it with the code it was captured from")
+
+
+def _standalone_tag(metadata, raw_state):
+    """What tells this artifact's seeded names from another's: its bytecode, opaque remainder and
+    subgraphs' code (loading the same artifact again may rebind them, a different one may not)."""
+    digest = _hashlib.sha256(raw_state)
+    for key, chunks in sorted(metadata["_dynamo_bytecode"].items()):
+        digest.update(key.encode("utf-8") + "".join(chunks).encode("ascii"))
+    return _artifact_tag(digest.digest(), metadata)
+
+
+class _DynamoUtils:
+    """Stands in for torch._dynamo.utils where Dynamo's transformed bytecode reads only these from it:
+    the profiler range around a compiled graph and a tensor's size or stride read as a call. Each does
+    what torch's does, without importing Dynamo."""
+
+    @staticmethod
+    def record_pregraph_bytecode_enter():
+        import contextlib
+
+        profiling = torch.autograd.profiler._is_profiler_enabled
+        cm = torch._C._profiler._RecordFunctionFast("Pregraph bytecode") if profiling else contextlib.nullcontext()
+        cm.__enter__()
+        return cm
+
+    @staticmethod
+    def record_pregraph_bytecode_exit(cm):
+        cm.__exit__(None, None, None)
+
+    @staticmethod
+    def call_size(x, i):
+        return x.size(i)
+
+    @staticmethod
+    def call_stride(x, i):
+        return x.stride(i)
+
+    @staticmethod
+    def call_storage_offset(x):
+        return x.storage_offset()
+
+
+def _build_standalone(metadata, state_blob, artifact):
+    """A standalone artifact whose code objects travel marshalled and whose guards are rendered above;
+    torch's Dynamo is imported only for what python_code keeps opaque (the remainder it names)."""
+    _check_sources(metadata, artifact)
+    raw = _base64.b64decode(state_blob) if state_blob else b""
+    remainder = _pickle.loads(raw) if raw else {"guards": {}, "backends": {}}
+    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
+        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
+
+        inductor_config.cpp_cache_precompile_headers = False  # as captured: not in the kernels' cache keys
+    tag = _standalone_tag(metadata, raw)
+    _resolve_references(metadata, artifact)
+    backends = {}
+    for subgraph in metadata["SUBGRAPHS"]:
+        backend = _load_subgraph(subgraph, metadata, remainder)
+        if "torch._dynamo" in _sys.modules:  # a frame evaluator may be active: never trace into a subgraph
+            backend = _sys.modules["torch._dynamo"].disable(backend)
+        backend.__precompile_artifact__ = tag
+        backends[subgraph["backend_id"]] = backend
+    stand_in = _DynamoUtils()
+    stand_in.__precompile_artifact__ = tag  # loading this artifact again may rebind it
+    defaults = metadata["_dynamo_defaults"] or remainder["defaults"]  # None: not literals, kept opaque
+    entry = None
+    for index, table in enumerate(metadata["_dynamo_frames"]):
+        module = _module(table["module"], artifact)
+        scope = module.__dict__
+        described = metadata["FRAMES"][index]
+        for alias, module_name in table["import_sources"].items():
+            bound = stand_in if alias in table["stand_ins"] else _importlib.import_module(module_name)
+            _seed(scope, alias, bound, tag, artifact, module.__name__)
+        for backend_id, name in table["backend_ids"]:
+            _seed(scope, name, backends[backend_id], tag, artifact, module.__name__)
+        for key in table["builtins_keys"]:
+            _seed(scope, key, _builtins_dict(scope), tag, artifact, module.__name__)
+        filename = getattr(module, "__file__", None) or f"<module {module.__name__}>"
+        original = _code_object(metadata, str(index), filename)
+        frame = _Frame(table["name"], original, scope, defaults["defaults"] if index == 0 else None,
+                       defaults["kwdefaults"] if index == 0 else None, artifact,
+                       described.get("runs_as_python", False), table["bypassed"], table["compiled"])
+        frame.label = described.get("qualname") or frame.name
+        listed = {v["variant"]: v for v in metadata["GUARDS"] if v["frame"] == frame.label}
+        for variant, guards_name in enumerate(() if frame.runs_as_python else table["guards"]):
+            if guards_name:
+                guards = _RenderedGuards(metadata[guards_name], scope)
+            else:  # torch's guard manager reads Dynamo's own import aliases
+                for dynamo_alias, alias in table["aliases"].items():
+                    bound = _importlib.import_module(table["import_sources"][alias])
+                    _seed(scope, dynamo_alias, bound, tag, artifact, module.__name__)
+                guards, global_state, _ = _torch_guards(
+                    remainder["guards"][f"{index}.{variant}"], original, scope,
+                    frozenset(listed[variant].get("policy_dropped", ())), listed[variant].get("by_name", ()), artifact)
+                frame.global_state_guards.append(global_state)
+            frame.add_variant(guards, _code_object(metadata, f"{index}.{variant}", filename))
+        if index == 0:
+            entry = frame
+        if table["install_to_global"]:
+            continuation = frame if not original.co_freevars else (lambda closure, _frame=frame: _frame.with_closure(closure))
+            continuation.__precompile_artifact__ = tag
+            for name in table["function_names"]:
+                _seed(scope, name, continuation, tag, artifact, module.__name__)
+    return entry
 
 
 def _continuation(frame, code, installed):
@@ -769,8 +1488,8 @@ def _install(frames, tag, artifact):
         if frame.runs_as_python:
             _run_as_python(frame.target, recursive=frame.runs_callees_inline)
             continue
-        for manager, body in frame.variants:
-            _load_precompile_entry(frame.target, manager, body.__code__)
+        for guards, body in frame.variants:
+            _load_precompile_entry(frame.target, guards.manager, body.__code__)
 
 
 def _run_as_python(code, recursive):

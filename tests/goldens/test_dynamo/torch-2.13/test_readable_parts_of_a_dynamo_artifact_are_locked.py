@@ -385,6 +385,10 @@ import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guar
 from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
+# Shape guards on an unspecialized float compare it with itself read back through a tensor, with
+# the function Dynamo's own shape guards name so.
+___as_tensor = torch._as_tensor_fullprec
+
 # The objects guards compare with by identity, by "module:qualname" reference; the driver resolves
 # them at load (a reference that does not resolve refuses the load).
 _by_name = {}
@@ -477,9 +481,10 @@ _tensors_0_0 = _TensorMatch((
 ))
 
 
-def guards_0_0(L, G):
+def guards_0_0(L, G, explain=False):
     """Frame 0 (break_and_scale), variant 0: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
@@ -495,11 +500,11 @@ def guards_0_0(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_0_0.check():
-            return _global_state_0_0.reason()
+            return _global_state_0_0.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
         if not _tensors_0_0.check(tensors):
-            return _tensors_0_0.reason(tensors)
+            return _tensors_0_0.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -562,9 +567,10 @@ _tensors_0_1 = _TensorMatch((
 ))
 
 
-def guards_0_1(L, G):
+def guards_0_1(L, G, explain=False):
     """Frame 0 (break_and_scale), variant 1: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
@@ -580,11 +586,11 @@ def guards_0_1(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_0_1.check():
-            return _global_state_0_1.reason()
+            return _global_state_0_1.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
         if not _tensors_0_1.check(tensors):
-            return _tensors_0_1.reason(tensors)
+            return _tensors_0_1.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -648,9 +654,10 @@ _tensors_1_0 = _TensorMatch((
 ))
 
 
-def guards_1_0(L, G):
+def guards_1_0(L, G, explain=False):
     """Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 0: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH y: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -658,11 +665,11 @@ def guards_1_0(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_1_0.check():
-            return _global_state_1_0.reason()
+            return _global_state_1_0.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['y'],)
         if not _tensors_1_0.check(tensors):
-            return _tensors_1_0.reason(tensors)
+            return _tensors_1_0.reason(tensors) if explain else failing
         failing = 'CONSTANT_MATCH scale'
         if not (type(L['scale']) is float and L['scale'] == 2.0):
             return failing
@@ -684,9 +691,10 @@ _tensors_1_1 = _TensorMatch((
 ))
 
 
-def guards_1_1(L, G):
+def guards_1_1(L, G, explain=False):
     """Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 1: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH y: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -694,11 +702,11 @@ def guards_1_1(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_1_1.check():
-            return _global_state_1_1.reason()
+            return _global_state_1_1.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['y'],)
         if not _tensors_1_1.check(tensors):
-            return _tensors_1_1.reason(tensors)
+            return _tensors_1_1.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -723,9 +731,10 @@ _tensors_1_2 = _TensorMatch((
 ))
 
 
-def guards_1_2(L, G):
+def guards_1_2(L, G, explain=False):
     """Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 2: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH y: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -733,11 +742,11 @@ def guards_1_2(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_1_2.check():
-            return _global_state_1_2.reason()
+            return _global_state_1_2.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['y'],)
         if not _tensors_1_2.check(tensors):
-            return _tensors_1_2.reason(tensors)
+            return _tensors_1_2.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -992,7 +1001,7 @@ class _RenderedGuards:
         return self.function(f_locals, self.scope) is None
 
     def explain(self, f_locals):
-        return self.function(f_locals, self.scope) or "every guard holds"
+        return self.function(f_locals, self.scope, True) or "every guard holds"
 
 
 class _TorchGuards:
@@ -1041,6 +1050,29 @@ def _seed_builtins(scope, key, artifact):
               "load the artifact in a fresh process")
 
 
+def _binder(code, name, defaults, kwdefaults):
+    """A function with `code`'s signature and defaults that returns its arguments by name, defaults
+    applied: Python's own argument binding, which the guards read as the frame's locals."""
+    names = code.co_varnames
+    positional, kwonly = code.co_argcount, code.co_kwonlyargcount
+    params = list(names[:positional])
+    if code.co_posonlyargcount:
+        params.insert(code.co_posonlyargcount, "/")
+    at = positional + kwonly
+    star = names[at] if code.co_flags & _inspect.CO_VARARGS else None
+    varkw = names[at + bool(star)] if code.co_flags & _inspect.CO_VARKEYWORDS else None
+    params += [f"*{star}" if star else ("*" if kwonly else ""), *names[positional:at], f"**{varkw}" if varkw else ""]
+    arguments = [*names[:positional], *filter(None, [star]), *names[positional:at], *filter(None, [varkw])]
+    source = (f"def _bind({', '.join(p for p in params if p)}):\n"
+              f"    return {{{', '.join(f'{n!r}: {n}' for n in arguments)}}}\n")
+    namespace = {}
+    exec(compile(source, f"<precompile binder of {name}>", "exec"), namespace)  # noqa: S102 - text built from the code's own names
+    binder = namespace["_bind"]
+    binder.__name__ = binder.__qualname__ = name
+    binder.__defaults__, binder.__kwdefaults__ = defaults, kwdefaults
+    return binder
+
+
 class _Frame:
     """One captured code object: its variants (guards, then the transformed code) and how to call it."""
 
@@ -1060,9 +1092,7 @@ class _Frame:
         # A frame run as Python that Dynamo did compile (to no graph) ran its callees inside its code.
         self.runs_callees_inline = runs_callees_inline
         self.defaults, self.kwdefaults = defaults, kwdefaults
-        signature_fn = _types.FunctionType(self.original, {}, self.name, defaults, _empty_cells(self.original))
-        signature_fn.__kwdefaults__ = kwdefaults
-        self.signature = _inspect.signature(signature_fn)
+        self.bind = _binder(self.original, self.name, defaults, kwdefaults)
         self.variants = []
         self.minted = []
         self.global_state_guards = []
@@ -1084,11 +1114,9 @@ class _Frame:
         if self.runs_as_python:
             return _types.FunctionType(self.original, self.scope, self.name, None, closure)(*args, **kwargs)
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            f_locals = self.bind(*args, **kwargs)
         except TypeError as exc:
             _fail(self.artifact, f"{self.name}() cannot take these arguments ({exc})", "call it as the captured fn")
-        bound.apply_defaults()
-        f_locals = dict(bound.arguments)
         self.update_threads()
         if closure:
             for name, cell in zip(self.original.co_freevars, closure):

@@ -222,23 +222,33 @@ INLINED_SOURCES = ({'module': 'dynamo_cases',
 SUBGRAPHS = ({'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'break_and_scale',
   'forward': 'graph_0',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'break_and_scale',
   'forward': 'graph_1',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_2',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_3',
-  'backward': ''},
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''},
  {'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_4',
-  'backward': ''})
+  'backward': '',
+  'served_by': 'aten',
+  'fallback_reason': ''})
 
 # ======================================================================================
 # 2. graph-0: graph_0, compiled in frame 'break_and_scale': ATen ops, run as they are (autograd flows through them)
@@ -375,6 +385,10 @@ import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guar
 from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
+# Shape guards on an unspecialized float compare it with itself read back through a tensor, with
+# the function Dynamo's own shape guards name so.
+___as_tensor = torch._as_tensor_fullprec
+
 # The objects guards compare with by identity, by "module:qualname" reference; the driver resolves
 # them at load (a reference that does not resolve refuses the load).
 _by_name = {}
@@ -467,9 +481,10 @@ _tensors_0_0 = _TensorMatch((
 ))
 
 
-def guards_0_0(L, G):
+def guards_0_0(L, G, explain=False):
     """Frame 0 (break_and_scale), variant 0: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
@@ -485,11 +500,11 @@ def guards_0_0(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_0_0.check():
-            return _global_state_0_0.reason()
+            return _global_state_0_0.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
         if not _tensors_0_0.check(tensors):
-            return _tensors_0_0.reason(tensors)
+            return _tensors_0_0.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -552,9 +567,10 @@ _tensors_0_1 = _TensorMatch((
 ))
 
 
-def guards_0_1(L, G):
+def guards_0_1(L, G, explain=False):
     """Frame 0 (break_and_scale), variant 1: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
@@ -570,11 +586,11 @@ def guards_0_1(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_0_1.check():
-            return _global_state_0_1.reason()
+            return _global_state_0_1.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
         if not _tensors_0_1.check(tensors):
-            return _tensors_0_1.reason(tensors)
+            return _tensors_0_1.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -638,9 +654,10 @@ _tensors_1_0 = _TensorMatch((
 ))
 
 
-def guards_1_0(L, G):
+def guards_1_0(L, G, explain=False):
     """Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 0: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH y: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -648,11 +665,11 @@ def guards_1_0(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_1_0.check():
-            return _global_state_1_0.reason()
+            return _global_state_1_0.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['y'],)
         if not _tensors_1_0.check(tensors):
-            return _tensors_1_0.reason(tensors)
+            return _tensors_1_0.reason(tensors) if explain else failing
         failing = 'CONSTANT_MATCH scale'
         if not (type(L['scale']) is float and L['scale'] == 2.0):
             return failing
@@ -674,9 +691,10 @@ _tensors_1_1 = _TensorMatch((
 ))
 
 
-def guards_1_1(L, G):
+def guards_1_1(L, G, explain=False):
     """Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 1: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH y: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -684,11 +702,11 @@ def guards_1_1(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_1_1.check():
-            return _global_state_1_1.reason()
+            return _global_state_1_1.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['y'],)
         if not _tensors_1_1.check(tensors):
-            return _tensors_1_1.reason(tensors)
+            return _tensors_1_1.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -713,9 +731,10 @@ _tensors_1_2 = _TensorMatch((
 ))
 
 
-def guards_1_2(L, G):
+def guards_1_2(L, G, explain=False):
     """Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 2: the first kept guard that fails, or None when all hold (a source that is not
-    there fails its guard). L: the bound arguments, G: the globals of the frame's module."""
+    there fails its guard). L: the bound arguments, G: the globals of the frame's module;
+    explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH y: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -723,11 +742,11 @@ def guards_1_2(L, G):
     try:
         failing = "GLOBAL_STATE"
         if not _global_state_1_2.check():
-            return _global_state_1_2.reason()
+            return _global_state_1_2.reason() if explain else failing
         failing = "TENSOR_MATCH"
         tensors = (L['y'],)
         if not _tensors_1_2.check(tensors):
-            return _tensors_1_2.reason(tensors)
+            return _tensors_1_2.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
@@ -770,9 +789,11 @@ _dynamo_state = None
 import base64 as _base64
 import hashlib as _hashlib
 import importlib as _importlib
+import importlib.machinery as _machinery
 import inspect as _inspect
 import itertools as _itertools
 import json as _json
+import linecache as _linecache
 import marshal as _marshal
 import pickle as _pickle
 import re as _re
@@ -804,19 +825,48 @@ def _check_versions(metadata, artifact):
                         "its guard state is tied to that build", "serve it with that torch, or capture it again here")
 
 
+def _hash_lines(lines, first_line, last_line):
+    return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
+
+
 def _hash_sourcelines(module, first_line, last_line):
     """sha256 of a module's source lines first_line .. last_line - 1, as Dynamo's package hashes the
     code it inlined (torch._dynamo.package._hash_sourcelines; a test keeps the two equal)."""
-    lines = _inspect.getsourcelines(module)[0][first_line - 1 : last_line - 1]
-    return _hashlib.sha256("".join(lines).encode()).hexdigest()
+    return _hash_lines(_inspect.getsourcelines(module)[0], first_line, last_line)
+
+
+def _unimported_origin(name):
+    """The .py file the import system would load for module `name`, found without executing it or
+    its packages; None where it is not a plain source file."""
+    spec, locations = None, None
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        loaded = _sys.modules.get(prefix)
+        spec = getattr(loaded, "__spec__", None) if loaded is not None else _machinery.PathFinder.find_spec(prefix, locations)
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+    origin = spec.origin if spec.has_location else None
+    return origin if origin and origin.endswith(".py") else None
+
+
+def _inlined_source_hash(source, artifact):
+    """The hash of the lines Dynamo inlined from a module as they read now. A module not imported yet
+    is read from its file, not imported: the polyfills Dynamo inlines live in torch._dynamo, which a
+    standalone artifact never imports."""
+    first, last = source["first_line"], source["last_line"]
+    origin = None if source["module"] in _sys.modules else _unimported_origin(source["module"])
+    if origin is not None:
+        return _hash_lines(_linecache.getlines(origin), first, last)
+    return _hash_sourcelines(_module(source["module"], artifact), first, last)
 
 
 def _check_sources(metadata, artifact):
     """The code Dynamo inlined must still say what it said at capture: guards do not check it."""
     for source in metadata.get("INLINED_SOURCES", ()):
-        module = _module(source["module"], artifact)
         try:
-            now = _hash_sourcelines(module, source["first_line"], source["last_line"])
+            now = _inlined_source_hash(source, artifact)
         except (OSError, TypeError):
             now = None
         if now != source["sha256"]:
@@ -951,7 +1001,7 @@ class _RenderedGuards:
         return self.function(f_locals, self.scope) is None
 
     def explain(self, f_locals):
-        return self.function(f_locals, self.scope) or "every guard holds"
+        return self.function(f_locals, self.scope, True) or "every guard holds"
 
 
 class _TorchGuards:
@@ -1000,6 +1050,29 @@ def _seed_builtins(scope, key, artifact):
               "load the artifact in a fresh process")
 
 
+def _binder(code, name, defaults, kwdefaults):
+    """A function with `code`'s signature and defaults that returns its arguments by name, defaults
+    applied: Python's own argument binding, which the guards read as the frame's locals."""
+    names = code.co_varnames
+    positional, kwonly = code.co_argcount, code.co_kwonlyargcount
+    params = list(names[:positional])
+    if code.co_posonlyargcount:
+        params.insert(code.co_posonlyargcount, "/")
+    at = positional + kwonly
+    star = names[at] if code.co_flags & _inspect.CO_VARARGS else None
+    varkw = names[at + bool(star)] if code.co_flags & _inspect.CO_VARKEYWORDS else None
+    params += [f"*{star}" if star else ("*" if kwonly else ""), *names[positional:at], f"**{varkw}" if varkw else ""]
+    arguments = [*names[:positional], *filter(None, [star]), *names[positional:at], *filter(None, [varkw])]
+    source = (f"def _bind({', '.join(p for p in params if p)}):\n"
+              f"    return {{{', '.join(f'{n!r}: {n}' for n in arguments)}}}\n")
+    namespace = {}
+    exec(compile(source, f"<precompile binder of {name}>", "exec"), namespace)  # noqa: S102 - text built from the code's own names
+    binder = namespace["_bind"]
+    binder.__name__ = binder.__qualname__ = name
+    binder.__defaults__, binder.__kwdefaults__ = defaults, kwdefaults
+    return binder
+
+
 class _Frame:
     """One captured code object: its variants (guards, then the transformed code) and how to call it."""
 
@@ -1019,9 +1092,7 @@ class _Frame:
         # A frame run as Python that Dynamo did compile (to no graph) ran its callees inside its code.
         self.runs_callees_inline = runs_callees_inline
         self.defaults, self.kwdefaults = defaults, kwdefaults
-        signature_fn = _types.FunctionType(self.original, {}, self.name, defaults, _empty_cells(self.original))
-        signature_fn.__kwdefaults__ = kwdefaults
-        self.signature = _inspect.signature(signature_fn)
+        self.bind = _binder(self.original, self.name, defaults, kwdefaults)
         self.variants = []
         self.minted = []
         self.global_state_guards = []
@@ -1043,11 +1114,9 @@ class _Frame:
         if self.runs_as_python:
             return _types.FunctionType(self.original, self.scope, self.name, None, closure)(*args, **kwargs)
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            f_locals = self.bind(*args, **kwargs)
         except TypeError as exc:
             _fail(self.artifact, f"{self.name}() cannot take these arguments ({exc})", "call it as the captured fn")
-        bound.apply_defaults()
-        f_locals = dict(bound.arguments)
         self.update_threads()
         if closure:
             for name, cell in zip(self.original.co_freevars, closure):
@@ -1123,6 +1192,7 @@ def _artifact_tag(raw_state, namespace):
     for subgraph in namespace["SUBGRAPHS"]:
         for key in ("forward", "backward"):
             value = namespace.get(subgraph.get(key) or "")
+            value = getattr(value, "__precompile_source__", value)  # a lowered subgraph: its module text
             if isinstance(value, str):
                 digest.update(value.encode("utf-8"))
             elif value is not None:
@@ -1142,8 +1212,8 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         _check_dynamo_serves(artifact)
     _check_sources(metadata, artifact)
 
-    if metadata["BACKEND"] == "inductor":
-        import torch._inductor.config as inductor_config
+    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
+        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
 
         # Precompiled headers are part of every kernel's cache key; artifacts are captured without them.
         inductor_config.cpp_cache_precompile_headers = False
@@ -1262,8 +1332,8 @@ def _build_standalone(metadata, state_blob, artifact):
     _check_sources(metadata, artifact)
     raw = _base64.b64decode(state_blob) if state_blob else b""
     remainder = _pickle.loads(raw) if raw else {"guards": {}, "backends": {}}
-    if metadata["BACKEND"] == "inductor":
-        import torch._inductor.config as inductor_config
+    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
+        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
 
         inductor_config.cpp_cache_precompile_headers = False  # as captured: not in the kernels' cache keys
     tag = _standalone_tag(metadata, raw)
