@@ -259,7 +259,9 @@ def autograd_plan(content) -> AutogradPlan:
         returns=meta.num_forward_returns,
         saved_tensors=content.num_fw_outs_saved_for_bw - meta.num_symints_saved_for_bw,
         non_differentiable=tuple(i for i, info in tensor_outputs if not info.requires_grad),
-        grad_outputs=tuple(i for i, info in tensor_outputs if info.requires_grad_for_backward),
+        # torch 2.11 gives a tangent to every output that requires grad (no _for_backward there)
+        grad_outputs=tuple(i for i, info in tensor_outputs
+                           if getattr(info, "requires_grad_for_backward", info.requires_grad)),
     )
 
 
