@@ -1,7 +1,9 @@
 """Time to the first step on every rank, side by side in one run: torch.compile vs precompile.
 
-On 2 and 4 gloo ranks (CPU, 127.0.0.1), each rank a fresh process running an MLP step that ends in
-a functional all_reduce:
+On 2 and 4 gloo ranks (CPU, 127.0.0.1), each rank a fresh process running one step of a model that
+ends in a functional all_reduce, one table per model (`--model`): `mlp`, a 4-layer 256-wide MLP, and
+`transformer`, precompile's own demo transformer (the one `precompile demo` captures, built by
+precompile.examples.transformer.make_demo). Every mode of a model runs the same step:
 
   compile-cold   torch.compile on every rank, an empty Inductor cache dir shared by the ranks
   compile-warm   torch.compile on every rank, the cache dir compile-cold filled
@@ -13,8 +15,9 @@ a functional all_reduce:
 rank; `after import` leaves out each rank's interpreter start and `import torch` (the slowest rank's).
 A second table splits the last rank's first step time into phases: start python (spawn, interpreter,
 this script's stdlib imports), import torch, join group (import torch.distributed,
-init_process_group), load (build the model, then import precompile and load_everywhere, or
-torch.compile, which imports Dynamo and Inductor), first step (the compile, where there is one).
+init_process_group), build model, load (import precompile and load_everywhere, or torch.compile,
+which imports Dynamo and Inductor), first step (the compile, where there is one). precompile's floor
+is the first four: what every mode spends before precompile's own work begins.
 
 Every mode's ranks start the same way: a plain `python bench/ranks.py --rank ...` each (torchrun would
 add its launcher's own `import torch` to every row alike), with OMP_NUM_THREADS=1 as torchrun sets it,
@@ -25,7 +28,15 @@ would otherwise compile precompile's sources anew in every precompile rank, and 
 first step took beyond a second, identical step: what compiling cost. precompile's first step runs
 under no_compilation(), which raises rather than compile, so its figure is first-call noise.
 
-    python bench/ranks.py [--worlds 2,4] [--repeat 1]
+    python bench/ranks.py [--worlds 2,4] [--model mlp,transformer] [--repeat 1]
+
+What it showed (--repeat 3, 2 CPUs shared with other jobs, load average 3 to 5): the issue's target,
+precompile <= 0.2x compile-warm, is not met for either model at 2 or 4 ranks. precompile took
+0.30x and 0.33x warm (mlp, 2 and 4 ranks) and 0.33x and 0.30x (transformer), and its floor alone
+was 0.29x to 0.32x warm: starting python and `import torch` on every rank (2.6 to 6.8 s here) are
+most of it. precompile's own load and first step took 0.12 to 0.32 s (about 0.01x warm), and
+0.01 to 0.03 compile CPU-seconds against 10 to 22 for compile-warm and 24 to 54 for compile-cold.
+The target needs a step whose warm torch.compile costs at least five times the floor.
 """
 from __future__ import annotations
 
@@ -45,14 +56,24 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("compile-cold", "compile-warm", "precompile")
 # Each rank's timestamps, in order; the phase ending at each is named in PHASE_TITLES.
-PHASES = ("python", "torch", "joined", "ready", "first_done")
-PHASE_TITLES = ("start python", "import torch", "join group", "load", "first step")
+PHASES = ("python", "torch", "joined", "built", "ready", "first_done")
+PHASE_TITLES = ("start python", "import torch", "join group", "build model", "load", "first step")
+FLOOR_PHASES = 4  # the phases every mode spends alike, before precompile's own load
+MODELS = {
+    "mlp": "a 4-layer 256-wide MLP (GELU), batch 32",
+    "transformer": "precompile's demo TinyTransformer (precompile.examples.transformer.make_demo: 2 blocks, width 64, "
+                   "4 heads, input 2x16x64)",
+}
 TIMEOUT_S = 900
 
 
-def build():
+def build(model_name: str):
     import torch
 
+    if model_name == "transformer":
+        from precompile.examples.transformer import make_demo
+
+        return make_demo()
     torch.manual_seed(0)
     model = torch.nn.Sequential(*(layer for _ in range(4) for layer in (torch.nn.Linear(256, 256), torch.nn.GELU())))
     return model, torch.randn(32, 256)
@@ -70,7 +91,7 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def _rank_main(rank: int, world: int, port: str, mode: str, pair: str) -> None:
+def _rank_main(rank: int, world: int, port: str, mode: str, pair: str, model_name: str) -> None:
     marks = {"python": time.time()}  # the interpreter is up and this script's stdlib imports are done
     import torch
 
@@ -80,7 +101,8 @@ def _rank_main(rank: int, world: int, port: str, mode: str, pair: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
     marks["joined"] = time.time()
-    model, x = build()
+    model, x = build(model_name)
+    marks["built"] = time.time()
     artifact, cache = f"{pair}.py", f"{pair}.cache"
     with torch.no_grad():
         if mode == "capture":
@@ -121,12 +143,12 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _run_world(world: int, mode: str, pair: Path, cache_dir: Path) -> dict:
+def _run_world(world: int, mode: str, pair: Path, cache_dir: Path, model_name: str) -> dict:
     env = {"OMP_NUM_THREADS": "1", **os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache_dir), "PYTHONPATH": str(ROOT)}
     port = str(_free_port())
     started = time.time()
     procs = [
-        subprocess.Popen([sys.executable, __file__, "--rank", str(rank), str(world), port, mode, str(pair)],
+        subprocess.Popen([sys.executable, __file__, "--rank", str(rank), str(world), port, mode, str(pair), model_name],
                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for rank in range(world)
     ]
@@ -136,10 +158,10 @@ def _run_world(world: int, mode: str, pair: Path, cache_dir: Path) -> dict:
         for proc in procs:
             proc.kill()
             proc.communicate()
-        raise SystemExit(f"{mode} on {world} ranks did not finish within {TIMEOUT_S} s")
+        raise SystemExit(f"{mode} of the {model_name} on {world} ranks did not finish within {TIMEOUT_S} s")
     for rank, (proc, (out, err)) in enumerate(zip(procs, outputs)):
         if proc.returncode != 0:
-            raise SystemExit(f"{mode} rank {rank} of {world} failed:\n{err[-3000:]}")
+            raise SystemExit(f"{mode} of the {model_name}: rank {rank} of {world} failed:\n{err[-3000:]}")
     results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
     if mode == "capture":
         return {}
@@ -153,45 +175,58 @@ def _run_world(world: int, mode: str, pair: Path, cache_dir: Path) -> dict:
     }
 
 
+def _bench_world(world: int, model_name: str, repeat: int) -> None:
+    """Capture, then time every mode on `world` ranks; print its rows."""
+    work = Path(tempfile.mkdtemp(prefix=f"precompile-bench-ranks-{model_name}-{world}-"))
+    try:
+        pair = work / "step"
+        _run_world(world, "capture", pair, work / "capture-cache", model_name)
+        rows = {"compile-cold": _run_world(world, "compile-cold", pair, work / "compile-cache", model_name)}
+        runs: dict[str, list[dict]] = {"compile-warm": [], "precompile": []}
+        for _ in range(repeat):  # round robin, so a change in the host's load hits every mode alike
+            for mode, mode_runs in runs.items():
+                cache_dir = work / ("compile-cache" if mode == "compile-warm" else "serve-cache")
+                mode_runs.append(_run_world(world, mode, pair, cache_dir, model_name))
+        rows.update((mode, min(mode_runs, key=lambda r: r["first_step_s"])) for mode, mode_runs in runs.items())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    warm = rows["compile-warm"]
+    for mode in MODES:
+        row = rows[mode]
+        print(f"{world:>5}  {mode:<13} {row['first_step_s']:>12.2f} {row['first_step_s'] / warm['first_step_s']:>6.2f}x "
+              f"{row['after_import_s']:>15.2f} {row['after_import_s'] / warm['after_import_s']:>6.2f}x "
+              f"{row['compile_cpu_s']:>14.2f}", flush=True)
+    print(f"{'':>5}  where the last rank's first step time went, s: " + ", ".join(PHASE_TITLES))
+    for mode in MODES:
+        print(f"{world:>5}  {mode:<13} " + " ".join(f"{s:>12.2f}" for s in rows[mode]["phases_s"]), flush=True)
+    floor = sum(rows["precompile"]["phases_s"][:FLOOR_PHASES])
+    print(f"{world:>5}  precompile's floor ({', '.join(PHASE_TITLES[:FLOOR_PHASES])}): {floor:.2f} s = "
+          f"{floor / warm['first_step_s']:.2f}x warm; its own load and first step: "
+          f"{sum(rows['precompile']['phases_s'][FLOOR_PHASES:]):.2f} s", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worlds", default="2,4")
+    parser.add_argument("--model", default=",".join(MODELS), help=f"comma-separated, each its own table: {', '.join(MODELS)}")
     parser.add_argument("--repeat", type=int, default=1, help="runs of compile-warm and precompile (best kept)")
     options = parser.parse_args()
+    model_names = options.model.split(",")
+    unknown = sorted(set(model_names) - set(MODELS))
+    if unknown:
+        parser.error(f"--model: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "precompile")], check=True, timeout=TIMEOUT_S)
-    print(f"host: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} (other work on the host slows every row alike)")
-    print(f"{'ranks':>5}  {'mode':<13} {'first step s':>12} {'x warm':>7} {'after import s':>15} {'x warm':>7} "
-          f"{'compile CPU-s':>14}")
-    for world in (int(w) for w in options.worlds.split(",")):
-        work = Path(tempfile.mkdtemp(prefix=f"precompile-bench-ranks-{world}-"))
-        try:
-            pair = work / "step"
-            _run_world(world, "capture", pair, work / "capture-cache")
-            rows = {"compile-cold": _run_world(world, "compile-cold", pair, work / "compile-cache")}
-            runs: dict[str, list[dict]] = {"compile-warm": [], "precompile": []}
-            for _ in range(options.repeat):  # round robin, so a change in the host's load hits every mode alike
-                for mode, mode_runs in runs.items():
-                    mode_runs.append(_run_world(world, mode, pair, work / ("compile-cache" if mode == "compile-warm" else "serve-cache")))
-            rows.update((mode, min(mode_runs, key=lambda r: r["first_step_s"])) for mode, mode_runs in runs.items())
-            warm = rows["compile-warm"]
-            for mode in MODES:
-                row = rows[mode]
-                print(f"{world:>5}  {mode:<13} {row['first_step_s']:>12.2f} {row['first_step_s'] / warm['first_step_s']:>6.2f}x "
-                      f"{row['after_import_s']:>15.2f} {row['after_import_s'] / warm['after_import_s']:>6.2f}x "
-                      f"{row['compile_cpu_s']:>14.2f}", flush=True)
-            print(f"{'':>5}  where the last rank's first step time went, s: " + ", ".join(PHASE_TITLES))
-            for mode in MODES:
-                print(f"{world:>5}  {mode:<13} " + " ".join(f"{s:>12.2f}" for s in rows[mode]["phases_s"]), flush=True)
-            floor = sum(rows["precompile"]["phases_s"][:3])
-            print(f"{world:>5}  precompile's floor (start python, import torch, join group): {floor:.2f} s = "
-                  f"{floor / warm['first_step_s']:.2f}x warm; its own load and first step: "
-                  f"{sum(rows['precompile']['phases_s'][3:]):.2f} s", flush=True)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+    for model_name in model_names:
+        print(f"\nmodel: {model_name}, {MODELS[model_name]}; host: {os.cpu_count()} CPUs, load average "
+              f"{os.getloadavg()[0]:.1f} (other work on the host slows every row alike)")
+        print(f"{'ranks':>5}  {'mode':<13} {'first step s':>12} {'x warm':>7} {'after import s':>15} {'x warm':>7} "
+              f"{'compile CPU-s':>14}")
+        for world in (int(w) for w in options.worlds.split(",")):
+            _bench_world(world, model_name, options.repeat)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--rank"]:
-        _rank_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6])
+        _rank_main(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7])
     else:
         main()

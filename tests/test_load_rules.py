@@ -1,6 +1,7 @@
 """load(): which problems of a pair are fatal, which degrade with a warning, and the served checks."""
 from __future__ import annotations
 
+import hashlib
 import warnings
 
 import msgspec
@@ -85,6 +86,31 @@ def test_an_unusable_cache_is_ignored_with_a_warning(pair, tmp_path, damage, mes
         runnable = precompile.load(artifact, cache)
     assert not runnable.cache_used
     assert runnable(nn.Linear(4, 3), torch.ones(2, 4), 0.5).shape == (2, 3)
+
+
+def with_lines_appended(pair, tmp_path, text):
+    """A copy of the pair with `text` appended to python_code and the cache's code_hash following it."""
+    artifact, cache = copy_pair(pair, tmp_path)
+    artifact.write_text(artifact.read_text() + text)
+    rewrite_envelope(cache, code_hash=hashlib.sha256(artifact.read_bytes()).hexdigest())
+    return artifact, cache
+
+
+def test_load_reads_the_metadata_of_the_code_it_runs_the_last_assignment_winning(pair, tmp_path):
+    artifact, cache = with_lines_appended(pair, tmp_path, "BACKEND = 'inductor'\n")
+    with pytest.raises(PrecompileError, match="the cache's backend 'eager' does not match the python_code BACKEND 'inductor'"):
+        precompile.load(artifact, cache)
+
+
+def test_code_that_parses_but_does_not_compile_is_refused_after_the_metadata_and_pairing_checks(pair, tmp_path):
+    """python_code is parsed once, for its metadata, and that tree compiled: an error only the compiler
+    finds is reported as before, and only once the metadata and the pairing passed."""
+    artifact, cache = with_lines_appended(pair, tmp_path, "return 1\n")
+    with pytest.raises(PrecompileError, match=r"m.py failed to execute: SyntaxError: 'return' outside function \(m.py, line \d+\)"):
+        precompile.load(artifact, cache)
+    artifact, cache = with_lines_appended(pair, tmp_path, "return 1\nBACKEND = 'inductor'\n")
+    with pytest.raises(PrecompileError, match="does not match the python_code BACKEND 'inductor'"):
+        precompile.load(artifact, cache)
 
 
 def test_an_interrupted_write_is_finished_by_load(pair, tmp_path):

@@ -1,6 +1,8 @@
 """The torch-free format definition: import hygiene, JSON Schema drift, the cache codec."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import hashlib
 
 import msgspec
@@ -10,7 +12,7 @@ from conftest import run_fresh
 from precompile.errors import PrecompileError
 from precompile.schema import codec, jsonschema
 from precompile.schema.envelope import CacheEnvelopeV1, Producer
-from precompile.schema.pycode import parse_metadata
+from precompile.schema.pycode import parse_metadata, parse_source
 
 PRODUCER = Producer(precompile="0.1.0", torch="2.13.0+cpu", python="3.11.7")
 
@@ -104,6 +106,21 @@ def test_python_code_metadata_errors_name_the_file():
         parse_metadata("FORMAT_VERSION = 1\nTRACER = 'make_fx'\nBACKEND = open('x')\n", filename="m.py")
     with pytest.raises(PrecompileError, match=r"m.py has malformed metadata: Object missing required field"):
         parse_metadata("FORMAT_VERSION = 1\nTRACER = 'make_fx'\nBACKEND = 'eager'\n", filename="m.py")
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("source", ["FORMAT_VERSION = 1\n", "def (:\n"])
+def test_parsing_leaves_the_cyclic_collector_as_it_found_it(enabled, source):
+    """parse_source pauses the collector while it builds the tree: on again after, off if it was off,
+    also when the source is not Python."""
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        with contextlib.suppress(PrecompileError):
+            parse_source(source, filename="m.py")
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
 
 
 def test_upper_case_names_the_metadata_does_not_read_may_be_any_expression():

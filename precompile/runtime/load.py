@@ -1,6 +1,7 @@
 """load(artifact_path, cache_path): read the pair, check it, exec python_code, wrap `forward`."""
 from __future__ import annotations
 
+import ast
 import builtins
 import contextlib
 import linecache
@@ -99,17 +100,22 @@ def _forbidden_cause(exc: BaseException) -> CompilationForbidden | None:
     return None
 
 
-def exec_registered(source: str, filename: str, namespace: dict[str, Any]) -> None:
+def exec_registered(source: str, filename: str, namespace: dict[str, Any], tree: ast.Module | None = None) -> None:
     """Exec source we rendered into `namespace` as file `filename`, registered in linecache so
-    tracebacks and debuggers show its lines (attrs does the same for the code it generates)."""
+    tracebacks and debuggers show its lines (attrs does the same for the code it generates).
+    `tree`, the source already parsed, is compiled instead of parsing the source again."""
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    exec(compile(source, filename, "exec"), namespace)  # noqa: S102
+    exec(compile(source if tree is None else tree, filename, "exec"), namespace)  # noqa: S102
 
 
 def execute(
-    source: str, filename: str, primed_kernels: dict[str, str] | None = None, allow_serve_time_compiles: bool = False
+    source: str,
+    filename: str,
+    primed_kernels: dict[str, str] | None = None,
+    allow_serve_time_compiles: bool = False,
+    tree: ast.Module | None = None,
 ) -> dict[str, Any]:
-    """Exec python_code as its own namespace (see exec_registered).
+    """Exec python_code as its own namespace (see exec_registered; `tree` is its parse, if made).
 
     `primed_kernels` ({kernel source sha256: library path}) lets the kernel runtime of an Inductor
     artifact load its kernels directly instead of compiling them; `allow_serve_time_compiles` tells
@@ -121,7 +127,7 @@ def execute(
     if allow_serve_time_compiles:
         namespace["__precompile_allow_serve_time_compiles__"] = True
     try:
-        exec_registered(source, filename, namespace)
+        exec_registered(source, filename, namespace, tree)
     except PrecompileError:
         raise
     except Exception as exc:
@@ -204,7 +210,7 @@ def load(
             bundle = cache.envelope.bundle
             stack.enter_context(kernels.producer_vec_isas(bundle.keys))
             stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
-        namespace = execute(python_code.source, str(artifact_path.resolve()), primed, allow_serve_time_compiles)
+        namespace = execute(python_code.source, str(artifact_path.resolve()), primed, allow_serve_time_compiles, python_code.tree)
     log.info(
         "loaded %s in %.3f s (cache %s, %d kernels primed)",
         artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),

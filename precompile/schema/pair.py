@@ -2,6 +2,7 @@
 that inspect shares. Torch-free."""
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -9,7 +10,7 @@ from precompile.errors import PrecompileError
 from precompile.schema.codec import CacheFormatError, decode_header
 from precompile.schema.envelope import CacheEnvelope
 from precompile.schema.metadata import ArtifactMetadata
-from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source, parse_metadata
+from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source, parse_metadata, parse_source
 
 
 @dataclass(frozen=True)
@@ -18,6 +19,9 @@ class PythonCode:
     data: bytes
     source: str
     metadata: ArtifactMetadata
+    tree: ast.Module | None = None
+    """The syntax tree the metadata was read from, which load compiles (None where only the metadata
+    was wanted)."""
 
     @property
     def code_hash(self) -> str:
@@ -55,7 +59,8 @@ def read_bytes(path: Path, what: str, limit: int) -> bytes:
 def read_python_code(path: Path) -> PythonCode:
     data = read_bytes(path, "python_code", MAX_PYTHON_CODE_SIZE)
     source = decode_source(data, filename=str(path))
-    return PythonCode(path=path, data=data, source=source, metadata=parse_metadata(source, filename=str(path)))
+    tree = parse_source(source, filename=str(path))
+    return PythonCode(path=path, data=data, source=source, metadata=parse_metadata(tree, filename=str(path)), tree=tree)
 
 
 def parse_cache(path: Path, data: bytes) -> CacheFile:
