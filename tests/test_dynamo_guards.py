@@ -423,6 +423,16 @@ def _defaults(x, scale=2.0):
     pass
 
 
+def test_the_driver_binds_a_comprehension_frame_by_position():
+    """A comprehension's code takes its iterator as `.0`, which no def can spell."""
+    from precompile.codegen.drivers import dynamo as driver
+
+    code = next(c for c in compile("{k: v for k, v in pairs}", "<x>", "eval").co_consts if hasattr(c, "co_varnames"))
+    binder = driver._binder(code, code.co_name, None, None)
+    items = iter([(1, 2)])
+    assert binder(items) == {".0": items}
+
+
 @pytest.mark.parametrize("fn, args, kwargs", [
     (_every_kind, (1, 2, 3), {"e": 5}), (_every_kind, (1, 2, 3, 9, 10, 11), {"e": 5, "z": 1}),
     (_keywords_only, (1,), {"k": 2}), (_defaults, (1,), {}), (_defaults, (1,), {"scale": 3.0}),

@@ -793,6 +793,7 @@ import importlib.machinery as _machinery
 import inspect as _inspect
 import itertools as _itertools
 import json as _json
+import keyword as _keyword
 import linecache as _linecache
 import marshal as _marshal
 import pickle as _pickle
@@ -1052,19 +1053,22 @@ def _seed_builtins(scope, key, artifact):
 
 def _binder(code, name, defaults, kwdefaults):
     """A function with `code`'s signature and defaults that returns its arguments by name, defaults
-    applied: Python's own argument binding, which the guards read as the frame's locals."""
+    applied: Python's own argument binding, which the guards read as the frame's locals. A name that
+    is no identifier (a comprehension's `.0`) can only be passed by position: it gets a stand-in."""
     names = code.co_varnames
+    spelled = {n: n if n.isidentifier() and not _keyword.iskeyword(n) else f"_positional_{i}" for i, n in enumerate(names)}
     positional, kwonly = code.co_argcount, code.co_kwonlyargcount
-    params = list(names[:positional])
+    params = [spelled[n] for n in names[:positional]]
     if code.co_posonlyargcount:
         params.insert(code.co_posonlyargcount, "/")
     at = positional + kwonly
     star = names[at] if code.co_flags & _inspect.CO_VARARGS else None
     varkw = names[at + bool(star)] if code.co_flags & _inspect.CO_VARKEYWORDS else None
-    params += [f"*{star}" if star else ("*" if kwonly else ""), *names[positional:at], f"**{varkw}" if varkw else ""]
+    params += [f"*{spelled[star]}" if star else ("*" if kwonly else ""), *(spelled[n] for n in names[positional:at]),
+               f"**{spelled[varkw]}" if varkw else ""]
     arguments = [*names[:positional], *filter(None, [star]), *names[positional:at], *filter(None, [varkw])]
     source = (f"def _bind({', '.join(p for p in params if p)}):\n"
-              f"    return {{{', '.join(f'{n!r}: {n}' for n in arguments)}}}\n")
+              f"    return {{{', '.join(f'{n!r}: {spelled[n]}' for n in arguments)}}}\n")
     namespace = {}
     exec(compile(source, f"<precompile binder of {name}>", "exec"), namespace)  # noqa: S102 - text built from the code's own names
     binder = namespace["_bind"]
