@@ -349,6 +349,20 @@ def test_the_driver_finds_an_inlined_module_file_without_importing_it():
     assert driver._unimported_origin("precompile.no_such_module") is None
 
 
+def test_the_driver_finds_a_module_file_whose_package_was_never_imported(tmp_path, monkeypatch):
+    """The search walks the package path without executing a package's __init__ or the module."""
+    from precompile.codegen.drivers import dynamo as driver
+
+    package = tmp_path / "never_imported_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('the package was executed')\n")
+    (package / "inlined.py").write_text("raise RuntimeError('the module was executed')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert driver._unimported_origin("never_imported_pkg.inlined") == str(package / "inlined.py")
+    assert driver._unimported_origin("never_imported_pkg.absent") is None
+    assert "never_imported_pkg" not in sys.modules and "never_imported_pkg.inlined" not in sys.modules
+
+
 def test_the_dynamo_utils_stand_in_does_what_torch_does():
     from torch._dynamo import utils
 

@@ -1189,6 +1189,17 @@ def _load_subgraph(subgraph, namespace, state):
     return aot.after_deserialization()
 
 
+def _configure_inductor_for_aotautograd(metadata):
+    """Where AOTAutograd serves a subgraph (its output module is written here as a string), Inductor
+    loads the module's kernels: configure it as the capture was. Precompiled headers are part of
+    every kernel's cache key, and artifacts are captured without them. Lowered subgraphs need none
+    of this, so Inductor is not imported for them."""
+    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
+        import torch._inductor.config as inductor_config
+
+        inductor_config.cpp_cache_precompile_headers = False
+
+
 def _artifact_tag(raw_state, namespace):
     """What tells this artifact's seeded names from another's: its opaque state and its subgraphs'
     code, so loading the same artifact again may rebind them and a different one may not."""
@@ -1216,11 +1227,7 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         _check_dynamo_serves(artifact)
     _check_sources(metadata, artifact)
 
-    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
-        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
-
-        # Precompiled headers are part of every kernel's cache key; artifacts are captured without them.
-        inductor_config.cpp_cache_precompile_headers = False
+    _configure_inductor_for_aotautograd(metadata)
     raw = _base64.b64decode(state_blob)
     tag = _artifact_tag(raw, metadata)
     state = _pickle.loads(raw)
@@ -1336,10 +1343,7 @@ def _build_standalone(metadata, state_blob, artifact):
     _check_sources(metadata, artifact)
     raw = _base64.b64decode(state_blob) if state_blob else b""
     remainder = _pickle.loads(raw) if raw else {"guards": {}, "backends": {}}
-    if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
-        import torch._inductor.config as inductor_config  # AOTAutograd serves a subgraph through Inductor
-
-        inductor_config.cpp_cache_precompile_headers = False  # as captured: not in the kernels' cache keys
+    _configure_inductor_for_aotautograd(metadata)
     tag = _standalone_tag(metadata, raw)
     _resolve_references(metadata, artifact)
     backends = {}
