@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from precompile.schema.codec import build_bundle, decode_header, encode_cache
+from precompile.artifact.codec import build_bundle, decode_header, encode_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 

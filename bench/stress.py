@@ -318,7 +318,7 @@ def mutations(args, work: Path) -> dict:
 KILLED_WRITER = r"""
 import os, signal, sys, time
 from pathlib import Path
-from precompile.runtime import writer
+from precompile.artifact import writer
 
 class Steps:
     '''os, except that calls are counted and the `kill_at`-th one (if any) is replaced by SIGKILL.'''
@@ -351,7 +351,7 @@ else:  # rewrite the pairs in turn until killed
 KILLED_CAPTURE = r"""
 import sys, torch, precompile
 from pathlib import Path
-from precompile.runtime import writer
+from precompile.artifact import writer
 sys.path.insert(0, sys.argv[4])
 from stress_kill import Steps
 writer.os = Steps(int(sys.argv[3]))
@@ -366,7 +366,7 @@ def variant(directory: Path, tag: str) -> Path:
     """The mlp fixture pair with its python_code tagged by a comment (so loadable, and distinct per tag)."""
     import msgspec
 
-    from precompile.schema.codec import decode_header, encode_cache
+    from precompile.artifact.codec import decode_header, encode_cache
 
     python_code = (FIXTURES / "v1/mlp.py").read_bytes() + f"# writer {tag}\n".encode()
     envelope, _ = decode_header((FIXTURES / "v1/mlp.cache").read_bytes())
@@ -385,7 +385,7 @@ def classify_after_load(artifact: Path, cache: Path, old: tuple[bytes, bytes], n
     """Load the pair (which finishes an interrupted write) and say whose it is: old, new, or what went wrong.
     `new` None: any whole pair other than the old one counts as new (a capture's, not known in advance)."""
     import precompile
-    from precompile.schema.pair import declared_code_hash
+    from precompile.artifact.pair import declared_code_hash
 
     try:
         with warnings.catch_warnings():
@@ -402,7 +402,7 @@ def classify_after_load(artifact: Path, cache: Path, old: tuple[bytes, bytes], n
 
 
 def kills(args, work: Path) -> dict:
-    from precompile.runtime.writer import write_pair
+    from precompile.artifact.writer import write_pair
 
     rng = random.Random(f"kills-{args.seed}")
     staged = work / "staged"
@@ -459,7 +459,7 @@ def kills(args, work: Path) -> dict:
 CONCURRENT_WRITER = r"""
 import sys, time
 from pathlib import Path
-from precompile.runtime.writer import write_pair
+from precompile.artifact.writer import write_pair
 artifact, cache, source, rounds = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 python_code, cache_bytes = source.with_suffix(".py").read_bytes(), source.with_suffix(".cache").read_bytes()
 source.with_suffix(".ready").touch()

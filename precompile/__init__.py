@@ -1,6 +1,6 @@
 """precompile: capture a PyTorch computation ahead of time into a self-contained, inspectable artifact.
 
-Importing this package does not import torch: `precompile.schema` and `precompile.inspect` stay
+Importing this package does not import torch: `precompile.artifact` and `precompile.inspect` stay
 torch-free, and the torch side (capture, load, tracers) is imported on first use of its names.
 """
 from __future__ import annotations
@@ -8,33 +8,40 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from precompile.errors import PrecompileError, PrecompileWarning
-from precompile.runtime.no_compilation import activate_from_environment as _activate_from_environment
-from precompile.runtime.no_compilation import no_compilation
-
-__version__ = "0.1.0"
+from precompile._version import __version__
+from precompile.errors import (
+    CacheFormatError,
+    CaptureRefused,
+    CompilationForbidden,
+    PairMismatch,
+    PrecompileError,
+    PrecompileWarning,
+)
+from precompile.serve.no_compilation import activate_from_environment as _activate_from_environment
+from precompile.serve.no_compilation import no_compilation
 
 # public name -> module that defines it; resolved lazily so that `import precompile` stays cheap.
 _LAZY = {
-    "capture": "precompile.runtime.capture",
-    "Capture": "precompile.runtime.capture",
-    "load": "precompile.runtime.load",
-    "PrecompiledRunnable": "precompile.runtime.load",
-    "MakeFxTracer": "precompile.runtime.tracers",
-    "DynamoTracer": "precompile.runtime.tracers",
-    "PrecompileSummary": "precompile.schema.summary",
+    "capture": "precompile.capturing.api",
+    "Capture": "precompile.capturing.api",
+    "load": "precompile.serve.load",
+    "PrecompiledRunnable": "precompile.serve.load",
+    "MakeFxTracer": "precompile.capturing.tracers",
+    "DynamoTracer": "precompile.capturing.tracers",
+    "PrecompileSummary": "precompile.artifact.summary",
 }
 
 # public submodules that import torch, also resolved on first use: precompile.distributed.load_everywhere
 _LAZY_MODULES = ("distributed",)
 
-__all__ = ["PrecompileError", "PrecompileWarning", "no_compilation", *_LAZY, *_LAZY_MODULES]
+__all__ = ["__version__", "PrecompileError", "CaptureRefused", "PairMismatch", "CacheFormatError", "CompilationForbidden",
+           "PrecompileWarning", "no_compilation", *_LAZY, *_LAZY_MODULES]
 
 if TYPE_CHECKING:
-    from precompile.runtime.capture import Capture, capture
-    from precompile.runtime.load import PrecompiledRunnable, load
-    from precompile.runtime.tracers import DynamoTracer, MakeFxTracer
-    from precompile.schema.summary import PrecompileSummary
+    from precompile.artifact.summary import PrecompileSummary
+    from precompile.capturing.api import Capture, capture
+    from precompile.capturing.tracers import DynamoTracer, MakeFxTracer
+    from precompile.serve.load import PrecompiledRunnable, load
 
 
 _activate_from_environment()

@@ -1,3 +1,3 @@
-from precompile.cli import main
+from precompile.cli.main import main
 
 raise SystemExit(main())

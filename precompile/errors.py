@@ -1,4 +1,19 @@
-"""The one error type of precompile. Torch-free: inspect and schema raise it too."""
+"""The errors and the warning of precompile. Torch-free: inspect and the artifact format raise them too.
+
+    PrecompileError                 every refusal; the message names the file or argument, both values
+    ├── CaptureRefused              capture cannot make a faithful artifact of this fn or call
+    ├── PairMismatch                python_code and cache come from different captures
+    ├── CacheFormatError            a cache is not a readable envelope of a version this reader knows
+    └── CompilationForbidden        no_compilation() stopped a trace, compile, benchmark or autotune
+    PrecompileWarning               something degraded rather than refused (an unusable cache ignored)
+
+A served call that does not match the calling convention raises PrecompileError from python_code's
+driver, which runs where precompile may not be installed and then defines a twin of that name.
+"""
+from __future__ import annotations
+
+__all__ = ["CacheFormatError", "CaptureRefused", "CompilationForbidden", "PairMismatch", "PrecompileError",
+           "PrecompileWarning"]
 
 
 class PrecompileError(RuntimeError):
@@ -9,12 +24,28 @@ class PrecompileError(RuntimeError):
     """
 
 
-# The public name users see in tracebacks and docs.
-PrecompileError.__module__ = "precompile"
+class CaptureRefused(PrecompileError):
+    """Capture refused fn or a call: the artifact would not serve it faithfully (the message says what to change)."""
+
+
+class PairMismatch(PrecompileError):
+    """load was given a python_code and a cache written by different captures (backend, tracer or code_hash)."""
+
+
+class CacheFormatError(PrecompileError):
+    """The cache file is not a readable envelope of a version this reader understands, or breaks the
+    bundle rules. `load` degrades on it (the cache is only an acceleration); inspect reports it."""
+
+
+class CompilationForbidden(PrecompileError):
+    """Raised where no_compilation() stopped a trace, a compile, a benchmark or an autotune."""
 
 
 class PrecompileWarning(UserWarning):
     """Something was degraded rather than refused, e.g. an unusable cache ignored at load."""
 
 
-PrecompileWarning.__module__ = "precompile"
+# The public names users see in tracebacks and docs.
+for _public in (PrecompileError, CaptureRefused, PairMismatch, CacheFormatError, CompilationForbidden, PrecompileWarning):
+    _public.__module__ = "precompile"
+del _public

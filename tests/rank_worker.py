@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 import precompile
 import rank_cases
-from precompile.runtime import capture as capture_module
+from precompile.capturing import api as capture_module
 
 
 def _equal(a, b) -> bool:

@@ -128,7 +128,7 @@ def test_a_failed_write_raises_and_leaves_the_previous_pair(tmp_path, monkeypatc
     with make(tmp_path) as cap:
         cap(torch.ones(2))
     before = {name: (tmp_path / name).read_bytes() for name in written(tmp_path)}
-    import precompile.runtime.writer as writer
+    import precompile.artifact.writer as writer
 
     real_replace = writer.os.replace
     calls = []

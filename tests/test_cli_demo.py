@@ -68,8 +68,8 @@ def test_cli_usage_errors_exit_2():
     ids=["child-crashes", "child-prints-no-report", "mismatch"],
 )
 def test_demo_failures_are_clear_errors_with_a_non_zero_exit(tmp_path, monkeypatch, capsys, child, code, message):
-    import precompile.demo as demo
-    from precompile.cli import main
+    import precompile.cli.demo as demo
+    from precompile.cli.main import main
 
     monkeypatch.setattr(demo, "subprocess", types.SimpleNamespace(run=lambda *args, **kwargs: child))
     assert main(["--color", "never", "demo", str(tmp_path / "out"), "--backend", "eager"]) == code

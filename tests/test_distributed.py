@@ -205,13 +205,13 @@ def test_a_graph_without_collectives_records_no_world(tmp_path):
 
 
 def test_outside_a_world_the_kernel_dir_and_its_lock_are_the_single_process_ones():
-    from precompile.runtime.distributed import kernel_dir_suffix
+    from precompile.serve.ranks import kernel_dir_suffix
 
     assert kernel_dir_suffix() == ""
 
 
 def test_a_rank_never_waits_for_a_kernel_dir_another_job_holds(tmp_path):
-    from precompile.runtime.kernels import _locked_dir
+    from precompile.capturing.kernels import _locked_dir
 
     directory = tmp_path / "kernels-rank0"
     with open(f"{directory}.lock", "w") as other_job:
@@ -244,7 +244,7 @@ def test_show_prints_a_committed_artifact_world_without_torch():
     shown = run_fresh(
         "import sys\n"
         "sys.modules['torch'] = None  # inspect must not need torch\n"
-        "from precompile.cli import main\n"
+        "from precompile.cli.main import main\n"
         f"main(['show', {str(FIXTURE)!r}])\n",
         timeout=120,
     )

@@ -11,7 +11,7 @@ from precompile.codegen import render
 from precompile.codegen.drivers import dynamo as dynamo_driver
 from precompile.codegen.drivers import makefx as makefx_driver
 from precompile.inspect.guards import shape_text
-from precompile.runtime import guard_accounting
+from precompile.capturing.dynamo import guard_accounting
 
 TEMPLATES = Path(render.__file__).parent / "templates"
 
@@ -38,7 +38,7 @@ def test_the_opaque_state_name_render_writes_is_the_one_the_dynamo_template_pass
     "ref", ["torch:", "torch.nn.functional:", "torch._dynamo.decorators:graph_break", "enum:Enum", "torch.nn:Linear.forward"],
 )
 def test_the_dynamo_driver_resolves_named_identity_references_as_capture_wrote_them(ref):
-    from precompile.runtime import named_identity
+    from precompile.capturing.dynamo import named_identity
 
     assert dynamo_driver._resolve_reference(ref) is named_identity.resolve(ref)
 
@@ -50,7 +50,7 @@ def test_the_dynamo_driver_resolves_named_identity_references_as_capture_wrote_t
      ("G['a'].b[x]", False)],
 )
 def test_the_dynamo_driver_walks_exactly_the_sources_capture_checks_by_name(source, walkable):
-    from precompile.runtime import named_identity
+    from precompile.capturing.dynamo import named_identity
 
     assert bool(named_identity.SOURCE.fullmatch(source)) is walkable
     if walkable:  # the driver's root and steps cover the whole source

@@ -142,8 +142,8 @@ def test_an_inductor_dynamo_artifact_serves_without_its_cache_from_python_code_a
 def test_extract_writes_each_inductor_output_module_as_its_own_file(dynamo_pairs, tmp_path, capsys):
     import ast
 
-    from precompile.cli import main
-    from precompile.schema.pair import read_python_code
+    from precompile.cli.main import main
+    from precompile.artifact.pair import read_python_code
 
     directory, pairs = dynamo_pairs
     assert main(["extract", str(directory / "break"), str(tmp_path / "out")]) == 0
@@ -168,8 +168,8 @@ print(json.dumps({"y": torch.allclose(y, torch.ones(3).sin()), "k": [k, k_after]
 
 
 def test_a_continuation_that_compiled_nothing_runs_as_plain_python(tmp_path, capsys):
-    from precompile.cli import main
-    from precompile.schema.pair import read_python_code
+    from precompile.cli.main import main
+    from precompile.artifact.pair import read_python_code
 
     artifact, _, summary = _capture(tmp_path, "tail", dynamo_cases.tail_in_python, [((torch.ones(3),), {})])
     assert summary.complete and summary.frames == 2 and summary.guarded_codes == 1 and not summary.uncovered_frames
@@ -195,7 +195,7 @@ def test_summaries_of_real_captures(dynamo_pairs):
 
 
 def test_python_code_states_what_was_captured_readably(dynamo_pairs):
-    from precompile.schema.pair import read_python_code
+    from precompile.artifact.pair import read_python_code
 
     _, pairs = dynamo_pairs
     meta = read_python_code(pairs["break"][0]).metadata
@@ -212,7 +212,7 @@ def drop_tensor_guards(entries):
 
 
 def test_risky_drops_are_gated_and_diff_shows_them_first(dynamo_pairs, tmp_path, capsys):
-    from precompile.cli import main
+    from precompile.cli.main import main
 
     directory, pairs = dynamo_pairs
     drop_scale = functools.partial(_drop_named, "SCALE")
@@ -278,7 +278,7 @@ def test_closures_nested_and_main_functions_are_refused(tmp_path):
 
 
 def test_nothing_else_compiled_in_the_block_leaks_into_the_artifact(tmp_path):
-    from precompile.schema.pair import read_python_code
+    from precompile.artifact.pair import read_python_code
 
     other = torch.compile(dynamo_cases.keyword_step, backend="eager")
     with torch.no_grad(), precompile.capture(dynamo_cases.uses_global, artifact_path=tmp_path / "m.py",
@@ -426,7 +426,7 @@ print(json.dumps({"losses": losses, "grads": grads, "miss": miss}))
 
 @pytest.mark.parametrize("backend", ["eager", "inductor"])
 def test_a_training_step_serves_its_backward_and_accumulates_grads_like_eager(tmp_path, backend):
-    from precompile.schema.pair import read_python_code
+    from precompile.artifact.pair import read_python_code
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
@@ -564,7 +564,7 @@ def test_loading_on_another_python_or_torch_or_without_the_captured_module_is_re
 
 def test_dropped_slots_carry_their_rendered_check_without_process_ids(dynamo_pairs):
     _, pairs = dynamo_pairs
-    from precompile.runtime.guard_accounting import render_check
+    from precompile.capturing.dynamo.guard_accounting import render_check
 
     rendered = {(t, s): check for t, s, check in pairs["break"][2].dropped_guard_code}
     assert rendered[("AUTOGRAD_SAVED_TENSORS_HOOKS", "")].endswith("top_saved_tensors_hooks ids == None")
@@ -573,7 +573,7 @@ def test_dropped_slots_carry_their_rendered_check_without_process_ids(dynamo_pai
 
 
 def test_guard_slots_are_accounted_per_variant_and_the_policy_drops_what_every_variant_held(dynamo_pairs):
-    from precompile.schema.pair import read_python_code
+    from precompile.artifact.pair import read_python_code
 
     _, pairs = dynamo_pairs
     summary = pairs["break"][2]
@@ -595,7 +595,7 @@ def test_guard_slots_are_accounted_per_variant_and_the_policy_drops_what_every_v
 
 
 def test_precompile_guards_lists_what_each_variant_does_not_check(dynamo_pairs, capsys):
-    from precompile.cli import main
+    from precompile.cli.main import main
 
     directory, _ = dynamo_pairs
     assert main(["--color", "never", "guards", str(directory / "break_eager"), "--frame", "break_and_scale"]) == 0
@@ -607,7 +607,7 @@ def test_precompile_guards_lists_what_each_variant_does_not_check(dynamo_pairs, 
 
 
 def test_the_policy_drops_only_eligible_slots_identical_in_every_variant():
-    from precompile.runtime.guard_accounting import policy_drops
+    from precompile.capturing.dynamo.guard_accounting import policy_drops
 
     hooks, builtin, tensor = ("AUTOGRAD_SAVED_TENSORS_HOOKS", ""), ("BUILTIN_MATCH", "G['len']"), ("TENSOR_MATCH", "x")
     assert policy_drops([{hooks: "none", tensor: "t"}, {hooks: "none", tensor: "t"}]) == {hooks}
@@ -618,8 +618,8 @@ def test_the_policy_drops_only_eligible_slots_identical_in_every_variant():
 
 
 def test_wont_generalize_lists_bare_names_only_ever_pinned():
-    from precompile.runtime.guard_accounting import wont_generalize
-    from precompile.schema.metadata import VariantGuards
+    from precompile.capturing.dynamo.guard_accounting import wont_generalize
+    from precompile.artifact.metadata import VariantGuards
 
     def variants(*checks):
         return [VariantGuards(frame="f", variant=i, checks=c) for i, c in enumerate(checks)]

@@ -367,7 +367,7 @@ def test_the_dynamo_utils_stand_in_does_what_torch_does():
     from torch._dynamo import utils
 
     from precompile.codegen.drivers import dynamo as driver
-    from precompile.runtime.dynamo_standalone import DYNAMO_UTILS_STAND_IN
+    from precompile.capturing.dynamo.standalone import DYNAMO_UTILS_STAND_IN
 
     x = torch.ones(3, 4)[:, 1:]
     stand_in = driver._DynamoUtils()

@@ -13,7 +13,7 @@ import dynamo_cases
 import precompile
 from conftest import dynamo_modules_read, fresh_json
 from precompile.examples.transformer import make_demo, run
-from precompile.schema.pair import read_python_code
+from precompile.artifact.pair import read_python_code
 
 
 def _mlp():
@@ -156,7 +156,7 @@ def test_the_capture_serves_what_the_artifact_will_run(lowered):
 
 
 def test_extract_reads_lowered_output_modules_without_running_them(lowered, tmp_path, capsys):
-    from precompile.cli import main
+    from precompile.cli.main import main
 
     _, artifacts = lowered
     artifact = artifacts["demo_train"][0]
@@ -172,7 +172,7 @@ def test_extract_reads_lowered_output_modules_without_running_them(lowered, tmp_
 
 
 def test_show_says_how_each_subgraph_is_served(lowered, capsys):
-    from precompile.cli import main
+    from precompile.cli.main import main
 
     _, artifacts = lowered
     capsys.readouterr()

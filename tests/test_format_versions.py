@@ -4,7 +4,7 @@ keeps a fixture that show, verify and diff read.
 
 When test_the_format_matches_a_fingerprint_of_its_version fails, you changed the artifact format:
 - an incompatible change (a field removed, renamed, retyped or newly required; a section moved, or
-  retitled so that an older reader no longer splits it or names it differently): bump FORMAT_VERSION in precompile/schema/envelope.py, keep reading the old version,
+  retitled so that an older reader no longer splits it or names it differently): bump FORMAT_VERSION in precompile/artifact/envelope.py, keep reading the old version,
   add fixtures/v<N>, and start a new list under "<N>" with the fingerprint the failure prints;
 - a compatible change (new optional fields only, msgspec's rules): append the printed fingerprint
   to the current version's list with a "change" line saying what was added; the test checks that
@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from precompile.cli import main
+from precompile.cli.main import main
 from precompile.codegen import render as render_module
 from precompile.codegen.models import GraphSection, MakeFxArtifact, SubgraphSection
 from precompile.inspect import report
-from precompile.schema import jsonschema
-from precompile.schema.envelope import FORMAT_VERSION
-from precompile.schema.pycode import parse_metadata
+from precompile.artifact import jsonschema
+from precompile.artifact.envelope import FORMAT_VERSION
+from precompile.artifact.pycode import parse_metadata
 
 ROOT = Path(__file__).parent.parent
 FINGERPRINTS = Path(__file__).parent / "format_fingerprints.json"

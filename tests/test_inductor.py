@@ -12,8 +12,8 @@ import precompile
 from cases import CASES
 from conftest import run_fresh
 from precompile import PrecompileError, PrecompileWarning
-from precompile.schema import codec
-from precompile.schema.pair import parse_cache
+from precompile.artifact import codec
+from precompile.artifact.pair import parse_cache
 from test_roundtrip import serve_in_fresh_process
 
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from precompile.schema.bundle_keys import host_keys
+from precompile.artifact.bundle_keys import host_keys
 from test_inspect_helpers import ALL, FIXTURES, ROOT, run_cli
 
 SHOW_RC = {
@@ -158,7 +158,7 @@ def test_extract(capsys, snapshot, tmp_path, monkeypatch):
     rc, out, err = run_cli(capsys, ["extract", "in", "out"])
     assert rc == 0, err
     assert _record(rc, out, err) == snapshot
-    from precompile.schema.codec import decode_header
+    from precompile.artifact.codec import decode_header
 
     envelope, _ = decode_header((FIXTURES / "v1/mlp_inductor.cache").read_bytes())
     kernel = next(f for f in envelope.bundle.files if f.kind == "kernel-source")
@@ -179,7 +179,7 @@ def test_extract_every_fixture(capsys, tmp_path, name):
 
 
 def test_extract_refuses_escaping_bundle_paths(capsys, tmp_path):
-    from precompile.schema.codec import build_bundle, decode_header, encode_cache
+    from precompile.artifact.codec import build_bundle, decode_header, encode_cache
     import msgspec
 
     data = (FIXTURES / "v1/mlp.cache").read_bytes()
@@ -194,7 +194,7 @@ def test_extract_refuses_escaping_bundle_paths(capsys, tmp_path):
 
 
 def test_schema(capsys):
-    from precompile.schema.jsonschema import committed
+    from precompile.artifact.jsonschema import committed
 
     rc, out, _ = run_cli(capsys, ["schema"])
     assert rc == 0
@@ -237,7 +237,7 @@ def test_pair_resolution(capsys, tmp_path, monkeypatch):
 
 def test_color_only_when_asked(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    from precompile.cli import main
+    from precompile.cli.main import main
 
     capsys.readouterr()
     main(["--color", "always", "show", "fixtures/damaged/mismatched"])
@@ -255,7 +255,7 @@ def test_help_lists_verbs(capsys):
 def test_verify_host_says_when_the_kernel_bundle_does_not_fit_this_host(capsys, tmp_path):
     import msgspec
 
-    from precompile.schema import codec
+    from precompile.artifact import codec
 
     for suffix in (".py", ".cache"):
         shutil.copy(FIXTURES / f"v1/mlp_inductor{suffix}", tmp_path / f"m{suffix}")

@@ -228,7 +228,7 @@ def test_extract_upstream_pair_writes_the_mega_cache_and_each_entry_raw(capsys, 
 _EVERY_VERB = r"""
 import json, os, sys
 sys.modules["torch"] = None  # importing torch would raise
-from precompile.cli import main
+from precompile.cli.main import main
 codes = {}
 out = sys.argv[1]
 for name in ("eager", "inductor", "train_step"):

@@ -64,7 +64,7 @@ _PARSER = []
 def _run(argv) -> int:
     from rich.console import Console
 
-    from precompile.cli import build_parser
+    from precompile.cli.main import build_parser
     from precompile.errors import PrecompileError
 
     if not _PARSER:

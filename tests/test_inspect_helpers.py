@@ -13,7 +13,7 @@ ALL = tuple(f"v1/{n}" for n in GOOD) + tuple(f"damaged/{n}" for n in DAMAGED) + 
 
 
 def run_cli(capsys, argv: list[str]) -> tuple[int, str, str]:
-    from precompile.cli import main
+    from precompile.cli.main import main
 
     capsys.readouterr()
     try:

@@ -17,7 +17,7 @@ MARKER = "PRECOMPILE_POISON_MARKER"
 
 _EVERY_VERB = r"""
 import sys, json, os
-from precompile.cli import main
+from precompile.cli.main import main
 import precompile.inspect
 codes = {}
 names = json.loads(sys.argv[1])
@@ -124,7 +124,7 @@ def test_scan_garbage_never_raises():
 
 
 def test_huge_declared_header_is_refused_before_allocation(capsys, tmp_path):
-    from precompile.schema.codec import MAGIC
+    from precompile.artifact.codec import MAGIC
 
     shutil.copy(FIXTURES / "v1/mlp.py", tmp_path / "h.py")
     (tmp_path / "h.cache").write_bytes(MAGIC + struct.pack("<I", 0xFFFFFFF0) + b"\x00" * 16)

@@ -39,7 +39,7 @@ def installed(tmp_path_factory):
 
 
 def test_a_child_module_graph_break_captures_an_installed_artifact_that_lists_its_frames(installed):
-    from precompile.schema.pair import read_python_code
+    from precompile.artifact.pair import read_python_code
 
     _, pairs = installed
     for name in ("print", "disabled", "train"):
@@ -258,7 +258,7 @@ def test_a_frame_an_installed_artifact_cannot_find_by_name_is_refused_at_write_t
     assert "MainChild.forward (defined in __main__" in as_script.stderr
     as_string = run_fresh(MAIN_CHILD, str(tmp_path))  # code with no source file at all
     assert as_string.returncode == 1
-    assert "precompile.PrecompileError: the call compiled a frame the artifact cannot record" in as_string.stderr
+    assert "precompile.CaptureRefused: the call compiled a frame the artifact cannot record" in as_string.stderr
     assert not (tmp_path / "main.py").exists() and not (tmp_path / "main.cache").exists()
 
 
@@ -283,7 +283,7 @@ def test_a_custom_filter_drop_is_listed_not_refused_unless_it_tells_variants_apa
 
 
 def test_inspect_presents_installed_frames(installed, capsys):
-    from precompile.cli import main
+    from precompile.cli.main import main
 
     directory, _ = installed
     assert main(["--color", "never", "show", str(directory / "print")]) == 0

@@ -11,8 +11,8 @@ from torch import nn
 
 import precompile
 from precompile import PrecompileError, PrecompileWarning
-from precompile.schema import codec
-from precompile.schema.pair import parse_cache
+from precompile.artifact import codec
+from precompile.artifact.pair import parse_cache
 
 
 def forward(model, x, scale):

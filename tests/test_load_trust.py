@@ -20,9 +20,10 @@ import pytest
 import zstandard
 
 import precompile
-from precompile.cli import main
-from precompile.schema import bundle_keys, codec
-from precompile.schema.pair import parse_cache, pending_path
+from precompile.cli.main import main
+from precompile.artifact import bundle_keys
+from precompile.artifact import codec
+from precompile.artifact.pair import parse_cache, pending_path
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "v1"
 KERNEL = "ab/cabc.main.so"

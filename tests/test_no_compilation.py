@@ -9,7 +9,7 @@ import torch
 
 import precompile
 from conftest import run_fresh
-from precompile.runtime import no_compilation as policy
+from precompile.serve import no_compilation as policy
 
 VAR = "TORCH_PRECOMPILE_NO_COMPILATION"
 

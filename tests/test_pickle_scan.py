@@ -303,7 +303,7 @@ def test_verify_scans_pickles_in_the_kernel_bundle(capsys, tmp_path):
 
     import msgspec
 
-    from precompile.schema.codec import build_bundle, decode_header, encode_cache
+    from precompile.artifact.codec import build_bundle, decode_header, encode_cache
 
     shutil.copy(FIXTURES / "v1/mlp.py", tmp_path / "b.py")
     envelope, _ = decode_header((FIXTURES / "v1/mlp.cache").read_bytes())

@@ -24,8 +24,9 @@ import dynamo_cases
 import precompile
 from cases import CASES
 from conftest import ROOT, TESTS, run_fresh
-from precompile.schema import bundle_keys, codec
-from precompile.schema.pair import parse_cache
+from precompile.artifact import bundle_keys
+from precompile.artifact import codec
+from precompile.artifact.pair import parse_cache
 
 
 @pytest.fixture(scope="session")
@@ -183,7 +184,7 @@ def test_old_bundles_keep_their_paths_as_provenance():
 
 def test_torch_free_host_keys_agree_with_the_imported_torch():
     """verify reads torch's build from version.py as text; load reads it from the module."""
-    code = ("import json, sys; from precompile.schema import bundle_keys; free = bundle_keys.host_keys();"
+    code = ("import json, sys; from precompile.artifact import bundle_keys; free = bundle_keys.host_keys();"
             "assert 'torch' not in sys.modules; import torch; print(json.dumps([free, bundle_keys.host_keys()]))")
     proc = run_fresh(code)
     assert proc.returncode == 0, proc.stderr
@@ -233,7 +234,7 @@ def test_verify_host_reports_a_gpu_bundles_keys_without_torch(captured, tmp_path
     """In a fresh process that never imports torch: Triton's release is compared (from installed
     distributions); what needs torch or the GPU driver is a skip that says load checks it."""
     artifact, cache = _gpu_pair(captured, tmp_path)
-    proc = run_fresh("import sys; from precompile.cli import main; rc = main(['verify', '--host', sys.argv[1]]);"
+    proc = run_fresh("import sys; from precompile.cli.main import main; rc = main(['verify', '--host', sys.argv[1]]);"
                      "print('torch imported:', 'torch' in sys.modules)", str(artifact.with_suffix("")))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

@@ -10,9 +10,10 @@ import pytest
 
 from conftest import run_fresh
 from precompile.errors import PrecompileError
-from precompile.schema import codec, jsonschema
-from precompile.schema.envelope import CacheEnvelopeV1, Producer
-from precompile.schema.pycode import parse_metadata, parse_source
+from precompile.artifact import codec
+from precompile.artifact import jsonschema
+from precompile.artifact.envelope import CacheEnvelopeV1, Producer
+from precompile.artifact.pycode import parse_metadata, parse_source
 
 PRODUCER = Producer(precompile="0.1.0", torch="2.13.0+cpu", python="3.11.7")
 
@@ -24,7 +25,7 @@ def envelope(**changes) -> CacheEnvelopeV1:
 
 def test_schema_and_inspect_do_not_import_torch():
     proc = run_fresh(
-        "import sys, precompile, precompile.schema.pair, precompile.schema.jsonschema, precompile.inspect;"
+        "import sys, precompile, precompile.artifact.pair, precompile.artifact.jsonschema, precompile.inspect;"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))"
     )
     assert proc.returncode == 0, proc.stderr
@@ -34,7 +35,7 @@ def test_schema_and_inspect_do_not_import_torch():
 @pytest.mark.parametrize("name", sorted(jsonschema.EXPORTED))
 def test_committed_json_schema_matches_the_structs(name):
     assert jsonschema.committed(name) == jsonschema.render(jsonschema.EXPORTED[name]), (
-        f"{name} drifted from the Structs: run `python -m precompile.schema.jsonschema` and commit the result"
+        f"{name} drifted from the Structs: run `python -m precompile.artifact.jsonschema` and commit the result"
     )
 
 

@@ -6,7 +6,7 @@ import pickle
 import msgspec
 import pytest
 
-from precompile.schema.summary import PrecompileSummary
+from precompile.artifact.summary import PrecompileSummary
 
 MINIMAL = PrecompileSummary(frames=1, resume_functions=0, guarded_codes=1, backend_graphs=1)
 

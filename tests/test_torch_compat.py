@@ -1,4 +1,4 @@
-"""The one door to torch's private names (precompile/runtime/torch_compat.py) and what it promises."""
+"""The one door to torch's private names (precompile/serve/torch_compat.py) and what it promises."""
 from __future__ import annotations
 
 import ast
@@ -10,8 +10,8 @@ import torch
 
 import precompile
 from precompile.errors import PrecompileError
-from precompile.runtime import no_compilation as no_compilation_module
-from precompile.runtime import torch_compat
+from precompile.serve import no_compilation as no_compilation_module
+from precompile import torch_compat
 
 RUNTIME = Path(precompile.__file__).parent / "runtime"
 DRIVERS = Path(precompile.__file__).parent / "codegen" / "drivers"
@@ -69,7 +69,7 @@ def test_runtime_modules_reach_private_torch_names_only_through_torch_compat():
     assert not offenders, (
         "these runtime modules reach a private torch name directly; add it to torch_compat.PRIVATE_NAMES "
         "(with _MOVED entries where a torch version keeps it elsewhere) and import it from "
-        "precompile.runtime.torch_compat instead:\n" + "\n".join(offenders)
+        "precompile.torch_compat instead:\n" + "\n".join(offenders)
     )
 
 

@@ -22,8 +22,10 @@ import torch  # noqa: E402
 
 import precompile  # noqa: E402
 from conftest import run_fresh  # noqa: E402
-from precompile.runtime import kernels, triton_cache  # noqa: E402
-from precompile.runtime import no_compilation as policy  # noqa: E402
+from precompile.capturing import kernels as freezing  # noqa: E402
+from precompile.serve import kernels as priming  # noqa: E402
+from precompile.serve import no_compilation as policy  # noqa: E402
+from precompile.serve import triton_cache  # noqa: E402
 
 
 @pytest.fixture
@@ -93,16 +95,16 @@ def test_a_write_names_the_triton_kernel_it_cannot_freeze(tc, tmp_path):
         finally:
             del triton.knobs.cache.dir
         with pytest.raises(precompile.PrecompileError, match=r"could not freeze the Triton kernels .*triton_cases\.add_one"):
-            kernels.collect_files(tmp_path / "capture")
+            freezing.collect_files(tmp_path / "capture")
 
 
 PRIMED_SERVE = r"""
 import json, os, sys
 import msgspec
 import precompile, triton_cases as tc
-from precompile.runtime import kernels
-from precompile.schema.codec import decode_payload
-from precompile.schema.envelope import KernelBundle
+from precompile.serve import kernels as priming
+from precompile.artifact.codec import decode_payload
+from precompile.artifact.envelope import KernelBundle
 import torch
 
 if not os.environ.get("TRITON_CACHE_DIR"):
@@ -112,7 +114,7 @@ payload = open(sys.argv[2], "rb").read()
 tc.use_cpu_only_driver()
 mode = sys.argv[3]
 if mode == "primed":
-    kernels.prime(bundle, decode_payload(bundle, payload, 0), kernels.inductor_cache_dir())
+    priming.prime(bundle, decode_payload(bundle, payload, 0), priming.inductor_cache_dir())
 outcome = "served"
 try:
     with precompile.no_compilation():
@@ -127,14 +129,14 @@ print(json.dumps({"outcome": outcome, "benchmarks": tc.BENCHMARKS, "best": tc.ad
 
 @pytest.mark.parametrize("mode", ["primed", "bare"])
 def test_a_primed_process_launches_the_captured_kernels_without_compiling_or_tuning(tc, tmp_path, mode):
-    from precompile.schema.codec import build_bundle
+    from precompile.artifact.codec import build_bundle
 
     capture_dir = tmp_path / "capture"
     tc.TIMINGS.update({16: 3.0, 32: 1.0})
     with triton_cache.triton_block(capture_dir / "triton" / "0"):
         tc.launch_add_one(torch.zeros(8))
         tc.launch_add_two(torch.zeros(8))
-        files = kernels.collect_files(capture_dir)
+        files = freezing.collect_files(capture_dir)
     assert {kind for kind, _ in files.values()} == {"triton"}
     bundle, payload = build_bundle(files, {})
     import msgspec

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from precompile.runtime import kernels
-from precompile.schema.codec import build_bundle, decode_payload
+from precompile.serve import kernels
+from precompile.artifact.codec import build_bundle, decode_payload
 
 FILES = {
     "triton/0/ABC/__grp__k.json": ("triton", b"{}"),

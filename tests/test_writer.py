@@ -15,8 +15,8 @@ import msgspec
 import pytest
 
 from conftest import ROOT, TESTS
-from precompile.schema.codec import decode_header, encode_cache
-from precompile.schema.pair import declared_code_hash
+from precompile.artifact.codec import decode_header, encode_cache
+from precompile.artifact.pair import declared_code_hash
 
 FIXTURE = ROOT / "fixtures/v1/mlp"
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
@@ -25,7 +25,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
 CONCURRENT_WRITER = r"""
 import sys, time
 from pathlib import Path
-from precompile.runtime.writer import write_pair
+from precompile.artifact.writer import write_pair
 artifact, cache, source, rounds = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4])
 python_code, cache_bytes = source.with_suffix(".py").read_bytes(), source.with_suffix(".cache").read_bytes()
 source.with_suffix(".ready").touch()
@@ -42,7 +42,7 @@ for _ in range(rounds):
 KILLED_WRITER = r"""
 import os, signal, sys
 from pathlib import Path
-from precompile.runtime import writer
+from precompile.artifact import writer
 
 class KillAt:
     def __init__(self, name, occurrence):
@@ -122,7 +122,7 @@ def test_concurrent_writers_leave_one_writers_pair_whole(tmp_path, writers):
 
 
 def test_a_failed_write_under_the_lock_removes_the_pending_cache_and_the_lock(tmp_path, monkeypatch):
-    import precompile.runtime.writer as writer
+    import precompile.artifact.writer as writer
     from precompile import PrecompileError
 
     old, new = variant(tmp_path / "staged", "old"), variant(tmp_path / "staged", "new")
@@ -144,7 +144,7 @@ def test_a_failed_write_under_the_lock_removes_the_pending_cache_and_the_lock(tm
 
 
 def test_a_lock_held_too_long_is_a_clear_error_and_changes_nothing(tmp_path, monkeypatch):
-    import precompile.runtime.writer as writer
+    import precompile.artifact.writer as writer
     from precompile import PrecompileError
 
     old, new = variant(tmp_path / "staged", "old"), variant(tmp_path / "staged", "new")
@@ -176,7 +176,7 @@ def test_a_writer_killed_at_any_step_leaves_the_old_pair_or_the_new_one(tmp_path
     staged = tmp_path / "staged"
     old, new, later = variant(staged, "old"), variant(staged, "new"), variant(staged, "later")
     artifact, cache = tmp_path / "out/m.py", tmp_path / "out/m.cache"
-    from precompile.runtime.writer import write_pair
+    from precompile.artifact.writer import write_pair
 
     write_pair(artifact, cache, old.with_suffix(".py").read_bytes(), old.with_suffix(".cache").read_bytes())
     name, occurrence, survivor = KILL_POINTS[point]

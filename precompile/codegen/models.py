@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import msgspec
 
-from precompile.schema.metadata import ArtifactMetadata
+from precompile.artifact.metadata import ArtifactMetadata
 
 
 class GraphSection(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,13 +14,12 @@ import os
 import sys
 from pathlib import Path
 
-
+from precompile.artifact.pair import pending_path, read_bytes
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE
 from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
 from precompile.inspect.reader import open_artifact, open_given, resolve_pair
-from precompile.schema.pair import pending_path, read_bytes
-from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE
 
 ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
 ONE_FILE_HELP = (f"{ARTIFACT_HELP}; or one file alone of any kind known (told by content): a precompile or upstream "
@@ -160,10 +159,10 @@ def _extract(args, out, err) -> int:
 
 
 def _schema(args, out, err) -> int:
+    from precompile.artifact.envelope import CacheEnvelope
+    from precompile.artifact.jsonschema import render
+    from precompile.artifact.metadata import ArtifactMetadata
     from precompile.inspect.report import render_schema
-    from precompile.schema.jsonschema import render
-    from precompile.schema.envelope import CacheEnvelope
-    from precompile.schema.metadata import ArtifactMetadata
 
     schemas = {
         "cache-envelope": lambda: render(CacheEnvelope),

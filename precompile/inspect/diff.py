@@ -13,14 +13,14 @@ import binascii
 import difflib
 import re
 
+from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
+from precompile.artifact.pycode import decode_source
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.model import Artifact, MegaCache
 from precompile.inspect.process_ids import mask_process_ids, opaque_fingerprint
 from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
-from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
-from precompile.schema.pycode import decode_source
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
 _DIGEST = re.compile(r"\b[0-9a-f]{64}\b")

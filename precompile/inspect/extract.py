@@ -20,6 +20,9 @@ from pathlib import Path, PurePosixPath
 
 import msgspec
 
+from precompile.artifact.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, CacheFormatError, decode_payload
+from precompile.artifact.pair import read_bytes
+from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
 from precompile.inspect.formats.mega_cache import entry_contents
 from precompile.inspect.formats.pickle_values import pickle_value
@@ -28,9 +31,6 @@ from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE
 from precompile.inspect.reader import MAX_ZIP_MEMBERS, read_member
 from precompile.inspect.report import ExtractedFile, ExtractReport
 from precompile.inspect.sections import split_sections
-from precompile.schema.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, CacheFormatError, decode_payload
-from precompile.schema.pair import read_bytes
-from precompile.schema.pycode import decode_source
 
 MAX_MEMBER_SIZE = 1024 * 1024 * 1024
 

@@ -1,7 +1,7 @@
 """How inspect names a Dynamo artifact's captured frames and says how each is served."""
 from __future__ import annotations
 
-from precompile.schema.metadata import DynamoFrame
+from precompile.artifact.metadata import DynamoFrame
 
 
 def frame_label(frame: DynamoFrame) -> str:

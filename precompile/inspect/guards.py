@@ -10,8 +10,8 @@ from __future__ import annotations
 import ast
 import re
 
-from precompile.inspect.model import Artifact, FrameGuards, GuardSlot, Guards, Specialization, UpstreamCodeInfo
-from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
+from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
+from precompile.inspect.model import Artifact, FrameGuards, Guards, GuardSlot, Specialization, UpstreamCodeInfo
 
 _NOT_CHECKED_ALWAYS = (
     "tensor values: control flow that depended on them was fixed at capture",

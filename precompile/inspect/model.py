@@ -9,8 +9,8 @@ from typing import Literal
 
 import msgspec
 
-from precompile.schema.envelope import CacheEnvelope
-from precompile.schema.metadata import ArtifactMetadata
+from precompile.artifact.envelope import CacheEnvelope
+from precompile.artifact.metadata import ArtifactMetadata
 
 Risk = Literal["allowed", "unknown", "dangerous"]
 

@@ -1,6 +1,6 @@
 """Open an artifact pair into the typed model without executing, importing or unpickling it.
 
-Reuses the schema's readers (`precompile.schema.pair`, `pycode`, `codec`); adds what forensics
+Reuses the schema's readers (`precompile.artifact.pair`, `pycode`, `codec`); adds what forensics
 needs on top: a model that keeps going past a bad file, version tags read even when too new, and
 recognition of the formats of `formats/` (upstream precompile pairs, Mega-Caches, torch.save zips,
 bare pickles), every pickle scanned statically.
@@ -18,6 +18,10 @@ from pathlib import Path
 
 import msgspec
 
+from precompile.artifact.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
+from precompile.artifact.envelope import FORMAT_VERSION, EnvelopeTag
+from precompile.artifact.pair import PythonCode, pairing_problem, parse_cache, read_bytes
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, parse_metadata
 from precompile.errors import PrecompileError
 from precompile.inspect.formats.mega_cache import looks_like_mega_cache, read_mega_cache
 from precompile.inspect.formats.upstream import (
@@ -38,10 +42,6 @@ from precompile.inspect.model import (
 from precompile.inspect.opaque import scan_literal_pickles
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, scan_pickle
 from precompile.inspect.sections import split_sections
-from precompile.schema.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
-from precompile.schema.envelope import FORMAT_VERSION, EnvelopeTag
-from precompile.schema.pair import PythonCode, parse_cache, pairing_problem, read_bytes
-from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, parse_metadata
 
 MAX_ZIP_MEMBERS = 10_000
 SNIFF_SIZE = 256

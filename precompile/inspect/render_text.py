@@ -5,14 +5,14 @@ only when the console has colour. The text itself never depends on terminal widt
 """
 from __future__ import annotations
 
+from precompile.artifact.bundle_keys import provenance, requirements
+from precompile.artifact.bundle_rules import unserved_reason
+from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.inspect.diff import SECTIONS
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
 from precompile.inspect.model import Artifact, CacheInfo, Guards, MegaCache, PickleScan, PythonCodeInfo, UpstreamCache
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
-from precompile.schema.bundle_keys import provenance, requirements
-from precompile.schema.bundle_rules import unserved_reason
-from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 
 Line = tuple[str, "str | None"]
 HEAD = "bold"

@@ -11,11 +11,7 @@ import os
 import sys
 from pathlib import Path
 
-from precompile.inspect.model import Artifact
-from precompile.inspect.opaque import finding_text
-from precompile.inspect.pickle_scan import scan_pickle
-from precompile.inspect.report import Check, VerifyReport
-from precompile.schema.bundle_keys import (
+from precompile.artifact.bundle_keys import (
     ISA_KEYS,
     NEEDS_TORCH,
     host_keys,
@@ -27,10 +23,20 @@ from precompile.schema.bundle_keys import (
     requirements,
     unchecked,
 )
-from precompile.schema.bundle_rules import unserved_reason
-from precompile.schema.codec import CacheFormatError, decode_payload, payload_limit, payload_problem
-from precompile.schema.pair import pending_path, read_bytes
-from precompile.schema.codec import MAX_HEADER_SIZE, PREFIX_SIZE
+from precompile.artifact.bundle_rules import unserved_reason
+from precompile.artifact.codec import (
+    MAX_HEADER_SIZE,
+    PREFIX_SIZE,
+    CacheFormatError,
+    decode_payload,
+    payload_limit,
+    payload_problem,
+)
+from precompile.artifact.pair import pending_path, read_bytes
+from precompile.inspect.model import Artifact
+from precompile.inspect.opaque import finding_text
+from precompile.inspect.pickle_scan import scan_pickle
+from precompile.inspect.report import Check, VerifyReport
 
 RECAPTURE = "capture the artifact again with this precompile"
 

@@ -10,10 +10,10 @@ the python_code bytes.
 """
 from __future__ import annotations
 
+from precompile.artifact.pycode import NotALiteral
 from precompile.inspect.formats.mega_cache import read_mega_cache
 from precompile.inspect.formats.pickle_values import PickleValueError, pickle_value
 from precompile.inspect.model import NamedValue, UpstreamCodeInfo, UpstreamPrecompile
-from precompile.schema.pycode import _NotALiteral as NotALiteral
 
 CACHE_FORMAT = "torch.compiler.precompile"
 CACHE_VERSION = 1

@@ -1,0 +1,196 @@
+"""The python_code header: top-level literal assignments, typed.
+
+python_code states its own calling convention in `NAME = <literal>` lines at the top of the file.
+Tools read them with `ast` (see `pycode`), never by executing the file, and convert them into the
+Struct of the artifact's tracer. Field `foo_bar` is the literal `FOO_BAR`.
+"""
+from __future__ import annotations
+
+from typing import Literal, Union
+
+import msgspec
+
+from precompile.artifact.envelope import Backend
+from precompile.artifact.summary import PrecompileSummary
+
+# A constant leaf of an input or output: what a Python literal can hold and compare by value.
+ConstantValue = Union[None, bool, int, float, str]
+
+
+class UnbackedDim(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A dim marked with mark_unbacked: any size (within min/max), equal across dims sharing `symbol`."""
+
+    symbol: str
+    """The traced size symbol; dims marked with one shape_id share it and must be equal at runtime."""
+    shape_id: str | None = None
+    min: int | None = None
+    max: int | None = None
+
+
+class TensorLeaf(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, tag="tensor", tag_field="kind"):
+    """A tensor leaf of the flattened inputs or outputs, specialized on shape, dtype and device."""
+
+    path: str
+    """Where the leaf sits in fn's arguments or result, e.g. "args[1]['mask']" or "result[0]"."""
+    shape: tuple[int | None, ...]
+    """None marks a dim that may take any size (mark_unbacked)."""
+    dtype: str
+    device: str
+    stride: tuple[int | None, ...] | None = None
+    """Set where the backend specializes on memory layout (inductor); None marks a free stride."""
+    unbacked: dict[int, UnbackedDim] | None = None
+    """The dims marked with mark_unbacked, by index (their `shape` entry is None)."""
+
+
+class ConstantLeaf(msgspec.Struct, frozen=True, kw_only=True, tag="constant", tag_field="kind"):
+    """A non-tensor leaf, baked into the trace: inputs must pass the same value again."""
+
+    path: str
+    value: ConstantValue
+
+
+Leaf = Union[TensorLeaf, ConstantLeaf]
+
+
+class NamedTensor(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A parameter or buffer of the nn.Module arguments, lifted to a graph input."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    stride: tuple[int, ...] | None = None
+    """Set where the backend specializes on memory layout (inductor)."""
+
+
+class ProcessGroupRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A process group the captured collectives talk to, by the name the graph calls it."""
+
+    name: str
+    ranks: tuple[int, ...]
+    """Its global ranks, in group order."""
+
+
+class CapturedWorld(msgspec.Struct, frozen=True, kw_only=True):
+    """The torch.distributed world a capture's collectives ran in; serving needs the same one."""
+
+    size: int
+    backend: str
+    """The default group's backend as torch.distributed.get_backend() names it, e.g. "gloo"."""
+    groups: tuple[ProcessGroupRecord, ...] = ()
+    collectives: tuple[str, ...] = ()
+    """The collective ops the graphs call (functional names, e.g. "all_reduce")."""
+
+
+class ArtifactHeader(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
+    """What every python_code states, whatever its tracer."""
+
+    format_version: int
+    backend: Backend
+    serving_mode: Literal["standalone", "installed"] = "standalone"
+    torch_version: str
+    python_version: tuple[int, int]
+    fn_name: str
+    world: CapturedWorld | None = None
+    """Set when the graphs call collectives: python_code refuses to run in any other world."""
+
+
+class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", tag_field="TRACER"):
+    """The calling convention of a MakeFxTracer artifact."""
+
+    num_positional_args: int
+    module_positions: tuple[int, ...]
+    params: tuple[NamedTensor, ...]
+    """Parameters of the module arguments, in order; a tied weight appears once, under its first name."""
+    buffers: tuple[NamedTensor, ...]
+    in_spec: str
+    """pytree spec (treespec_dumps) of the positional args with every module replaced by None."""
+    inputs: tuple[Leaf, ...]
+    out_spec: str
+    outputs: tuple[Leaf, ...]
+    grad_param_indices: tuple[int, ...]
+    """Indices into `params` whose gradients the graph returns after fn's outputs."""
+
+
+class DynamoFrame(msgspec.Struct, frozen=True, kw_only=True):
+    """A code object Dynamo compiled during the capture: the entry, a graph-break continuation, or
+    (installed artifacts) a function the captured code reaches by an ordinary call."""
+
+    name: str
+    module: str
+    variants: int
+    resume_names: tuple[str, ...] = ()
+    """The global names Dynamo's transformed bytecode calls this continuation by (empty for the entry)."""
+    bypassed: bool = False
+    runs_as_python: bool = False
+    """A continuation that compiled no graph and starts no further continuation: the artifact runs
+    its original bytecode, as the capture did, rather than through guarded variants (it has none)."""
+    qualname: str = ""
+    """Where the frame's code lives in `module`: the function's qualified name (e.g. `Block.forward`);
+    for a continuation, the name Dynamo gave its code. Empty in artifacts written before it was recorded."""
+    first_line: int = 0
+    """The first source line of the frame's code (0: not recorded)."""
+    installed: bool = False
+    """Reached by an ordinary call (a graph break inside a child module's forward), not through a
+    continuation: loading installs its variants onto the live code object `module.qualname`."""
+
+
+class VariantGuards(msgspec.Struct, frozen=True, kw_only=True):
+    """What one compiled variant of a frame checks before it serves a call, readably."""
+
+    frame: str
+    variant: int
+    checks: tuple[str, ...]
+    """`GUARD_TYPE source` per kept guard, then the shape guards as expressions."""
+    dropped: tuple[str, ...] = ()
+    """`GUARD_TYPE source` per guard the filter dropped from this variant: not checked."""
+    policy_dropped: tuple[str, ...] = ()
+    """`GUARD_TYPE source` per kept guard the invariance policy took out: it held identically in
+    every captured variant of the frame, so it told none apart; not checked either."""
+    by_name: tuple[str, ...] = ()
+    """`GUARD_TYPE source is module:qualname[@unwraps]` per identity guard Dynamo cannot serialize
+    that the driver checks instead against the object that name resolves to at load (`@N`: follow
+    `__wrapped__` N times). Their slots are listed in `checks` too."""
+
+
+class CompiledSubgraph(msgspec.Struct, frozen=True, kw_only=True):
+    """A graph Dynamo compiled, and the python_code names its lowered source is bound to."""
+
+    backend_id: str
+    """The global name Dynamo's transformed bytecode calls the graph by."""
+    frame: str
+    forward: str
+    """What serves the graph: the ATen def (eager), the callable over the forward output module
+    (served_by "inductor_runtime"), or the string holding the forward output module ("aotautograd")."""
+    backward: str = ""
+    """backend="inductor" with grad: the backward output module's callable ("inductor_runtime") or
+    string ("aotautograd")."""
+    served_by: str = ""
+    """"aten", "inductor_runtime" (the output modules called directly, no AOTAutograd) or
+    "aotautograd" (its pickled wrappers load the output modules). "" was written before this field:
+    "aten" for backend="eager", "aotautograd" for backend="inductor"."""
+    fallback_reason: str = ""
+    """Why an inductor subgraph is served by AOTAutograd rather than directly."""
+
+
+class InlinedSource(msgspec.Struct, frozen=True, kw_only=True):
+    module: str
+    first_line: int
+    last_line: int
+    sha256: str
+
+
+class DynamoMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="dynamo", tag_field="TRACER"):
+    """What a DynamoTracer artifact captured: its frames, their guards and the capture's summary."""
+
+    fn_module: str
+    frames: tuple[DynamoFrame, ...]
+    guards: tuple[VariantGuards, ...]
+    summary: PrecompileSummary
+    inlined_sources: tuple[InlinedSource, ...] = ()
+    subgraphs: tuple[CompiledSubgraph, ...] = ()
+    """Empty in artifacts that carried their compiled graphs inside the opaque state."""
+
+
+# Every metadata layout a reader understands, told apart by the TRACER literal.
+ArtifactMetadata = Union[MakeFxMetadata, DynamoMetadata]

@@ -1,0 +1,365 @@
+"""A standalone variant's kept guards rendered as the Python that checks them in the serving process.
+
+Each variant becomes one function `guards_F_V(L, G)` over the frame's bound arguments (L) and its
+module's globals (G): the first kept guard that fails, or None when all hold. Tensors go through one
+C++ `TensorGuards` call, global state through a C++ `GlobalStateGuard`, types and named objects are
+compared with objects resolved by qualified name at load, constants as literals, shape-env relations
+as the plain expressions Dynamo wrote. Guard sources are Dynamo's own (`L['x']._parameters['w']`).
+
+Only what is rendered faithfully is rendered: a variant holding a kept guard this module has no
+exact rendering for raises `Unrenderable` naming it, and the artifact checks that variant with
+torch's guard manager from its pickled state instead (the labelled opaque remainder).
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import math
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from precompile.capturing.dynamo.guard_accounting import slot_source, slot_text
+from precompile.capturing.dynamo.named_identity import reference
+
+# Guard types Dynamo's guard builder adds no check for: GLOBAL_STATE's C++ guard covers them.
+_COVERED_BY_GLOBAL_STATE = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "FSDP_TRAINING_STATE"})
+# Literal types an EQUALS_MATCH is rendered for (Dynamo's C++ check: same type, then ==).
+_LITERAL_TYPES = (int, float, str, bytes, complex, tuple, list, frozenset, set)
+_SOURCE_NAMES = frozenset({"L", "G"})
+_SHAPE_NAMES = frozenset({"L", "G", "math", "___as_tensor"})
+_SHAPE_CALLS = frozenset({"size", "stride", "storage_offset", "isnan", "___as_tensor", "item"})
+_MARKING_NAMES = frozenset({"L", "G", "hasattr", "getattr", "set"})
+_TENSOR_TYPES = {torch.Tensor: "torch:Tensor", torch.nn.Parameter: "torch.nn.parameter:Parameter"}
+
+
+_BARE_LOCAL = re.compile(r"^(type\()?(?!type\()(?![LG]\[)([A-Za-z_]\w*)")
+
+
+class Unrenderable(Exception):
+    """A kept guard with no faithful rendering here: `str()` names it and says why."""
+
+
+@dataclass
+class RenderedVariant:
+    function: str
+    """Name of the rendered check function, e.g. `guards_0_1`."""
+    source: str
+    """Its text with the helper objects it uses (tensor and global-state checks)."""
+    references: set = field(default_factory=set)
+    """`module:qualname` references the checks compare against, resolved at load."""
+
+
+@functools.cache
+def marking_guard_enforced() -> bool:
+    """Whether this torch's C++ dimension-marking guard refuses a tensor marked dynamic where the
+    capture saw none (torch 2.13's lets it pass): rendered guards decide as torch's manager does."""
+    from precompile.torch_compat import RootGuardManager
+
+    root = RootGuardManager()
+    try:
+        root.add_dimension_marking_guard({}, ["_dynamo_dynamic_indices"], {}, ["probe"], None)
+    except (AttributeError, TypeError):  # another torch's guard manager: render the checks as written
+        return True
+    marked = torch.ones(2)
+    marked._dynamo_dynamic_indices = {0}  # type: ignore[attr-defined]
+    return not root.check(marked)
+
+
+def rename_sources(text: str, renames: dict[str, str]) -> str:
+    for old, new in renames.items():
+        text = text.replace(f"G['{old}']", f"G['{new}']")
+    return text
+
+
+def _names_in(expr: str, allowed: frozenset, calls: frozenset | None, label: str) -> None:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise Unrenderable(f"{label}: {expr!r} is not a Python expression ({exc.msg})") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id not in allowed:
+            raise Unrenderable(f"{label}: {expr!r} uses {node.id!r}, which the serving process does not define")
+        if isinstance(node, ast.Call) and calls is not None:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name not in calls:
+                raise Unrenderable(f"{label}: {expr!r} calls {name!r}")
+
+
+def _literal(value, label: str) -> str:
+    text = repr(value)
+    try:
+        same = ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        same = False
+    if not same:
+        raise Unrenderable(f"{label}: its value {text[:80]} has no literal that reads back equal")
+    return text
+
+
+class _Variant:
+    """Collects one variant's checks in order, then writes its function."""
+
+    def __init__(self, frame: int, variant: int, state, renames: dict[str, str]) -> None:
+        self.prefix = f"{frame}_{variant}"
+        self.state = state
+        self.renames = renames
+        self.lines: list[tuple[str, str]] = []  # (label, condition that must hold)
+        self.notes: list[str] = []
+        self.tensors: list[tuple] = []
+        self.tensor_sources: list[str] = []
+        self.aliasing: list[str] = []
+        self.marking: list[tuple[str, str]] = []
+        self.global_state: str | None = None
+        self.references: set = set()
+
+    # -- resolving what the capture saw ---------------------------------------------------------
+    def source(self, guard, label: str) -> str:
+        text = rename_sources(guard.name, self.renames)
+        _names_in(text, _SOURCE_NAMES, frozenset(), label)
+        return text
+
+    def value(self, guard, label: str):
+        return self.evaluate(guard.name, label)
+
+    def evaluate(self, name: str, label: str):
+        og = self.state.output_graph
+        try:
+            return eval(name, {"__builtins__": {}}, {"L": og.local_scope, "G": og.global_scope})  # noqa: S307 - Dynamo's own source text over its own saved scopes
+        except Exception as exc:  # noqa: BLE001 - the saved scope lacks it: no value to render
+            raise Unrenderable(f"{label}: the saved guard state holds no value for it ({type(exc).__name__})") from None
+
+    def named(self, obj, label: str) -> str:
+        ref = reference(obj)
+        if ref is None:
+            raise Unrenderable(f"{label}: {obj!r} has no module and qualified name another process can resolve")
+        self.references.add(ref)
+        return f"_by_name[{ref!r}]"
+
+    # -- one guard ------------------------------------------------------------------------------
+    def add(self, guard, skip_hook_guards: bool) -> None:
+        kind = guard.create_fn_name()
+        label = slot_text((kind, slot_source(guard.name)))
+        if kind in _COVERED_BY_GLOBAL_STATE:
+            self.notes.append(f"{label}: checked by GLOBAL_STATE (torch adds no check of its own)")
+        elif kind == "GLOBAL_STATE":
+            self.global_state = self.state.output_graph.global_state_guard.__getstate__()
+        elif kind == "TORCH_FUNCTION_STATE":
+            if self.state.output_graph.torch_function_mode_stack:
+                raise Unrenderable(f"{label}: the capture ran under torch function modes")
+            self.lines.append((label, "torch._C._len_torch_function_stack() == 0"))
+        elif kind == "DEFAULT_DEVICE":
+            if self.state.output_graph.current_device is not None:
+                raise Unrenderable(f"{label}: the capture ran under a default device")
+            self.lines.append((label, "_device_module.CURRENT_DEVICE is None"))
+        elif kind == "SHAPE_ENV":
+            self.shape_env(label)
+        elif kind == "TENSOR_MATCH":
+            self.tensor(guard, label)
+        elif kind == "TYPE_MATCH":
+            from precompile.torch_compat import FakeTensor
+
+            value = self.value(guard, label)
+            pytype = getattr(value, "pytype", None) if isinstance(value, FakeTensor) else None
+            self.lines.append((label, f"type({self.source(guard, label)}) is {self.named(pytype or type(value), label)}"))
+        elif kind in ("CONSTANT_MATCH", "EQUALS_MATCH"):
+            self.constant(guard, label, self.value(guard, label), kind)
+        elif kind == "EMPTY_NN_MODULE_HOOKS_DICT" and skip_hook_guards:
+            self.notes.append(f"{label}: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)")
+        elif kind == "NOT_PRESENT_IN_GENERIC_DICT":
+            attr = (getattr(guard.create_fn, "keywords", None) or {}).get("attr")
+            if not isinstance(attr, str):
+                raise Unrenderable(f"{label}: the guard names no attribute")
+            self.lines.append((f"{label} ({attr})", f"{attr!r} not in {self.source(guard, label)}.__dict__"))
+        elif kind == "DUPLICATE_INPUT":
+            other = (getattr(guard.create_fn, "keywords", None) or {}).get("source_b")
+            if other is None:
+                raise Unrenderable(f"{label}: the guard names no second source")
+            if not guard.code_list:  # torch skips it for optimizer and skip-guard sources
+                self.notes.append(f"{label}: skipped by torch (a source it does not guard)")
+                return
+            text = rename_sources(other.name, self.renames)
+            _names_in(text, _SOURCE_NAMES, frozenset(), label)
+            self.lines.append((f"{label} is {slot_source(other.name)}", f"{text} is {self.source(guard, label)}"))
+        elif kind == "DICT_KEYS_MATCH":
+            self.dict_keys(guard, label)
+        elif kind == "HASATTR":
+            self.has_attribute(guard, label)
+        elif kind == "SEQUENCE_LENGTH":
+            value = self.value(guard, label)
+            source = self.source(guard, label)
+            if not isinstance(value, dict):
+                self.lines.append((label, f"type({source}) is {self.named(type(value), label)}"))
+            self.lines.append((label, f"len({source}) == {len(value)}"))
+        else:
+            raise Unrenderable(f"{label}: no exact rendering of a {kind} guard here")
+
+    def has_attribute(self, guard, label: str) -> None:
+        """hasattr(base, attr), or its negation, as the capture saw it."""
+        attr = (getattr(guard.create_fn, "keywords", None) or {}).get("attr")
+        base = guard.name
+        if attr is None:  # torch 2.11 and 2.12: the guard's source is the attribute, on its base
+            source = guard.originating_source
+            while type(source).__name__ == "NNModuleSource":
+                source = source.base
+            if type(source).__name__ == "CodeSource":
+                self.notes.append(f"{label}: skipped by torch (a function always has __code__)")
+                return
+            attr, owner = getattr(source, "member", None), getattr(source, "base", None)
+            if owner is None or not isinstance(attr, str):
+                raise Unrenderable(f"{label}: the guard names no attribute on a base")
+            base = owner.name if isinstance(owner.name, str) else owner.name()
+        text = rename_sources(base, self.renames)
+        _names_in(text, _SOURCE_NAMES, frozenset(), label)
+        present = hasattr(self.evaluate(base, label), attr)
+        self.lines.append((f"{label} ({attr})", f"{'' if present else 'not '}hasattr({text}, {attr!r})"))
+
+    def constant(self, guard, label: str, value, kind: str) -> None:
+        source = self.source(guard, label)
+        if kind == "CONSTANT_MATCH" and (value is None or type(value) is bool):
+            self.lines.append((label, f"{source} is {value!r}"))
+            return
+        if type(value) not in _LITERAL_TYPES:
+            raise Unrenderable(f"{label}: a {type(value).__name__} value is not rendered as a literal here")
+        if type(value) is float and math.isnan(value):
+            self.lines.append((label, f"type({source}) is float and math.isnan({source})"))
+            return
+        if type(value) is complex and value != value:
+            raise Unrenderable(f"{label}: a complex NaN")
+        self.lines.append((label, f"type({source}) is {type(value).__name__} and {source} == {_literal(value, label)}"))
+
+    def dict_keys(self, guard, label: str) -> None:
+        """Dynamo's DICT_KEYS_MATCH: the dict's length, then its keys, in order where the capture relied
+        on their order (guard_on_key_order), else as a set (each key looked up)."""
+        value = self.value(guard, label)
+        if not isinstance(value, dict):
+            raise Unrenderable(f"{label}: the saved value is a {type(value).__name__}, not a dict")
+        source = self.source(guard, label)
+        keys = list(dict.keys(value))
+        for key in keys:
+            if type(key) not in (str, int):
+                raise Unrenderable(f"{label}: a {type(key).__name__} key")
+        self.lines.append((label, f"len({source}) == {len(keys)}"))
+        ordered = {s.name for s in self.state.output_graph.guard_on_key_order}
+        if guard.name in ordered:
+            self.lines.append((f"{label} (in order)", f"list(dict.keys({source})) == {_literal(keys, label)}"))
+        else:
+            for key in keys:
+                _literal(key, label)
+            members = "{" + ", ".join(sorted(map(repr, keys))) + "}" if keys else "set()"
+            self.lines.append((label, f"dict.keys({source}) == {members}"))
+
+    def shape_env(self, label: str) -> None:
+        parts = self.state.shape_code_parts
+        if parts is None:
+            raise Unrenderable(f"{label}: the saved state holds no shape-guard expressions (torch would rebuild them)")
+        for expr in dict.fromkeys(parts.python_code_parts.exprs):
+            text = rename_sources(expr, self.renames)
+            _names_in(text, _SHAPE_NAMES, _SHAPE_CALLS, label)
+            self.lines.append((f"{label}: {slot_source(expr)}", text))
+
+    def tensor(self, guard, label: str) -> None:
+        from precompile.torch_compat import dispatch_keys, dynamo_config, is_from_unspecialized_builtin_nn_module_source
+
+        value = self.value(guard, label)
+        source = self.source(guard, label)
+        pytype = getattr(value, "pytype", None) or type(value)
+        if pytype not in _TENSOR_TYPES:
+            raise Unrenderable(f"{label}: a {pytype.__qualname__} (only plain tensors and parameters are rendered)")
+        example = torch.empty(0, dtype=value.dtype, device=value.device)
+        recorded = getattr(value, "dispatch_keys", None)
+        if recorded is None or recorded.raw_repr() != dispatch_keys(example).raw_repr():
+            raise Unrenderable(f"{label}: its dispatch keys ({recorded}) are not those of a plain {value.device} tensor")
+        sizes_strides = self.state.output_graph.input_source_to_sizes_strides.get(guard.originating_source)
+        if sizes_strides is None:
+            raise Unrenderable(f"{label}: the saved state holds no sizes and strides for it")
+        sizes, strides = tuple(sizes_strides["size"]), tuple(sizes_strides["stride"])
+        if not all(d is None or type(d) is int for d in (*sizes, *strides)):
+            raise Unrenderable(f"{label}: symbolic sizes or strides {sizes} {strides}")
+        self.tensors.append((slot_source(guard.name), _TENSOR_TYPES[pytype], str(value.dtype), str(value.device),
+                             bool(value.requires_grad), sizes, strides))
+        self.tensor_sources.append(source)
+        skip_params = dynamo_config.skip_no_tensor_aliasing_guards_on_parameters
+        unspecialized = is_from_unspecialized_builtin_nn_module_source(guard.originating_source)
+        if not (skip_params and (pytype is torch.nn.Parameter or unspecialized)):
+            self.aliasing.append(source)
+        parts = [rename_sources(part, self.renames) for part in dict.fromkeys(guard.code_list or ())
+                 if part.startswith(("hasattr(", "((getattr("))]
+        if parts and not marking_guard_enforced():
+            self.notes.append(f"{label}: dimension markings (mark_dynamic and the like): this torch's guard manager "
+                              "lets any markings pass, so they are not checked here either")
+            return
+        for part in parts:
+            _names_in(part, _MARKING_NAMES, frozenset({"hasattr", "getattr", "issubset", "set"}), label)
+        if parts:
+            self.marking.append((f"{label}: dimension markings (mark_dynamic and the like)", " and ".join(parts)))
+
+    # -- the text ---------------------------------------------------------------------------------
+    def render(self, title: str) -> str:
+        out = [f"# {title}"]
+        body = []
+        if self.global_state is not None:
+            out.append(f"_global_state_{self.prefix} = _GlobalState({self.global_state!r})")
+            body += ['    failing = "GLOBAL_STATE"',
+                     f"    if not _global_state_{self.prefix}.check():",
+                     f"        return _global_state_{self.prefix}.reason() if explain else failing"]
+        # Tensors first: the check most calls that miss fail on, in one C++ call.
+        if self.tensors:
+            rows = "".join(f"\n    {row!r}," for row in self.tensors)
+            out.append(f"_tensors_{self.prefix} = _TensorMatch(({rows}\n))")
+            sources = ", ".join(self.tensor_sources) + ("," if len(self.tensor_sources) == 1 else "")
+            body += ['    failing = "TENSOR_MATCH"', f"    tensors = ({sources})",
+                     f"    if not _tensors_{self.prefix}.check(tensors):",
+                     f"        return _tensors_{self.prefix}.reason(tensors) if explain else failing"]
+        for label, condition in dict.fromkeys(self.lines):
+            body += [f"    failing = {label!r}", f"    if not ({condition}):", "        return failing"]
+        if len(self.aliasing) > 1:
+            sources = ", ".join(self.aliasing)
+            body += ['    failing = "NO_TENSOR_ALIASING: " + ' + repr(", ".join(slot_source(s) for s in self.aliasing)),
+                     f"    if len({{id(t) for t in ({sources})}}) != {len(self.aliasing)}:", "        return failing"]
+        for label, condition in self.marking:
+            joined = condition.replace(" and ", " and\n            ")
+            body += [f"    failing = {label!r}", f"    if not ({joined}):", "        return failing"]
+        notes = "".join(f"\n    # {note}" for note in self.notes)
+        out += [
+            "",
+            "",
+            f"def guards_{self.prefix}(L, G, explain=False):",
+            f'    """{title}: the first kept guard that fails, or None when all hold (a source that is not',
+            '    there fails its guard). L: the bound arguments, G: the globals of the frame\'s module;',
+            '    explain: say why the tensor or global-state check failed (torch\'s own words), not only its name."""'
+            + notes,
+            '    failing = "(none yet)"',
+            "    try:",
+            *("    " + line for line in body),
+            "    except Exception:  # noqa: BLE001 - a guard whose source is not there fails",
+            "        return failing",
+            "    return None",
+        ]
+        return "\n".join(out)
+
+
+def render_variant(frame: int, variant: int, title: str, state, policy: frozenset, by_name: tuple[str, ...],
+                   renames: dict[str, str], skip_hook_guards: bool) -> RenderedVariant:
+    """The rendered check of one variant (its guards state loaded, the invariance policy's slots
+    left out, its by-name identity lines), or Unrenderable naming the first guard it cannot render."""
+    if state.output_graph._aotautograd_guards:
+        raise Unrenderable("AOTAutograd guards: the variant carries guards AOTAutograd added, not rendered here")
+    rendering = _Variant(frame, variant, state, renames)
+    guards = sorted(state.output_graph.guards, key=lambda g: (g.create_fn_name(), g.name))
+    for guard in guards:
+        if slot_text((guard.create_fn_name(), slot_source(guard.name))) in policy:
+            continue
+        rendering.add(guard, skip_hook_guards)
+    for line in by_name:
+        kind, rest = line.split(" ", 1)
+        source, _, ref = rest.rpartition(" is ")
+        # A bare root is a local, as the by-name line keeps it (named_identity.SOURCE).
+        text = rename_sources(_BARE_LOCAL.sub(lambda m: f"{m.group(1) or ''}L[{m.group(2)!r}]", source), renames)
+        _names_in(text, _SOURCE_NAMES, frozenset({"type"}), line)
+        rendering.references.add(ref)
+        rendering.lines.append((f"{kind} {slot_source(source)} is {ref}", f"{text} is _by_name[{ref!r}]"))
+    return RenderedVariant(function=f"guards_{rendering.prefix}", source=rendering.render(title),
+                           references=rendering.references)

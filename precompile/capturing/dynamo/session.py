@@ -1,0 +1,407 @@
+"""DynamoTracer: record every frame Dynamo compiles while the caller's calls run, with its guards.
+
+Built on Dynamo's own machinery: a CompilePackage records the entry, its graph-break continuations
+and each guarded recompilation; PrecompileContext holds the compiled backends; our guard filter
+records every guard's verdict (the summary's kept and dropped slots) as Dynamo asks for it.
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import hashlib
+import logging
+import pickle
+import re
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from precompile.artifact.codec import build_bundle
+from precompile.artifact.envelope import FORMAT_VERSION
+from precompile.artifact.metadata import CompiledSubgraph, DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
+from precompile.artifact.summary import PrecompileSummary
+from precompile.capturing import kernels
+from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
+from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
+from precompile.capturing.dynamo.standalone import remainder_bytes, standalone_parts
+from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
+from precompile.capturing.lowering import lower_eager
+from precompile.capturing.pipeline import cache_for, qualified_name
+from precompile.capturing.tracers import DynamoTracer
+from precompile.codegen.models import SubgraphSection
+from precompile.codegen.render import render_dynamo, render_dynamo_standalone
+from precompile.errors import CaptureRefused, PrecompileError
+from precompile.serve import ranks as distributed
+
+log = logging.getLogger("precompile")
+_active = threading.Lock()
+
+def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
+    """A Dynamo artifact rebuilds fn from its code object: fn must be a module-level function."""
+    if isinstance(fn, functools.partial):
+        raise CaptureRefused("DynamoTracer takes the function itself, not a functools.partial; bind the arguments in a module-level def")
+    if isinstance(fn, torch.nn.Module):
+        raise CaptureRefused(
+            "DynamoTracer captures a function that CALLS the model, not the model itself; pass e.g. "
+            "`def step(model, x): return model(x)` defined at module level, and the model as an argument"
+        )
+    if not isinstance(fn, types.FunctionType):
+        raise CaptureRefused(f"DynamoTracer captures a Python function, got {type(fn).__name__}; pass a module-level def")
+    if fn.__name__ == "<lambda>":
+        raise CaptureRefused("DynamoTracer cannot capture a lambda; define fn with def at module level (MakeFxTracer takes lambdas)")
+    if fn.__closure__:
+        raise CaptureRefused(
+            f"DynamoTracer cannot capture {fn.__qualname__}: it closes over {list(fn.__code__.co_freevars)}; "
+            "define it at module level and pass what it closes over as arguments"
+        )
+    if "<locals>" in fn.__qualname__:
+        raise CaptureRefused(f"DynamoTracer cannot capture {fn.__qualname__}, a nested function; define it at module level")
+    if fn.__module__ == "__main__":
+        raise CaptureRefused(
+            f"DynamoTracer cannot capture {fn.__qualname__}: it is defined in __main__, which a serving process cannot "
+            "import; move it into an importable module"
+        )
+
+
+def runs_as_python(code, continuations: set) -> bool:
+    """Whether a non-entry package frame is served by its original bytecode with nothing compiled given
+    up: it compiled no graph and calls no further continuation. That is a graph-break continuation
+    with plain Python after the break, a function the captured code calls that has nothing for Dynamo
+    to compile (a generated dataclass __init__, say), or one Dynamo gave up on (it ran eagerly in the
+    capture too, with the frames it calls intercepted on their own)."""
+    if code.backend_ids or code.bypassed:
+        return False
+    return not any(continuations & set(guarded.dynamo_code.co_names) for guarded in code.guarded_codes)
+
+
+# Globals Dynamo installs by id into the module of the code it compiles (install_global_by_id):
+# ___module_collections_<id>_c<compile id> and the like.
+_MINTED_BY_ID = re.compile(r"^___\w+_\d+_c\d+$")
+
+
+def _names_used(code: types.CodeType) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_used(const)
+    return names
+
+
+def record_minted_modules(code) -> None:
+    """Dynamo binds some modules its transformed bytecode reads under minted names in the compiled
+    code's module and records none of them in the package: add each to the code's import sources, so
+    the driver seeds it as it seeds Dynamo's own import aliases. A minted global that is not a module
+    cannot be seeded in another process: refuse the capture, naming it."""
+    from precompile.torch_compat import SerializedCode
+
+    scope = sys.modules[code.python_module].__dict__
+    for guarded in code.guarded_codes:
+        for name in sorted(_names_used(SerializedCode.to_code_object(guarded.dynamo_code))):
+            if not _MINTED_BY_ID.match(name) or name in code.import_sources or name not in scope:
+                continue
+            value = scope[name]
+            if not isinstance(value, types.ModuleType):
+                raise CaptureRefused(
+                    f"Dynamo's compiled code for {code.python_code.co_name} ({code.python_module}) reads {name}, a "
+                    f"{type(value).__name__} it bound by id, which no other process can have; capture with "
+                    "MakeFxTracer, or keep that object out of the compiled code"
+                )
+            code.import_sources[name] = value.__name__
+
+
+def refuse_uninstallable(entry, frames: list[DynamoFrame]) -> None:
+    """An installed artifact finds each frame reached by an ordinary call again by its module and
+    qualified name in the serving process: refuse, at write time, one that cannot be found that way."""
+    from precompile.torch_compat import SerializedCode
+    from precompile.torch_compat import lookup_code as _lookup_code
+
+    lost = []
+    for code, frame in zip(entry.codes, frames):
+        if not frame.installed:
+            continue
+        if code.python_module == "__main__":
+            lost.append(f"{frame.qualname} (defined in __main__, which a serving process cannot import)")
+            continue
+        try:
+            found = _lookup_code(code)
+        except Exception:  # noqa: BLE001 - any failure to resolve is the refusal below
+            found = None
+        if found != SerializedCode.to_code_object(code.python_code):
+            lost.append(f"{frame.qualname} ({frame.module}, line {frame.first_line}: not reachable by that name)")
+    if lost:
+        raise CaptureRefused(
+            f"the capture compiled frames the entry reaches by an ordinary call, which an installed artifact "
+            f"must find again by module and qualified name, and these cannot be: {lost}; define those "
+            "functions and classes at module level of an importable module"
+        )
+
+
+class DynamoSession:
+    """One DynamoTracer capture: calls run compiled and are recorded; `build()` renders the pair."""
+
+    def __init__(self, fn, tracer: DynamoTracer, backend: str, artifact_path: Path) -> None:
+        # capture() has refused, up front, the functions and backends this session cannot take.
+        self.fn = fn
+        self.tracer = tracer
+        self.backend = backend
+        self.artifact_path = artifact_path
+        self.calls = 0
+        self.errors: list[str] = []
+        self._stack = contextlib.ExitStack()
+        self._ledger = GuardLedger(tracer.guard_filter_fn)
+        self._truncation = TruncationLog()
+        self._fallbacks = BackendFallbackLog()
+
+    def __enter__(self) -> DynamoSession:
+        if not _active.acquire(blocking=False):
+            raise CaptureRefused("another DynamoTracer capture is active in this process; do not overlap them")
+        self._stack.callback(_active.release)
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()  # a session that failed to start holds nothing: the lock, the cache dir
+            raise
+        return self
+
+    def _start(self) -> None:
+        from precompile.torch_compat import CompilePackage, PrecompileContext, dynamo, dynamo_config, functorch_config
+
+        if self.backend == "inductor":  # the eager backend builds no kernels
+            self.cache_dir, self.commands = self._stack.enter_context(kernels.private_inductor_cache())
+        self._stack.enter_context(dynamo_config.patch(recompile_limit=self.tracer.recompile_limit))
+        dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+        dynamo_log.addHandler(self._truncation)
+        self._stack.callback(dynamo_log.removeHandler, self._truncation)
+        graph_break_log = logging.getLogger("torch._dynamo.exc")
+        graph_break_log.addHandler(self._fallbacks)
+        self._stack.callback(graph_break_log.removeHandler, self._fallbacks)
+        self._stack.enter_context(
+            functorch_config.patch(force_non_lazy_backward_lowering=True, bundled_autograd_cache=True)
+        )
+        # Compiled code a previous compile left on fn (or on its continuations) would serve calls
+        # without compiling, so nothing would be recorded: start from Dynamo's empty caches.
+        dynamo.reset()
+        PrecompileContext.clear()
+        self.package = CompilePackage(self.fn)
+        self._recorder = AtenRecorder() if self.backend == "eager" else InductorLowerer()
+        self.compiled = dynamo.optimize(
+            backend=self._recorder, package=self.package, guard_filter_fn=self._ledger,
+            dynamic=self.tracer.dynamic,
+        )(self.fn)
+
+    def __exit__(self, *exc_info) -> None:
+        self._stack.close()
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        try:
+            return self.compiled(*args, **kwargs)
+        except Exception as exc:
+            # A refusal of ours from inside the backend reaches the caller as itself, not wrapped
+            # in Dynamo's BackendCompilerFailed.
+            refusal = getattr(exc, "inner_exception", None)
+            shown = refusal if isinstance(refusal, PrecompileError) else exc
+            message = f"{type(shown).__name__}: {shown}"
+            if message not in self.errors:
+                self.errors.append(message)
+            if shown is not exc:
+                raise shown from None
+            from precompile.torch_compat import PackageError
+
+            if isinstance(exc, PackageError):
+                raise CaptureRefused(
+                    f"the call compiled a frame the artifact cannot record ({exc}): every compiled frame must be "
+                    "found again by module and qualified name; define the functions and classes the call reaches "
+                    "in an importable module (not __main__, not exec'd code)"
+                ) from exc
+            raise
+
+    # -- rendering -------------------------------------------------------------------------------
+    def summary(self) -> PrecompileSummary:
+        entry, frames, guards, backends, slots = self._collect()
+        return self._summary(entry, frames, backends, guards, slots)
+
+    def _collect(self):
+        entry = self.package.cache_entry()
+        backends, frames, guards = {}, [], []
+        slots = SlotLists()
+        taken: set = set()
+        continuations = {name for code in entry.codes if code.install_to_global for name in code.function_names}
+        for index, code in enumerate(entry.codes):
+            record_minted_modules(code)
+            where = self._where(index, code)
+            if index and runs_as_python(code, continuations):
+                # Nothing compiled here and nothing after it: served by its original bytecode, and its
+                # guards (which would only make calls miss) are left out of the artifact and the summary.
+                frames.append(DynamoFrame(
+                    name=code.python_code.co_name, module=code.python_module, variants=0,
+                    resume_names=tuple(code.function_names) if code.install_to_global else (),
+                    runs_as_python=True, **where,
+                ))
+                continue
+            for backend_id in code.backend_ids:
+                compiled = self._recorder.recorded(self.package.cached_backends.get(backend_id))
+                if compiled is None:
+                    code.bypassed = True
+                else:
+                    backends[backend_id] = (where["qualname"], compiled)
+            frames.append(
+                DynamoFrame(
+                    name=code.python_code.co_name, module=code.python_module, variants=len(code.guarded_codes),
+                    resume_names=tuple(code.function_names) if code.install_to_global else (), bypassed=code.bypassed,
+                    **where,
+                )
+            )
+            guards += account_frame(code, where["qualname"], self._ledger, slots, taken)
+        return entry, frames, guards, backends, slots
+
+    def _where(self, index: int, code) -> dict:
+        """Where a frame's code lives: the entry is fn; a continuation is reached by the global names
+        Dynamo minted for it; any other frame is reached by an ordinary call, so an installed
+        artifact finds its live code object again by qualified name."""
+        if index == 0:
+            qualname = self.fn.__qualname__
+        elif code.install_to_global:
+            qualname = code.python_code.co_name
+        else:  # where Python says it is defined, e.g. Block.forward or deco.<locals>.wrapper
+            qualname = getattr(code.python_code, "co_qualname", None) or code.python_code.co_name
+        installed = bool(index) and not code.install_to_global
+        return {"qualname": qualname, "first_line": code.python_code.co_firstlineno, "installed": installed}
+
+    def build(self) -> tuple[bytes, bytes]:
+        entry, frames, guards, backends, slots = self._collect()
+        summary = self._summary(entry, frames, backends, guards, slots)
+        self._gate(summary)
+        # Frames reached by an ordinary call serve only through Dynamo's frame evaluator.
+        installed = any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
+        if installed:
+            refuse_uninstallable(entry, frames)
+        sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
+        metadata = DynamoMetadata(
+            format_version=FORMAT_VERSION,
+            backend=self.backend,
+            serving_mode="installed" if installed else "standalone",
+            torch_version=str(torch.__version__),
+            python_version=tuple(sys.version_info[:2]),
+            fn_name=qualified_name(self.fn),
+            fn_module=self.fn.__module__,
+            frames=tuple(frames),
+            guards=tuple(guards),
+            summary=summary,
+            inlined_sources=tuple(
+                InlinedSource(module=s.module, first_line=s.firstlineno, last_line=s.lastlineno, sha256=s.checksum)
+                for s in sorted(entry.source_info.inlined_sources, key=lambda s: (s.module, s.firstlineno, s.lastlineno))
+            ),
+            subgraphs=tuple(subgraphs),
+            world=distributed.captured_world([*(section.source for section in sections), *modules]),
+        )
+        if installed:  # served through Dynamo's frame evaluator: the package entry travels pickled
+            state = pickle.dumps(
+                {"codes": entry.codes, "backends": pickled_backends, "defaults": self.fn.__defaults__,
+                 "kwdefaults": self.fn.__kwdefaults__}
+            )
+            source = render_dynamo(
+                metadata, sections, base64.b64encode(state).decode("ascii"), hashlib.sha256(state).hexdigest(), len(state)
+            )
+        else:
+            parts = standalone_parts(entry, frames, guards, self.fn, pickled_backends,
+                                     [section.source for section in sections])
+            source = render_dynamo_standalone(metadata, sections, parts, remainder_bytes(parts))
+        python_code = source.encode("utf-8")
+        bundle, payload = None, b""  # the eager backend has no kernels: the cache carries no bundle
+        if self.backend == "inductor":
+            files = kernels.collect_files(self.cache_dir)
+            bundle, payload = build_bundle(
+                files, kernels.producer_keys(files),
+                kernels.libraries_by_source(modules, files),
+                kernels.producer_provenance(self.commands, self.cache_dir),
+            )
+        log.info("rendered a Dynamo artifact: %d frames, %d variants, %d bytes", len(frames), len(guards), len(python_code))
+        return python_code, cache_for(python_code, backend=self.backend, tracer="dynamo", bundle=bundle, payload=payload)
+
+    def _subgraphs(self, backends: dict) -> tuple[list[SubgraphSection], list[CompiledSubgraph], dict, list[str]]:
+        """Each compiled graph's lowered source as a python_code section, what stays opaque, and the
+        Inductor output modules' text (where the kernel bundle finds their kernels)."""
+        sections, subgraphs, pickled, modules = [], [], {}, []
+        for index, (backend_id, (frame, compiled)) in enumerate(backends.items()):
+            name = f"graph_{index}"
+            where = f"{name}, compiled in frame {frame!r}"
+            if isinstance(self._recorder, AtenRecorder):
+                source = lower_eager(compiled.aten, entry=name).source
+                sections.append(SubgraphSection(
+                    title=f"{where}: ATen ops, run as they are (autograd flows through them)",
+                    slug=name.replace("_", "-"), name=name, source=source, runs_in_place=True,
+                ))
+                subgraphs.append(CompiledSubgraph(backend_id=backend_id, frame=frame, forward=name, served_by="aten"))
+                continue
+            if compiled.aot is None:
+                sections.append(compiled.section(name, where))
+                modules += compiled.texts.values()
+                subgraphs.append(CompiledSubgraph(
+                    backend_id=backend_id, frame=frame, forward=f"{name}_forward",
+                    backward=f"{name}_backward" if compiled.plan else "", served_by="inductor_runtime",
+                ))
+                continue
+            stripped, sources = split_sources(compiled.aot)
+            pickled[backend_id] = stripped
+            names = {part: f"{name}_{part}" for part in sources}
+            for part, text in sources.items():
+                sections.append(SubgraphSection(
+                    title=f"{where}: {part} output module, served by AOTAutograd because of "
+                          f"{compiled.reason}; loaded as written here",
+                    slug=names[part].replace("_", "-"), name=names[part], source="\n" + text.strip("\n") + "\n", runs_in_place=False,
+                ))
+                modules.append(text)
+            subgraphs.append(CompiledSubgraph(
+                backend_id=backend_id, frame=frame, forward=names["forward"], backward=names.get("backward", ""),
+                served_by="aotautograd", fallback_reason=compiled.reason,
+            ))
+        return sections, subgraphs, pickled, modules
+
+    def _summary(self, entry, frames: list[DynamoFrame], backends: dict, guards: list[VariantGuards], slots: SlotLists) -> PrecompileSummary:
+        rendered = {slot: check for slot, check in self._ledger.rendered.items() if slot in slots.dropped}
+        for slot, check in slots.policy_code.items():
+            rendered.setdefault(slot, check)
+        return PrecompileSummary(
+            frames=len(frames),
+            resume_functions=sum(1 for f in frames if f.resume_names),
+            guarded_codes=sum(f.variants for f in frames),
+            backend_graphs=len(backends),
+            bypassed=tuple(f.name for f in frames if f.bypassed),
+            truncated=tuple(self._truncation.frames),
+            uncovered_frames=tuple(
+                code.python_code.co_name
+                for code, frame in zip(entry.codes, frames)
+                if code.has_compile_id and not code.guarded_codes and not code.bypassed and not frame.runs_as_python
+            ),
+            dropped_guards=tuple(sorted(slots.dropped)),
+            kept_guards=tuple(sorted(slots.kept)),
+            risky_dropped_guards=tuple(sorted((self._ledger.configured | slots.told_apart) & slots.dropped)),
+            policy_dropped_guards=tuple(sorted(slots.policy)),
+            dropped_guard_code=tuple((t, src, check) for (t, src), check in sorted(rendered.items())),
+            wont_generalize=wont_generalize(guards),
+            capture_errors=tuple(dict.fromkeys((*self.errors, *self._fallbacks.errors))),
+        )
+
+    def _gate(self, summary: PrecompileSummary) -> None:
+        # A frame past recompile_limit ran eager and is only reported (truncated): the limit is the
+        # caller's choice. A bypassed or uncovered frame, a call that raised or nothing compiled is a gap.
+        gap = summary.bypassed or summary.uncovered_frames or summary.capture_errors or not (
+            summary.guarded_codes and summary.backend_graphs
+        )
+        if self.tracer.require_complete and gap:
+            raise CaptureRefused(
+                f"the capture is incomplete ({summary}); run calls that compile every frame, or pass "
+                "DynamoTracer(require_complete=False) to write a partial artifact"
+            )
+        if self.tracer.require_no_risky_drops and summary.risky_dropped_guards:
+            raise CaptureRefused(
+                f"the capture dropped guards that matter ({summary}); keep them in guard_filter_fn, or pass "
+                "DynamoTracer(require_no_risky_drops=False)"
+            )
+

@@ -1,0 +1,204 @@
+"""What a standalone Dynamo artifact carries instead of the pickled package entry.
+
+- Code objects travel marshalled (Python-version locked): each frame's original code and each
+  variant's transformed code, with every global name Dynamo minted from its process-wide counter
+  (compiled graphs, continuations, the builtins-dict key) renamed, through nested code objects, to a
+  name unique to this artifact: a live torch.compile later in the serving process mints its own
+  names from its own counter and can never collide with these. Import aliases
+  (`__import_torch_dot_nn...`) keep their names: each is bound to the very module it names.
+- The per-frame tables the driver seeds and dispatches from, as literals.
+- Each variant's kept guards rendered as the Python that checks them (`guard_code`), or, where a
+  kept guard has no faithful rendering, that variant's pickled guard state in the opaque remainder,
+  with the guard and the reason written above it.
+"""
+from __future__ import annotations
+
+import ast
+import base64
+import dis
+import hashlib
+import marshal
+import pickle
+import types
+from dataclasses import dataclass, field
+
+from precompile.artifact.metadata import DynamoFrame, VariantGuards
+from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
+
+_MINTED_PREFIX = "__precompile_"
+
+
+@dataclass
+class CodeBlob:
+    key: str
+    """"F" for frame F's original code, "F.V" for variant V's transformed code."""
+    what: str
+    data: bytes
+
+    @property
+    def base64(self) -> str:
+        return base64.b64encode(self.data).decode("ascii")
+
+
+@dataclass
+class StandaloneParts:
+    frames: list[dict]
+    defaults: dict | None
+    blobs: list[CodeBlob]
+    rendered: list[RenderedVariant]
+    opaque_variants: list[tuple[str, str]]
+    """(title, reason) of each variant whose guards stay opaque."""
+    remainder: dict = field(default_factory=dict)
+    references: tuple[str, ...] = ()
+
+
+def rename_code(code: types.CodeType, renames: dict[str, str], filename: str) -> types.CodeType:
+    """`code` with the global names in `renames` renamed and its file named `filename` (the driver
+    names the module's file again at load: no capture-side path travels), in it and every code
+    object nested in it."""
+    consts = tuple(rename_code(c, renames, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_names=tuple(renames.get(name, name) for name in code.co_names), co_consts=consts,
+                        co_filename=filename)
+
+
+def _minted_names(entry, states: dict) -> dict[str, str]:
+    """Each name Dynamo minted for the package's frames -> its stable stem in this artifact: graph_K
+    (K: the compiled graph's position), resume_F (F: the continuation's frame), builtins_F_V, and
+    import aliases as they are (they name a module)."""
+    stems: dict[str, str] = {}
+    graphs = 0
+    for index, code in enumerate(entry.codes):
+        for backend_id in code.backend_ids:
+            stems.setdefault(backend_id, f"graph_{graphs}")
+            graphs += 1
+        if code.install_to_global:
+            for number, name in enumerate(code.function_names):
+                stems.setdefault(name, f"resume_{index}_{number}")
+        for alias in code.import_sources:
+            stems.setdefault(alias, alias.lstrip("_"))
+        for (frame, variant), state in states.items():
+            key = state.output_graph.name_of_builtins_dict_key_in_fglobals
+            if frame == index and key:
+                stems.setdefault(key, f"builtins_{frame}_{variant}")
+    return stems
+
+
+# What Dynamo's transformed bytecode reads from torch._dynamo.utils around its compiled graphs: a
+# profiler range, and a tensor's size or stride read as a plain call. The driver's stand-in
+# (_DynamoUtils) does the same without importing Dynamo; a test keeps the two in step.
+DYNAMO_UTILS_STAND_IN = frozenset({"record_pregraph_bytecode_enter", "record_pregraph_bytecode_exit", "call_size",
+                                   "call_stride", "call_storage_offset"})
+
+
+def _attributes_read(codes: list[types.CodeType]) -> dict[str, set]:
+    """{global name: attributes the code reads from it right after loading it}, through nested code."""
+    found: dict[str, set] = {}
+    for code in codes:
+        instructions = list(dis.get_instructions(code))
+        for first, second in zip(instructions, instructions[1:]):
+            if first.opname == "LOAD_GLOBAL":
+                attribute = second.argval if second.opname in ("LOAD_ATTR", "LOAD_METHOD") else "<used otherwise>"
+                found.setdefault(first.argval, set()).add(attribute)
+        nested = _attributes_read([c for c in code.co_consts if isinstance(c, types.CodeType)])
+        for name, attributes in nested.items():
+            found.setdefault(name, set()).update(attributes)
+    return found
+
+
+def _literal_or_none(value):
+    try:
+        return value if ast.literal_eval(repr(value)) == value else None
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+
+
+def _defaults(fn) -> dict | None:
+    """fn's defaults as literals, or None when one is not a literal (they go to the opaque remainder)."""
+    found = {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
+    return found if all(v is None or _literal_or_none(v) is not None for v in found.values()) else None
+
+
+def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuards], fn, backends_pickled: dict,
+                     subgraph_sources: list[str]) -> StandaloneParts:
+    from precompile.torch_compat import SerializedCode, dynamo_config, load_guards_state
+
+    states = {
+        (index, variant): load_guards_state(guarded.guards_state)
+        for index, code in enumerate(entry.codes) for variant, guarded in enumerate(code.guarded_codes)
+        if not frames[index].runs_as_python
+    }
+    originals = [SerializedCode.to_code_object(code.python_code) for code in entry.codes]
+    transformed = {(i, v): SerializedCode.to_code_object(g.dynamo_code)
+                   for i, code in enumerate(entry.codes) for v, g in enumerate(code.guarded_codes) if (i, v) in states}
+    stems = _minted_names(entry, states)
+    # The prefix names this artifact: a digest of its code with the stems in place (stable across
+    # captures of the same code), so two artifacts' names differ and one artifact's never change.
+    digest = hashlib.sha256()
+    for code in originals:
+        digest.update(marshal.dumps(code.replace(co_filename="")))
+    for key in sorted(transformed):
+        digest.update(marshal.dumps(rename_code(transformed[key], {k: "_" + v for k, v in stems.items()}, "")))
+    for text in subgraph_sources:
+        digest.update(text.encode("utf-8"))
+    prefix = f"{_MINTED_PREFIX}{digest.hexdigest()[:12]}_"
+    renames = {name: prefix + stem for name, stem in stems.items()}
+    listed = {(v.frame, v.variant): v for v in guards}
+    tables, blobs, rendered, opaque, references = [], [], [], [], set()
+    remainder: dict = {"guards": {}, "backends": backends_pickled}
+    for index, (code, frame) in enumerate(zip(entry.codes, frames)):
+        filename = f"<module {code.python_module}>"
+        blobs.append(CodeBlob(str(index), f"frame {index} ({frame.qualname}): original code",
+                              marshal.dumps(rename_code(originals[index], {}, filename))))
+        names = []
+        for variant in range(len(code.guarded_codes)):
+            if (index, variant) not in states:
+                continue
+            blobs.append(CodeBlob(f"{index}.{variant}", f"frame {index} ({frame.qualname}), variant {variant}: transformed code",
+                                  marshal.dumps(rename_code(transformed[(index, variant)], renames, filename))))
+            title = f"Frame {index} ({frame.qualname}), variant {variant}"
+            meta = listed[(frame.qualname, variant)]
+            try:
+                variant_code = render_variant(index, variant, title, states[(index, variant)],
+                                              frozenset(meta.policy_dropped), meta.by_name, renames,
+                                              dynamo_config.skip_nnmodule_hook_guards)
+            except Exception as exc:  # noqa: BLE001 - whatever stops a faithful rendering, torch's manager checks it
+                reason = str(exc) if isinstance(exc, Unrenderable) else (
+                    f"rendering its guards failed on this torch ({type(exc).__name__}: {exc})")
+                opaque.append((title, reason))
+                remainder["guards"][f"{index}.{variant}"] = code.guarded_codes[variant].guards_state
+                names.append("")
+                continue
+            rendered.append(variant_code)
+            references |= variant_code.references
+            names.append(variant_code.function)
+        keys = [states[(index, v)].output_graph.name_of_builtins_dict_key_in_fglobals for v in range(len(names))]
+        read = _attributes_read([transformed[(index, v)] for v in range(len(names))])
+        tables.append({
+            "module": code.python_module,
+            "name": code.python_code.co_name,
+            "install_to_global": bool(code.install_to_global),
+            "function_names": tuple(renames.get(n, n) for n in code.function_names) if code.install_to_global else (),
+            "import_sources": {renames[alias]: module for alias, module in sorted(code.import_sources.items())},
+            "aliases": {alias: renames[alias] for alias in sorted(code.import_sources)},
+            "stand_ins": tuple(sorted(
+                renames[alias] for alias, module in code.import_sources.items()
+                if module == "torch._dynamo.utils" and read.get(alias, set()) <= DYNAMO_UTILS_STAND_IN
+            )),
+            "backend_ids": tuple((b, renames[b]) for b in code.backend_ids),
+            "builtins_keys": tuple(sorted({renames[k] for k in keys if k})),
+            "bypassed": bool(code.bypassed),
+            "compiled": bool(code.guarded_codes),
+            "guards": tuple(names),
+        })
+    defaults = _defaults(fn)
+    if defaults is None:
+        remainder["defaults"] = {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
+    return StandaloneParts(frames=tables, defaults=defaults, blobs=blobs, rendered=rendered, opaque_variants=opaque,
+                           remainder=remainder, references=tuple(sorted(references)))
+
+
+def remainder_bytes(parts: StandaloneParts) -> bytes:
+    """The opaque remainder pickled, or b"" when nothing is left opaque."""
+    if not (parts.remainder["guards"] or parts.remainder["backends"] or "defaults" in parts.remainder):
+        return b""
+    return pickle.dumps(parts.remainder)

@@ -1,0 +1,217 @@
+"""Freezing kernels at capture: compile into a private cache dir, then collect what the serving process
+needs into the cache's bundle, with the requirements (bundle_keys) it depends on. The serving side,
+priming a process from the bundle, is serve/kernels.py.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from precompile.artifact import bundle_keys
+from precompile.artifact.bundle_rules import kind_of
+from precompile.errors import CaptureRefused
+from precompile.serve import triton_cache
+from precompile.serve.kernels import built_from, gpu_keys
+
+
+def collect_files(cache_dir: Path) -> dict[str, tuple[str, bytes]]:
+    """The kernel files in a private cache dir, {relative path: (kind, bytes)}.
+
+    Raises PrecompileError naming each Triton kernel or autotune decision of the capture's block
+    that is not among them (so it could not be frozen).
+    """
+    missing = triton_cache.unfrozen(cache_dir / _TRITON_DIR)
+    if missing:
+        raise CaptureRefused(
+            "could not freeze the Triton kernels the serving process needs: " + "; ".join(missing)
+            + ". Let Triton compile them inside the capture block with its default file cache manager"
+        )
+    files = {}
+    for path in sorted(cache_dir.rglob("*")):
+        if not path.is_file():
+            continue
+        relative = path.relative_to(cache_dir).as_posix()
+        kind = kind_of(relative)
+        if kind is not None:
+            files[relative] = (kind, path.read_bytes())
+    return files
+
+
+def kernel_sources(source: str) -> dict[str, str]:
+    """{kernel name: sha256 of its C++ source} for every `name = async_compile.cpp_pybinding(types, src)`."""
+    return {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in kernel_texts(source).items()}
+
+
+def kernel_texts(source: str) -> dict[str, str]:
+    """{kernel name: its C++ source} for every `name = async_compile.cpp_pybinding(types, src)`."""
+    found = {}
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            continue
+        call = node.value
+        if (
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "cpp_pybinding"
+            and len(call.args) == 2
+            and isinstance(call.args[1], ast.Constant)
+            and isinstance(call.args[1].value, str)
+        ):
+            found[node.targets[0].id] = call.args[1].value
+    return found
+
+
+def libraries_by_source(modules, files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
+    """{sha256 of a kernel's C++ source: its library's path in `files`} for the kernels of the Inductor
+    output modules `modules` (their source texts), matched by content (see `built_from`)."""
+    built = {
+        path[: -len(".cpp")] + ".so": data.decode("utf-8", "replace")
+        for path, (kind, data) in files.items()
+        if kind == "kernel-source" and path[: -len(".cpp")] + ".so" in files
+    }
+    found = {}
+    for module in modules:
+        for text in kernel_texts(module).values():
+            library = built_from(text, built)
+            if library is not None:
+                found[hashlib.sha256(text.encode("utf-8")).hexdigest()] = library
+    return found
+
+
+def kernel_libraries(namespace: dict, cache_dir: Path) -> dict[str, str]:
+    """{kernel name: library path relative to cache_dir} for the kernels an exec'd module loaded."""
+    root = os.path.realpath(cache_dir)
+    found = {}
+    for name, value in namespace.items():
+        module = getattr(value, "__self__", None)
+        library = getattr(module, "__file__", None)
+        if isinstance(library, str) and os.path.realpath(library).startswith(root + os.sep):
+            found[name] = Path(os.path.relpath(os.path.realpath(library), root)).as_posix()
+    return found
+
+
+_CAPTURE_LOCK = threading.Lock()
+# Where a capture's Triton files go inside its cache dir (and Inductor's own default for device 0).
+_TRITON_DIR = "triton/0"
+# ISA probe libraries an earlier capture of this process built: seeded into the next capture's
+# dir, so probing costs a load rather than a compile there, and still lands in its bundle.
+_PROBES: dict[str, bytes] = {}
+
+
+@contextlib.contextmanager
+def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
+    """Compile into an emptied cache dir with the settings artifacts are keyed by; observe build commands.
+
+    The dir's path is fixed per user (and per rank, in a torch.distributed world) because compiled
+    libraries embed the path they were built in: a fixed path keeps two captures of the same model
+    byte-identical, so diffs show real changes. Single-process captures on this host take turns (a
+    thread lock and a file lock). A rank never waits for the file lock, since the block it guards
+    runs collectives that other ranks wait on: when another job holds its dir, it compiles into a
+    dir of its own process instead. Yields the directory and the list the C++ build command lines
+    are appended to.
+    """
+    from precompile.serve.ranks import kernel_dir_suffix
+    from precompile.torch_compat import cpp_builder, inductor_config, temporary_cache_dir
+
+    suffix = kernel_dir_suffix()
+    directory = Path(tempfile.gettempdir()) / f"precompile-capture-kernels-{os.getuid()}{suffix}"
+    commands: list[str] = []
+    original = cpp_builder.CppBuilder.get_command_line
+
+    def observed(self):
+        line = original(self)
+        commands.append(line)
+        return line
+
+    with _CAPTURE_LOCK, _locked_dir(directory, wait=not suffix) as directory:
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        cpp_builder.CppBuilder.get_command_line = observed
+        try:
+            for relative, data in _PROBES.items():
+                (directory / relative).parent.mkdir(parents=True, exist_ok=True)
+                (directory / relative).write_bytes(data)
+            with temporary_cache_dir(str(directory)), triton_cache.triton_block(directory / _TRITON_DIR), inductor_config.patch(
+                cpp_cache_precompile_headers=False
+            ):
+                _forget_isa_probes()
+                yield directory, commands
+            for relative, (kind, data) in collect_files(directory).items():
+                if kind.startswith("isa-probe"):
+                    _PROBES[relative] = data
+        finally:
+            cpp_builder.CppBuilder.get_command_line = original
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked_dir(directory: Path, *, wait: bool) -> Iterator[Path]:
+    """Hold `directory`'s file lock and yield it; without `wait`, a dir held by another process is
+    swapped for this process's own (its kernels then embed that path)."""
+    import fcntl
+
+    with open(f"{directory}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            held = False
+        if held:
+            yield directory
+            return
+    own = directory.with_name(f"{directory.name}-pid{os.getpid()}")
+    try:
+        with _locked_dir(own, wait=True) as own:
+            yield own
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(f"{own}.lock")
+
+
+def _forget_isa_probes() -> None:
+    """Drop Inductor's in-process memo of its ISA probes so they build again into this capture's dir.
+
+    The serving process's Inductor needs the probe libraries to pick the same ISA without
+    compiling; a capture must bundle them whatever ran earlier in this process.
+    """
+    from precompile.torch_compat import cpu_vec_isa
+
+    for value in vars(cpu_vec_isa).values():
+        members = vars(value).values() if isinstance(value, type) else (value,)
+        for member in members:
+            clear = getattr(member, "cache_clear", None)
+            if callable(clear):
+                clear()
+
+
+def producer_keys(files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
+    """What the bundled kernels depend on (see schema/bundle_keys.py): this build, this CPU and its
+    vector ISA, and for a bundle holding Triton kernels, the GPU and Triton they were built for."""
+    from precompile.torch_compat import cpu_vec_isa
+
+    keys = bundle_keys.host_keys()
+    keys["isa"] = str(cpu_vec_isa.pick_vec_isa())
+    keys["valid_isas"] = ";".join(str(isa) for isa in cpu_vec_isa.valid_vec_isa_list())
+    if any(kind == "triton" for kind, _ in files.values()):
+        keys.update(gpu_keys())
+    return keys
+
+
+def producer_provenance(commands: list[str], cache_dir: Path) -> dict[str, str]:
+    """Where this build lives and how it compiled: recorded for information, never required of a host."""
+    root = str(cache_dir)
+    normalized = sorted({" ".join(t for t in line.replace(root, "<cache>").split() if "<cache>" not in t) for line in commands})
+    compilers = sorted({os.path.basename(line.split()[0]) for line in commands if line.split()})
+    return {
+        **bundle_keys.host_provenance(),
+        "compiler": " ".join(compilers),
+        "compiler_command_sha256": hashlib.sha256("\n".join(normalized).encode("utf-8")).hexdigest(),
+        "precompiled_headers": "off",
+    }

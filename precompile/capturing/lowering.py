@@ -1,0 +1,84 @@
+"""Realize a traced graph with a backend, as readable source for python_code's graph section."""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from precompile.codegen.models import GraphSection
+from precompile.errors import CaptureRefused
+from precompile.torch_compat import INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES, fx_custom_builtins
+
+ENTRY = "captured_graph"
+
+
+def lower_eager(graph_module: torch.fx.GraphModule, entry: str = ENTRY) -> GraphSection:
+    """The captured ATen graph as a plain Python function `entry` over the flat graph inputs."""
+    code = graph_module.graph.python_code(root_module="self")
+    imports = []
+    for name in code.globals:
+        if not re.search(rf"\b{re.escape(name)}\b", code.src):
+            continue  # FX offers a fixed set of globals; import only those the graph uses
+        builtin = fx_custom_builtins.get(name)
+        if builtin is None:
+            raise CaptureRefused(f"the captured graph refers to {name!r}, which the eager backend cannot render as source")
+        imports.append(builtin.import_str)
+    imports.sort()
+    source, count = re.subn(r"def forward\(self(, )?", f"def {entry}(", code.src.strip("\n"), count=1)
+    if count != 1:
+        raise CaptureRefused("the captured graph's source has no forward(self, ...) to render")
+    body = "\n".join(line.rstrip() for line in source.splitlines())
+    return GraphSection(title="The captured graph as ATen ops, run as they are (eager backend)", source="\n".join(imports) + "\n\n\n" + body, entry=entry)
+
+
+# Where the output code's benchmarking tail starts: not part of the artifact.
+_TAIL = re.compile(r"^def (get_args|benchmark_compiled_module)\(", re.MULTILINE)
+
+
+def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torch.Tensor], fake_mode=None) -> GraphSection:
+    """The graph lowered by AOTAutograd + Inductor, as its output code, adapted to a flat call.
+
+    `fake_mode` is the FakeTensorMode of fake `example_inputs` (dims marked unbacked).
+    """
+    import contextlib
+
+    from precompile.torch_compat import TracingContext, compile_fx, tracing
+
+    compiled = []
+
+    def keep_source(gm, inputs, **kwargs):
+        result = compile_fx.compile_fx_inner(gm, inputs, **kwargs)
+        compiled.append(result)
+        return result
+
+    context = tracing(TracingContext(fake_mode)) if fake_mode is not None else contextlib.nullcontext()
+    with torch.no_grad(), context:
+        compile_fx.compile_fx(graph_module, [t.detach() for t in example_inputs], inner_compile=keep_source)
+    if len(compiled) == 1 and not getattr(compiled[0], "source_code", None):
+        raise CaptureRefused(
+            "the inductor backend has nothing to compile in this graph (fn returns its inputs, views of them or "
+            "constants); capture it with backend='eager'"
+        )
+    if len(compiled) != 1:
+        raise CaptureRefused(
+            f"Inductor lowered the captured graph into {len(compiled)} modules; precompile needs exactly one"
+        )
+    return GraphSection(
+        title="The compiled graph: AOTAutograd + Inductor output code",
+        source=adapt_output_code(compiled[0].source_code) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
+        entry=ENTRY,
+        runtime="inductor_runtime",
+    )
+
+
+def adapt_output_code(source: str) -> str:
+    """Drop the process-local AOT id line, the benchmarking tail, and the imports the runtime provides."""
+    tail = _TAIL.search(source)
+    if tail is not None:
+        source = source[: tail.start()]
+    lines = [
+        line.rstrip()
+        for line in source.splitlines()
+        if not line.startswith("# AOT ID:") and line.strip() not in INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES
+    ]
+    return "\n".join(lines).strip("\n")

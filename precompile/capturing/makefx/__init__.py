@@ -1,0 +1,1 @@
+"""The MakeFx tracer: one traced graph per call signature (trace), rendered and frozen (build)."""

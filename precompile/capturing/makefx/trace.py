@@ -1,0 +1,299 @@
+"""MakeFxTracer: one non-strict make_fx trace of fn(*args) on fake tensors.
+
+Every nn.Module argument has its parameters and buffers lifted to graph inputs (tied weights once),
+so the graph holds no weights. The trace runs on fakes: nothing real is computed or mutated here;
+the caller serves the rendered artifact to run the call for real. What the contract forbids is
+refused with a PrecompileError that names the cause.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import msgspec
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.nn.utils import stateless
+
+from precompile.artifact.metadata import ConstantLeaf, NamedTensor, TensorLeaf
+from precompile.capturing.makefx import unbacked
+from precompile.codegen.drivers.makefx import _collect_params_and_buffers
+from precompile.errors import CaptureRefused, PrecompileError
+from precompile.serve.ranks import traceable_collectives
+from precompile.torch_compat import pytree
+
+log = logging.getLogger("precompile")
+
+_CONSTANT_TYPES = (type(None), bool, int, float, str)
+
+
+@dataclass
+class MakeFxTrace:
+    """A traced graph and the calling convention it was traced under (no backend decided yet)."""
+
+    graph_module: torch.fx.GraphModule
+    example_inputs: list[torch.Tensor]
+    """The real flat graph inputs of the captured call: params, buffers, tensor inputs."""
+    num_positional_args: int
+    module_positions: tuple[int, ...]
+    params: tuple[NamedTensor, ...]
+    buffers: tuple[NamedTensor, ...]
+    in_spec: str
+    inputs: tuple[TensorLeaf | ConstantLeaf, ...]
+    out_spec: str
+    outputs: tuple[TensorLeaf | ConstantLeaf, ...]
+    grad_param_indices: tuple[int, ...]
+    fake_mode: Any = None
+    """The FakeTensorMode `example_inputs` live in when dims were marked unbacked (they are fakes then)."""
+
+
+def _named(name: str, tensor: torch.Tensor, layout: bool) -> NamedTensor:
+    return NamedTensor(
+        name=name, shape=tuple(tensor.shape), dtype=str(tensor.dtype), device=str(tensor.device),
+        stride=tuple(tensor.stride()) if layout else None,
+    )
+
+
+def _tensor_leaf(path: str, tensor: torch.Tensor, layout: bool = False) -> TensorLeaf:
+    """A leaf spec; a symbolic (unbacked) size or stride is recorded as None: any value."""
+    return TensorLeaf(
+        path=path, shape=_concrete(tensor.shape), dtype=str(tensor.dtype), device=str(tensor.device),
+        stride=_concrete(tensor.stride()) if layout else None,
+    )
+
+
+def _input_leaf(path: str, tensor: torch.Tensor, traced: torch.Tensor, layout: bool) -> TensorLeaf:
+    leaf = _tensor_leaf(path, traced, layout)
+    dims = unbacked.described_dims(tensor, traced)
+    return msgspec.structs.replace(leaf, unbacked=dims) if dims else leaf
+
+
+def _concrete(values) -> tuple[int | None, ...]:
+    return tuple(v if isinstance(v, int) else None for v in values)
+
+
+def _refuse_unsupported_input(path: str, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            raise CaptureRefused(f"input {path} is a nested tensor, which MakeFxTracer cannot capture; pass dense tensors")
+        if value.layout != torch.strided:
+            raise CaptureRefused(f"input {path} is a {value.layout} tensor, which MakeFxTracer cannot capture; pass a dense (strided) tensor")
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            raise CaptureRefused(f"input {path} is a tensor subclass ({type(value).__name__}), which MakeFxTracer cannot capture; pass a plain tensor")
+    elif not isinstance(value, _CONSTANT_TYPES):
+        raise CaptureRefused(
+            f"input {path} is a {type(value).__name__}; a MakeFx artifact bakes non-tensor inputs into its graph "
+            "and can only record None, bool, int, float or str: pass tensors, or close over the value in fn"
+        )
+
+
+def _spec_text(spec, what: str) -> str:
+    try:
+        return pytree.treespec_dumps(spec)
+    except Exception as exc:  # treespec_dumps raises TypeError/NotImplementedError/... for foreign nodes
+        raise CaptureRefused(
+            f"the {what} structure of fn cannot be serialized ({exc}); use tuples, lists, dicts and registered pytree nodes"
+        ) from None
+
+
+def _path(prefix: str, key_path) -> str:
+    return prefix + pytree.keystr(key_path)
+
+
+def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: bool = False) -> MakeFxTrace:
+    """Trace fn(*args); `layout` records strides too, for backends that specialize on memory layout
+    (inductor), which are also the backends that serve dims marked with mark_unbacked."""
+    started = time.perf_counter()
+    module_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.nn.Module))
+    modules = [args[i] for i in module_positions]
+    params, buffers = _collect_params_and_buffers(modules)
+    for name, tensor in params + buffers:
+        if unbacked.marked_dims(tensor):
+            raise CaptureRefused(f"model tensor {name!r} has dims marked with mark_unbacked; only runtime inputs can be")
+
+    user_args = _user_args(args, module_positions)
+    keyed_leaves, in_spec = pytree.tree_flatten_with_path(user_args)
+    inputs = []
+    tensor_inputs = []
+    for key_path, value in keyed_leaves:
+        path = _path("args", key_path)
+        _refuse_unsupported_input(path, value)
+        if isinstance(value, torch.Tensor):
+            unbacked.refuse_unsupported_marks(path, value, allow_unbacked=layout)
+            tensor_inputs.append(value)
+            inputs.append(path)
+        else:
+            inputs.append(ConstantLeaf(path=path, value=value))
+    in_spec_text = _spec_text(in_spec, "input")
+    example_inputs = [t for _, t in params] + [t for _, t in buffers] + tensor_inputs
+    fake_mode = None
+    trace_inputs = [t.detach() for t in example_inputs]
+    if any(unbacked.marked_dims(t) for t in tensor_inputs):
+        fake_mode, trace_inputs = unbacked.fake_inputs(example_inputs)
+    # A tensor input's spec comes from what is traced: a marked dim (and strides built on it) is None.
+    described = iter(zip(tensor_inputs, trace_inputs[len(params) + len(buffers) :]))
+    inputs = [_input_leaf(leaf, *next(described), layout) if isinstance(leaf, str) else leaf for leaf in inputs]
+    allowed_symbols = set().union(*(free_unbacked_symbols(t) for t in trace_inputs)) if fake_mode else set()
+
+    n_params, n_buffers = len(params), len(buffers)
+    # Every name a module knows a tensor by (tied weights included) -> its slot in the flat inputs.
+    slot_of = {id(t): i for i, (_, t) in enumerate(params + buffers)}
+    module_names = [
+        [(name, slot_of[id(t)]) for name, t in (*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))]
+        for m in modules
+    ]
+    # Gradients flow where they would in eager: into params that require them and, to be refused,
+    # into buffers and inputs that require them.
+    requires_grad = [t.requires_grad for _, t in params + buffers] + [t.requires_grad for t in tensor_inputs]
+    traced: dict[str, Any] = {}
+
+    def flat_fn(*flat):
+        flat = [t.detach().requires_grad_(rg) if rg else t for t, rg in zip(flat, requires_grad)]
+        state = flat[: n_params + n_buffers]
+        runtime_inputs = iter(flat[n_params + n_buffers :])
+        leaves = [next(runtime_inputs) if isinstance(v, torch.Tensor) else v for _, v in keyed_leaves]
+        call_args = {**dict(zip(module_positions, modules)), **pytree.tree_unflatten(leaves, in_spec)}
+        call_args = [call_args[i] for i in range(len(args))]
+        with contextlib.ExitStack() as stack:
+            for module, names in zip(modules, module_names):
+                stack.enter_context(
+                    stateless._reparametrize_module(module, {name: state[slot] for name, slot in names}, tie_weights=True)
+                )
+            result = fn(*call_args)
+        for (name, _), tensor in zip(buffers, state[n_params:]):
+            if tensor.grad is not None:
+                raise CaptureRefused(f"registered buffer {name!r} received a gradient; a MakeFx artifact scatters gradients onto parameters only")
+        for leaf, tensor in zip((leaf for leaf in inputs if isinstance(leaf, TensorLeaf)), flat[n_params + n_buffers :]):
+            if tensor.grad is not None:
+                raise CaptureRefused(
+                    f"user input {leaf.path} received a gradient; a MakeFx artifact scatters gradients onto "
+                    "the model's parameters only: make it a parameter, or detach it"
+                )
+        out_leaves, out_spec = pytree.tree_flatten_with_path(result)
+        traced["out_spec"] = out_spec
+        outputs, graph_outputs = [], []
+        for key_path, value in out_leaves:
+            path = _path("result", key_path)
+            if isinstance(value, torch.Tensor):
+                if free_unbacked_symbols(value) - allowed_symbols:
+                    raise CaptureRefused(_data_dependent(f"returns {path}, whose shape"))
+                outputs.append(_tensor_leaf(path, value))
+                graph_outputs.append(value)
+            elif isinstance(value, _CONSTANT_TYPES):
+                outputs.append(ConstantLeaf(path=path, value=value))
+            else:
+                raise CaptureRefused(
+                    f"fn's result {path} is a {type(value).__name__}, which an artifact cannot serialize; "
+                    "return tensors, None, bool, int, float or str in tuples, lists and dicts"
+                )
+        traced["outputs"] = outputs
+        grads = [(i, state[i].grad) for i in range(n_params) if state[i].grad is not None]
+        traced["grad_param_indices"] = tuple(i for i, _ in grads)
+        return [*graph_outputs, *[g for _, g in grads]]
+
+    log.info("tracing %s with make_fx (%d params, %d buffers, %d tensor inputs)", _name(fn), n_params, n_buffers, len(tensor_inputs))
+    try:
+        with traceable_collectives():  # dist.all_reduce and friends trace as functional collectives
+            graph_module = make_fx(
+                flat_fn, decomposition_table=decompositions, tracing_mode="fake", _allow_non_fake_inputs=True
+            )(*trace_inputs)
+    except PrecompileError:
+        raise
+    except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as exc:
+        if fake_mode is not None:
+            raise CaptureRefused(
+                f"fn needs to guard on a dim marked with mark_unbacked, or on a tensor's value "
+                f"({str(exc).splitlines()[0]}); an artifact serves every size of a marked dim, so fn may not branch "
+                "on it: remove the mark, or keep that size out of Python control flow"
+            ) from None
+        raise CaptureRefused(
+            f"fn needs a tensor's value to decide a branch, a shape or a Python number ({str(exc).splitlines()[0]}); "
+            "a MakeFx capture specializes control flow to one call and cannot record that: keep it in tensor ops "
+            "(e.g. torch.where)"
+        ) from None
+    _refuse_forbidden_nodes(graph_module, [name for name, _ in params], allowed_symbols)
+    log.info("traced %d graph nodes in %.2f s", len(graph_module.graph.nodes), time.perf_counter() - started)
+    return MakeFxTrace(
+        graph_module=graph_module,
+        example_inputs=trace_inputs if fake_mode is not None else example_inputs,
+        num_positional_args=len(args),
+        module_positions=module_positions,
+        params=tuple(_named(n, t, layout) for n, t in params),
+        buffers=tuple(_named(n, t, layout) for n, t in buffers),
+        in_spec=in_spec_text,
+        inputs=tuple(inputs),
+        out_spec=_spec_text(traced["out_spec"], "output"),
+        outputs=tuple(traced["outputs"]),
+        grad_param_indices=traced["grad_param_indices"],
+        fake_mode=fake_mode,
+    )
+
+
+def _data_dependent(what: str) -> str:
+    return (
+        f"fn {what} depends on tensor data (e.g. .item(), .tolist(), nonzero(), masked indexing); a MakeFx "
+        "artifact is specialized to shapes and cannot serve data-dependent results"
+    )
+
+
+def _user_args(args: tuple, module_positions: tuple[int, ...]) -> dict[int, Any]:
+    """The runtime inputs: fn's positional args but the modules, keyed by position (paths read args[i])."""
+    return {i: a for i, a in enumerate(args) if i not in module_positions}
+
+
+def _name(fn) -> str:
+    return getattr(fn, "__qualname__", type(fn).__name__)
+
+
+def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: list[str], allowed_symbols: set) -> None:
+    """Refuse what the graph must not hold: constants, control flow, effects, data-dependence, param updates."""
+    from precompile.torch_compat import OpOverload, get_effect
+
+    placeholders = [n for n in graph_module.graph.nodes if n.op == "placeholder"]
+    param_storages = {
+        StorageWeakRef(n.meta["val"].untyped_storage()): i
+        for i, n in enumerate(placeholders[: len(param_names)])
+        if isinstance(n.meta.get("val"), torch.Tensor)
+    }
+    for node in graph_module.graph.nodes:
+        if node.op == "get_attr":
+            value = getattr(graph_module, node.target)
+            if isinstance(value, torch.fx.GraphModule):
+                raise CaptureRefused(
+                    f"fn uses a control-flow operator (subgraph {node.target!r}, e.g. torch.cond or while_loop), "
+                    "which a MakeFx artifact cannot hold; capture without it"
+                )
+            if isinstance(value, torch.Tensor):
+                raise CaptureRefused(
+                    f"fn reads a tensor that is neither an argument nor a parameter/buffer of a module argument "
+                    f"(shape {tuple(value.shape)}, dtype {value.dtype}): a global, a closed-over tensor or a tensor "
+                    "created from data would be baked into the artifact as a constant. Pass it as an argument or "
+                    "register it as a buffer"
+                )
+            continue
+        if node.op != "call_function":
+            continue
+        if isinstance(node.target, OpOverload) and get_effect(node.target) is not None:
+            raise CaptureRefused(f"fn calls the effectful op {node.target}, which a MakeFx artifact does not support yet")
+        value = node.meta.get("val")
+        if value is not None and free_unbacked_symbols(value) - allowed_symbols:
+            raise CaptureRefused(_data_dependent(f"calls {node.target}, whose result"))
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            continue
+        for argument, value in zip(schema.arguments, node.args):
+            if argument.alias_info is None or not argument.alias_info.is_write or not isinstance(value, torch.fx.Node):
+                continue
+            fake = value.meta.get("val")
+            if isinstance(fake, torch.Tensor):
+                slot = param_storages.get(StorageWeakRef(fake.untyped_storage()))
+                if slot is not None:
+                    raise CaptureRefused(
+                        f"fn updates parameter {param_names[slot]!r} in place ({node.target}); a MakeFx artifact never writes the "
+                        "model's parameters: return the new value instead, or update it outside fn"
+                    )

@@ -1,0 +1,31 @@
+"""What both tracers' builds share once their python_code is rendered: the cache that pairs with it,
+and the name a captured fn goes by."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from precompile._version import __version__
+from precompile.artifact.codec import encode_cache
+from precompile.artifact.envelope import CacheEnvelopeV1, Producer
+from precompile.artifact.pycode import code_hash
+
+
+def cache_for(python_code: bytes, *, backend: str, tracer: str, bundle, payload: bytes) -> bytes:
+    """The cache file that pairs with `python_code`: its envelope, tagged and hashed, and the bundle."""
+    envelope = CacheEnvelopeV1(
+        code_hash=code_hash(python_code),
+        backend=backend,
+        tracer=tracer,
+        producer=Producer(
+            precompile=__version__, torch=str(torch.__version__), python=".".join(map(str, sys.version_info[:3]))
+        ),
+        bundle=bundle,
+    )
+    return encode_cache(envelope, payload)
+
+
+def qualified_name(fn) -> str:
+    module = getattr(fn, "__module__", None) or "?"
+    return f"{module}.{getattr(fn, '__qualname__', type(fn).__qualname__)}"

@@ -1,0 +1,1 @@
+"""The `precompile` command: argument parsing and exit codes (main), the built-in demo and doctor."""

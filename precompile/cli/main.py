@@ -1,0 +1,117 @@
+"""The `precompile` command: argument parsing, exit codes, and nothing else."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from rich.console import Console
+
+from precompile.errors import PrecompileError
+from precompile.inspect.commands import register as register_inspect_verbs
+
+
+class _StatusHandler(logging.Handler):
+    """Shows the library's step reports as a live status line."""
+
+    def __init__(self, status) -> None:
+        super().__init__(logging.INFO)
+        self.status = status
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.status.update(record.getMessage())
+
+
+def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from precompile.cli.demo import TOLERANCE, run_demo
+
+    logger = logging.getLogger("precompile")
+    with err.status("starting", spinner="dots") as status:
+        handler = _StatusHandler(status)
+        if err.is_terminal:
+            logger.addHandler(handler)
+            logger.setLevel(logging.INFO)
+        try:
+            report = run_demo(Path(args.directory), args.backend)
+        finally:
+            logger.removeHandler(handler)
+    for step, seconds in report.steps:
+        out.print(f"{seconds:8.2f} s  {step}")
+    served = report.served
+    out.print(
+        f"fresh process: load {served['load_s'] * 1000:.1f} ms, first call {served['first_call_s'] * 1000:.1f} ms, "
+        f"cache {'used' if served['cache_used'] else 'NOT used'}, nothing compiled, "
+        f"torch._inductor {'imported' if served['inductor_imported'] else 'not imported'}"
+    )
+    out.print(f"max |served - eager| = {served['max_abs_diff']:.3g}: {'match' if report.ok else 'MISMATCH'}")
+    out.print(f"artifact: {report.artifact_path}")
+    out.print(f"cache:    {report.cache_path}")
+    if not report.ok:
+        err.print(
+            f"precompile: error: the pair served in a fresh process differs from eager by {served['max_abs_diff']:.3g} "
+            f"(over the {TOLERANCE:g} tolerance): ({report.artifact_path}, {report.cache_path}) does not reproduce the model; "
+            "report it with both files",
+            markup=False,
+        )
+    return 0 if report.ok else 1
+
+
+def _doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from precompile.cli.doctor import diagnose
+
+    report = diagnose(probe_compiler=not args.no_compiler_probe)
+    if args.json:
+        out.print(report.to_json(), markup=False)
+        return 0
+    out.print(report.summary(), markup=False)
+    for feature in report.features:
+        out.print(f"  {'yes' if feature.works else 'no ':3}  {feature.name:24} {feature.detail}", markup=False)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="precompile", description="Capture, load and inspect precompile artifacts.")
+    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour output (default: auto)")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    demo = verbs.add_parser("demo", help="capture the built-in transformer, reload it in a fresh process, compare with eager")
+    demo.add_argument("directory", nargs="?", default="precompile-demo", help="where to write the pair (default: ./precompile-demo)")
+    demo.add_argument("--backend", choices=("inductor", "eager"), default="inductor", help="how the captured graph is realized (default: inductor)")
+    demo.set_defaults(handler=_demo)
+    doctor = verbs.add_parser("doctor", help="which features work with this torch, Python and host, and why not")
+    doctor.add_argument("--json", action="store_true", help="the report as JSON")
+    doctor.add_argument("--no-compiler-probe", action="store_true", help="skip building an empty library with the C++ compiler")
+    doctor.set_defaults(handler=_doctor)
+    register_inspect_verbs(verbs)
+    return parser
+
+
+def consoles(color: str) -> tuple[Console, Console]:
+    if color == "always" or (color == "auto" and os.environ.get("FORCE_COLOR")):
+        force, no_color = True, False
+    elif color == "never" or (color == "auto" and "NO_COLOR" in os.environ):
+        force, no_color = None, True
+    else:
+        force, no_color = None, False
+    return (
+        Console(force_terminal=force, no_color=no_color, highlight=False, soft_wrap=True),
+        Console(stderr=True, force_terminal=force, no_color=no_color, highlight=False, soft_wrap=True),
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    # torch warns on import when numpy is absent; the CLI never needs numpy, so keep its output clean.
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+    args = build_parser().parse_args(argv)
+    out, err = consoles(args.color)
+    try:
+        return args.handler(args, out, err)
+    except PrecompileError as exc:
+        err.print(f"precompile: error: {exc}", markup=False)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,0 @@
-"""The torch side: capture (tracers, lowering), the atomic pair writer, and load."""

@@ -1,0 +1,226 @@
+"""load(artifact_path, cache_path): read the pair, check it, exec python_code, wrap `forward`."""
+from __future__ import annotations
+
+import ast
+import builtins
+import contextlib
+import linecache
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from precompile.artifact import bundle_keys, bundle_rules
+from precompile.artifact.codec import CacheFormatError, decode_payload
+from precompile.artifact.metadata import ArtifactMetadata, DynamoMetadata
+from precompile.artifact.pair import (
+    pairing_problem,
+    read_cache,
+    read_python_code,
+)
+from precompile.artifact.writer import resolve_pending_cache
+from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
+from precompile.serve import kernels
+
+log = logging.getLogger("precompile")
+
+MAX_CACHE_SIZE = 16 * 1024 * 1024 * 1024
+
+
+class PrecompiledRunnable:
+    """What `load` returns: callable with the captured fn's calling convention.
+
+    A standalone artifact installs nothing, so entering, exiting and `unload()` are no-ops and the
+    runnable keeps serving after them. An installed artifact's entries stay on the captured code
+    objects until the process exits (removing them is not implemented), so for it too they are no-ops.
+    """
+
+    def __init__(self, forward, metadata: ArtifactMetadata, artifact_path: Path, *, cache_used: bool) -> None:
+        self._forward = forward
+        self.metadata = metadata
+        self.artifact_path = artifact_path
+        self.cache_used = cache_used
+
+    @property
+    def installed(self) -> bool:
+        return self.metadata.serving_mode == "installed"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._forward(*args, **kwargs)
+
+    def __enter__(self) -> PrecompiledRunnable:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.unload()
+
+    def unload(self) -> None:
+        """Remove whatever loading installed; nothing, for a standalone artifact."""
+
+    def __repr__(self) -> str:
+        meta = self.metadata
+        return f"<PrecompiledRunnable {meta.fn_name} from {self.artifact_path.name} (backend={meta.backend!r}, {meta.serving_mode})>"
+
+
+def _usable_cache(python_code, cache_path: Path):
+    """The cache's envelope if it pairs with python_code; None (with a warning) if it is unusable."""
+    cache = read_cache(cache_path, MAX_CACHE_SIZE)
+    if cache.envelope is not None and cache.envelope.code_hash != python_code.code_hash:
+        # A write interrupted between its renames, or one still renaming (resolving waits for its
+        # lock): either way the cache that pairs may be in place now.
+        resolve_pending_cache(cache_path, python_code.data)
+        cache = read_cache(cache_path, MAX_CACHE_SIZE)
+    if cache.envelope is None:
+        warnings.warn(
+            f"ignoring the cache: {cache.problem}. Loading from python_code {python_code.path} alone "
+            "(the cache is only an acceleration); capture again to rebuild it",
+            PrecompileWarning,
+            stacklevel=3,
+        )
+        return None
+    problem = pairing_problem(python_code, cache.envelope)
+    if problem is not None:
+        raise PairMismatch(
+            f"the pair ({python_code.path}, {cache_path}) came from different captures: {problem}. "
+            "Pass the cache written together with this python_code, or capture again"
+        )
+    return cache
+
+
+def _forbidden_cause(exc: BaseException) -> CompilationForbidden | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, CompilationForbidden):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def exec_registered(source: str, filename: str, namespace: dict[str, Any], tree: ast.Module | None = None) -> None:
+    """Exec source we rendered into `namespace` as file `filename`, registered in linecache so
+    tracebacks and debuggers show its lines (attrs does the same for the code it generates).
+    `tree`, the source already parsed, is compiled instead of parsing the source again."""
+    linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
+    exec(compile(source if tree is None else tree, filename, "exec"), namespace)  # noqa: S102
+
+
+def execute(
+    source: str,
+    filename: str,
+    primed_kernels: dict[str, str] | None = None,
+    allow_serve_time_compiles: bool = False,
+    tree: ast.Module | None = None,
+) -> dict[str, Any]:
+    """Exec python_code as its own namespace (see exec_registered; `tree` is its parse, if made).
+
+    `primed_kernels` ({kernel source sha256: library path}) lets the kernel runtime of an Inductor
+    artifact load its kernels directly instead of compiling them; `allow_serve_time_compiles` tells
+    an installed Dynamo artifact's driver that a missed call may compile.
+    """
+    namespace: dict[str, Any] = {"__name__": "precompile_artifact", "__file__": filename, "__builtins__": builtins}
+    if primed_kernels:
+        namespace["__precompile_kernels__"] = dict(primed_kernels)
+    if allow_serve_time_compiles:
+        namespace["__precompile_allow_serve_time_compiles__"] = True
+    try:
+        exec_registered(source, filename, namespace, tree)
+    except PrecompileError:
+        raise
+    except Exception as exc:
+        forbidden = _forbidden_cause(exc)
+        if forbidden is not None:  # Inductor wraps what its compile workers raise
+            raise forbidden from exc
+        raise PrecompileError(f"python_code {filename} failed to execute: {type(exc).__name__}: {exc}") from exc
+    if not callable(namespace.get("forward")):
+        raise PrecompileError(f"python_code {filename} defines no forward(); it is not a complete precompile artifact")
+    return namespace
+
+
+def _prime_kernels(cache) -> dict[str, str] | None:
+    """Extract the cache's kernel bundle for this process and return its kernels by source sha256;
+    None if there is no bundle, or (with a warning saying why) if it cannot serve this host."""
+    bundle = cache.envelope.bundle
+    if bundle is None or not bundle.files:
+        return None
+    unserved = bundle_rules.unserved_reason(cache.envelope)
+    if unserved is not None:
+        warnings.warn(
+            f"not serving the kernel bundle in {cache.path}: {unserved}. python_code will compile its kernels here "
+            "instead (JIT); capture again to ship kernels this precompile serves",
+            PrecompileWarning,
+            stacklevel=3,
+        )
+        return None
+    reasons = bundle_keys.mismatches(bundle.keys, kernels.serving_keys(bundle.keys))
+    if reasons:
+        warnings.warn(
+            f"the kernel bundle in {cache.path} does not fit this host: {'; '.join(map(str, reasons))}. "
+            "python_code will compile its kernels here instead (JIT)",
+            PrecompileWarning,
+            stacklevel=3,
+        )
+        return None
+    try:
+        files = decode_payload(bundle, cache.data, cache.payload_offset, source=f"cache {cache.path}")
+        return kernels.prime(bundle, files, kernels.inductor_cache_dir())
+    except (CacheFormatError, OSError, ValueError, MemoryError) as exc:
+        warnings.warn(
+            f"ignoring the kernel bundle: {exc}. python_code will compile its kernels here instead (JIT)",
+            PrecompileWarning,
+            stacklevel=3,
+        )
+        return None
+
+
+def served_by_aotautograd(metadata) -> bool:
+    """Whether a Dynamo artifact has a subgraph AOTAutograd serves (every inductor subgraph of one
+    written before subgraphs were lowered)."""
+    if not isinstance(metadata, DynamoMetadata) or metadata.backend != "inductor":
+        return False
+    return any(graph.served_by in ("", "aotautograd") for graph in metadata.subgraphs) or not metadata.subgraphs
+
+
+def load(
+    artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, allow_serve_time_compiles: bool = False
+) -> PrecompiledRunnable:
+    """Reconstruct a runnable from the two files a precompile capture wrote.
+
+    Both files are trusted, EXECUTABLE input. A cache that cannot be read, or is of another format or
+    version, is ignored with a PrecompileWarning; a cache that belongs to another python_code (its
+    backend, tracer or code_hash differs) is a PrecompileError. `allow_serve_time_compiles` is for
+    installed artifacts only: a call no captured variant covers then compiles with the artifact's
+    backend under the process-wide stance; a standalone artifact has no compiler behind it, so
+    passing it there is a PrecompileError.
+    """
+    started = time.perf_counter()
+    artifact_path, cache_path = Path(artifact_path), Path(cache_path)
+    python_code = read_python_code(artifact_path)
+    if allow_serve_time_compiles and python_code.metadata.serving_mode != "installed":
+        raise PrecompileError(
+            f"load(allow_serve_time_compiles=True): {artifact_path} is a {python_code.metadata.serving_mode} "
+            "artifact, which has no compiler behind it (only an installed Dynamo artifact can compile a call its "
+            "variants miss); load it without the flag, and capture the calls it misses"
+        )
+    cache = _usable_cache(python_code, cache_path)
+    primed = _prime_kernels(cache) if cache is not None else None
+    # Output modules AOTAutograd serves load their kernels through Inductor itself, which would
+    # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the
+    # kernel runtime (MakeFx artifacts, lowered Dynamo subgraphs) does neither.
+    # A bundle written before it mapped kernel sources to libraries is served through Inductor too.
+    through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata) and (
+        served_by_aotautograd(python_code.metadata) or not cache.envelope.bundle.kernels
+    )
+    with contextlib.ExitStack() as stack:
+        if through_inductor:
+            bundle = cache.envelope.bundle
+            stack.enter_context(kernels.producer_vec_isas(bundle.keys))
+            stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
+        namespace = execute(python_code.source, str(artifact_path.resolve()), primed, allow_serve_time_compiles, python_code.tree)
+    log.info(
+        "loaded %s in %.3f s (cache %s, %d kernels primed)",
+        artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),
+    )
+    return PrecompiledRunnable(namespace["forward"], python_code.metadata, artifact_path, cache_used=cache is not None)
