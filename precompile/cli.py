@@ -12,6 +12,7 @@ from rich.console import Console
 
 from precompile.errors import PrecompileError
 from precompile.inspect.commands import register as register_inspect_verbs
+from precompile.signing.commands import register as register_signing_verbs
 
 
 class _StatusHandler(logging.Handler):
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--no-compiler-probe", action="store_true", help="skip building an empty library with the C++ compiler")
     doctor.set_defaults(handler=_doctor)
     register_inspect_verbs(verbs)
+    register_signing_verbs(verbs)
     return parser
 
 
