@@ -132,12 +132,19 @@ def _verify(args, out, err) -> int:
     from precompile.inspect.verify import verify
 
     artifact = _artifact(args.artifact, deep=True)
-    report = verify(artifact, host=args.host)
+    report = verify(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key))
     _emit(args, out, report, render_text.render_verify(report) if not args.json else ())
     failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
     trouble = artifact.python_code.problem is not None or artifact.cache.newer
     _diagnose(err, failed if trouble else (), () if trouble else failed)
     return 2 if trouble else 0 if report.ok else 1
+
+
+def _trusted_keys(paths: list[str] | None):
+    """verify --trusted-key: the public keys a signature must be by; None (not checked) without the flag."""
+    from precompile.signing.pair import read_trusted_keys
+
+    return read_trusted_keys(paths) if paths else None
 
 
 def _extract(args, out, err) -> int:
@@ -209,6 +216,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     diff.add_argument("--context", type=int, default=3, help="lines of context in the python_code diff (default: 3)")
     verify = add("verify", "check a pair's integrity; --host: whether this machine can serve it; exit 0/1/2", _verify)
     verify.add_argument("--host", action="store_true", help="also check this host's Python and torch against the artifact")
+    verify.add_argument("--trusted-key", action="append", metavar="PUB", help=(
+        "check the pair's signature (NAME.sig): it must be by this public key; repeatable (any one of them); needs precompile[sign]"))
     extract = add("extract", "write python_code sections, metadata, envelope and bundle files into a new directory", _extract, artifact=False)
     extract.add_argument("paths", nargs="+", metavar="ARTIFACT... DIR", help=f"{ONE_FILE_HELP}; then the directory to create")
     schema = add("schema", "print the JSON Schemas of the cache envelope, the python_code metadata and the --json report", _schema, artifact=False)
