@@ -23,6 +23,7 @@ from precompile.runtime import kernels
 from precompile.schema import bundle_keys
 from precompile.runtime.no_compilation import CompilationForbidden
 from precompile.runtime.writer import resolve_pending_cache
+from precompile.signing.pair import TrustedKeys, require_trusted
 from precompile.schema.codec import CacheFormatError, decode_payload
 
 log = logging.getLogger("precompile")
@@ -176,7 +177,8 @@ def served_by_aotautograd(metadata) -> bool:
 
 
 def load(
-    artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, allow_serve_time_compiles: bool = False
+    artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, allow_serve_time_compiles: bool = False,
+    trusted_keys: TrustedKeys | None = None,
 ) -> PrecompiledRunnable:
     """Reconstruct a runnable from the two files a precompile capture wrote.
 
@@ -186,9 +188,14 @@ def load(
     installed artifacts only: a call no captured variant covers then compiles with the artifact's
     backend under the process-wide stance; a standalone artifact has no compiler behind it, so
     passing it there is a PrecompileError.
+
+    Signed pairs: with `trusted_keys` (public key paths or PEM bytes) or PRECOMPILE_TRUSTED_KEYS set,
+    a pair that none of those keys signed (`precompile sign`), whose files changed since, or whose
+    cache is missing, is a PrecompileError raised before anything of it is parsed or executed.
     """
     started = time.perf_counter()
     artifact_path, cache_path = Path(artifact_path), Path(cache_path)
+    require_trusted(artifact_path, cache_path, trusted_keys)  # signed pairs: precompile.signing
     python_code = read_python_code(artifact_path)
     if allow_serve_time_compiles and python_code.metadata.serving_mode != "installed":
         raise PrecompileError(
