@@ -8,6 +8,8 @@ import json
 import os
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -261,3 +263,41 @@ def test_load_refuses_pairs_its_trusted_keys_did_not_sign_before_executing_them(
     assert "which load(trusted_keys=...) does not trust" in results["signed, pinned, other key passed"]
     assert "python_code mlp.py is not the file mlp.sig covers" in results["tampered"]
     assert results["executed"] is False
+
+
+RANK = """
+import json, sys
+import torch.distributed as dist
+import precompile.distributed
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+where = "." if rank == 0 else "not-here"  # the pair and its signature exist only on rank 0
+try:
+    served = precompile.distributed.load_everywhere(f"{where}/mlp.py", f"{where}/mlp.cache")
+    print(json.dumps("loaded, cache used" if served.cache_used else "loaded"))
+except precompile.PrecompileError as exc:
+    print(json.dumps("refused: " + str(exc)))
+dist.destroy_process_group()
+"""
+
+
+def _on_two_ranks(directory: Path) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parent.parent)])}
+    store = directory / "rendezvous"
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(store)], env=env, cwd=directory,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
+    try:
+        outputs = [proc.communicate(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    for proc, (_, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-4000:]
+    return [json.loads(out.strip().splitlines()[-1]) for out, _ in outputs]
+
+
+def test_load_everywhere_ships_the_signature_so_every_rank_checks_it(pair, monkeypatch):
+    monkeypatch.setenv(TRUSTED_KEYS_ENV, str(pair / "release.pub"))
+    assert [r.startswith("refused: ") and "unsigned" in r for r in _on_two_ranks(pair)] == [True, True]
+    sign_pair("mlp.py", "mlp.cache", "release.key")
+    assert _on_two_ranks(pair) == ["loaded, cache used"] * 2
