@@ -162,6 +162,16 @@ def test_bad_trusted_keys_name_the_key_and_the_remedy(pair, given, match):
         read_trusted_keys(given)
 
 
+def test_keys_of_another_kind_are_refused_naming_the_kinds_expected(pair):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+    for key in (ed25519.Ed25519PrivateKey.generate(), ec.generate_private_key(ec.SECP256K1())):
+        pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        with pytest.raises(PrecompileError, match=r"key \(PEM bytes\) is .*expected .*secp256r1, secp384r1, secp521r1"):
+            read_trusted_keys(pem)
+
+
 def test_damaged_or_newer_signature_files(pair, capsys):
     (pair / "mlp.sig").write_text('{"format": "precompile-signature/9"}')
     rc, out, _ = run_cli(capsys, ["verify", "mlp", "--trusted-key", "release.pub"])
@@ -213,7 +223,8 @@ WITHOUT_EXTRA = """
 import sys
 sys.modules["cryptography"] = None  # as if the sign extra were not installed
 from precompile.cli import main
-print(main(["--color", "never", "verify", "mlp"]), main(["--color", "never", "sign", "mlp", "--key", "release.key"]))
+print(*(main(["--color", "never", *argv]) for argv in (
+    ["verify", "mlp"], ["sign", "mlp", "--key", "release.key"], ["verify", "mlp", "--trusted-key", "release.pub"])))
 import precompile.signing
 precompile.signing.require_trusted("mlp.py", "mlp.cache", None)
 """
@@ -222,7 +233,7 @@ precompile.signing.require_trusted("mlp.py", "mlp.cache", None)
 def test_without_the_sign_extra_signing_names_it_and_unchecked_paths_still_work(pair):
     proc = run_fresh(WITHOUT_EXTRA)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "0 2"
+    assert proc.stdout.strip().splitlines()[-1] == "0 2 2"
     assert "install the extra: pip install 'precompile[sign]'" in proc.stderr
 
 

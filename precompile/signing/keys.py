@@ -56,7 +56,7 @@ def _fingerprint(public_key: Any) -> str:
 def _supported(key: Any, source: str) -> None:
     _, _, _, ec = _cryptography()
     if not isinstance(key, (ec.EllipticCurvePublicKey, ec.EllipticCurvePrivateKey)):
-        raise PrecompileError(f"key {source} is a {type(key).__name__.lstrip('_')}, expected an ECDSA key on one of "
+        raise PrecompileError(f"key {source} is of type {type(key).__name__.lstrip('_')}, expected an ECDSA key on one of "
                               f"{', '.join(_HASHES)}; make one with `precompile keygen`")
     if key.curve.name not in _HASHES:
         raise PrecompileError(f"key {source} is on curve {key.curve.name}, expected one of {', '.join(_HASHES)}; "
