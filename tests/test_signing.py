@@ -183,6 +183,13 @@ def test_damaged_or_newer_signature_files(pair, capsys):
     assert rc == 0 and "skip  signature: present, not checked, and unreadable" in out
 
 
+def test_help_lists_the_signing_verbs(capsys):
+    rc, out, _ = run_cli(capsys, ["--help"])
+    assert rc == 0 and "keygen" in out and "sign" in out
+    rc, out, _ = run_cli(capsys, ["verify", "--help"])
+    assert rc == 0 and "--trusted-key" in out
+
+
 def test_keygen_writes_a_private_key_only_its_owner_reads_and_never_overwrites(pair, capsys):
     assert stat.S_IMODE(os.stat("release.key").st_mode) == 0o600
     rc, out, err = run_cli(capsys, ["keygen", "--out", "release"])

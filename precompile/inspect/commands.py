@@ -214,7 +214,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
         "A B (each a directory holding one pair, a prefix DIR/NAME, or one file alone of a kind `show` knows), "
         "or A.py A.cache B.py B.cache"))
     diff.add_argument("--context", type=int, default=3, help="lines of context in the python_code diff (default: 3)")
-    verify = add("verify", "check a pair's integrity; --host: whether this machine can serve it; exit 0/1/2", _verify)
+    verify = add("verify", "check a pair's integrity and signature; --host: whether this machine can serve it; exit 0/1/2", _verify)
     verify.add_argument("--host", action="store_true", help="also check this host's Python and torch against the artifact")
     verify.add_argument("--trusted-key", action="append", metavar="PUB", help=(
         "check the pair's signature (NAME.sig): it must be by this public key; repeatable (any one of them); needs precompile[sign]"))
