@@ -156,6 +156,7 @@ def test_the_environment_pins_keys_code_cannot_loosen(pair, monkeypatch):
     (["release.key"], "key release.key is a private key, expected a public key"),
     (["mlp.py"], "key mlp.py is not a PEM public key"),
     ([b"-----BEGIN PUBLIC KEY-----\n"], r"key \(PEM bytes\) is not a PEM public key"),
+    ("-----BEGIN PUBLIC KEY-----\n", "a trusted key was given as a str of PEM text, where a str is a path; pass the PEM as bytes"),
 ])
 def test_bad_trusted_keys_name_the_key_and_the_remedy(pair, given, match):
     with pytest.raises(PrecompileError, match=match):

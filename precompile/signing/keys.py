@@ -80,6 +80,9 @@ def read_public_key(given: str | os.PathLike[str] | bytes) -> Key:
     _, _, serialization, _ = _cryptography()
     if isinstance(given, bytes):
         data, source = given, "(PEM bytes)"
+    elif isinstance(given, str) and given.lstrip().startswith("-----BEGIN"):
+        raise PrecompileError("a trusted key was given as a str of PEM text, where a str is a path; pass the PEM as bytes "
+                              "(text.encode()) or the path of the .pub file")
     else:
         data, source = _read(Path(given), "public key"), os.fspath(given)
     if b"PRIVATE KEY-----" in data:
