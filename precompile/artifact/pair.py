@@ -93,8 +93,10 @@ def _file_type(mode: int) -> str:
     return "special file"
 
 
-def read_python_code(path: Path) -> PythonCode:
-    data = read_bytes(path, "python_code", MAX_PYTHON_CODE_SIZE)
+def read_python_code(path: Path, data: bytes | None = None) -> PythonCode:
+    """Read (unless its bytes are given), decode and parse python_code, and its metadata literals."""
+    if data is None:
+        data = read_bytes(path, "python_code", MAX_PYTHON_CODE_SIZE)
     source = decode_source(data, filename=str(path))
     tree = parse_source(source, filename=str(path))
     return PythonCode(path=path, data=data, source=source, metadata=parse_metadata(tree, filename=str(path)), tree=tree)

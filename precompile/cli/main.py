@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from precompile.cli.signing import register as register_signing_verbs
 from precompile.errors import PrecompileError
 from precompile.inspect.commands import register as register_inspect_verbs
 
@@ -85,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--no-compiler-probe", action="store_true", help="skip building an empty library with the C++ compiler")
     doctor.set_defaults(handler=_doctor)
     register_inspect_verbs(verbs)
+    register_signing_verbs(verbs)
     return parser
 
 

@@ -138,12 +138,19 @@ def _verify(args, out, err) -> int:
     from precompile.inspect.verify import verify
 
     artifact = _artifact(args.artifact, deep=True)
-    report = verify(artifact, host=args.host)
+    report = verify(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key))
     _emit(args, out, report, render_text.render_verify(report) if not args.json else ())
     failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
     trouble = artifact.python_code.problem is not None or artifact.cache.newer
     _diagnose(err, failed if trouble else (), () if trouble else failed)
     return 2 if trouble else 0 if report.ok else 1
+
+
+def _trusted_keys(paths: list[str] | None):
+    """verify --trusted-key: the public keys a signature must be by; None (not checked) without the flag."""
+    from precompile.signing.pair import read_trusted_keys
+
+    return read_trusted_keys(paths) if paths else None
 
 
 def _extract(args, out, err) -> int:
@@ -178,7 +185,7 @@ def _schema(args, out, err) -> int:
     return 0
 
 
-def _guarded(handler):
+def guarded(handler):
     """Turn OS-level failures into the CLI's `precompile: error:` exit 2; never a traceback."""
 
     def run(args, out, err) -> int:
@@ -200,7 +207,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
         if artifact:
             parser.add_argument("artifact", nargs="+", metavar="ARTIFACT", help=ONE_FILE_HELP if one_file else ARTIFACT_HELP)
         parser.add_argument("--json", action="store_true", help="print the versioned JSON report instead of text")
-        parser.set_defaults(handler=_guarded(handler))
+        parser.set_defaults(handler=guarded(handler))
         return parser
 
     add("show", "show tags, versions, calling convention, hashes, pairing and bundle contents of an artifact", _show, one_file=True)
@@ -213,8 +220,10 @@ def register(verbs: argparse._SubParsersAction) -> None:
         "A B (each a directory holding one pair, a prefix DIR/NAME, or one file alone of a kind `show` knows), "
         "or A.py A.cache B.py B.cache"))
     diff.add_argument("--context", type=int, default=3, help="lines of context in the python_code diff (default: 3)")
-    verify = add("verify", "check a pair's integrity; --host: whether this machine can serve it; exit 0/1/2", _verify)
+    verify = add("verify", "check a pair's integrity and signature; --host: whether this machine can serve it; exit 0/1/2", _verify)
     verify.add_argument("--host", action="store_true", help="also check this host's Python and torch against the artifact")
+    verify.add_argument("--trusted-key", action="append", metavar="PUB", help=(
+        "check the pair's signature (NAME.sig): it must be by this public key; repeatable (any one of them); needs precompile[sign]"))
     extract = add("extract", "write python_code sections, metadata, envelope and bundle files into a new directory", _extract, artifact=False)
     extract.add_argument("paths", nargs="+", metavar="ARTIFACT... DIR", help=f"{ONE_FILE_HELP}; then the directory to create")
     schema = add("schema", "print the JSON Schemas of the cache envelope, the python_code metadata and the --json report", _schema, artifact=False)

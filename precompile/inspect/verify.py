@@ -1,4 +1,5 @@
-"""Integrity checks of a pair and, with `host=True`, whether this machine can serve it.
+"""Integrity checks of a pair, its signature (precompile.signing), and, with `host=True`, whether
+this machine can serve it.
 
 Each failed check names the expected and the actual value and the remedy. Nothing imports torch:
 the host's torch version and build come from the installed distribution's metadata and version.py
@@ -9,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from precompile.artifact.bundle_keys import (
@@ -37,6 +39,8 @@ from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.pickle_scan import scan_pickle
 from precompile.inspect.report import Check, VerifyReport
+from precompile.signing.keys import Key
+from precompile.signing.pair import check_pair
 
 RECAPTURE = "capture the artifact again with this precompile"
 
@@ -267,8 +271,16 @@ def _pending(artifact: Artifact) -> list[Check]:
                          "over the cache, or delete it")]
 
 
-def verify(artifact: Artifact, *, host: bool) -> VerifyReport:
+def _signature(artifact: Artifact, trusted_keys: Sequence[Key] | None) -> Check:
+    """Whether one of `trusted_keys` signed the pair; without them, only whether it carries a signature."""
+    verdict = check_pair(artifact.python_code.path, artifact.cache.path, trusted_keys)
+    return Check(name="signature", status=verdict.status, expected=verdict.expected, actual=verdict.actual,
+                 message=verdict.message, remedy=verdict.remedy)
+
+
+def verify(artifact: Artifact, *, host: bool, trusted_keys: Sequence[Key] | None = None) -> VerifyReport:
     checks = _integrity(artifact) + _pending(artifact)
+    checks.append(_signature(artifact, trusted_keys))
     if host:
         checks.extend(_host(artifact))
     return VerifyReport(

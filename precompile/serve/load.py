@@ -17,12 +17,16 @@ from precompile.artifact.codec import CacheFormatError, decode_payload
 from precompile.artifact.metadata import ArtifactMetadata, DynamoMetadata
 from precompile.artifact.pair import (
     pairing_problem,
+    parse_cache,
+    read_bytes,
     read_cache,
     read_python_code,
 )
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE
 from precompile.artifact.writer import resolve_pending_cache
 from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
 from precompile.serve import kernels
+from precompile.signing.pair import TrustedKeys, pins_for, require_trusted
 
 log = logging.getLogger("precompile")
 
@@ -64,10 +68,11 @@ class PrecompiledRunnable:
         return f"<PrecompiledRunnable {meta.fn_name} from {self.artifact_path.name} (backend={meta.backend!r}, {meta.serving_mode})>"
 
 
-def _usable_cache(python_code, cache_path: Path):
-    """The cache's envelope if it pairs with python_code; None (with a warning) if it is unusable."""
-    cache = read_cache(cache_path, MAX_CACHE_SIZE)
-    if cache.envelope is not None and cache.envelope.code_hash != python_code.code_hash:
+def _usable_cache(python_code, cache_path: Path, signed: bytes | None = None):
+    """The cache's envelope if it pairs with python_code; None (with a warning) if it is unusable.
+    `signed`: the cache's bytes a signature was checked on, used as they are (never a pending cache)."""
+    cache = read_cache(cache_path, MAX_CACHE_SIZE) if signed is None else parse_cache(cache_path, signed)
+    if signed is None and cache.envelope is not None and cache.envelope.code_hash != python_code.code_hash:
         # A write interrupted between its renames, or one still renaming (resolving waits for its
         # lock): either way the cache that pairs may be in place now.
         resolve_pending_cache(cache_path, python_code.data)
@@ -87,6 +92,13 @@ def _usable_cache(python_code, cache_path: Path):
             "Pass the cache written together with this python_code, or capture again"
         )
     return cache
+
+
+def _read_if_present(cache_path: Path) -> bytes | None:
+    try:
+        return read_bytes(cache_path, "cache", MAX_CACHE_SIZE)
+    except PrecompileError:
+        return None  # the signature check names what is missing
 
 
 def _forbidden_cause(exc: BaseException) -> CompilationForbidden | None:
@@ -184,7 +196,8 @@ def served_by_aotautograd(metadata) -> bool:
 
 
 def load(
-    artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, allow_serve_time_compiles: bool = False
+    artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, allow_serve_time_compiles: bool = False,
+    trusted_keys: TrustedKeys | None = None,
 ) -> PrecompiledRunnable:
     """Reconstruct a runnable from the two files a precompile capture wrote.
 
@@ -194,17 +207,29 @@ def load(
     installed artifacts only: a call no captured variant covers then compiles with the artifact's
     backend under the process-wide stance; a standalone artifact has no compiler behind it, so
     passing it there is a PrecompileError.
+
+    Signed pairs: with `trusted_keys` (public key paths or PEM bytes) or PRECOMPILE_TRUSTED_KEYS set,
+    a pair that none of those keys signed (`precompile sign`), whose files changed since, or whose
+    cache is missing, is a PrecompileError raised before anything of it is parsed or executed.
     """
     started = time.perf_counter()
     artifact_path, cache_path = Path(artifact_path), Path(cache_path)
-    python_code = read_python_code(artifact_path)
+    pins = pins_for(trusted_keys)
+    signed_cache = None
+    if pins:  # signed pairs (precompile.signing): checked on the very bytes used below
+        code_data = read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE)
+        signed_cache = _read_if_present(cache_path)
+        require_trusted(artifact_path, cache_path, pins, (code_data, signed_cache))
+        python_code = read_python_code(artifact_path, code_data)
+    else:
+        python_code = read_python_code(artifact_path)
     if allow_serve_time_compiles and python_code.metadata.serving_mode != "installed":
         raise PrecompileError(
             f"load(allow_serve_time_compiles=True): {artifact_path} is a {python_code.metadata.serving_mode} "
             "artifact, which has no compiler behind it (only an installed Dynamo artifact can compile a call its "
             "variants miss); load it without the flag, and capture the calls it misses"
         )
-    cache = _usable_cache(python_code, cache_path)
+    cache = _usable_cache(python_code, cache_path, signed_cache)
     primed = _prime_kernels(cache) if cache is not None else None
     # Output modules AOTAutograd serves load their kernels through Inductor itself, which would
     # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from precompile.artifact.metadata import CapturedWorld, ProcessGroupRecord
 from precompile.errors import PrecompileError
+from precompile.signing.pair import TrustedKeys
 
 # A collective in rendered graph source (ATen or Inductor output code): its op and, where it talks
 # to a group, the group name as the last string argument.
@@ -168,17 +169,21 @@ def captured_world(graph_sources: Iterable[str]) -> CapturedWorld | None:
     )
 
 
-def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, src: int = 0):
+def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, src: int = 0,
+                    trusted_keys: TrustedKeys | None = None):
     """Load one artifact on every rank of the default process group; the files need only exist on `src`.
 
-    Call it on every rank with the same arguments. Rank `src` reads both files and broadcasts their
-    bytes and sha256 over the default group (raw bytes in tensors: nothing is pickled); every other
-    rank checks the digests, writes the pair into a private temporary dir and loads it from there.
+    Call it on every rank with the same arguments. Rank `src` reads both files (and the pair's
+    signature NAME.sig, if there is one) and broadcasts their bytes and sha256 over the default group
+    (raw bytes in tensors: nothing is pickled); every other rank checks the digests, writes them into a
+    private temporary dir and loads the pair from there. Every rank loads with `trusted_keys` (key
+    paths must exist on every rank) and its own PRECOMPILE_TRUSTED_KEYS, so each checks the signature.
     Returns this rank's PrecompiledRunnable; serve it under no_compilation().
     """
     import torch
 
     from precompile.serve.load import load
+    from precompile.signing.envelope import signature_path
 
     dist = _initialized()
     if dist is None:
@@ -190,34 +195,37 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
     if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < size:
         raise PrecompileError(f"load_everywhere() src must be a rank of this world of size {size}, got {src!r}")
     artifact_path, cache_path = Path(artifact_path), Path(cache_path)
+    paths = (artifact_path, cache_path, signature_path(artifact_path))
     device = _device(dist)
-    pair, problem = (b"", b""), ""
+    pair, problem = (b"", b"", b""), ""
     if rank == src:
         try:
-            pair = (artifact_path.read_bytes(), cache_path.read_bytes())
+            signature = paths[2].read_bytes() if paths[2].is_file() else b""  # an unsigned pair ships no signature
+            pair = (artifact_path.read_bytes(), cache_path.read_bytes(), signature)
         except OSError as exc:
             problem = f"rank {src} could not read the pair ({artifact_path}, {cache_path}): {exc}"
-    sizes = torch.tensor([len(pair[0]), len(pair[1]), len(problem.encode("utf-8"))], dtype=torch.int64, device=device)
+    sizes = torch.tensor([*map(len, pair), len(problem.encode("utf-8"))], dtype=torch.int64, device=device)
     dist.broadcast(sizes, src=src)
-    artifact_size, cache_size, problem_size = (int(n) for n in sizes.tolist())
+    artifact_size, cache_size, signature_size, problem_size = (int(n) for n in sizes.tolist())
     if problem_size:
         text = _as_tensor(problem.encode("utf-8"), device) if rank == src else torch.empty(problem_size, dtype=torch.uint8, device=device)
         dist.broadcast(text, src=src)
         raise PrecompileError(f"{_as_bytes(text.cpu()).decode('utf-8')}; pass the paths of a pair that exists on rank {src}")
-    frame_size = 2 * _DIGEST_SIZE + artifact_size + cache_size
+    frame_size = 3 * _DIGEST_SIZE + artifact_size + cache_size + signature_size
     if rank == src:
-        frame = b"".join((hashlib.sha256(pair[0]).digest(), hashlib.sha256(pair[1]).digest(), *pair))
+        frame = b"".join((*(hashlib.sha256(data).digest() for data in pair), *pair))
         payload = _as_tensor(frame, device)
     else:
         payload = torch.empty(frame_size, dtype=torch.uint8, device=device)
     dist.broadcast(payload, src=src)
     if rank == src:
-        return load(artifact_path, cache_path)
+        return load(artifact_path, cache_path, trusted_keys=trusted_keys)
     frame = _as_bytes(payload.cpu())
-    digests = (frame[:_DIGEST_SIZE], frame[_DIGEST_SIZE : 2 * _DIGEST_SIZE])
-    body = frame[2 * _DIGEST_SIZE :]
-    received = (body[:artifact_size], body[artifact_size:])
-    for path, data, digest in zip((artifact_path, cache_path), received, digests):
+    digests = [frame[i * _DIGEST_SIZE : (i + 1) * _DIGEST_SIZE] for i in range(3)]
+    body = frame[3 * _DIGEST_SIZE :]
+    ends = (artifact_size, artifact_size + cache_size)
+    received = (body[: ends[0]], body[ends[0] : ends[1]], body[ends[1] :])
+    for path, data, digest in zip(paths, received, digests):
         if hashlib.sha256(data).digest() != digest:
             raise PrecompileError(
                 f"{path.name} arrived on rank {rank} with sha256 {hashlib.sha256(data).hexdigest()}, but rank {src} "
@@ -227,4 +235,6 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
         local_artifact, local_cache = Path(directory) / artifact_path.name, Path(directory) / cache_path.name
         local_artifact.write_bytes(received[0])
         local_cache.write_bytes(received[1])
-        return load(local_artifact, local_cache)
+        if received[2]:
+            signature_path(local_artifact).write_bytes(received[2])
+        return load(local_artifact, local_cache, trusted_keys=trusted_keys)
