@@ -100,12 +100,12 @@ def run_torchrun(script: Path, *args: str, timeout: float = 600) -> str:
     return out
 
 
-def test_the_readme_torchrun_recipe_captures_and_serves_on_two_ranks(tmp_path):
-    """The README's step.py, verbatim, under torchrun: capture on both ranks (rank 0 writes the pair),
+def test_the_documented_torchrun_recipe_captures_and_serves_on_two_ranks(tmp_path):
+    """docs/ranks.md's step.py, verbatim, under torchrun: capture on both ranks (rank 0 writes the pair),
     then serve it on both through load_everywhere under no_compilation(), equal to eager."""
-    readme = (ROOT / "README.md").read_text()
-    recipe = re.search(r"```python\n(# step\.py, run as: torchrun .*?)```", readme, re.DOTALL)
-    assert recipe, "README.md lost its torchrun recipe (a ```python block starting '# step.py, run as: torchrun')"
+    page = (ROOT / "docs" / "ranks.md").read_text()
+    recipe = re.search(r"```python\n(# step\.py, run as: torchrun .*?)```", page, re.DOTALL)
+    assert recipe, "docs/ranks.md lost its torchrun recipe (a ```python block starting '# step.py, run as: torchrun')"
     script = tmp_path / "step.py"
     script.write_text(recipe.group(1))
     run_torchrun(script, "capture")
