@@ -10,6 +10,7 @@ from typing import Callable, Generic, ParamSpec, TypeVar
 
 from precompile.artifact.summary import PrecompileSummary
 from precompile.artifact.writer import write_pair
+from precompile.capturing import progress
 from precompile.capturing.dynamo.session import DynamoSession, refuse_unsupported_fn
 from precompile.capturing.makefx.build import build_makefx
 from precompile.capturing.tracers import DynamoTracer, MakeFxTracer
@@ -54,11 +55,14 @@ def capture(
     tracer: MakeFxTracer | DynamoTracer | None = None,
     backend: str = "inductor",
     writer_rank: int = 0,
+    verbose: bool | None = None,
 ) -> Capture[_P, _R]:
     """Capture `fn` across the calls made inside `with capture(...) as cap:`, writing the pair on exit.
 
     In a torch.distributed world every rank runs the block (so collectives complete) and only
     `writer_rank` writes the pair; on exit every rank learns whether the capture succeeded on all.
+    Each phase is logged (logger `precompile`, INFO) as it starts and ends; `verbose=True` (or
+    PRECOMPILE_VERBOSE=1 when `verbose` is not given) also shows them on stderr while they run.
     """
     if not callable(fn):
         raise CaptureRefused(f"capture() takes the function to capture, got {type(fn).__name__}")
@@ -74,7 +78,7 @@ def capture(
     distributed.check_writer_rank(writer_rank)
     if isinstance(tracer, DynamoTracer):
         refuse_unsupported_fn(fn)
-    return Capture(fn, artifact, cache, tracer, backend, writer_rank)
+    return Capture(fn, artifact, cache, tracer, backend, writer_rank, verbose=progress.verbose_from(verbose))
 
 
 class Capture(Generic[_P, _R]):
@@ -86,7 +90,8 @@ class Capture(Generic[_P, _R]):
     """
 
     def __init__(
-        self, fn, artifact_path: Path, cache_path: Path, tracer: MakeFxTracer, backend: str, writer_rank: int = 0
+        self, fn, artifact_path: Path, cache_path: Path, tracer: MakeFxTracer | DynamoTracer, backend: str,
+        writer_rank: int = 0, *, verbose: bool = False,
     ) -> None:
         self.fn = fn
         self.artifact_path = artifact_path
@@ -94,6 +99,7 @@ class Capture(Generic[_P, _R]):
         self.tracer = tracer
         self.backend = backend
         self.writer_rank = writer_rank
+        self.verbose = verbose
         self._state = _NEW
         self._lock = threading.Lock()
         self._pair: tuple[bytes, bytes] | None = None
@@ -117,7 +123,8 @@ class Capture(Generic[_P, _R]):
             self._state = _SPENT
         failure = None
         try:
-            self._finish(exc_type, exc, tb)
+            with progress.shown(self.verbose):
+                self._finish(exc_type, exc, tb)
         except BaseException as raised:
             failure = raised
         # Every rank tells the others how its part ended, so none waits for a rank that gave up
@@ -167,7 +174,8 @@ class Capture(Generic[_P, _R]):
                 )
             dynamo = self._dynamo
         if dynamo is not None:
-            return dynamo(*args, **kwargs)  # runs compiled, in the caller's grad mode; recorded
+            with progress.shown(self.verbose):
+                return dynamo(*args, **kwargs)  # runs compiled, in the caller's grad mode; recorded
         with self._lock:
             if kwargs:
                 raise CaptureRefused(
@@ -183,10 +191,11 @@ class Capture(Generic[_P, _R]):
                     "use DynamoTracer for several calls, or a fresh capture()"
                 )
             try:
-                built = build_makefx(
-                    self.fn, args, backend=self.backend, decompositions=self.tracer.decompositions,
-                    artifact_path=self.artifact_path,
-                )
+                with progress.shown(self.verbose):
+                    built = build_makefx(
+                        self.fn, args, backend=self.backend, decompositions=self.tracer.decompositions,
+                        artifact_path=self.artifact_path,
+                    )
             except BaseException as exc:
                 self._call_failed = exc
                 raise
@@ -206,7 +215,8 @@ class Capture(Generic[_P, _R]):
             self._pair = self._dynamo.build()
         if self._pair is None:
             raise CaptureRefused("nothing to save yet: call the capture with your example arguments first")
-        self._write()
+        with progress.shown(self.verbose):
+            self._write()
 
     def summary(self) -> PrecompileSummary:
         """Coverage and guard accounting of the calls so far (DynamoTracer captures)."""
@@ -222,4 +232,5 @@ class Capture(Generic[_P, _R]):
         if not distributed.writes_here(self.writer_rank):
             return
         python_code, cache = self._pair
-        write_pair(self.artifact_path, self.cache_path, python_code, cache)
+        with progress.phase(f"write {self.artifact_path} and {self.cache_path}"):
+            write_pair(self.artifact_path, self.cache_path, python_code, cache)

@@ -32,6 +32,7 @@ from precompile.capturing.dynamo.standalone import remainder_bytes, standalone_p
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
 from precompile.capturing.lowering import lower_eager
 from precompile.capturing.pipeline import cache_for, qualified_name
+from precompile.capturing.progress import phase
 from precompile.capturing.tracers import DynamoTracer
 from precompile.codegen.models import SubgraphSection
 from precompile.codegen.render import render_dynamo, render_dynamo_standalone
@@ -200,7 +201,8 @@ class DynamoSession:
     def __call__(self, *args, **kwargs):
         self.calls += 1
         try:
-            return self.compiled(*args, **kwargs)
+            with phase(f"call {self.calls}: compile what Dynamo has not yet, and run"):
+                return self.compiled(*args, **kwargs)
         except Exception as exc:
             # A refusal of ours from inside the backend reaches the caller as itself, not wrapped
             # in Dynamo's BackendCompilerFailed.
@@ -274,6 +276,10 @@ class DynamoSession:
         return {"qualname": qualname, "first_line": code.python_code.co_firstlineno, "installed": installed}
 
     def build(self) -> tuple[bytes, bytes]:
+        with phase("render the Dynamo artifact"):
+            return self._build()
+
+    def _build(self) -> tuple[bytes, bytes]:
         entry, frames, guards, backends, slots = self._collect()
         summary = self._summary(entry, frames, backends, guards, slots)
         self._gate(summary)

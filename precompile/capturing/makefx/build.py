@@ -17,6 +17,7 @@ from precompile.artifact.metadata import MakeFxMetadata
 from precompile.capturing import kernels, lowering
 from precompile.capturing.makefx import trace as makefx
 from precompile.capturing.pipeline import cache_for, qualified_name
+from precompile.capturing.progress import phase
 from precompile.codegen.models import MakeFxArtifact
 from precompile.codegen.render import render_makefx
 from precompile.errors import CaptureRefused
@@ -36,19 +37,26 @@ class BuiltPair:
 
 def build_makefx(fn, args: tuple, *, backend: str, decompositions, artifact_path: Path) -> BuiltPair:
     if backend == "eager":
-        traced = makefx.trace(fn, args, decompositions)
+        with phase("trace with make_fx"):
+            traced = makefx.trace(fn, args, decompositions)
         started = time.perf_counter()
-        source = _render(fn, traced, backend, lowering.lower_eager(traced.graph_module))
-        namespace = execute(source, str(artifact_path.resolve()))
+        with phase("render the ATen graph"):
+            source = _render(fn, traced, backend, lowering.lower_eager(traced.graph_module))
+        with phase("load the rendered python_code"):
+            namespace = execute(source, str(artifact_path.resolve()))
         bundle, payload = None, b""
     else:
         with kernels.private_inductor_cache() as (cache_dir, commands):
-            traced = makefx.trace(fn, args, decompositions, layout=True)
+            with phase("trace with make_fx"):
+                traced = makefx.trace(fn, args, decompositions, layout=True)
             started = time.perf_counter()
-            graph = lowering.lower_inductor(traced.graph_module, traced.example_inputs, traced.fake_mode)
-            source = _render(fn, traced, backend, graph)
-            namespace = execute(source, str(artifact_path.resolve()))
-            bundle, payload = _freeze_kernels(source, namespace, cache_dir, commands)
+            with phase("lower with Inductor"):
+                graph = lowering.lower_inductor(traced.graph_module, traced.example_inputs, traced.fake_mode)
+                source = _render(fn, traced, backend, graph)
+            with phase("build the kernels (load the rendered python_code)"):
+                namespace = execute(source, str(artifact_path.resolve()))
+            with phase("freeze the kernels into the cache"):
+                bundle, payload = _freeze_kernels(source, namespace, cache_dir, commands)
     log.info(
         "lowered with backend=%r and rendered python_code (%d bytes%s) in %.2f s",
         backend,
