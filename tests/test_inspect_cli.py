@@ -70,7 +70,7 @@ def test_show_json_snapshot(capsys, snapshot):
 
 
 def test_verify_host(capsys):
-    rc, out, err = run_cli(capsys, ["verify", "--host", "--json", "fixtures/v1/mlp"])
+    rc, out, err = run_cli(capsys, ["verify", "-v", "--host", "--json", "fixtures/v1/mlp"])
     report = json.loads(out)
     names = {c["name"]: c for c in report["checks"]}
     assert {"host python", "host torch"} <= set(names)
@@ -85,7 +85,7 @@ def test_verify_host_mismatch_names_both_values(capsys, tmp_path, monkeypatch):
     (tmp_path / "old.py").write_text(source)
     shutil.copy(FIXTURES / "v1/mlp.cache", tmp_path / "old.cache")
     monkeypatch.setattr("precompile.inspect.verify.host_torch_version", lambda: "9.9.9")
-    rc, out, err = run_cli(capsys, ["verify", "--host", str(tmp_path / "old")])
+    rc, out, err = run_cli(capsys, ["verify", "-v", "--host", str(tmp_path / "old")])
     assert rc == 1
     assert "captured with Python 2." in out and "this host runs Python 3." in out
     assert "torch 2.13.0+cpu" in out and "torch 9.9.9" in out and "remedy: install torch==" in out
@@ -264,7 +264,7 @@ def test_verify_host_says_when_the_kernel_bundle_does_not_fit_this_host(capsys, 
     keys = {**envelope.bundle.keys, "torch_dir": "/elsewhere/torch", "torch_git": "0" * 40, "cpu_flags": "amx_tile avx512f"}
     changed = msgspec.structs.replace(envelope, bundle=msgspec.structs.replace(envelope.bundle, keys=keys))
     (tmp_path / "m.cache").write_bytes(codec.encode_cache(changed, data[offset:]))
-    rc, out, err = run_cli(capsys, ["verify", "--host", str(tmp_path / "m")])
+    rc, out, err = run_cli(capsys, ["verify", "-v", "--host", str(tmp_path / "m")])
     assert rc == 1, err
     assert f"FAIL  host kernels requirement torch_git: torch_git is '{host_keys()['torch_git']}' here but '{'0' * 40}' where it was captured" in out
     assert "lacks instruction-set flags of the capturing CPU: amx_tile" in out
@@ -280,7 +280,7 @@ def test_verify_host_takes_an_old_bundles_paths_as_provenance(capsys):
     (Whether this CPU has the capturing CPU's flags depends on the machine the suite runs on.)"""
     from importlib.metadata import version
 
-    rc, out, err = run_cli(capsys, ["verify", "--host", "fixtures/v1/dynamo_rows"])
+    rc, out, err = run_cli(capsys, ["verify", "-v", "--host", "fixtures/v1/dynamo_rows"])
     assert rc in (0, 1), out + err
     assert "ok    host kernels provenance torch_dir: captured with /work/main/.venv/lib/python3.11/site-packages/torch" in out
     assert "ok    host kernels provenance python_include: captured with " in out
@@ -307,3 +307,31 @@ def test_upstream_caches_diff_by_field_and_extract_their_members_raw(capsys, tmp
     rc, out, _ = run_cli(capsys, ["extract", "fixtures/damaged/upstream", str(tmp_path / "out")])
     with zipfile.ZipFile(FIXTURES / "damaged/upstream.cache") as archive:
         assert (tmp_path / "out/cache/archive/data.pkl").read_bytes() == archive.read("archive/data.pkl")
+
+
+def test_guards_filters_name_what_they_accept_and_show_what_tensor_guards_check(capsys):
+    rc, out, err = run_cli(capsys, ["guards", "fixtures/v1/dynamo_lowered", "--type", "shpe"])
+    assert rc == 2 and "--type 'shpe' selects nothing in this artifact; it has: " in err and "shape" in err
+    rc, out, err = run_cli(capsys, ["guards", "fixtures/v1/dynamo_lowered", "--frame", "7"])
+    assert rc == 2 and "--frame '7' names no frame or variant of this artifact; it has: " in err
+    rc, out, err = run_cli(capsys, ["guards", "fixtures/v1/dynamo_lowered", "--type", "shape"])
+    assert rc == 0
+    assert "TENSOR_MATCH     x  Tensor torch.float32 on cpu, size (3, 6), stride (6, 1), requires_grad=False" in out
+    frames = out.split("\nframe ")[1:]
+    for frame in frames:  # no guard listed twice within a variant
+        rows = [line for line in frame.splitlines() if line.startswith("  kept")]
+        assert len(rows) == len(set(rows)) and all("TENSOR_MATCH" in r or "SHAPE_ENV" in r for r in rows)
+
+
+def test_verify_prints_the_verdict_and_only_what_failed_unless_asked_for_every_check(capsys):
+    rc, out, _ = run_cli(capsys, ["verify", "fixtures/v1/dynamo_lowered"])
+    assert rc == 0 and out.splitlines()[1:] == ["verified: ok (20 checks: 19 ok, 0 failed, 1 skipped; -v lists every check)"]
+    rc, out, _ = run_cli(capsys, ["verify", "-v", "fixtures/v1/dynamo_lowered"])
+    assert len(out.splitlines()) == 22 and out.splitlines()[-1] == "verified: ok (20 checks: 19 ok, 0 failed, 1 skipped)"
+
+
+def test_show_ends_with_a_verdict_counting_the_findings(capsys):
+    rc, out, _ = run_cli(capsys, ["show", "fixtures/v1/mlp"])
+    assert rc == 0 and out.splitlines()[-1] == "verdict: 0 findings: nothing flagged"
+    rc, out, err = run_cli(capsys, ["show", "fixtures/damaged/poisoned.py", "fixtures/damaged/poisoned_raw.pkl"])
+    assert out.splitlines()[-1].startswith("verdict: ") and "finding" in out.splitlines()[-1]

@@ -166,7 +166,7 @@ def test_a_dangerous_pickle_inside_a_mega_cache_entry_is_flagged_with_its_entry(
     hostile = pickle.dumps(_Hostile(), protocol=2)
     (tmp_path / "mc.bin").write_bytes(_mega_cache([("aot_autograd", [("harmless", pickle.dumps([1, 2])), ("evil", hostile)])]))
     rc, out, err = run_cli(capsys, ["show", "mc.bin"])
-    assert rc == 1 and "aot_autograd/evil would import posix.system" in err
+    assert rc == 1 and "1 pickle (aot_autograd/evil) would import posix.system (dangerous)" in err
     assert "aot_autograd evil  pickle" in out and "posix.system  FLAGGED: dangerous" in out
     rc, out, _ = run_cli(capsys, ["diff", "mc.bin", "mc.bin"])
     assert rc == 0
@@ -233,7 +233,7 @@ codes = {}
 out = sys.argv[1]
 for name in ("eager", "inductor", "train_step"):
     path = f"fixtures/upstream/{name}"
-    for argv in (["show", path], ["show", "--json", path], ["guards", path], ["verify", path],
+    for argv in (["show", path], ["show", "--json", path], ["guards", path], ["verify", "-v", path],
                  ["extract", path, os.path.join(out, name)], ["diff", path, "fixtures/upstream/eager"]):
         codes[" ".join(argv[:2]) + " " + name] = main(["--color", "never", *argv])
 for argv in (["show", "fixtures/upstream/mega_cache.bin"], ["extract", "fixtures/upstream/mega_cache.bin", os.path.join(out, "mc")],
@@ -256,9 +256,9 @@ def test_guards_and_verify_of_upstream_pairs(capsys):
     assert rc == 0, err
     specs = {(s["kind"], s["path"]): s["value"] for s in json.loads(out)["guards"]["specializations"]}
     assert specs[("shape", "input leaf 1")] == "(3, 2)" and specs[("param", "2.weight")] == "(2, 8) torch.float32 cpu"
-    rc, out, err = run_cli(capsys, ["verify", "fixtures/upstream/eager"])
+    rc, out, err = run_cli(capsys, ["verify", "-v", "fixtures/upstream/eager"])
     assert rc == 0 and "ok    code hash: " + hashlib.sha256((UPSTREAM / "eager.py").read_bytes()).hexdigest() in out, out + err
-    rc, out, _ = run_cli(capsys, ["verify", "fixtures/upstream/eager.py", "fixtures/upstream/train_step.cache"])
+    rc, out, _ = run_cli(capsys, ["verify", "-v", "fixtures/upstream/eager.py", "fixtures/upstream/train_step.cache"])
     assert rc == 1 and "FAIL  code hash: the cache's code hash is" in out
 
 

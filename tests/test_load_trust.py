@@ -128,7 +128,7 @@ def test_a_kernel_map_naming_a_library_outside_the_bundle_is_refused(tmp_path, r
     artifact, cache = _pair(tmp_path, {KERNEL: ("kernel", b"\x7fELF")}, kernels={SOURCE_SHA: KERNEL})
     _forge(cache, bundle=dict(kernels={SOURCE_SHA: str(outside)}))
     _load_warns(artifact, cache, r"kernel map value '.*evil\.so' \(for source aaaaaaaaaaaa\.\.\.\) is not in the bundle")
-    rc, out = _cli(capsys, "verify", str(artifact), str(cache))
+    rc, out = _cli(capsys, "verify", "-v", str(artifact), str(cache))
     assert rc == 1 and "it must name a bundled kernel library" in out
 
 
@@ -145,7 +145,7 @@ def test_a_bundle_without_its_requirements_is_not_served_and_verify_host_names_w
     _load_warns(artifact, cache, r"not serving the kernel bundle .*lacks requirements every capture records: torch, torch_git",
                 cache_used=True)
     assert _written(inductor) == []
-    rc, out = _cli(capsys, "verify", "--host", str(artifact), str(cache))
+    rc, out = _cli(capsys, "verify", "-v", "--host", str(artifact), str(cache))
     assert rc == 1
     assert "FAIL  host kernels requirement torch: the bundle does not record torch" in out
     assert "the kernel bundle fits this host" not in out
@@ -178,7 +178,7 @@ def test_a_changed_header_field_fails_verify_and_is_ignored_by_load(tmp_path, ro
     position = bytes(header).index(needle) + len(needle) - 1
     data[position] ^= 0x01  # one bit, inside the header, with every hash left as written
     cache.write_bytes(bytes(data))
-    rc, out = _cli(capsys, "verify", str(artifact), str(cache))
+    rc, out = _cli(capsys, "verify", "-v", str(artifact), str(cache))
     assert rc == 1 and ("does not match its header_sha256" in out or "invalid header" in out), out
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -215,7 +215,7 @@ def test_a_pending_cache_is_checked_as_a_cache_before_it_is_adopted_and_the_verb
         precompile.load(artifact, cache)
     assert not target.exists() and _written(inductor) == [] and cache.read_bytes() == old
     assert pending_path(cache).exists()  # left for a person to look at
-    rc, out = _cli(capsys, "verify", str(artifact), str(cache))
+    rc, out = _cli(capsys, "verify", "-v", str(artifact), str(cache))
     assert rc == 1 and "FAIL  pending cache" in out
     rc, out = _cli(capsys, "show", str(artifact), str(cache))
     assert rc == 1 and "m.cache.pending exists (left by an interrupted write)" in out
@@ -228,7 +228,7 @@ def test_a_fifo_in_place_of_either_file_is_refused_without_blocking(tmp_path, ca
     os.mkfifo(cache)
     with pytest.warns(precompile.PrecompileWarning, match="is not a regular file"):
         precompile.load(artifact, cache)
-    rc, out = _cli(capsys, "verify", str(artifact), str(cache))
+    rc, out = _cli(capsys, "verify", "-v", str(artifact), str(cache))
     assert rc == 1 and "is not a regular file" in out
     fifo = tmp_path / "f.py"
     os.mkfifo(fifo)
@@ -246,7 +246,7 @@ def test_a_zstd_bomb_is_refused_before_it_is_decompressed(tmp_path, roots, capsy
                                      payload_sha256=hashlib.sha256(bomb).hexdigest())
     cache.write_bytes(codec.encode_cache(msgspec.structs.replace(envelope, bundle=bundle), bomb))
     _load_warns(artifact, cache, "more than 200 times their size", cache_used=True)
-    rc, out = _cli(capsys, "verify", str(artifact), str(cache))
+    rc, out = _cli(capsys, "verify", "-v", str(artifact), str(cache))
     assert rc == 1 and "decompression bomb" in out
 
 

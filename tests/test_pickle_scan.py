@@ -266,11 +266,11 @@ def test_hostile_artifact_is_flagged_by_show_guards_verify(capsys, monkeypatch, 
     assert "python_code section opaque-state: _dynamo_state (line 297) would import os.system at opcode offset 23" in err
     rc, out, err = run_cli(capsys, ["guards", path])
     assert rc == 1 and "would import os.system at opcode offset 23 (STACK_GLOBAL)" in out + err
-    rc, out, err = run_cli(capsys, ["verify", path])
+    rc, out, err = run_cli(capsys, ["verify", "-v", path])
     assert rc == 1
     assert "FAIL  opaque pickle: python_code section opaque-state: _dynamo_state (line 297) would import os.system" in out
     assert "os.system at opcode offset 23" in out
-    rc, out, err = run_cli(capsys, ["verify", "--json", path])
+    rc, out, err = run_cli(capsys, ["verify", "-v", "--json", path])
     report = json.loads(out)
     failed = [c for c in report["checks"] if c["status"] == "fail"]
     assert [c["actual"] for c in failed] == ["os.system at opcode offset 23"]
@@ -314,7 +314,7 @@ def test_verify_scans_pickles_in_the_kernel_bundle(capsys, tmp_path):
     envelope = msgspec.structs.replace(envelope, bundle=bundle,
                                        code_hash=hashlib.sha256((tmp_path / "b.py").read_bytes()).hexdigest())
     (tmp_path / "b.cache").write_bytes(encode_cache(envelope, payload))
-    rc, out, err = run_cli(capsys, ["verify", str(tmp_path / "b")])
+    rc, out, err = run_cli(capsys, ["verify", "-v", str(tmp_path / "b")])
     assert rc == 1
     assert "FAIL  bundle pickle: cache" in out and "bundle file triton/0/abc/entry.pkl would import os.system at opcode offset" in out
 

@@ -234,7 +234,7 @@ def test_verify_host_reports_a_gpu_bundles_keys_without_torch(captured, tmp_path
     """In a fresh process that never imports torch: Triton's release is compared (from installed
     distributions); what needs torch or the GPU driver is a skip that says load checks it."""
     artifact, cache = _gpu_pair(captured, tmp_path)
-    proc = run_fresh("import sys; from precompile.cli.main import main; rc = main(['verify', '--host', sys.argv[1]]);"
+    proc = run_fresh("import sys; from precompile.cli.main import main; rc = main(['verify', '-v', '--host', sys.argv[1]]);"
                      "print('torch imported:', 'torch' in sys.modules)", str(artifact.with_suffix("")))
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

@@ -54,10 +54,10 @@ def test_sign_then_verify_ok(pair, capsys):
     assert signature["format"] == "precompile-signature/1"
     fingerprint = read_trusted_keys("release.pub")[0].fingerprint
     assert signature["key"] == fingerprint
-    rc, out, err = run_cli(capsys, ["verify", "mlp", "--trusted-key", "other.pub", "--trusted-key", "release.pub"])
+    rc, out, err = run_cli(capsys, ["verify", "-v", "mlp", "--trusted-key", "other.pub", "--trusted-key", "release.pub"])
     assert rc == 0, err
     assert f"ok    signature: signed by key {fingerprint} (release.pub)" in out
-    rc, out, _ = run_cli(capsys, ["verify", "--json", "mlp", "--trusted-key", "release.pub"])
+    rc, out, _ = run_cli(capsys, ["verify", "-v", "--json", "mlp", "--trusted-key", "release.pub"])
     check = next(c for c in json.loads(out)["checks"] if c["name"] == "signature")
     assert check["status"] == "ok" and check["actual"] == fingerprint
 
@@ -69,11 +69,11 @@ def test_sign_json_prints_the_signature_written(pair, capsys):
 
 
 def test_verify_without_keys_tells_signed_from_unsigned(pair, capsys):
-    rc, out, _ = run_cli(capsys, ["verify", "mlp"])
+    rc, out, _ = run_cli(capsys, ["verify", "-v", "mlp"])
     assert rc == 0
     assert "skip  signature: unsigned: no signature file mlp.sig" in out
     sign_pair("mlp.py", "mlp.cache", "release.key")
-    rc, out, _ = run_cli(capsys, ["verify", "mlp"])
+    rc, out, _ = run_cli(capsys, ["verify", "-v", "mlp"])
     assert rc == 0
     assert "skip  signature: present, not checked: mlp.sig names key SHA256:" in out
 
@@ -88,7 +88,7 @@ def test_a_flipped_byte_in_either_file_voids_the_signature(pair, capsys, role, o
     what = {"py": "python_code mlp.py", "cache": "cache mlp.cache"}[role]
     assert verdict.message.startswith(f"{what} is not the file mlp.sig covers")
     assert verdict.expected != verdict.actual and "sha256" in verdict.actual
-    rc, out, err = run_cli(capsys, ["verify", "mlp", "--trusted-key", "release.pub"])
+    rc, out, err = run_cli(capsys, ["verify", "-v", "mlp", "--trusted-key", "release.pub"])
     assert rc == 1
     assert "FAIL  signature" in out and "verified: FAILED" in out
 
@@ -105,7 +105,7 @@ def test_swapped_or_edited_signature_fields_do_not_verify(pair):
 def test_a_key_that_did_not_sign_fails(pair, capsys):
     sign_pair("mlp.py", "mlp.cache", "other.key")
     release = read_trusted_keys("release.pub")[0].fingerprint
-    rc, out, err = run_cli(capsys, ["verify", "mlp", "--trusted-key", "release.pub"])
+    rc, out, err = run_cli(capsys, ["verify", "-v", "mlp", "--trusted-key", "release.pub"])
     assert rc == 1
     assert "which is not trusted" in out and release in out
     # a signature made with another key but naming the release key's fingerprint is a forgery
@@ -183,19 +183,19 @@ def test_keys_of_another_kind_are_refused_naming_the_kinds_expected(pair):
 
 def test_damaged_or_newer_signature_files(pair, capsys):
     (pair / "mlp.sig").write_text('{"format": "precompile-signature/9"}')
-    rc, out, _ = run_cli(capsys, ["verify", "mlp", "--trusted-key", "release.pub"])
+    rc, out, _ = run_cli(capsys, ["verify", "-v", "mlp", "--trusted-key", "release.pub"])
     assert rc == 1 and "this precompile reads 'precompile-signature/1'; upgrade precompile" in out
     (pair / "mlp.sig").write_text("not json")
     with pytest.raises(PrecompileError, match="signature mlp.sig is not a precompile signature file"):
         _require("mlp.py", "mlp.cache", "release.pub")
-    rc, out, _ = run_cli(capsys, ["verify", "mlp"])
+    rc, out, _ = run_cli(capsys, ["verify", "-v", "mlp"])
     assert rc == 0 and "skip  signature: present, not checked, and unreadable" in out
 
 
 def test_help_lists_the_signing_verbs(capsys):
     rc, out, _ = run_cli(capsys, ["--help"])
     assert rc == 0 and "keygen" in out and "sign" in out
-    rc, out, _ = run_cli(capsys, ["verify", "--help"])
+    rc, out, _ = run_cli(capsys, ["verify", "-v", "--help"])
     assert rc == 0 and "--trusted-key" in out
 
 
@@ -223,7 +223,7 @@ def offline(*args, **kwargs):
     raise OSError("network access attempted")
 socket.socket.connect = socket.create_connection = socket.getaddrinfo = offline
 from precompile.cli.main import main
-for argv in (["keygen", "--out", "k"], ["sign", "mlp", "--key", "k.key"], ["verify", "mlp", "--trusted-key", "k.pub"]):
+for argv in (["keygen", "--out", "k"], ["sign", "mlp", "--key", "k.key"], ["verify", "-v", "mlp", "--trusted-key", "k.pub"]):
     assert main(["--color", "never", *argv]) == 0, argv
 print(sorted(name for name in sys.modules if name == "torch" or name.startswith("torch.")))
 """
@@ -240,7 +240,7 @@ import sys
 sys.modules["cryptography"] = None  # as if the sign extra were not installed
 from precompile.cli.main import main
 print(*(main(["--color", "never", *argv]) for argv in (
-    ["verify", "mlp"], ["sign", "mlp", "--key", "release.key"], ["verify", "mlp", "--trusted-key", "release.pub"])))
+    ["verify", "-v", "mlp"], ["sign", "mlp", "--key", "release.key"], ["verify", "-v", "mlp", "--trusted-key", "release.pub"])))
 import precompile.signing
 assert precompile.signing.pins_for(None) == []  # nothing pinned: load checks nothing and needs no extra
 """

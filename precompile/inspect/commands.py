@@ -69,13 +69,28 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
     found = []
     if artifact.pairs is False:
         found.append(f"{artifact.cache.path} does not pair with {artifact.python_code.path}: {artifact.pairing_problem}")
-    for member, imp in artifact.flagged_imports:
-        found.append(f"{artifact.cache.path}: pickle {member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled")
+    members: dict[tuple[str, str], list[str]] = {}
+    for member, imp in artifact.flagged_imports:  # one line per import, however many members perform it
+        members.setdefault((f"{imp.module}.{imp.name}", imp.risk), []).append(member)
+    for (name, risk), where in members.items():
+        shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
+        found.append(f"{artifact.cache.path}: {_plural(len(where), 'pickle')} ({shown}) would import {name} ({risk}) if unpickled")
     pending = pending_path(Path(artifact.cache.path)) if artifact.cache.path else None
     if pending is not None and os.path.lexists(pending):
         found.append(f"{pending} exists (left by an interrupted write): load adopts it over the cache when the cache does "
                      "not pair and it passes every check; verify it as the cache, or delete it")
     return tuple(found) + _opaque_findings(artifact)
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" + ("" if count == 1 else "s")
+
+
+def _verdict(problems: tuple[str, ...], findings: tuple[str, ...]) -> str:
+    """show's last line: whether the input is readable, and its findings counted."""
+    if problems:
+        return f"verdict: trouble ({_plural(len(problems), 'problem')}, {_plural(len(findings), 'finding')})"
+    return f"verdict: {_plural(len(findings), 'finding')}" + (" (see the warnings)" if findings else ": nothing flagged")
 
 
 def _opaque_findings(artifact: Artifact) -> tuple[str, ...]:
@@ -90,7 +105,8 @@ def _show(args, out, err) -> int:
     artifact = open_given(args.artifact)
     problems, findings = _problems(artifact), _findings(artifact)
     report = ShowReport(artifact=artifact, problems=problems)
-    _emit(args, out, report, render_text.render_show(report) if not args.json else ())
+    lines = render_text.render_show(report) + [(_verdict(problems, findings), None)] if not args.json else ()
+    _emit(args, out, report, lines)
     _diagnose(err, problems, findings)
     return 2 if problems else 1 if findings else 0
 
@@ -139,7 +155,7 @@ def _verify(args, out, err) -> int:
 
     artifact = _artifact(args.artifact, deep=True)
     report = verify(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key))
-    _emit(args, out, report, render_text.render_verify(report) if not args.json else ())
+    _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())
     failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
     trouble = artifact.python_code.problem is not None or artifact.cache.newer
     _diagnose(err, failed if trouble else (), () if trouble else failed)
@@ -221,6 +237,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
         "or A.py A.cache B.py B.cache"))
     diff.add_argument("--context", type=int, default=3, help="lines of context in the python_code diff (default: 3)")
     verify = add("verify", "check a pair's integrity and signature; --host: whether this machine can serve it; exit 0/1/2", _verify)
+    verify.add_argument("-v", "--verbose", action="store_true", help="list every check, not only the verdict and what failed")
     verify.add_argument("--host", action="store_true", help="also check this host's Python and torch against the artifact")
     verify.add_argument("--trusted-key", action="append", metavar="PUB", help=(
         "check the pair's signature (NAME.sig): it must be by this public key; repeatable (any one of them); needs precompile[sign]"))

@@ -62,6 +62,48 @@ DROPPED_FRAME = "(every frame)"
 
 
 _FUNCTION = re.compile(r"guards_(\d+)_(\d+)")
+_TENSORS = re.compile(r"_tensors_(\d+)_(\d+)")
+# What a --type filter names beyond a guard type itself: the part of a tensor's guard it checks.
+TYPE_ALIASES = {
+    "shape": {"SHAPE_ENV", "TENSOR_MATCH", "shape"},
+    "dtype": {"TENSOR_MATCH", "dtype"},
+    "device": {"TENSOR_MATCH", "device"},
+    "stride": {"TENSOR_MATCH", "stride"},
+    "tensor": {"TENSOR_MATCH"},
+}
+
+
+def tensor_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[str, str]]:
+    """{(frame index, variant): {tensor source: what its TENSOR_MATCH checks}} from the literal rows
+    of each `_tensors_F_V = _TensorMatch((...))` python_code renders (read with ast, never executed)."""
+    if source is None:
+        return {}
+    try:
+        tree = ast.parse(source.decode("utf-8") if isinstance(source, bytes) else source)
+    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
+        return {}
+    found: dict[tuple[int, int], dict[str, str]] = {}
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Call) and node.value.args):
+            continue
+        match = _TENSORS.fullmatch(node.targets[0].id)
+        if match is None:
+            continue
+        try:
+            rows = ast.literal_eval(node.value.args[0])
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        found[(int(match.group(1)), int(match.group(2)))] = {
+            str(row[0]): _tensor_text(row) for row in rows if isinstance(row, tuple) and len(row) >= 7
+        }
+    return found
+
+
+def _tensor_text(row: tuple) -> str:
+    _, kind, dtype, device, requires_grad, sizes, strides = row[:7]
+    return (f"{str(kind).rpartition(':')[2]} {dtype} on {device}, size {shape_text(sizes)}, stride {shape_text(strides)}, "
+            f"requires_grad={requires_grad}")
 
 
 def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tuple[str, int], dict[str, str]]:
@@ -113,6 +155,8 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None) -> Gu
     """Per variant, the guards it keeps (with the condition that checks each, where python_code
     renders them); first, under DROPPED_FRAME, the slots no variant checks."""
     rendered_by_variant = rendered_checks(source, meta)
+    tensors = tensor_rows(source)
+    frame_index = {frame.qualname or frame.name: index for index, frame in enumerate(meta.frames)}
     summary = meta.summary
     risky = set(map(tuple, summary.risky_dropped_guards))
     rendered = {(t, s): check for t, s, check in summary.dropped_guard_code}
@@ -134,11 +178,15 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None) -> Gu
             if not guard_type.isupper():  # a shape guard: an expression over the inputs' sizes
                 guard_type, source = "SHAPE_ENV", check
             runs = _kept_check(f"{guard_type} {source}".strip(), rendered_by_variant.get((variant.frame, variant.variant), {}))
+            tensor = tensors.get((frame_index.get(variant.frame, -1), variant.variant), {}).get(source)
+            if guard_type == "TENSOR_MATCH" and tensor is not None:
+                runs = tensor
             slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept", check=runs))
         # Artifacts since per-variant accounting also say which slots each variant does not check.
         slots += [unchecked(check.partition(" ")[::2], False) for check in variant.dropped]
         slots += [unchecked(check.partition(" ")[::2], True) for check in variant.policy_dropped]
-        frames.append(FrameGuards(frame=variant.frame, variant=variant.variant, slots=tuple(slots)))
+        unique = tuple(dict.fromkeys(slots))  # a shape guard Dynamo lists twice is one check
+        frames.append(FrameGuards(frame=variant.frame, variant=variant.variant, slots=unique))
     return Guards(
         tracer="dynamo",
         has_guards=True,
@@ -202,19 +250,37 @@ def guards_of(artifact: Artifact, source: str | bytes | None = None) -> Guards |
     return None
 
 
+def filter_values(guards: Guards) -> tuple[list[str], list[str]]:
+    """The --type values and the --frame values that select something of `guards`."""
+    types = sorted({s.guard_type for f in guards.frames for s in f.slots} | {s.kind for s in guards.specializations}
+                   | (set(TYPE_ALIASES) if guards.has_guards else set()))
+    frames = sorted({f.frame for f in guards.frames} | {str(f.variant) for f in guards.frames})
+    return types, frames
+
+
 def filtered(guards: Guards, *, frame: str | None, kind: str | None, risky_only: bool) -> Guards:
+    """The slots of `frame` (a name or variant number) of type `kind` (a guard type, a specialization
+    kind or an alias such as `shape`); an unknown value of either is a PrecompileError listing the known."""
     import msgspec
 
+    from precompile.errors import PrecompileError
+
+    types, frame_names = filter_values(guards)
+    if kind is not None and kind not in types:
+        raise PrecompileError(f"--type {kind!r} selects nothing in this artifact; it has: {', '.join(types) or 'no guards'}")
+    if frame is not None and frame not in frame_names:
+        raise PrecompileError(f"--frame {frame!r} names no frame or variant of this artifact; it has: {', '.join(frame_names)}")
+    wanted = TYPE_ALIASES.get(kind or "", {kind})
     frames = tuple(
         msgspec.structs.replace(
             f,
-            slots=tuple(s for s in f.slots if (kind is None or s.guard_type == kind) and (not risky_only or s.risky)),
+            slots=tuple(s for s in f.slots if (kind is None or s.guard_type in wanted) and (not risky_only or s.risky)),
         )
         for f in guards.frames
         if frame is None or f.frame == frame or str(f.variant) == frame
     )
     specs = tuple(
-        s for s in guards.specializations if (kind is None or s.kind == kind) and (not risky_only or s.risky)
+        s for s in guards.specializations if (kind is None or s.kind in wanted) and (not risky_only or s.risky)
     )
     if frame is not None and not frames:
         specs = ()

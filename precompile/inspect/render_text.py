@@ -276,9 +276,12 @@ def render_diff(report: DiffReport) -> list[Line]:
     return lines
 
 
-def render_verify(report: VerifyReport) -> list[Line]:
+def render_verify(report: VerifyReport, *, verbose: bool = False) -> list[Line]:
+    """The verdict and what failed; with `verbose`, every check."""
     lines: list[Line] = [(f"verify {report.python_code} {report.cache}{' (with host)' if report.host else ''}", HEAD)]
     for check in report.checks:
+        if not verbose and check.status != "fail":
+            continue
         status = {"ok": ("ok  ", GOOD), "fail": ("FAIL", BAD), "skip": ("skip", WARN)}[check.status]
         detail = (check.message or check.actual) if check.status == "ok" else check.message
         lines.append((f"  {status[0]}  {check.name}" + (f": {detail}" if detail else ""), status[1]))
@@ -287,7 +290,10 @@ def render_verify(report: VerifyReport) -> list[Line]:
                 lines.append((f"        expected {check.expected}, found {check.actual}", None))
             if check.remedy:
                 lines.append((f"        remedy: {check.remedy}", None))
-    lines.append(("verified: ok" if report.ok else "verified: FAILED", GOOD if report.ok else BAD))
+    counts = {status: sum(check.status == status for check in report.checks) for status in ("ok", "fail", "skip")}
+    tally = f"{len(report.checks)} checks: {counts['ok']} ok, {counts['fail']} failed, {counts['skip']} skipped"
+    hint = "" if verbose else "; -v lists every check"
+    lines.append((f"verified: ok ({tally}{hint})" if report.ok else f"verified: FAILED ({tally}{hint})", GOOD if report.ok else BAD))
     return lines
 
 
