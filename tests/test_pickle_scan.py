@@ -331,3 +331,51 @@ def test_opaque_blob_spellings_the_driver_could_decode_are_scanned(spelling, cap
     rc, out, err = run_cli(capsys, ["show", str(tmp_path / "h.py"), str(FIXTURES / "v1/mlp.cache")])
     assert "_hidden" in out and "os.system  FLAGGED: dangerous" in out
     assert "would import os.system at opcode offset" in err
+
+
+# ---- the opcode reader agrees with the C unpickler on every text argument -------------------------
+
+_TEXT_PIECES = [b"0", b"1", b"7", b"8", b"x", b"X", b"b", b"o", b"L", b"_", b" ", b"\t", b"\v", b"+", b"-", b"\x00",
+                b"f", b"e", b".", b"inf", b"nan", b"'", b'"', b"\\x41", b"\\"]
+
+
+def _c_unpickler(data: bytes):
+    """What CPython's C unpickler makes of a pickle of literals only (nothing here can import)."""
+    try:
+        return ("ok", repr(pickle.loads(data)))
+    except Exception:  # noqa: BLE001 - any refusal is one outcome
+        return ("error",)
+
+
+def _read_ops_outcome(data: bytes):
+    from precompile.inspect.pickle_ops import read_ops
+
+    try:
+        ops = list(read_ops(data))
+    except ValueError:
+        return ("error",)
+    return ("ok", repr(ops[0][1]))
+
+
+@pytest.mark.parametrize("opcode", [b"I", b"L", b"F", b"S"])
+def test_text_arguments_are_read_as_the_c_unpickler_reads_them(opcode):
+    """INT and LONG are strtol/PyLong_FromString base 0 to the C unpickler (`I0x10` is 16, `L-0x10L`
+    is -16, `I7\\0junk` is 7): a reader that refuses one stops a scan where the unpickler goes on."""
+    import random
+
+    rng = random.Random(opcode[0])
+    for _ in range(3000):
+        body = b"".join(rng.choice(_TEXT_PIECES) for _ in range(rng.randrange(0, 6)))
+        data = opcode + body + b"\n."
+        assert _read_ops_outcome(data) == _c_unpickler(data), data
+
+
+def test_memo_indexes_are_read_as_the_c_unpickler_reads_them():
+    """GET and PUT are PyLong_FromString base 10 to the C unpickler (up to a NUL, spaces and underscores allowed)."""
+    import random
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        index = b"".join(rng.choice([b"0", b"1", b" ", b"_", b"+", b"-", b"\x00", b"x"]) for _ in range(rng.randrange(0, 4)))
+        data = b"N" + b"p" + index + b"\n" + b"0" + b"g" + index + b"\n."
+        assert (scan_pickle(data, member="x").problem is None) == (_c_unpickler(data)[0] == "ok"), data

@@ -1,8 +1,8 @@
 """Static scan of a pickle: what it would import and call, without unpickling it.
 
-`pickletools.genops` only decodes opcodes and their arguments; on top of it `_Machine` runs the
-pickle machine symbolically, opcode by opcode as `pickle._Unpickler` does: the same stack, the same
-mark stack, the same memo. Values are literals (exactly as the string, bytes and number opcodes
+`pickle_ops.read_ops` decodes opcodes and their arguments exactly as the C unpickler reads them; on
+top of it `_Machine` runs the pickle machine symbolically, opcode by opcode as the unpickler does:
+the same stack, the same mark stack, the same memo. Values are literals (exactly as the string, bytes and number opcodes
 push them), containers of values, imported objects (`_Global`) or results nothing static can know
 (`_Computed`: a call, a persistent id, an out-of-band buffer). Nothing is ever called or imported.
 
@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import _compat_pickle
 import hashlib
-import pickletools
 import re
 import warnings
 
 from precompile.inspect.model import Blob, Field, PickleImport, PickleScan, Risk
+from precompile.inspect.pickle_ops import OPCODE_BYTES, read_ops
 
 MAX_PICKLE_SIZE = 256 * 1024 * 1024
+HIGHEST_PROTOCOL = 5
 MAX_OPS = 2_000_000
 MAX_FIELDS = 200
 MAX_NESTED_DEPTH = 3
@@ -215,10 +216,7 @@ def _looks_like_pickle(data: bytes) -> bool:
         return False
     if data[0] == 0x80:
         return data[1] <= 5
-    return chr(data[0]) in _OPCODE_CHARS
-
-
-_OPCODE_CHARS = frozenset(op.code for op in pickletools.opcodes)
+    return data[0] in OPCODE_BYTES
 
 
 class _Budget:
@@ -298,19 +296,19 @@ class _Machine:
         """The value the pickle evaluates to (None when it never reached STOP) and the problem, if any."""
         result, problem = None, None
         try:
-            for count, (op, arg, pos) in enumerate(pickletools.genops(self.data)):
+            for count, (name, arg, pos) in enumerate(read_ops(self.data)):
                 if count >= MAX_OPS:
                     raise _Stop(f"more than {MAX_OPS} opcodes: not scanned past offset {pos}")
-                if op.name == "STOP":
+                if name == "STOP":
                     result = self.pop()
                     self.reached_stop = True
                     break
-                self.step(op.name, arg, pos or 0)
+                self.step(name, arg, pos)
         except _Stop as exc:
             problem = f"scan stopped: {exc}"
         except RecursionError:
             problem = "scan stopped: nesting too deep"
-        except Exception as exc:  # noqa: BLE001 - genops on malformed bytes: ValueError, EOFError, UnicodeDecodeError, ...
+        except Exception as exc:  # noqa: BLE001 - read_ops on malformed bytes: ValueError, EOFError, UnicodeDecodeError, ...
             problem = f"not a well-formed pickle: {type(exc).__name__}: {exc}"
         if self.unscanned and problem is None:
             problem = (f"{len(self.unscanned)} values that may hold a pickle (the first at offset {self.unscanned[0]}) "
@@ -324,6 +322,8 @@ class _Machine:
 
     def step(self, name: str, arg, pos: int) -> None:  # noqa: C901 - one branch per opcode family
         if name == "PROTO":
+            if arg > HIGHEST_PROTOCOL:
+                raise _Stop(f"unsupported pickle protocol: {arg}")
             self.protocol, self.seen_proto = arg, True
         elif name == "FRAME":
             pass
@@ -556,7 +556,7 @@ def scan_pickle(data: bytes, *, member: str) -> PickleScan:
         return PickleScan(member=member, blob=blob, problem=f"{len(data)} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
     machine = _Machine(bytes(data), _Budget(), 0, None)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # pickletools on odd STRING escapes: not our reader's noise
+        warnings.simplefilter("ignore", DeprecationWarning)  # escape_decode on odd STRING escapes: not our reader's noise
         result, problem = machine.run()
     fields: tuple[Field, ...] = ()
     top = None

@@ -9,7 +9,7 @@ import is `pickle_scan.scan_pickle`'s job; this module only reads values out of 
 """
 from __future__ import annotations
 
-import pickletools
+from precompile.inspect.pickle_ops import read_ops
 
 MAX_OPS = 2_000_000
 
@@ -88,10 +88,9 @@ def pickle_value(data: bytes):
     stack: list = []
     memo: dict = {}
     try:
-        for count, (op, arg, _pos) in enumerate(pickletools.genops(data)):
+        for count, (name, arg, _pos) in enumerate(read_ops(data)):
             if count >= MAX_OPS:
                 raise PickleValueError(f"more than {MAX_OPS} opcodes")
-            name = op.name
             if name in ("PROTO", "FRAME"):
                 continue
             if name == "STOP":
@@ -165,6 +164,6 @@ def pickle_value(data: bytes):
                 raise PickleValueError(f"opcode {name} is not plain data")
     except PickleValueError:
         raise
-    except Exception as exc:  # noqa: BLE001 - genops on malformed bytes raises ValueError, EOFError, ...
+    except Exception as exc:  # noqa: BLE001 - read_ops on malformed bytes raises ValueError, EOFError, ...
         raise PickleValueError(f"not a well-formed pickle: {type(exc).__name__}: {exc}") from None
     raise PickleValueError("no STOP opcode")
