@@ -296,8 +296,9 @@ def test_mutated_corpus_never_raises():
         scan_pickle(bytes(data), member="x")
 
 
-def test_verify_scans_pickles_in_the_kernel_bundle(capsys, tmp_path):
-    """A cache whose bundle carries a pickle (a compiler cache entry) gets it scanned by verify."""
+@pytest.mark.parametrize("name", ["p4_stack_global_literal", "p0_global_os_system"])
+def test_verify_scans_pickles_in_the_kernel_bundle(name, capsys, tmp_path):
+    """A cache whose bundle carries a pickle (a compiler cache entry) of any protocol gets it scanned by verify."""
     import hashlib
     import shutil
 
@@ -307,7 +308,7 @@ def test_verify_scans_pickles_in_the_kernel_bundle(capsys, tmp_path):
 
     shutil.copy(FIXTURES / "v1/mlp.py", tmp_path / "b.py")
     envelope, _ = decode_header((FIXTURES / "v1/mlp.cache").read_bytes())
-    evil = (HOSTILE / "p4_stack_global_literal.pkl").read_bytes()
+    evil = (HOSTILE / f"{name}.pkl").read_bytes()
     bundle, payload = build_bundle({"fx/entry": ("fxgraph", evil)}, dict(envelope.bundle.keys) if envelope.bundle else {})
     envelope = msgspec.structs.replace(envelope, bundle=bundle,
                                        code_hash=hashlib.sha256((tmp_path / "b.py").read_bytes()).hexdigest())
@@ -379,3 +380,36 @@ def test_memo_indexes_are_read_as_the_c_unpickler_reads_them():
         index = b"".join(rng.choice([b"0", b"1", b" ", b"_", b"+", b"-", b"\x00", b"x"]) for _ in range(rng.randrange(0, 4)))
         data = b"N" + b"p" + index + b"\n" + b"0" + b"g" + index + b"\n."
         assert (scan_pickle(data, member="x").problem is None) == (_c_unpickler(data)[0] == "ok"), data
+
+
+# ---- protocol 0 and 1 pickles are told by content in every container -------------------------------
+
+def test_protocol_0_pickle_in_a_mega_cache_entry_is_scanned(capsys, monkeypatch):
+    """`cos\\nsystem\\n(S'...'\\ntR.` is valid UTF-8: sniffed as text, torch.compiler.load_cache_artifacts
+    would still unpickle it."""
+    monkeypatch.chdir(ROOT)
+    rc, out, err = run_cli(capsys, ["show", "fixtures/hostile/mega_cache_p0_entry.bin"])
+    assert rc == 1 and "Traceback" not in err
+    assert "inductor evil  pickle" in out and "os.system  FLAGGED: dangerous" in out
+    assert "inductor/evil would import os.system" in err
+    assert "aot_autograd harmless  text" in out  # a protocol 0 pickle of plain data does nothing: not one
+
+
+@pytest.mark.parametrize("name", ["p0_global_os_system", "p1_global_posix_system", "p0_inst_os_system"])
+@pytest.mark.parametrize("suffix", [".pkl", ".py", ""])
+def test_bare_protocol_0_and_1_pickles_are_pickles_whatever_their_name(name, suffix, capsys, tmp_path):
+    """Alone, a protocol 0/1 pickle was taken for python_code ("not valid Python") and never scanned."""
+    path = tmp_path / f"blob{suffix}"
+    path.write_bytes((HOSTILE / f"{name}.pkl").read_bytes())
+    rc, out, err = run_cli(capsys, ["show", str(path)])
+    assert rc == 1 and "not valid Python" not in err
+    assert f"{EXPECTED[name]}  FLAGGED: dangerous" in out
+
+
+@pytest.mark.parametrize("spelling", ["protocol0_text", "protocol0_bytes"])
+def test_protocol_0_pickle_literals_in_python_code_are_scanned(spelling, capsys, tmp_path):
+    inner = (HOSTILE / "p0_global_os_system.pkl").read_bytes()
+    literal = repr(inner.decode("ascii")) if spelling == "protocol0_text" else repr(inner)
+    (tmp_path / "h.py").write_text((FIXTURES / "v1/mlp.py").read_text() + f"\n_hidden = {literal}\n")
+    rc, out, err = run_cli(capsys, ["show", str(tmp_path / "h.py"), str(FIXTURES / "v1/mlp.cache")])
+    assert rc == 1 and "_hidden" in out and "os.system  FLAGGED: dangerous" in out

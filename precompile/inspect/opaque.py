@@ -13,7 +13,7 @@ import base64
 import binascii
 
 from precompile.inspect.model import PickleImport, PickleScan, Section
-from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, scan_pickle
+from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 
 MIN_BLOB_CHARS = 16
 
@@ -23,20 +23,19 @@ def _is_pickle_header(data: bytes) -> bool:
 
 
 def _pickle_of(value) -> bytes | None:
-    """The pickle a literal holds: bytes as they are; a str decoded as base64 the lenient way
-    `b64decode` does by default (characters outside the alphabet are dropped), standard or URL-safe,
-    or taken as latin-1 when it starts like a pickle itself."""
+    """The pickle a literal holds: bytes that are one (any protocol, `is_pickle`); a str that is one
+    taken as latin-1; or a str decoded as base64 the lenient way `b64decode` does by default
+    (characters outside the alphabet are dropped), standard or URL-safe, to a protocol 2-5 pickle."""
     if isinstance(value, bytes):
-        return value if _is_pickle_header(value) else None
+        return value if is_pickle(value) else None
     if not isinstance(value, str) or len(value) < MIN_BLOB_CHARS:
         return None
-    if value.startswith("\x80"):
-        try:
-            data = value.encode("latin-1")
-        except UnicodeEncodeError:
-            data = b""
-        if _is_pickle_header(data):
-            return data
+    try:
+        data = value.encode("latin-1")
+    except UnicodeEncodeError:
+        data = b""
+    if is_pickle(data):
+        return data
     for decode in (base64.b64decode, base64.urlsafe_b64decode):
         try:
             data = decode(value)

@@ -168,6 +168,10 @@ class _Stop(Exception):
     """The unpickler itself would raise here: the run ends with this message as its problem."""
 
 
+class _Limit(_Stop):
+    """The scan's own bound is reached where the unpickler would go on: nothing past it is vouched for."""
+
+
 _SCALARS = (type(None), bool, int, float, str)
 _LITERAL_KEYS = (type(None), bool, int, float, str, bytes)
 _STRING_OPS = frozenset("STRING BINSTRING SHORT_BINSTRING UNICODE BINUNICODE SHORT_BINUNICODE BINUNICODE8".split())
@@ -247,6 +251,8 @@ class _Machine:
         self.unscanned: list[int] = []
         """Offsets of values that may hold a pickle but were past the nested-scan limits."""
         self.reached_stop = False
+        self.incomplete = False
+        """True when the run ended at one of the scan's limits, not where the unpickler would stop."""
 
     # ---- findings ------------------------------------------------------------------------------
 
@@ -298,7 +304,7 @@ class _Machine:
         try:
             for count, (name, arg, pos) in enumerate(read_ops(self.data)):
                 if count >= MAX_OPS:
-                    raise _Stop(f"more than {MAX_OPS} opcodes: not scanned past offset {pos}")
+                    raise _Limit(f"more than {MAX_OPS} opcodes: not scanned past offset {pos}")
                 if name == "STOP":
                     result = self.pop()
                     self.reached_stop = True
@@ -306,8 +312,10 @@ class _Machine:
                 self.step(name, arg, pos)
         except _Stop as exc:
             problem = f"scan stopped: {exc}"
+            self.incomplete = isinstance(exc, _Limit)
         except RecursionError:
             problem = "scan stopped: nesting too deep"
+            self.incomplete = True
         except Exception as exc:  # noqa: BLE001 - read_ops on malformed bytes: ValueError, EOFError, UnicodeDecodeError, ...
             problem = f"not a well-formed pickle: {type(exc).__name__}: {exc}"
         if self.unscanned and problem is None:
@@ -533,7 +541,7 @@ class _Machine:
         within = f"{self.within} > {where}" if self.within else where
         inner = _Machine(bytes(value), self.budget, self.depth + 1, within)
         inner.run()
-        if inner.unscanned:
+        if inner.unscanned or inner.incomplete:
             self.unscanned.append(pos)
         found = {key: entry for key, entry in inner.imports.items()}
         framed = value[0] == 0x80
@@ -547,6 +555,28 @@ class _Machine:
             if not (framed or _IDENT.match(module) or unresolved):
                 continue  # a protocol 0 lookalike naming no importable module: the unpickler would fail there
             self.record(module, name, risk, offset, op, unresolved, within=inner_within, count=count)
+
+
+def is_pickle(data: bytes) -> bool:
+    """Whether an unpickler given `data` would act on it, by content alone: a protocol 2-5 header, or a
+    protocol 0/1 opcode stream (read as the C unpickler reads it) that imports or calls something
+    before it ends or breaks (what the unpickler did up to a break stays done), or that is past the
+    scan's limits. A protocol 0/1 stream of plain data is not one: it can do nothing, and text often
+    reads as one (`G['torch']._dynamo` is a float). Every container (Mega-Cache entries, bundle files,
+    bare files, python_code literals) sniffs its content with this."""
+    if len(data) >= 2 and data[0] == 0x80:
+        return data[1] <= HIGHEST_PROTOCOL
+    if not data or data[0] not in OPCODE_BYTES or len(data) > MAX_PICKLE_SIZE:
+        return False
+    machine = _Machine(bytes(data), _Budget(), MAX_NESTED_DEPTH, None)  # at the depth limit: nothing nested is scanned
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        machine.run()
+    return machine.incomplete or any(unresolved or _importable(module) for module, _, _, unresolved, _ in machine.imports)
+
+
+def _importable(module: str) -> bool:
+    return all(part.isidentifier() for part in module.split("."))
 
 
 def scan_pickle(data: bytes, *, member: str) -> PickleScan:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
-from precompile.inspect.pickle_scan import scan_pickle
+from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 from precompile.inspect.report import Check, VerifyReport
 from precompile.schema.bundle_keys import (
     ISA_KEYS,
@@ -140,7 +140,7 @@ def _bundle(artifact: Artifact) -> list[Check]:
 
 def _bundle_pickle(cache_path: str, path: str, data: bytes) -> list[Check]:
     """A bundle file that is a pickle (a cache entry a compiler would unpickle) is scanned like the opaque state."""
-    if len(data) < 2 or data[0] != 0x80 or data[1] > 5:
+    if not is_pickle(data):
         return []
     scan = scan_pickle(data, member=f"bundle file {path}")
     found = [(scan, imp) for imp in scan.dangerous] + ([(scan, None)] if scan.problem else [])
