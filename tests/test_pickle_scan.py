@@ -413,3 +413,61 @@ def test_protocol_0_pickle_literals_in_python_code_are_scanned(spelling, capsys,
     (tmp_path / "h.py").write_text((FIXTURES / "v1/mlp.py").read_text() + f"\n_hidden = {literal}\n")
     rc, out, err = run_cli(capsys, ["show", str(tmp_path / "h.py"), str(FIXTURES / "v1/mlp.cache")])
     assert rc == 1 and "_hidden" in out and "os.system  FLAGGED: dangerous" in out
+
+
+# ---- a scan that cannot finish is a finding, never a note -----------------------------------------
+
+UNFINISHED = b"\x80\x04" + b"N" * 10 + b"t."  # TUPLE without a MARK: the scan stops, nothing imported yet
+
+
+def _mega_cache(entries: list[tuple[str, str, bytes]]) -> bytes:
+    sys.path.insert(0, str(HOSTILE))
+    try:
+        from make_hostile import mega_cache
+    finally:
+        sys.path.remove(str(HOSTILE))
+    return mega_cache(entries)
+
+
+def test_an_unfinished_scan_in_a_mega_cache_entry_or_bare_pickle_fails_show(capsys, tmp_path):
+    (tmp_path / "mc.bin").write_bytes(_mega_cache([("inductor", "broken", UNFINISHED)]))
+    (tmp_path / "bare.pkl").write_bytes(UNFINISHED)
+    for name in ("mc.bin", "bare.pkl"):
+        rc, out, err = run_cli(capsys, ["show", str(tmp_path / name)])
+        assert rc == 1 and "could not be scanned to its end (scan stopped: MARK missing)" in err, (name, err)
+
+
+def test_the_scan_limit_is_a_finding_not_a_note(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("precompile.inspect.pickle_scan.MAX_OPS", 50)
+    (tmp_path / "mc.bin").write_bytes(_mega_cache([("inductor", "long", pickle.dumps(list(range(100)), protocol=0))]))
+    rc, out, err = run_cli(capsys, ["show", str(tmp_path / "mc.bin")])
+    assert rc == 1 and "more than 50 opcodes" in err
+
+
+def _upstream_pair_with_artifact(tmp_path, artifact: bytes) -> str:
+    """fixtures/upstream/inductor with its cache's `artifact` Mega-Cache replaced (the code_hash kept)."""
+    import shutil
+
+    from precompile.inspect.formats.pickle_values import pickle_value
+
+    source = FIXTURES / "upstream/inductor.cache"
+    with zipfile.ZipFile(source) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    envelope = pickle_value(members["archive/data.pkl"])
+    members["archive/data.pkl"] = pickle.dumps({**envelope, "artifact": artifact}, protocol=2)
+    with zipfile.ZipFile(tmp_path / "u.cache", "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    shutil.copy(FIXTURES / "upstream/inductor.py", tmp_path / "u.py")
+    return str(tmp_path / "u")
+
+
+@pytest.mark.parametrize("content", ["hostile", "unfinished"])
+def test_verify_of_an_upstream_pair_fails_on_its_cache_pickles(content, capsys, tmp_path):
+    """A cache read without a problem (an upstream pair) had its pickles listed by show but never
+    checked by verify: a Mega-Cache entry calling os.system verified ok."""
+    entry = (HOSTILE / "p0_global_os_system.pkl").read_bytes() if content == "hostile" else UNFINISHED
+    pair = _upstream_pair_with_artifact(tmp_path, _mega_cache([("inductor", "entry", entry)]))
+    rc, out, err = run_cli(capsys, ["verify", pair])
+    assert rc == 1 and "FAIL  cache pickle: cache" in out
+    assert ("would import os.system" if content == "hostile" else "could not be scanned to its end") in out

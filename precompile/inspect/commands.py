@@ -16,6 +16,7 @@ import sys
 from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
+from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import open_artifact, open_given, resolve_pair
 
 ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
@@ -68,12 +69,11 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
         found.append(f"{artifact.cache.path} does not pair with {artifact.python_code.path}: {artifact.pairing_problem}")
     for member, imp in artifact.flagged_imports:
         found.append(f"{artifact.cache.path}: pickle {member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled")
+    found.extend(f"{artifact.cache.path}: {finding_text(scan, None)}" for scan, imp in artifact.cache_findings if imp is None)
     return tuple(found) + _opaque_findings(artifact)
 
 
 def _opaque_findings(artifact: Artifact) -> tuple[str, ...]:
-    from precompile.inspect.opaque import finding_text
-
     return tuple(f"{artifact.python_code.path}: {finding_text(scan, imp)}" for scan, imp in artifact.opaque_findings)
 
 

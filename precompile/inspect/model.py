@@ -225,6 +225,19 @@ class Artifact(msgspec.Struct, frozen=True, kw_only=True):
             return ()
         return tuple((scan.member, imp) for scan in self.cache.upstream.scans for imp in scan.flagged)
 
+    @property
+    def cache_findings(self) -> tuple[tuple[PickleScan, PickleImport | None], ...]:
+        """Each dangerous or unresolved import of the cache's pickles, and (scan, None) for a pickle
+        the scan could not follow to its end: what it would do past that point is unknown."""
+        if self.cache.upstream is None:
+            return ()
+        found: list[tuple[PickleScan, PickleImport | None]] = []
+        for scan in self.cache.upstream.scans:
+            found.extend((scan, imp) for imp in scan.dangerous)
+            if scan.problem is not None:
+                found.append((scan, None))
+        return tuple(found)
+
 
 # ---- guards: empty for MakeFx, shaped for Dynamo's guard slots -------------------------------
 

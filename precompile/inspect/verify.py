@@ -51,6 +51,7 @@ def _integrity(artifact: Artifact) -> list[Check]:
             checks.append(Check(name="pickle imports", status="fail", actual=f"{imp.module}.{imp.name}",
                                 message=f"{member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled",
                                 remedy="do not load this cache; treat it as hostile"))
+    checks.extend(_cache_pickles(artifact))
     checks.extend(_opaque(artifact))
     upstream = cache.upstream.precompile if cache.upstream is not None else None
     if code.upstream is not None and upstream is not None:
@@ -77,6 +78,17 @@ def _integrity(artifact: Artifact) -> list[Check]:
         checks.append(Check(name="pairing", status="fail", message=artifact.pairing_problem, remedy=RECAPTURE))
     checks.extend(_bundle(artifact))
     return checks
+
+
+def _cache_pickles(artifact: Artifact) -> list[Check]:
+    """The cache's pickles that could not be scanned to their end, and (a cache read without a
+    problem: an upstream pair) their dangerous imports: what loading the cache would unpickle."""
+    shown = artifact.cache.problem is not None  # the imports are listed above, as "pickle imports"
+    return [Check(name="cache pickle", status="fail",
+                  actual=f"{imp.module}.{imp.name} at opcode offset {imp.offset}" if imp else None,
+                  message=f"cache {artifact.cache.path}: {finding_text(scan, imp)}",
+                  remedy="do not load this cache; treat it as hostile")
+            for scan, imp in artifact.cache_findings if imp is None or not shown]
 
 
 def _opaque(artifact: Artifact) -> list[Check]:
