@@ -471,3 +471,132 @@ def test_verify_of_an_upstream_pair_fails_on_its_cache_pickles(content, capsys, 
     rc, out, err = run_cli(capsys, ["verify", pair])
     assert rc == 1 and "FAIL  cache pickle: cache" in out
     assert ("would import os.system" if content == "hostile" else "could not be scanned to its end") in out
+
+
+# ---- the opaque state is found by load's own rule, and only its canonical spelling passes ----------
+
+def _with_state(assignment: str) -> str:
+    """The hostile artifact's python_code with its `_dynamo_state = (...)` replaced by `assignment`."""
+    source = (HOSTILE / "dynamo_os_system.py").read_text()
+    return re.sub(r"^_dynamo_state = \(\n(?:    '[^']*'\n)+\)\n", lambda _: assignment + "\n", source, count=1, flags=re.M)
+
+
+def _all_verbs(capsys, path) -> dict[str, tuple[int, str]]:
+    return {verb: (lambda r: (r[0], r[1] + r[2]))(run_cli(capsys, [verb, str(path)])) for verb in ("show", "guards", "verify")}
+
+
+@pytest.mark.parametrize(("name", "expect"), [
+    ("dynamo_state_bytes", "_dynamo_state (line 296) is not in the canonical form, cannot be scanned"),
+    ("dynamo_state_concat", "_dynamo_state (line 296) is not in the canonical form, cannot be scanned"),
+    ("dynamo_state_protocol0", "_dynamo_state (line 297) would import os.system at opcode offset 0 (GLOBAL)"),
+])
+def test_hostile_state_spellings_fail_show_guards_verify(name, expect, capsys):
+    """Each spelling the driver decoded (bytes, a sum of literals, a protocol 0 pickle) went unscanned:
+    verify said ok and load ran the payload."""
+    for verb, (rc, text) in _all_verbs(capsys, HOSTILE / name).items():
+        assert rc == 1 and expect in text and "Traceback" not in text, (verb, text[-2000:])
+
+
+STATE_LITERAL = "'" + base64.b64encode((HOSTILE / "p4_stack_global_literal.pkl").read_bytes()).decode() + "'"
+
+
+@pytest.mark.parametrize("assignment", [
+    f"_dynamo_state = {STATE_LITERAL}\n_dynamo_state = None",
+    f"_dynamo_state = None\n_dynamo_state += {STATE_LITERAL}",
+    f"_dynamo_state: str = {STATE_LITERAL}",
+    f"_dynamo_state = str({STATE_LITERAL})",
+    f"_dynamo_state = None\nif True:\n    _dynamo_state = {STATE_LITERAL}",
+    f"_dynamo_state = None\ndef _f():\n    global _dynamo_state\n    _dynamo_state = {STATE_LITERAL}\n_f()",
+    f"_dynamo_state = None\nglobals()['_dynamo_state'] = {STATE_LITERAL}",
+    f"_dynamo_state = None\nglobals().update(_dynamo_state={STATE_LITERAL})",
+    f"_dynamo_state = None\nexec(\"_dynamo_state = {STATE_LITERAL}\")",
+    f"_dynamo_state = None\nfor _dynamo_state in [{STATE_LITERAL}]:\n    pass",
+    "_dynamo_state = None\nimport os as _dynamo_state",
+])
+def test_any_other_spelling_of_the_state_is_a_finding(assignment, capsys, tmp_path):
+    (tmp_path / "a.py").write_text(_with_state(assignment))
+    rc, out, err = run_cli(capsys, ["show", str(tmp_path / "a.py")])
+    assert rc == 1 and "is not in the canonical form, cannot be scanned" in err, err
+
+
+def test_an_opaque_state_the_scan_cannot_finish_is_reported_and_fails_every_verb(capsys, tmp_path):
+    """Such a state disappeared from the report (no imports, no top level): verify said nothing."""
+    _write_pair(tmp_path, _with_state(f"_dynamo_state = {base64.b64encode(UNFINISHED).decode()!r}"))
+    for verb, (rc, text) in _all_verbs(capsys, tmp_path / "a").items():
+        assert rc == 1 and "could not be scanned to its end (scan stopped: MARK missing)" in text, (verb, text[-2000:])
+
+
+def _write_pair(tmp_path, source: str) -> None:
+    """`source` as a.py beside a copy of the hostile cache whose code_hash is re-pointed at it."""
+    import hashlib
+
+    import msgspec
+
+    from precompile.schema.codec import decode_header, encode_cache
+
+    (tmp_path / "a.py").write_text(source)
+    cache = (HOSTILE / "dynamo_os_system.cache").read_bytes()
+    envelope, offset = decode_header(cache)
+    envelope = msgspec.structs.replace(envelope, code_hash=hashlib.sha256(source.encode()).hexdigest())
+    (tmp_path / "a.cache").write_bytes(encode_cache(envelope, cache[offset:]))
+
+
+def test_swapped_marshalled_bytecode_fails_verify(capsys):
+    rc, out, err = run_cli(capsys, ["verify", str(HOSTILE / "dynamo_bytecode_swapped")])
+    assert rc == 1
+    assert "FAIL  opaque state: _dynamo_bytecode['1'] (line 1188) holds 790 bytes" in out
+    assert "but is labelled 859 bytes, sha256 3c7270c7c6b802345290f407044b72192a7ac9088e829bedb8bbbf4d04856c69" in out
+    assert "_dynamo_bytecode['2']" in out and "the marshalled code was swapped" in out
+
+
+# ---- the driver and load are as strict as inspect -----------------------------------------------
+
+def test_the_driver_refuses_an_opaque_state_that_is_not_a_str():
+    import torch
+
+    from precompile.codegen.drivers import dynamo as driver
+    from precompile.errors import PrecompileError
+
+    versions = {"PYTHON_VERSION": tuple(sys.version_info[:2]), "TORCH_VERSION": str(torch.__version__)}
+    encoded = base64.b64encode(b"\x80\x04N.")
+    for metadata, state in ((versions, encoded), ({**versions, "_dynamo_frames": ()}, encoded), (versions, None),
+                            (versions, " " + encoded.decode())):
+        with pytest.raises(PrecompileError, match="its opaque state _dynamo_state is (a bytes|a NoneType|not strict base64)"):
+            driver.build_forward(metadata, state, artifact="a.py")
+
+
+def test_the_driver_checks_marshalled_code_against_its_label_before_marshal_loads():
+    import hashlib
+    import marshal
+
+    from precompile.codegen.drivers import dynamo as driver
+    from precompile.errors import PrecompileError
+    from precompile.schema.opaque_state import BYTECODE_SHA256
+
+    data = marshal.dumps(compile("x = 1", "f", "exec"))
+    metadata = {"_dynamo_bytecode": {"0": base64.b64encode(data).decode()}, BYTECODE_SHA256: {"0": hashlib.sha256(data).hexdigest()}}
+    assert driver._code_object(metadata, "0", "f.py", "a.py").co_filename == "f.py"
+    metadata[BYTECODE_SHA256] = {"0": "0" * 64}
+    with pytest.raises(PrecompileError, match="its marshalled code '0' has sha256 .* but python_code labels it 0{64}: the code was swapped"):
+        driver._code_object(metadata, "0", "f.py", "a.py")
+    metadata["_dynamo_bytecode"] = {"0": base64.b64encode(data)}
+    with pytest.raises(PrecompileError, match="its marshalled code '0' is a bytes"):
+        driver._code_object(metadata, "0", "f.py", "a.py")
+
+
+@pytest.mark.parametrize("name", ["dynamo_state_bytes", "dynamo_state_concat", "dynamo_bytecode_swapped"])
+def test_load_refuses_opaque_parts_that_are_not_spelled_canonically_or_do_not_match_their_labels(name, tmp_path, monkeypatch):
+    """Before anything runs, whatever driver the python_code carries (the fixtures' own checks nothing):
+    the payload never executes, the swapped code never serves."""
+    import ast
+
+    from precompile.errors import PrecompileError
+    from precompile.runtime.load import execute
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(FIXTURES))  # dynamo_models, the captured code
+    source = (HOSTILE / f"{name}.py").read_text()
+    expect = "the marshalled code was swapped" if name == "dynamo_bytecode_swapped" else "is not in the canonical form"
+    with pytest.raises(PrecompileError, match=expect):
+        execute(source, str(HOSTILE / f"{name}.py"), tree=ast.parse(source))
+    assert not (tmp_path / MARKER).exists()

@@ -74,7 +74,9 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
 
 
 def _opaque_findings(artifact: Artifact) -> tuple[str, ...]:
-    return tuple(f"{artifact.python_code.path}: {finding_text(scan, imp)}" for scan, imp in artifact.opaque_findings)
+    code = artifact.python_code
+    return (tuple(f"{code.path}: {problem}" for problem in code.opaque_problems)
+            + tuple(f"{code.path}: {finding_text(scan, imp)}" for scan, imp in artifact.opaque_findings))
 
 
 def _show(args, out, err) -> int:

@@ -64,6 +64,9 @@ class PythonCodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     sections: tuple[Section, ...] = ()
     pickles: tuple["PickleScan", ...] = ()
     """The pickles python_code carries as literals (a Dynamo artifact's opaque state), scanned, never unpickled."""
+    opaque_problems: tuple[str, ...] = ()
+    """Why the opaque state or marshalled bytecode cannot be scanned as load reads it (a spelling other
+    than the canonical one, a blob that does not match its label): each one a finding."""
     problem: str | None = None
     newer: bool = False
     """True when the problem is a format version newer than this reader understands."""

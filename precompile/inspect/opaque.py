@@ -1,10 +1,12 @@
 """Find the pickles python_code carries as literals and scan them, never unpickling them.
 
 A Dynamo artifact ships its opaque state (guard trees, transformed bytecode) as a base64 string
-that `load` decodes and unpickles: the one part of python_code a reviewer cannot read. Every str
-literal that decodes (base64, standard or URL-safe, as leniently as `b64decode`) to a pickle, and
-every bytes literal that is one, anywhere in the file, is scanned by `pickle_scan`, and named by its
-section, the name it is assigned to and its line.
+that `load` decodes and unpickles: the one part of python_code a reviewer cannot read. It is found
+by the rule load itself uses (`schema.opaque_state.find_parts`: one top-level `_dynamo_state = <str literal>`,
+any other spelling is a problem) and always scanned. Besides it, every str literal that decodes
+(base64, standard or URL-safe, as leniently as `b64decode`) to a pickle, and every str or bytes
+literal that is one, anywhere in the file, is scanned by `pickle_scan`, and named by its section,
+the name it is assigned to and its line.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import binascii
 
 from precompile.inspect.model import PickleImport, PickleScan, Section
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
+from precompile.schema.opaque_state import STATE, blob_problem, bytecode_blobs, decode, find_parts
 
 MIN_BLOB_CHARS = 16
 
@@ -36,9 +39,9 @@ def _pickle_of(value) -> bytes | None:
         data = b""
     if is_pickle(data):
         return data
-    for decode in (base64.b64decode, base64.urlsafe_b64decode):
+    for b64decode in (base64.b64decode, base64.urlsafe_b64decode):
         try:
-            data = decode(value)
+            data = b64decode(value)
         except (binascii.Error, ValueError):
             continue
         if _is_pickle_header(data):
@@ -53,12 +56,44 @@ def _section_of(line: int, sections: tuple[Section, ...]) -> str:
     return "header"
 
 
-def scan_literal_pickles(source: str, sections: tuple[Section, ...]) -> tuple[PickleScan, ...]:
-    """Each pickle held by a str (base64) or bytes literal, in file order; () when the file does not parse."""
+def read_opaque(source: str, sections: tuple[Section, ...]) -> tuple[tuple[PickleScan, ...], tuple[str, ...]]:
+    """The pickles python_code carries, in file order: the opaque state `load` unpickles (always
+    scanned, found by the rule load uses, `opaque_state.find_parts`) and any other str or bytes
+    literal holding one; and the problems that keep the opaque parts from being read as load reads
+    them (a spelling other than the canonical one, bytecode that does not match its label).
+    ((), ()) when the file does not parse."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return ()
+        return (), ()
+    state, bytecode = find_parts(tree)
+    problems = [found.problem for found in (state, bytecode) if found.problem is not None]
+    if bytecode.assignment is not None:
+        blobs = bytecode_blobs(bytecode.assignment, source.splitlines())
+        problems.extend(problem for problem in map(blob_problem, blobs) if problem is not None)
+    found = []
+    state_value = state.assignment.value if state.assignment is not None else None
+    if isinstance(state_value, ast.Constant) and state_value.value:
+        scan, problem = _state_scan(state_value, sections)
+        problems.extend([problem] if problem is not None else [])
+        found.extend([(state_value.lineno, state_value.col_offset, scan)] if scan is not None else [])
+    found.extend(_literal_scans(tree, sections, skip=state_value))
+    scans = tuple(scan for _, _, scan in sorted(found, key=lambda item: item[:2]))
+    return scans, tuple(problems)
+
+
+def _state_scan(value: ast.Constant, sections: tuple[Section, ...]) -> tuple[PickleScan | None, str | None]:
+    """The scan of the pickle load would unpickle from `_dynamo_state`, whatever it holds, or why there is none."""
+    try:
+        data = decode(value.value)
+    except ValueError as exc:
+        return None, f"{STATE} (line {value.lineno}) is {exc}: load refuses it, and it cannot be scanned"
+    member = f"python_code section {_section_of(value.lineno, sections)}: {STATE} (line {value.lineno})"
+    return scan_pickle(data, member=member), None
+
+
+def _literal_scans(tree: ast.Module, sections: tuple[Section, ...], skip: ast.AST | None) -> list[tuple[int, int, PickleScan]]:
+    """Each other literal holding a pickle (load does not unpickle them; they are listed for a reviewer)."""
     targets: dict[int, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -67,7 +102,7 @@ def scan_literal_pickles(source: str, sections: tuple[Section, ...]) -> tuple[Pi
                 targets[id(node.value)] = names[0].id
     found = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Constant):
+        if not isinstance(node, ast.Constant) or node is skip:
             continue
         data = _pickle_of(node.value)
         if data is None:
@@ -77,7 +112,7 @@ def scan_literal_pickles(source: str, sections: tuple[Section, ...]) -> tuple[Pi
         scan = scan_pickle(data, member=member)
         if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
             found.append((node.lineno, node.col_offset, scan))
-    return tuple(scan for _, _, scan in sorted(found, key=lambda item: item[:2]))
+    return found
 
 
 def finding_text(scan: PickleScan, imp: PickleImport | None) -> str:

@@ -34,7 +34,7 @@ from precompile.inspect.model import (
     UpstreamCache,
     ZipMember,
 )
-from precompile.inspect.opaque import scan_literal_pickles
+from precompile.inspect.opaque import read_opaque
 from precompile.inspect.pickle_ops import OPCODE_BYTES
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 from precompile.inspect.sections import split_sections
@@ -102,7 +102,7 @@ def _parse_python_code(data: bytes, path: str):
     except PrecompileError as exc:
         return PythonCodeInfo(path=path, file=blob, problem=str(exc)), None
     sections = tuple(section for section, _ in split_sections(source))
-    pickles = scan_literal_pickles(source, sections)
+    pickles, opaque_problems = read_opaque(source, sections)
     values: dict = {}
     try:
         values = literal_assignments(source, filename=path)
@@ -119,6 +119,7 @@ def _parse_python_code(data: bytes, path: str):
         literal_names=tuple(sorted(values)),
         sections=sections,
         pickles=pickles,
+        opaque_problems=opaque_problems,
     )
     upstream = upstream_code(values)
     if upstream is not None:

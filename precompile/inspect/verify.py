@@ -93,7 +93,9 @@ def _cache_pickles(artifact: Artifact) -> list[Check]:
 
 def _opaque(artifact: Artifact) -> list[Check]:
     """Each pickle python_code carries (a Dynamo artifact's opaque state): what it would import."""
-    checks = []
+    checks = [Check(name="opaque state", status="fail", message=problem,
+                    remedy="do not load this artifact: what load would decode is not what can be checked; capture it again")
+              for problem in artifact.python_code.opaque_problems]
     found = artifact.opaque_findings
     for scan in artifact.python_code.pickles:
         mine = [imp for s, imp in found if s is scan]
