@@ -600,3 +600,62 @@ def test_load_refuses_opaque_parts_that_are_not_spelled_canonically_or_do_not_ma
     with pytest.raises(PrecompileError, match=expect):
         execute(source, str(HOSTILE / f"{name}.py"), tree=ast.parse(source))
     assert not (tmp_path / MARKER).exists()
+
+
+# ---- whatever picklescan's and fickling's deny lists name, ours flags ------------------------------
+
+def _deny_list_globals() -> list[tuple[str, str, str]]:
+    """(tool, module, name) for every entry of picklescan's and fickling's deny lists, read from the
+    installed tools; a module-wide entry stands for any name in it (two probes: public and private)."""
+    from fickling.analysis import UnsafeImportsML
+    from fickling.fickle import UNSAFE_IMPORTS
+    from picklescan.scanner import _unsafe_globals
+
+    probes = ("Anything", "_private_helper")
+    found = []
+    for module, names in _unsafe_globals.items():
+        listed = probes if names == "*" else (names,) if isinstance(names, str) else sorted(names)
+        found += [("picklescan", module, name) for name in listed]
+    found += [("fickling", module, name) for module in sorted(UNSAFE_IMPORTS) for name in probes]
+    found += [("fickling", module, name) for module in sorted(UnsafeImportsML.UNSAFE_MODULES) for name in probes]
+    found += [("fickling", module, name) for module, names in UnsafeImportsML.UNSAFE_IMPORTS.items() for name in names]
+    return found
+
+
+# fickling's ML list blocks these whole packages; Dynamo's own opaque state is built from classes in
+# them. Any name of theirs is flagged ("unknown", a finding in the opaque state) unless it is on the
+# reviewed list of what Dynamo pickles; their doors to code (codecache, eval_frame, ...) are dangerous.
+JUDGED_IN_CONTEXT = {"torch._dynamo", "torch._inductor"}
+
+
+@pytest.mark.parametrize(("tool", "module", "name"), _deny_list_globals())
+def test_every_global_on_their_deny_lists_is_flagged(tool, module, name):
+    """A pickle that only imports the global (GLOBAL, then STOP) is enough for the unpickler to do it."""
+    data = b"\x80\x02c" + module.encode() + b"\n" + name.encode() + b"\n."
+    risks = {imp.risk for imp in scan_pickle(data, member="x").imports}
+    expect = {"unknown"} if module in JUDGED_IN_CONTEXT else {"dangerous"}
+    assert risks == expect, (tool, module, name, risks)
+
+
+@pytest.mark.parametrize(("module", "name"), [
+    ("pydoc", "pipepager"), ("uuid", "_get_command_stdout"), ("idlelib.calltip", "get_entity"), ("ensurepip", "_run_pip"),
+    ("_osx_support", "_read_output"), ("imaplib", "IMAP4_stream"),
+])
+def test_stdlib_gadgets_that_run_commands_are_dangerous(module, name):
+    """They were "unknown": listed, not a finding, though each runs a shell command given as data."""
+    assert classify(module, name) == "dangerous"
+
+
+def test_getattr_reaching_a_file_system_writer_is_dangerous():
+    data = b"\x80\x04" + b"cbuiltins\ngetattr\n(cpathlib\nPath\nX\x0a\x00\x00\x00write_textt" + b"R."
+    (imp,) = [imp for imp in scan_pickle(data, member="x").imports if imp.name != "Path"]
+    assert (imp.module, imp.name, imp.risk) == ("pathlib", "Path.write_text", "dangerous")
+    assert classify("pathlib", "PurePosixPath") == "allowed" and classify("pathlib", "Path") == "unknown"
+
+
+def test_partial_is_judged_by_the_callable_it_binds():
+    bound = b"\x80\x02cfunctools\npartial\n(ctorch._dynamo.guards\nGuardBuilder.TENSOR_MATCH\ntR."
+    assert {(imp.name, imp.risk) for imp in scan_pickle(bound, member="x").imports} == {
+        ("partial", "allowed"), ("GuardBuilder.TENSOR_MATCH", "unknown")}
+    computed = b"\x80\x02cfunctools\npartial\n(cbuiltins\nstr\n(tRtR."
+    assert any(imp.unresolved and imp.name == "partial" for imp in scan_pickle(computed, member="x").dangerous)

@@ -72,33 +72,58 @@ DATA_ONLY = frozenset(
         "contiguous_format channels_last channels_last_3d preserve_format").split()]
 )
 
-# Modules whose every member can reach the process, the file system, the network, the import
-# system or an interpreter (directly or as an alias inside an attribute chain: `tempfile._os`).
+# Modules whose every member (directly, or as an alias inside an attribute chain: `tempfile._os`) can
+# reach the process, the file system, the network, the import system, an interpreter or a pager, grouped
+# by what they reach. The rule is by module, not by the names known to be abused: every module whose
+# code runs processes or does I/O on its caller's behalf is in, private helpers included (picklescan's
+# and fickling's deny lists name `uuid._get_command_stdout`, `_osx_support._read_output`,
+# `pydoc.pipepager`, `ensurepip._run_pip`, `imaplib.IMAP4_stream`; each of their modules is here).
 DANGEROUS_MODULES = frozenset(
-    "os posix nt subprocess _posixsubprocess shutil sys socket importlib imp zipimport pkgutil runpy "
-    "ctypes cffi pickle _pickle cPickle marshal dill cloudpickle joblib shelve dbm code codeop pty "
-    "webbrowser multiprocessing threading _thread signal asyncio tempfile glob io _io fileinput "
-    "linecache tokenize inspect types gc operator _operator timeit cProfile profile pdb bdb "
-    "trace doctest platform sysconfig urllib http ftplib smtplib telnetlib requests sqlite3 logging "
-    "builtins __builtin__ numpy.testing yaml".split()
+    # processes and the interpreter itself
+    "os posix nt subprocess _posixsubprocess commands pty pexpect multiprocessing threading _thread signal _signal "
+    "atexit sys platform sysconfig site gc ctypes _ctypes cffi mmap "
+    # evaluating, compiling or importing code
+    "builtins __builtin__ __builtins__ code codeop compileall py_compile runpy importlib imp _imp zipimport pkgutil "
+    "compile eval exec _frozen_importlib _frozen_importlib_external types inspect operator _operator functools tokenize "
+    "timeit cProfile profile pdb bdb trace doctest unittest test lib2to3 "
+    # unpickling
+    "pickle _pickle cPickle marshal dill cloudpickle joblib shelve dbm yaml "
+    # files, archives and databases
+    "io _io shutil tempfile glob fileinput linecache filecmp difflib tarfile zipfile sqlite3 _sqlite3 logging syslog "
+    # the network
+    "socket ssl select selectors socketserver xmlrpc asyncio aiohttp urllib urllib2 http httplib ftplib smtplib "
+    "imaplib poplib nntplib telnetlib requests webbrowser "
+    # installers, pagers and tools that shell out
+    "ensurepip pip venv distutils pydoc idlelib uuid _osx_support _aix_support _pyrepl "
+    "numpy.testing numpy.f2py numpy.distutils".split()
 )
-# torch's own doors to code: compiled or scripted modules, packages, hubs, loaders, code caches.
+# torch's own doors to code: compiled or scripted modules, packages, hubs, loaders, code caches, configs
+# loaded from pickles, profilers that run scripts.
 DANGEROUS_TORCH = (
     "torch.jit", "torch._C._jit", "torch.package", "torch.hub", "torch.serialization", "torch.storage._load",
     "torch.utils.cpp_extension", "torch._inductor.codecache", "torch.multiprocessing", "torch.fx.graph_module",
-    "torch._dynamo.eval_frame", "torch.compiler", "torch.ops", "torch._ops", "torch.library",
+    "torch._dynamo.eval_frame", "torch.compile", "torch.compiler", "torch.ops", "torch._ops", "torch.library",
+    "torch.utils._config_module", "torch.utils.bottleneck", "torch.utils.collect_env",
+    "torch.utils.data.datapipes.utils.decoder", "torch.distributed.elastic.rendezvous.api",
+    "torch._dynamo.guards.GuardBuilder.get", "torch.fx.experimental.symbolic_shapes.ShapeEnv.evaluate_guards_expression",
 )
 # Names that unpickle, evaluate, import or run, in whichever module they live.
 DANGEROUS_NAMES = frozenset(
     "eval exec execfile compile system popen spawn load loads load_module import_module __import__ "
     "_load_from_bytes reduce_graph_module reduce_package_graph_module reduce_deploy_graph_module "
-    "run call check_call check_output Popen getattr setattr delattr open".split()
+    "run call check_call check_output Popen getattr setattr delattr open apply breakpoint".split()
 )
+# pathlib's concrete paths are bound to the file system: any attribute reached on one (`Path.write_text`,
+# `Path.unlink`, ...) reads, writes or deletes files. Building one is not; the pure paths are data.
+_FILE_SYSTEM_PATHS = frozenset({"Path", "PosixPath", "WindowsPath"})
 # Callables judged by how each reference to them is used rather than by their import: getattr on an
 # import with a literal attribute name is the import of a dotted name, and Dynamo's module reducer
 # applied to a literal is the import of that module; each is recorded and judged as that import.
 # Any other use (a computed operand, passed along as data, kept past the end) is dangerous.
 GETATTR = ("builtins", "getattr")
+PARTIAL = ("functools", "partial")
+"""partial(import, *args) only binds arguments to a callable the pickle imports, which is judged by itself;
+recorded as allowed on that use alone (functools is otherwise dangerous: reduce calls, wraps, ...)."""
 MODULE_IMPORTERS = frozenset({("torch._dynamo.guards", "GuardsStatePickler._unpickle_python_module")})
 MODULE = "<module>"
 """The name recorded for the import of a whole module."""
@@ -128,10 +153,12 @@ def classify(module: str, name: str) -> Risk:
     dotted = {".".join(modules[: i + 1]) for i in range(len(modules))}
     if dotted & DANGEROUS_MODULES or any(part.lstrip("_") in DANGEROUS_MODULES for part in parts[:-1]):
         return "dangerous"
-    if any(module == prefix or module.startswith(prefix + ".") or f"{module}.{name}".startswith(prefix + ".")
-           for prefix in DANGEROUS_TORCH):
+    full = f"{module}.{name}"
+    if any(full == prefix or full.startswith(prefix + ".") for prefix in DANGEROUS_TORCH):
         return "dangerous"
     if parts[-1] in DANGEROUS_NAMES:
+        return "dangerous"
+    if module == "pathlib" and len(parts) > 1 and parts[0] in _FILE_SYSTEM_PATHS:
         return "dangerous"
     return "unknown"
 
@@ -143,7 +170,7 @@ class _Global:
 
     def __init__(self, module: str, name: str, resolved: bool = True) -> None:
         self.module, self.name, self.resolved = module, name, resolved
-        self.judged_by_use = resolved and ((module, name) == GETATTR or (module, name) in MODULE_IMPORTERS)
+        self.judged_by_use = resolved and ((module, name) in (GETATTR, PARTIAL) or (module, name) in MODULE_IMPORTERS)
 
 
 class _Computed:
@@ -245,7 +272,7 @@ class _Machine:
         self.imports: dict[tuple, list] = {}
         """(module, name, risk, unresolved, within) -> [count, first offset, opcode]."""
         self.refs: dict[tuple[str, str], list[int]] = {}
-        """Offsets of each reference to a callable judged by use (GETATTR, MODULE_IMPORTERS)."""
+        """Offsets of each reference to a callable judged by use (GETATTR, PARTIAL, MODULE_IMPORTERS)."""
         self.safe_uses: dict[tuple[str, str], int] = {}
         self.nested = 0
         self.unscanned: list[int] = []
@@ -487,6 +514,10 @@ class _Machine:
             elif key in MODULE_IMPORTERS and len(args) == 1 and type(args[0]) is str and _IDENT.match(args[0]):
                 self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
                 return self.reach(_Global(args[0], MODULE), pos, f"REDUCE {func.name}")
+            elif key == PARTIAL and args and isinstance(args[0], _Global) and args[0].resolved:
+                self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
+                self.record(*PARTIAL, "allowed", pos, "REDUCE partial")
+                return _Computed(f"functools.partial({args[0].module}.{args[0].name}, ...)")
         if (func.module, func.name) == ("_codecs", "encode") and isinstance(args, tuple) and args and type(args[0]) is str:
             encoding = args[1] if len(args) > 1 else "utf-8"
             if type(encoding) is str and encoding.lower() in _LATIN1 | {"utf-8", "utf8", "ascii"}:
