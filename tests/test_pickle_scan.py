@@ -210,7 +210,10 @@ def _data_only(result) -> bool:
 
 
 def test_dynamo_fixtures_carry_nothing_dangerous():
-    """The real opaque states: names not on the data-only list are listed, none is a finding."""
+    """The real opaque states: nothing dangerous anywhere; and as the opaque state load unpickles,
+    every name is on the data-only list or reviewed as Dynamo's (or the captured model's) own."""
+    from precompile.inspect.reader import read_python_code
+
     states = [name for name in FIXTURE_PICKLES if name.endswith(":_dynamo_state") and "hostile" not in name]
     assert len(states) == 5  # dynamo_break, _eager, _installed, _rows, _rows_risky (_lowered pickles nothing)
     for name in states:
@@ -218,6 +221,9 @@ def test_dynamo_fixtures_carry_nothing_dangerous():
         assert scan.problem is None and scan.dangerous == (), (name, scan.dangerous)
         assert scan.nested >= 1
         assert ("torch._dynamo.guards", "GuardsState") in {(i.module, i.name) for i in scan.imports}
+        info, _ = read_python_code(str(FIXTURES / name.split(":")[0]))
+        (state,) = info.pickles
+        assert state.unpickled_by_load and state.findings == () and info.opaque_problems == (), (name, state.findings)
 
 
 def test_malformed_and_huge_inputs_end_with_a_problem():
@@ -659,3 +665,24 @@ def test_partial_is_judged_by_the_callable_it_binds():
         ("partial", "allowed"), ("GuardBuilder.TENSOR_MATCH", "unknown")}
     computed = b"\x80\x02cfunctools\npartial\n(cbuiltins\nstr\n(tRtR."
     assert any(imp.unresolved and imp.name == "partial" for imp in scan_pickle(computed, member="x").dangerous)
+
+
+# ---- what load unpickles may import only what is data-only or reviewed -----------------------------
+
+@pytest.mark.parametrize("gadget", [b"cevil_plugin\nGadget\n)\x81", b"ccollections\nChainMap\n)\x81",
+                                    b"cnumpy\nndarray\n)\x81"])
+def test_an_opaque_state_importing_anything_off_the_lists_fails_every_verb(gadget, capsys, tmp_path):
+    """"unknown" was listed, not a finding, though load unpickles the opaque state and runs whatever
+    class it names; elsewhere (a Mega-Cache entry) such a name stays "unknown"."""
+    state = base64.b64encode(b"\x80\x02" + gadget + b".").decode()
+    _write_pair(tmp_path, _with_state(f"_dynamo_state = {state!r}"))
+    for verb, (rc, text) in _all_verbs(capsys, tmp_path / "a").items():
+        assert rc == 1 and "if unpickled: neither on the data-only list nor reviewed as part of Dynamo's state" in text, (
+            verb, text[-2000:])
+
+
+def test_the_captured_models_own_classes_are_reviewed_in_its_opaque_state(capsys, tmp_path):
+    state = base64.b64encode(b"\x80\x02cdynamo_models\nBreakingBlock\n)\x81.").decode()
+    _write_pair(tmp_path, _with_state(f"_dynamo_state = {state!r}"))
+    rc, out, err = run_cli(capsys, ["verify", str(tmp_path / "a")])
+    assert rc == 0 and "each on the data-only list or reviewed as part of Dynamo's state" in out, out + err

@@ -109,6 +109,9 @@ class PickleScan(msgspec.Struct, frozen=True, kw_only=True):
     problem: str | None = None
     nested: int = 0
     """How many nested pickles (in bytes or str values) were scanned; their imports are in `imports`."""
+    unpickled_by_load: bool = False
+    """True for the opaque state `load` itself unpickles: every import off the data-only list (and the
+    list reviewed for it) is a finding there, not "unknown"."""
 
     @property
     def flagged(self) -> tuple[PickleImport, ...]:
@@ -116,8 +119,13 @@ class PickleScan(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def dangerous(self) -> tuple[PickleImport, ...]:
-        """The findings: dangerous imports, and every import or call the scan could not resolve."""
+        """Dangerous imports, and every import or call the scan could not resolve."""
         return tuple(imp for imp in self.imports if imp.risk == "dangerous")
+
+    @property
+    def findings(self) -> tuple[PickleImport, ...]:
+        """The dangerous imports, and for a pickle load itself unpickles, the unknown ones too."""
+        return self.flagged if self.unpickled_by_load else self.dangerous
 
 
 class ZipMember(msgspec.Struct, frozen=True, kw_only=True):
@@ -213,11 +221,11 @@ class Artifact(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def opaque_findings(self) -> tuple[tuple[PickleScan, PickleImport | None], ...]:
-        """Each dangerous or unresolved import of python_code's pickles, and (scan, None) for a
+        """Each finding of python_code's pickles (`PickleScan.findings`), and (scan, None) for a
         pickle the scan could not follow to its end."""
         found: list[tuple[PickleScan, PickleImport | None]] = []
         for scan in self.python_code.pickles:
-            found.extend((scan, imp) for imp in scan.dangerous)
+            found.extend((scan, imp) for imp in scan.findings)
             if scan.problem is not None:
                 found.append((scan, None))
         return tuple(found)

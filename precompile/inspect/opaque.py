@@ -13,10 +13,12 @@ from __future__ import annotations
 import ast
 import base64
 import binascii
+import sys
 
 from precompile.inspect.model import PickleImport, PickleScan, Section
-from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
+from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, dynamo_state_reviewed, is_pickle, scan_pickle
 from precompile.schema.opaque_state import STATE, blob_problem, bytecode_blobs, decode, find_parts
+from precompile.schema.pycode import literal_assignments
 
 MIN_BLOB_CHARS = 16
 
@@ -74,7 +76,7 @@ def read_opaque(source: str, sections: tuple[Section, ...]) -> tuple[tuple[Pickl
     found = []
     state_value = state.assignment.value if state.assignment is not None else None
     if isinstance(state_value, ast.Constant) and state_value.value:
-        scan, problem = _state_scan(state_value, sections)
+        scan, problem = _state_scan(state_value, sections, tree)
         problems.extend([problem] if problem is not None else [])
         found.extend([(state_value.lineno, state_value.col_offset, scan)] if scan is not None else [])
     found.extend(_literal_scans(tree, sections, skip=state_value))
@@ -82,14 +84,28 @@ def read_opaque(source: str, sections: tuple[Section, ...]) -> tuple[tuple[Pickl
     return scans, tuple(problems)
 
 
-def _state_scan(value: ast.Constant, sections: tuple[Section, ...]) -> tuple[PickleScan | None, str | None]:
-    """The scan of the pickle load would unpickle from `_dynamo_state`, whatever it holds, or why there is none."""
+def _state_scan(value: ast.Constant, sections: tuple[Section, ...], tree: ast.Module) -> tuple[PickleScan | None, str | None]:
+    """The scan of the pickle load would unpickle from `_dynamo_state`, whatever it holds, or why there
+    is none; strict: an import neither data-only nor reviewed for Dynamo's state is a finding."""
     try:
         data = decode(value.value)
     except ValueError as exc:
         return None, f"{STATE} (line {value.lineno}) is {exc}: load refuses it, and it cannot be scanned"
     member = f"python_code section {_section_of(value.lineno, sections)}: {STATE} (line {value.lineno})"
-    return scan_pickle(data, member=member), None
+    return scan_pickle(data, member=member, reviewed=dynamo_state_reviewed(_captured_modules(tree))), None
+
+
+def _captured_modules(tree: ast.Module) -> frozenset[str]:
+    """The modules whose code the artifact captured (FN_MODULE, FRAMES, INLINED_SOURCES), the standard library excepted."""
+    values = literal_assignments(tree)
+    listed = [values.get("FN_MODULE")] + [entry.get("module") for name in ("FRAMES", "INLINED_SOURCES")
+                                          for entry in _dicts(values.get(name))]
+    return frozenset(module for module in listed
+                     if isinstance(module, str) and module.split(".")[0] not in sys.stdlib_module_names)
+
+
+def _dicts(value) -> list[dict]:
+    return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, (list, tuple)) else []
 
 
 def _literal_scans(tree: ast.Module, sections: tuple[Section, ...], skip: ast.AST | None) -> list[tuple[int, int, PickleScan]]:
@@ -120,6 +136,8 @@ def finding_text(scan: PickleScan, imp: PickleImport | None) -> str:
     if imp is None:
         return f"{scan.member}: the pickle could not be scanned to its end ({scan.problem}), so what it would do is unknown"
     where = f", in the {imp.within}" if imp.within else ""
-    why = imp.unresolved or "able to execute code, import, open files or unpickle"
+    why = imp.unresolved or (
+        "able to execute code, import, open files or unpickle" if imp.risk == "dangerous" else
+        "neither on the data-only list nor reviewed as part of Dynamo's state, and load unpickles this state")
     return (f"{scan.member} would import {imp.module}.{imp.name} at opcode offset {imp.offset} "
             f"({imp.opcode}{where}) if unpickled: {why}")

@@ -20,6 +20,7 @@ import _compat_pickle
 import hashlib
 import re
 import warnings
+from collections.abc import Callable
 
 from precompile.inspect.model import Blob, Field, PickleImport, PickleScan, Risk
 from precompile.inspect.pickle_ops import OPCODE_BYTES, read_ops
@@ -71,6 +72,52 @@ DATA_ONLY = frozenset(
         "strided sparse_coo sparse_csr sparse_csc sparse_bsr sparse_bsc _mkldnn "
         "contiguous_format channels_last channels_last_3d preserve_format").split()]
 )
+
+MODULE = "<module>"
+"""The name recorded for the import of a whole module."""
+
+# What Dynamo's own opaque state is built from (torch 2.11-2.14: its package entries, guard trees and
+# AOTAutograd's wrappers), reviewed: dataclasses, enums and named tuples whose reconstruction stores
+# fields, guard builder methods referenced by name (never called while unpickling), and the
+# containers torch uses. Not data-only in general, so only the opaque state (`load` unpickles it,
+# with its subgraphs' code from python_code) allows them; anywhere else they stay "unknown".
+DYNAMO_STATE = frozenset(
+    [("torch._dynamo.package", name) for name in ("SerializedCode", "_DynamoCodeCacheEntry", "_GuardedCodeCacheEntry")]
+    + [("torch._dynamo.guards", name) for name in (
+        "GuardsState", "GuardsStatePickler", "GuardsStatePickler._unpickle_tensor", "ShapeCodeParts", "_Missing")]
+    + [("torch._dynamo.output_graph", "OutputGraphGuardsState"), ("torch._guards", "Guard"), ("torch._guards", "GuardsSet"),
+       ("torch._C._dynamo.guards", "GlobalStateGuard"), ("torch.fx.experimental.symbolic_shapes", "_ShapeGuardsHelper"),
+       ("torch.utils._ordered_set", "OrderedSet"), ("torch.utils._traceback", "CapturedTraceback"),
+       ("traceback", "FrameSummary"), ("traceback", "StackSummary"), ("torch", "Tensor"),
+       ("torch._subclasses.functional_tensor", "FunctionalTensor")]
+    + [("torch._functorch._aot_autograd.aot_autograd_result", name) for name in (
+        "BundledAOTAutogradCacheArtifact", "BundledAOTAutogradResult", "BundledCompiledForward", "BundledCompiledBackward")]
+    + [("torch._functorch._aot_autograd.schemas", name) for name in (
+        "CacheableAOTConfig", "InputAliasInfo", "MutationType", "OutputAliasInfo", "OutputType", "PlainTensorMeta",
+        "ViewAndMutationMeta", "SubclassCreationMeta", "MemoryFormatMeta", "TensorAlias")]
+    + [("torch._inductor.cudagraph_utils", "BoxedDeviceIndex"), ("torch._inductor.decomposition", "select_decomp_table"),
+       ("torch._inductor.metrics", "CachedMetricsDeltas"), ("torch._inductor.output_code", "CompiledFxGraph"),
+       ("torch._inductor.triton_bundler", "TritonBundle"), ("torch._inductor.utils", "BoxedBool"),
+       ("torch.nn.modules.module", MODULE)]
+)
+
+
+def dynamo_state_reviewed(captured_modules: frozenset[str]) -> Callable[[str, str], bool]:
+    """Whether a name off the data-only list is allowed in a Dynamo artifact's opaque state: on the
+    reviewed list (`DYNAMO_STATE`, plus the families it names by pattern: guard builder methods,
+    guard sources, AOTAutograd's runtime wrappers), or a member of a module whose code the artifact
+    captured and load checks (its metadata's FN_MODULE, FRAMES and INLINED_SOURCES, the standard
+    library excepted: its classes are no model's own)."""
+    def reviewed(module: str, name: str) -> bool:
+        if (module, name) in DYNAMO_STATE or module in captured_modules:
+            return True
+        head, _, rest = name.partition(".")
+        return ((module, head) == ("torch._dynamo.guards", "GuardBuilder") and rest.isupper()
+                or module == "torch._dynamo.source" and (name.endswith("Source") or name == "TensorProperty")
+                or module == "torch._functorch._aot_autograd.runtime_wrappers" and name.endswith("Wrapper"))
+
+    return reviewed
+
 
 # Modules whose every member (directly, or as an alias inside an attribute chain: `tempfile._os`) can
 # reach the process, the file system, the network, the import system, an interpreter or a pager, grouped
@@ -125,8 +172,6 @@ PARTIAL = ("functools", "partial")
 """partial(import, *args) only binds arguments to a callable the pickle imports, which is judged by itself;
 recorded as allowed on that use alone (functools is otherwise dangerous: reduce calls, wraps, ...)."""
 MODULE_IMPORTERS = frozenset({("torch._dynamo.guards", "GuardsStatePickler._unpickle_python_module")})
-MODULE = "<module>"
-"""The name recorded for the import of a whole module."""
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -250,16 +295,18 @@ def _looks_like_pickle(data: bytes) -> bool:
     return data[0] in OPCODE_BYTES
 
 
-class _Budget:
-    """The nested-pickle budget shared by one top-level scan and all its nested scans."""
+class _Shared:
+    """What one top-level scan and all its nested scans share: the nested-pickle budget, and which
+    names off the data-only list are reviewed for where this pickle sits (see `scan_pickle`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reviewed: Callable[[str, str], bool] | None = None) -> None:
         self.nested_bytes = MAX_NESTED_BYTES
         self.nested_scans = MAX_NESTED_SCANS
+        self.reviewed = reviewed
 
 
 class _Machine:
-    def __init__(self, data: bytes, budget: _Budget, depth: int, within: str | None) -> None:
+    def __init__(self, data: bytes, budget: _Shared, depth: int, within: str | None) -> None:
         self.data = data
         self.budget = budget
         self.depth = depth
@@ -490,8 +537,14 @@ class _Machine:
         if value.judged_by_use:
             self.refs.setdefault((value.module, value.name), []).append(pos)
         else:
-            self.record(value.module, value.name, classify(value.module, value.name), pos, opcode)
+            self.record(value.module, value.name, self.judge(value.module, value.name), pos, opcode)
         return value
+
+    def judge(self, module: str, name: str) -> Risk:
+        """classify(), with an "unknown" name the scan's caller reviewed for this pickle counted as allowed."""
+        risk = classify(module, name)
+        reviewed = self.budget.reviewed
+        return "allowed" if risk == "unknown" and reviewed is not None and reviewed(module, name) else risk
 
     def call(self, func, args, pos: int, opcode: str):
         if not isinstance(func, (_Global, _Computed)):
@@ -599,7 +652,7 @@ def is_pickle(data: bytes) -> bool:
         return data[1] <= HIGHEST_PROTOCOL
     if not data or data[0] not in OPCODE_BYTES or len(data) > MAX_PICKLE_SIZE:
         return False
-    machine = _Machine(bytes(data), _Budget(), MAX_NESTED_DEPTH, None)  # at the depth limit: nothing nested is scanned
+    machine = _Machine(bytes(data), _Shared(), MAX_NESTED_DEPTH, None)  # at the depth limit: nothing nested is scanned
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         machine.run()
@@ -610,12 +663,18 @@ def _importable(module: str) -> bool:
     return all(part.isidentifier() for part in module.split("."))
 
 
-def scan_pickle(data: bytes, *, member: str) -> PickleScan:
-    """Scan one pickle; malformed input gives a scan with `problem` set, never an exception."""
+def scan_pickle(data: bytes, *, member: str, reviewed: Callable[[str, str], bool] | None = None) -> PickleScan:
+    """Scan one pickle; malformed input gives a scan with `problem` set, never an exception.
+
+    `reviewed(module, name)` marks names off the data-only list that are allowed in this pickle, and
+    makes every other name off it a finding (`PickleScan.findings`): for a pickle `load` itself
+    unpickles, where "unknown" is not good enough (the opaque state, see `dynamo_state_reviewed`)."""
     blob = Blob(size=len(data), sha256=hashlib.sha256(data).hexdigest())
+    strict = reviewed is not None
     if len(data) > MAX_PICKLE_SIZE:
-        return PickleScan(member=member, blob=blob, problem=f"{len(data)} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
-    machine = _Machine(bytes(data), _Budget(), 0, None)
+        return PickleScan(member=member, blob=blob, unpickled_by_load=strict,
+                          problem=f"{len(data)} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
+    machine = _Machine(bytes(data), _Shared(reviewed), 0, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # escape_decode on odd STRING escapes: not our reader's noise
         result, problem = machine.run()
@@ -632,5 +691,5 @@ def scan_pickle(data: bytes, *, member: str) -> PickleScan:
         for (module, name, risk, unresolved, within), (count, offset, opcode) in sorted(
             machine.imports.items(), key=lambda kv: (kv[0][4] or "", kv[1][1], kv[0][0], kv[0][1]))
     )
-    return PickleScan(member=member, blob=blob, protocol=machine.protocol if machine.seen_proto else None,
-                      imports=found, top_level=top, fields=fields, problem=problem, nested=machine.nested)
+    return PickleScan(member=member, blob=blob, protocol=machine.protocol if machine.seen_proto else None, imports=found,
+                      top_level=top, fields=fields, problem=problem, nested=machine.nested, unpickled_by_load=strict)

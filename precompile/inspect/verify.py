@@ -10,7 +10,7 @@ import importlib.metadata
 import sys
 from pathlib import Path
 
-from precompile.inspect.model import Artifact
+from precompile.inspect.model import Artifact, PickleScan
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 from precompile.inspect.report import Check, VerifyReport
@@ -100,16 +100,21 @@ def _opaque(artifact: Artifact) -> list[Check]:
     for scan in artifact.python_code.pickles:
         mine = [imp for s, imp in found if s is scan]
         if not mine:
-            names = len({(imp.module, imp.name) for imp in scan.imports})
-            unknown = len({(imp.module, imp.name) for imp in scan.imports if imp.risk == "unknown"})
-            checks.append(Check(name="opaque pickle", status="ok",
-                                actual=f"{scan.member} would import {names} names ({unknown} not on the data-only list), none dangerous"))
+            checks.append(Check(name="opaque pickle", status="ok", actual=f"{scan.member} would import {_clean_imports(scan)}"))
         for imp in mine:
             checks.append(Check(name="opaque pickle", status="fail",
                                 actual=f"{imp.module}.{imp.name} at opcode offset {imp.offset}" if imp else None,
                                 message=finding_text(scan, imp),
                                 remedy="do not load this artifact: loading unpickles this state; treat it as hostile"))
     return checks
+
+
+def _clean_imports(scan: PickleScan) -> str:
+    names = len({(imp.module, imp.name) for imp in scan.imports})
+    if scan.unpickled_by_load:
+        return f"{names} names, each on the data-only list or reviewed as part of Dynamo's state"
+    unknown = len({(imp.module, imp.name) for imp in scan.imports if imp.risk == "unknown"})
+    return f"{names} names ({unknown} not on the data-only list), none dangerous"
 
 
 def _upstream_pairing(code_backend, code_sha256, cache_backend, cache_code_hash) -> list[Check]:
