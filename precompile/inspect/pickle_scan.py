@@ -580,6 +580,8 @@ class _Machine:
                     return _Computed("_codecs.encode(...)")
                 self.nested_pickle(data, pos, "_codecs.encode")
                 return data
+        if (func.module, func.name) == ("builtins", "bytes") and args == ():
+            return b""  # protocol 2's spelling of empty bytes
         return _Computed(f"{func.module}.{func.name}(...)")
 
     def mutate(self, name: str, pos: int) -> None:
@@ -661,6 +663,16 @@ def is_pickle(data: bytes) -> bool:
 
 def _importable(module: str) -> bool:
     return all(part.isidentifier() for part in module.split("."))
+
+
+def evaluate(data: bytes) -> tuple[object, str | None]:
+    """What a pickle evaluates to, by the same machine (literals and containers as they are; imports,
+    calls and persistent ids as placeholders that `summarize` names), and the problem that stopped
+    it, if any. For reading values only: nested pickles are not scanned, nothing is judged."""
+    machine = _Machine(bytes(data), _Shared(), MAX_NESTED_DEPTH, None)  # at the depth limit: nothing nested is scanned
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return machine.run()
 
 
 def scan_pickle(data: bytes, *, member: str, reviewed: Callable[[str, str], bool] | None = None) -> PickleScan:
