@@ -686,3 +686,11 @@ def test_the_captured_models_own_classes_are_reviewed_in_its_opaque_state(capsys
     _write_pair(tmp_path, _with_state(f"_dynamo_state = {state!r}"))
     rc, out, err = run_cli(capsys, ["verify", str(tmp_path / "a")])
     assert rc == 0 and "each on the data-only list or reviewed as part of Dynamo's state" in out, out + err
+
+
+def test_the_dispatch_table_runs_every_opcode_but_stop():
+    import pickletools
+
+    from precompile.inspect.pickle_scan import _DISPATCH
+
+    assert set(_DISPATCH) == {op.name for op in pickletools.opcodes} - {"STOP"}

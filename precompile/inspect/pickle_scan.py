@@ -402,131 +402,145 @@ class _Machine:
                             unresolved=f"{name} is used other than on literal operands naming what it reaches")
         return result, problem
 
-    def step(self, name: str, arg, pos: int) -> None:  # noqa: C901 - one branch per opcode family
-        if name == "PROTO":
-            if arg > HIGHEST_PROTOCOL:
-                raise _Stop(f"unsupported pickle protocol: {arg}")
-            self.protocol, self.seen_proto = arg, True
-        elif name == "FRAME":
-            pass
-        elif name == "MARK":
-            self.metastack.append(self.stack)
-            self.stack = []
-        elif name in _STRING_OPS:
-            self.push(arg, pos)
-            self.nested_pickle(arg, pos, name)
-        elif name in _BYTES_OPS:
-            value = bytearray(arg) if name == "BYTEARRAY8" else arg
-            self.push(value, pos)
-            self.nested_pickle(arg, pos, name)
-        elif name in _NUMBER_OPS:
-            self.push(arg, pos)
-        elif name in ("NONE", "NEWTRUE", "NEWFALSE"):
-            self.push({"NONE": None, "NEWTRUE": True, "NEWFALSE": False}[name], pos)
-        elif name == "EMPTY_DICT":
-            self.push({}, pos)
-        elif name == "EMPTY_LIST":
-            self.push([], pos)
-        elif name == "EMPTY_TUPLE":
-            self.push((), pos)
-        elif name == "EMPTY_SET":
-            self.push(set(), pos)
-        elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-            if arg < 0:
-                raise _Stop("negative PUT argument")
-            self.memo[arg] = self.top()
-        elif name == "MEMOIZE":
-            self.memo[len(self.memo)] = self.top()
-        elif name in ("GET", "BINGET", "LONG_BINGET"):
-            if arg not in self.memo:
-                raise _Stop(f"memo value {arg} not found (opcode {name} at offset {pos})")
-            self.copy(self.memo[arg], pos)
-        elif name == "DUP":
-            self.copy(self.top(), pos)
-        elif name == "POP":
-            if self.stack:
-                self.stack.pop()
-            else:
-                self.pop_mark()
-        elif name == "POP_MARK":
-            self.pop_mark()
-        elif name == "TUPLE":
-            self.push(tuple(self.pop_mark()), pos)
-        elif name in ("TUPLE1", "TUPLE2", "TUPLE3"):
-            n = int(name[-1])
-            if len(self.stack) < n:
-                raise _Stop("stack underflow")
-            items = tuple(self.stack[-n:])
-            del self.stack[-n:]
-            self.push(items, pos)
-        elif name == "LIST":
-            self.push(self.pop_mark(), pos)
-        elif name == "DICT":
-            items = self.pop_mark()
-            if len(items) % 2:
-                raise _Stop("DICT with an odd number of items")
-            self.push({_dict_key(items[i]): items[i + 1] for i in range(0, len(items), 2)}, pos)
-        elif name == "FROZENSET":
-            self.push(frozenset(_dict_key(item) for item in self.pop_mark()), pos)
-        elif name in ("APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"):
-            self.mutate(name, pos)
-        elif name in ("GLOBAL", "INST"):
-            module, _, attr = str(arg).partition(" ")
-            value = self.import_(module, attr, pos, name)
-            if name == "INST":
-                args = self.pop_mark()
-                self.push(self.call(value, tuple(args), pos, name), pos)
-            else:
-                self.push(value, pos)
-        elif name == "STACK_GLOBAL":
-            attr = self.pop()
-            module = self.pop()
-            if type(module) is str and type(attr) is str:
-                self.push(self.import_(module, attr, pos, name), pos)
-            else:
-                shown_module = module if type(module) is str else f"<{summarize(module)}>"
-                shown_name = attr if type(attr) is str else f"<{summarize(attr)}>"
-                self.unresolved("STACK_GLOBAL operands are not strings pushed by string opcodes", pos, name,
-                                shown_module, shown_name)
-                self.push(_Global(shown_module, shown_name, resolved=False), pos)
-        elif name in ("EXT1", "EXT2", "EXT4"):
-            self.unresolved(f"extension code {arg} names its import in the copyreg registry", pos, name,
-                            "<copyreg extension>", str(arg))
-            self.push(_Global("<copyreg extension>", str(arg), resolved=False), pos)
-        elif name == "REDUCE":
-            args = self.pop()
-            func = self.pop()
-            self.push(self.call(func, args, pos, name), pos)
-        elif name == "NEWOBJ":
-            args = self.pop()
-            cls = self.pop()
-            self.push(self.call(cls, args, pos, name), pos)
-        elif name == "NEWOBJ_EX":
-            self.pop()
-            args = self.pop()
-            cls = self.pop()
-            self.push(self.call(cls, args, pos, name), pos)
-        elif name == "OBJ":
-            items = self.pop_mark()
-            if not items:
-                raise _Stop("OBJ without a class")
-            self.push(self.call(items[0], tuple(items[1:]), pos, name), pos)
-        elif name == "BUILD":
-            self.pop()
-            target = self.top()
-            if isinstance(target, _Global) and target.resolved:
-                self.unresolved(f"BUILD sets state on the imported object {target.module}.{target.name} itself",
-                                pos, name, target.module, target.name)
-        elif name == "PERSID":
-            self.push(_Computed(f"persistent id {arg!r}"), pos)
-        elif name == "BINPERSID":
-            self.push(_Computed(f"persistent id {summarize(self.pop())}"), pos)
-        elif name == "NEXT_BUFFER":
-            self.push(_Computed("out-of-band buffer"), pos)
-        elif name == "READONLY_BUFFER":
-            self.top()  # makes the buffer on top read-only, in place
-        else:
+    def step(self, name: str, arg, pos: int) -> None:
+        """Run one opcode, by the dispatch table (`_DISPATCH`: opcode name -> the method running it)."""
+        handler = _DISPATCH.get(name)
+        if handler is None:
             raise _Stop(f"unsupported opcode {name} at offset {pos}")
+        handler(self, name, arg, pos)
+
+    # ---- opcodes: each method runs the opcodes `_DISPATCH` maps to it, as the unpickler does -------
+
+    def proto(self, name: str, arg, pos: int) -> None:
+        if arg > HIGHEST_PROTOCOL:
+            raise _Stop(f"unsupported pickle protocol: {arg}")
+        self.protocol, self.seen_proto = arg, True
+
+    def frame(self, name: str, arg, pos: int) -> None:
+        """FRAME only announces the next bytes' length; the opcodes inside are read one by one."""
+
+    def mark(self, name: str, arg, pos: int) -> None:
+        self.metastack.append(self.stack)
+        self.stack = []
+
+    def string(self, name: str, arg, pos: int) -> None:
+        self.push(arg, pos)
+        self.nested_pickle(arg, pos, name)
+
+    def bytes_(self, name: str, arg, pos: int) -> None:
+        self.push(bytearray(arg) if name == "BYTEARRAY8" else arg, pos)
+        self.nested_pickle(arg, pos, name)
+
+    def literal(self, name: str, arg, pos: int) -> None:
+        """A number opcode pushes its argument; NONE, NEWTRUE, NEWFALSE their constant."""
+        self.push(_CONSTANTS.get(name, arg), pos)
+
+    def empty(self, name: str, arg, pos: int) -> None:
+        self.push(_EMPTY[name](), pos)
+
+    def put(self, name: str, arg, pos: int) -> None:
+        if arg < 0:
+            raise _Stop("negative PUT argument")
+        self.memo[arg] = self.top()
+
+    def memoize(self, name: str, arg, pos: int) -> None:
+        self.memo[len(self.memo)] = self.top()
+
+    def get(self, name: str, arg, pos: int) -> None:
+        if arg not in self.memo:
+            raise _Stop(f"memo value {arg} not found (opcode {name} at offset {pos})")
+        self.copy(self.memo[arg], pos)
+
+    def dup(self, name: str, arg, pos: int) -> None:
+        self.copy(self.top(), pos)
+
+    def pop_(self, name: str, arg, pos: int) -> None:
+        """POP drops the top item, or the topmost mark when the stack above it is empty."""
+        if self.stack:
+            self.stack.pop()
+        else:
+            self.pop_mark()
+
+    def pop_mark_(self, name: str, arg, pos: int) -> None:
+        self.pop_mark()
+
+    def tuple_(self, name: str, arg, pos: int) -> None:
+        self.push(tuple(self.pop_mark()), pos)
+
+    def small_tuple(self, name: str, arg, pos: int) -> None:
+        n = int(name[-1])
+        if len(self.stack) < n:
+            raise _Stop("stack underflow")
+        items = tuple(self.stack[-n:])
+        del self.stack[-n:]
+        self.push(items, pos)
+
+    def list_(self, name: str, arg, pos: int) -> None:
+        self.push(self.pop_mark(), pos)
+
+    def dict_(self, name: str, arg, pos: int) -> None:
+        items = self.pop_mark()
+        if len(items) % 2:
+            raise _Stop("DICT with an odd number of items")
+        self.push({_dict_key(items[i]): items[i + 1] for i in range(0, len(items), 2)}, pos)
+
+    def frozenset_(self, name: str, arg, pos: int) -> None:
+        self.push(frozenset(_dict_key(item) for item in self.pop_mark()), pos)
+
+    def global_(self, name: str, arg, pos: int) -> None:
+        """GLOBAL imports; INST imports and calls the import on the items above the mark."""
+        module, _, attr = str(arg).partition(" ")
+        value = self.import_(module, attr, pos, name)
+        if name == "INST":
+            value = self.call(value, tuple(self.pop_mark()), pos, name)
+        self.push(value, pos)
+
+    def stack_global(self, name: str, arg, pos: int) -> None:
+        attr = self.pop()
+        module = self.pop()
+        if type(module) is str and type(attr) is str:
+            self.push(self.import_(module, attr, pos, name), pos)
+            return
+        shown_module = module if type(module) is str else f"<{summarize(module)}>"
+        shown_name = attr if type(attr) is str else f"<{summarize(attr)}>"
+        self.unresolved("STACK_GLOBAL operands are not strings pushed by string opcodes", pos, name, shown_module, shown_name)
+        self.push(_Global(shown_module, shown_name, resolved=False), pos)
+
+    def ext(self, name: str, arg, pos: int) -> None:
+        self.unresolved(f"extension code {arg} names its import in the copyreg registry", pos, name,
+                        "<copyreg extension>", str(arg))
+        self.push(_Global("<copyreg extension>", str(arg), resolved=False), pos)
+
+    def reduce(self, name: str, arg, pos: int) -> None:
+        """REDUCE and NEWOBJ call the callable below the arguments; NEWOBJ_EX drops the keywords first."""
+        if name == "NEWOBJ_EX":
+            self.pop()
+        args = self.pop()
+        func = self.pop()
+        self.push(self.call(func, args, pos, name), pos)
+
+    def obj(self, name: str, arg, pos: int) -> None:
+        items = self.pop_mark()
+        if not items:
+            raise _Stop("OBJ without a class")
+        self.push(self.call(items[0], tuple(items[1:]), pos, name), pos)
+
+    def build(self, name: str, arg, pos: int) -> None:
+        self.pop()
+        target = self.top()
+        if isinstance(target, _Global) and target.resolved:
+            self.unresolved(f"BUILD sets state on the imported object {target.module}.{target.name} itself",
+                            pos, name, target.module, target.name)
+
+    def persistent_id(self, name: str, arg, pos: int) -> None:
+        what = repr(arg) if name == "PERSID" else summarize(self.pop())
+        self.push(_Computed(f"persistent id {what}"), pos)
+
+    def next_buffer(self, name: str, arg, pos: int) -> None:
+        self.push(_Computed("out-of-band buffer"), pos)
+
+    def readonly_buffer(self, name: str, arg, pos: int) -> None:
+        self.top()  # makes the buffer on top read-only, in place
 
     def import_(self, module: str, name: str, pos: int, opcode: str) -> _Global:
         module, name = resolve(module, name, self.protocol)
@@ -584,7 +598,8 @@ class _Machine:
             return b""  # protocol 2's spelling of empty bytes
         return _Computed(f"{func.module}.{func.name}(...)")
 
-    def mutate(self, name: str, pos: int) -> None:
+    def mutate(self, name: str, arg, pos: int) -> None:
+        """APPEND(S), SETITEM(S), ADDITEMS: fill the container below; mutating an import itself is a finding."""
         if name == "APPEND":
             items = [self.pop()]
         elif name == "SETITEM":
@@ -641,6 +656,27 @@ class _Machine:
             if not (framed or _IDENT.match(module) or unresolved):
                 continue  # a protocol 0 lookalike naming no importable module: the unpickler would fail there
             self.record(module, name, risk, offset, op, unresolved, within=inner_within, count=count)
+
+
+_CONSTANTS = {"NONE": None, "NEWTRUE": True, "NEWFALSE": False}
+_EMPTY = {"EMPTY_DICT": dict, "EMPTY_LIST": list, "EMPTY_TUPLE": tuple, "EMPTY_SET": set}
+_DISPATCH: dict[str, Callable[[_Machine, str, object, int], None]] = {
+    "PROTO": _Machine.proto, "FRAME": _Machine.frame, "MARK": _Machine.mark,
+    **dict.fromkeys(_STRING_OPS, _Machine.string), **dict.fromkeys(_BYTES_OPS, _Machine.bytes_),
+    **dict.fromkeys(_NUMBER_OPS | _CONSTANTS.keys(), _Machine.literal), **dict.fromkeys(_EMPTY, _Machine.empty),
+    **dict.fromkeys(("PUT", "BINPUT", "LONG_BINPUT"), _Machine.put), "MEMOIZE": _Machine.memoize,
+    **dict.fromkeys(("GET", "BINGET", "LONG_BINGET"), _Machine.get), "DUP": _Machine.dup,
+    "POP": _Machine.pop_, "POP_MARK": _Machine.pop_mark_,
+    "TUPLE": _Machine.tuple_, **dict.fromkeys(("TUPLE1", "TUPLE2", "TUPLE3"), _Machine.small_tuple),
+    "LIST": _Machine.list_, "DICT": _Machine.dict_, "FROZENSET": _Machine.frozenset_,
+    **dict.fromkeys(("APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"), _Machine.mutate),
+    **dict.fromkeys(("GLOBAL", "INST"), _Machine.global_), "STACK_GLOBAL": _Machine.stack_global,
+    **dict.fromkeys(("EXT1", "EXT2", "EXT4"), _Machine.ext),
+    **dict.fromkeys(("REDUCE", "NEWOBJ", "NEWOBJ_EX"), _Machine.reduce), "OBJ": _Machine.obj, "BUILD": _Machine.build,
+    **dict.fromkeys(("PERSID", "BINPERSID"), _Machine.persistent_id),
+    "NEXT_BUFFER": _Machine.next_buffer, "READONLY_BUFFER": _Machine.readonly_buffer,
+}
+"""Every opcode of protocols 0-5 but STOP (which `run` handles), as pickle.py's `dispatch` table maps them."""
 
 
 def is_pickle(data: bytes) -> bool:
