@@ -567,7 +567,7 @@ def test_the_driver_refuses_an_opaque_state_that_is_not_a_str():
     encoded = base64.b64encode(b"\x80\x04N.")
     for metadata, state in ((versions, encoded), ({**versions, "_dynamo_frames": ()}, encoded), (versions, None),
                             (versions, " " + encoded.decode())):
-        with pytest.raises(PrecompileError, match="its opaque state _dynamo_state is (a bytes|a NoneType|not strict base64)"):
+        with pytest.raises(PrecompileError, match="its opaque state is (a bytes|a NoneType|not strict base64)"):
             driver.build_forward(metadata, state, artifact="a.py")
 
 
@@ -694,3 +694,16 @@ def test_the_dispatch_table_runs_every_opcode_but_stop():
     from precompile.inspect.pickle_scan import _DISPATCH
 
     assert set(_DISPATCH) == {op.name for op in pickletools.opcodes} - {"STOP"}
+
+
+def test_the_driver_and_template_never_spell_the_opaque_names_but_as_reads():
+    """python_code includes them verbatim: a string naming `_dynamo_state` there (an error message,
+    a docstring) would make every artifact's state non-canonical, and load refuse it."""
+    import ast
+
+    from precompile.codegen.drivers import source_of
+    from precompile.schema.opaque_state import BYTECODE, STATE, mentions
+
+    template = (ROOT / "precompile/codegen/templates/dynamo.py.j2").read_text().splitlines()[-1]
+    for source in (source_of("dynamo"), source_of("dynamo_guards"), source_of("dynamo_subgraphs"), template):
+        assert mentions(ast.parse(source), (STATE, BYTECODE)) == {STATE: [], BYTECODE: []}

@@ -441,17 +441,18 @@ _RECAPTURE = "capture it again; never load an artifact whose opaque parts were r
 
 
 def _state_bytes(state_blob, artifact, optional):
-    """The pickle `_dynamo_state` holds. precompile writes it as one base64 str literal (None, when
-    `optional`, where nothing is pickled) and inspect scans exactly that; anything else is refused."""
+    """The pickle the opaque state holds. precompile writes it as one base64 str literal (None, when
+    `optional`, where nothing is pickled) and inspect scans exactly that; anything else is refused.
+    (No string here names the state's variable: inspect takes any string naming it for a write.)"""
     if state_blob is None and optional:
         return b""
     if type(state_blob) is not str:
-        _fail(artifact, f"its opaque state _dynamo_state is a {type(state_blob).__name__}, not the base64 str "
+        _fail(artifact, f"its opaque state is a {type(state_blob).__name__}, not the base64 str "
                         "literal precompile writes (and inspect scans)", _RECAPTURE)
     try:
         return _base64.b64decode(state_blob, validate=True)
     except ValueError as exc:  # binascii.Error: a character outside the alphabet, or bad padding
-        _fail(artifact, f"its opaque state _dynamo_state is not strict base64 ({exc})", _RECAPTURE)
+        _fail(artifact, f"its opaque state is not strict base64 ({exc})", _RECAPTURE)
 
 
 def build_forward(metadata, state_blob, artifact="this artifact"):
