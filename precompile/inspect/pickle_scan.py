@@ -1,10 +1,12 @@
 """Static scan of a pickle: what it would import and call, without unpickling it.
 
 `pickle_ops.read_ops` decodes opcodes and their arguments exactly as the C unpickler reads them; on
-top of it `_Machine` runs the pickle machine symbolically, opcode by opcode as the unpickler does:
-the same stack, the same mark stack, the same memo. Values are literals (exactly as the string, bytes and number opcodes
-push them), containers of values, imported objects (`_Global`) or results nothing static can know
-(`_Computed`: a call, a persistent id, an out-of-band buffer). Nothing is ever called or imported.
+top of it `_Machine` runs the pickle machine symbolically, opcode by opcode (by the dispatch table
+`_DISPATCH`, as pickle.py does): the same stack, the same mark stack, the same memo. Values are
+literals (exactly as the string, bytes and number opcodes push them), containers of values, imported
+objects (`_Global`) or results nothing static can know (`_Computed`: a call, a persistent id, an
+out-of-band buffer). Nothing is ever called or imported. `is_pickle` tells a pickle of any protocol
+by content; `evaluate` gives the value a pickle of plain data holds (formats/pickle_values).
 
 Sound by construction: an import is *resolved* only when its module and name are `str` values that
 a string opcode pushed (directly or through the memo); any other operand of STACK_GLOBAL, an EXT
@@ -12,7 +14,8 @@ registry code, a call of something that is not an import, and a BUILD or APPEND/
 mutates an imported object itself are *unresolved* findings, risk "dangerous". Bytes and strings
 that hold a pickle (and the bytes `_codecs.encode` builds from a string) are scanned too, to a
 bounded depth. Malformed input ends the run where the unpickler itself would stop, with `problem`
-set; every import seen up to there is kept, since the unpickler would have performed them.
+set; every import seen up to there is kept, since the unpickler would have performed them. A run
+that stops, for that reason or at one of the scan's limits, is a finding wherever the pickle sits.
 """
 from __future__ import annotations
 
@@ -44,7 +47,8 @@ MAX_NESTED_SCANS = 10_000
 # that the pickle imports, and that import is judged by itself. `_codecs.encode` is how protocol-2
 # pickles spell bytes: it encodes a str (its codec lookup can only import the standard library's
 # `encodings` package); the scan treats its result as bytes and scans them for a nested pickle.
-# Everything else is "unknown" (listed for a reviewer) or "dangerous" (named below).
+# Everything else is "unknown" (listed for a reviewer; a finding in the opaque state unless on the
+# reviewed `DYNAMO_STATE` list) or "dangerous" (named below).
 DATA_ONLY = frozenset(
     [("builtins", name) for name in
      "bool bytearray bytes complex dict float frozenset int list object range set slice str tuple".split()]
