@@ -707,3 +707,10 @@ def test_the_driver_and_template_never_spell_the_opaque_names_but_as_reads():
     template = (ROOT / "precompile/codegen/templates/dynamo.py.j2").read_text().splitlines()[-1]
     for source in (source_of("dynamo"), source_of("dynamo_guards"), source_of("dynamo_subgraphs"), template):
         assert mentions(ast.parse(source), (STATE, BYTECODE)) == {STATE: [], BYTECODE: []}
+
+
+def test_an_opaque_state_that_is_not_strict_base64_is_a_finding(capsys, tmp_path):
+    """The driver decodes strictly and refuses it; inspect says so rather than guessing a decoding."""
+    (tmp_path / "a.py").write_text(_with_state(f"_dynamo_state = ' {STATE_LITERAL[1:]}"))  # a leading space
+    rc, out, err = run_cli(capsys, ["show", str(tmp_path / "a.py")])
+    assert rc == 1 and "_dynamo_state (line 296) is not strict base64" in err and "do not load this artifact" in err, err

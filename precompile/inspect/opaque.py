@@ -17,7 +17,7 @@ import sys
 
 from precompile.inspect.model import PickleImport, PickleScan, Section
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, dynamo_state_reviewed, is_pickle, scan_pickle
-from precompile.schema.opaque_state import STATE, blob_problem, bytecode_blobs, decode, find_parts
+from precompile.schema.opaque_state import REMEDY, STATE, blob_problem, bytecode_blobs, decode, find_parts
 from precompile.schema.pycode import literal_assignments
 
 MIN_BLOB_CHARS = 16
@@ -90,7 +90,7 @@ def _state_scan(value: ast.Constant, sections: tuple[Section, ...], tree: ast.Mo
     try:
         data = decode(value.value)
     except ValueError as exc:
-        return None, f"{STATE} (line {value.lineno}) is {exc}: load refuses it, and it cannot be scanned"
+        return None, f"{STATE} (line {value.lineno}) is {exc}: load refuses it, and it cannot be scanned; {REMEDY}"
     member = f"python_code section {_section_of(value.lineno, sections)}: {STATE} (line {value.lineno})"
     return scan_pickle(data, member=member, reviewed=dynamo_state_reviewed(_captured_modules(tree))), None
 

@@ -116,8 +116,7 @@ def _checked_opaque_parts(tree: ast.Module, source: str, filename: str) -> dict[
         return {}
     problems, digests = opaque_state.load_problems(tree, source)
     if problems:
-        raise PrecompileError(f"python_code {filename}: {problems[0]}. Capture it again; "
-                              "`precompile verify` names every such problem")
+        raise PrecompileError(f"python_code {filename}: {problems[0]} (`precompile verify` names every such problem)")
     return {} if digests is None else {opaque_state.BYTECODE_SHA256: digests}
 
 

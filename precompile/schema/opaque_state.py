@@ -23,6 +23,7 @@ BYTECODE = "_dynamo_bytecode"
 BYTECODE_SHA256 = "__precompile_bytecode_sha256__"
 """The global load seeds for the driver: each bytecode key's labelled sha256, checked before marshal.loads."""
 NOT_CANONICAL = "is not in the canonical form, cannot be scanned"
+REMEDY = "do not load this artifact; capture it again (precompile writes one canonical form)"
 _LABEL = re.compile(r"^\s*#.*: (\d+) bytes, sha256 ([0-9a-f]{64})\s*$")
 
 
@@ -96,7 +97,7 @@ def _find(tree: ast.Module, name: str, found: list[ast.AST], is_literal: Callabl
     lines = ", ".join(str(line) for line in sorted({getattr(node, "lineno", 0) for node in found}))
     return Found(problem=(
         f"{name} (line {lines}) {NOT_CANONICAL}: load reads it as written once, at top level, as {what}; "
-        "this file spells it otherwise (another expression, several bindings, or a write through a string name)"))
+        f"this file spells it otherwise (another expression, several bindings, or a write through a string name); {REMEDY}"))
 
 
 def find_parts(tree: ast.Module) -> tuple[Found, Found]:
@@ -139,15 +140,15 @@ def bytecode_blobs(assignment: ast.Assign, lines: list[str]) -> list[Blob]:
 def blob_problem(blob: Blob) -> str | None:
     """Why a bytecode entry does not hold what its label says, or None."""
     if blob.label is None:
-        return f"{BYTECODE}[{blob.key!r}] (line {blob.line}) has no 'N bytes, sha256 H' label above it"
+        return f"{BYTECODE}[{blob.key!r}] (line {blob.line}) has no 'N bytes, sha256 H' label above it; {REMEDY}"
     try:
         data = decode(blob.text)
     except ValueError as exc:
-        return f"{BYTECODE}[{blob.key!r}] (line {blob.line}) is {exc}"
+        return f"{BYTECODE}[{blob.key!r}] (line {blob.line}) is {exc}; {REMEDY}"
     size, digest = len(data), hashlib.sha256(data).hexdigest()
     if (size, digest) != blob.label:
         return (f"{BYTECODE}[{blob.key!r}] (line {blob.line}) holds {size} bytes, sha256 {digest}, but is labelled "
-                f"{blob.label[0]} bytes, sha256 {blob.label[1]}: the marshalled code was swapped")
+                f"{blob.label[0]} bytes, sha256 {blob.label[1]}: the marshalled code was swapped; {REMEDY}")
     return None
 
 
