@@ -213,7 +213,7 @@ def _gpu_pair(captured, tmp_path: Path) -> tuple[Path, Path]:
     shutil.copy(captured["plain_function"][0], artifact)
     parsed = parse_cache(captured["plain_function"][1], captured["plain_function"][1].read_bytes())
     bundle, payload = codec.build_bundle({"triton/0/abc/k.cubin": ("triton", b"\0" * 16)},
-                                         {**bundle_keys.host_keys(), **GPU})
+                                         {**bundle_keys.host_keys(), "isa": "VecAVX2", "valid_isas": "VecAVX2", **GPU})
     cache.write_bytes(codec.encode_cache(msgspec.structs.replace(parsed.envelope, bundle=bundle), payload))
     return artifact, cache
 

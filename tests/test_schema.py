@@ -41,13 +41,14 @@ def test_committed_json_schema_matches_the_structs(name):
 def test_envelope_round_trips_header_first_without_a_bundle():
     data = codec.encode_cache(envelope())
     decoded, offset = codec.decode_header(data)
-    assert decoded == envelope()
+    assert decoded == msgspec.structs.replace(envelope(), header_sha256=decoded.header_sha256)
+    assert decoded.header_sha256 == codec.header_digest(data[codec.PREFIX_SIZE :])
     assert offset == len(data)
     assert msgspec.msgpack.decode(data[codec.PREFIX_SIZE :])["format_version"] == 1
 
 
 def test_bundle_round_trips_and_header_decodes_without_touching_payload():
-    files = {"ab/k.main.so": ("kernel", b"\x7fELF" + b"x" * 1000), "ab/k.main.cpp": ("source", b"int main(){}")}
+    files = {"ab/k.main.so": ("kernel", b"\x7fELF" + b"x" * 1000), "ab/k.main.cpp": ("kernel-source", b"int main(){}")}
     bundle, payload = codec.build_bundle(files, {"torch": "2.13.0+cpu", "isa": "avx512"})
     data = codec.encode_cache(envelope(bundle=bundle), payload)
     decoded, offset = codec.decode_header(data[: len(data) - len(payload)] + b"\0" * len(payload))
@@ -57,7 +58,7 @@ def test_bundle_round_trips_and_header_decodes_without_touching_payload():
 
 
 def test_bundle_that_lies_about_its_sizes_is_refused_before_decompressing():
-    bundle, payload = codec.build_bundle({"a.so": ("kernel", b"y" * 4096)}, {})
+    bundle, payload = codec.build_bundle({"ab/a.main.so": ("kernel", b"y" * 4096)}, {})
     liar = msgspec.structs.replace(bundle, payload_size=10**12, files=(msgspec.structs.replace(bundle.files[0], size=10**12),))
     data = codec.encode_cache(envelope(bundle=liar), payload)
     decoded, offset = codec.decode_header(data)
@@ -66,11 +67,11 @@ def test_bundle_that_lies_about_its_sizes_is_refused_before_decompressing():
 
 
 def test_bundle_file_whose_sha256_differs_is_never_used():
-    bundle, payload = codec.build_bundle({"a.so": ("kernel", b"y" * 64)}, {})
+    bundle, payload = codec.build_bundle({"ab/a.main.so": ("kernel", b"y" * 64)}, {})
     forged = msgspec.structs.replace(bundle, files=(msgspec.structs.replace(bundle.files[0], sha256=hashlib.sha256(b"z").hexdigest()),))
     data = codec.encode_cache(envelope(bundle=forged), payload)
     decoded, offset = codec.decode_header(data)
-    with pytest.raises(codec.CacheFormatError, match="a.so does not match its sha256"):
+    with pytest.raises(codec.CacheFormatError, match="a.main.so does not match its sha256"):
         codec.decode_payload(decoded.bundle, data, offset)
 
 

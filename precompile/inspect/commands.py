@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from pathlib import Path
 
 
 from precompile.errors import PrecompileError
@@ -18,6 +20,8 @@ from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import open_artifact, open_given, resolve_pair
+from precompile.schema.pair import pending_path, read_bytes
+from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE
 
 ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
 ONE_FILE_HELP = (f"{ARTIFACT_HELP}; or one file alone of any kind known (told by content): a precompile or upstream "
@@ -70,6 +74,10 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
     for member, imp in artifact.flagged_imports:
         found.append(f"{artifact.cache.path}: pickle {member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled")
     found.extend(f"{artifact.cache.path}: {finding_text(scan, None)}" for scan, imp in artifact.cache_findings if imp is None)
+    pending = pending_path(Path(artifact.cache.path)) if artifact.cache.path else None
+    if pending is not None and os.path.lexists(pending):
+        found.append(f"{pending} exists (left by an interrupted write): load adopts it over the cache when the cache does "
+                     "not pair and it passes every check; verify it as the cache, or delete it")
     return tuple(found) + _opaque_findings(artifact)
 
 
@@ -109,9 +117,8 @@ def _guards(args, out, err) -> int:
 
 def _read_code(artifact: Artifact) -> bytes | None:
     try:
-        with open(artifact.python_code.path, "rb") as handle:
-            return handle.read()
-    except OSError:
+        return read_bytes(Path(artifact.python_code.path), "python_code", MAX_PYTHON_CODE_SIZE)
+    except PrecompileError:
         return None
 
 

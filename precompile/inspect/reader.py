@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import stat
 import zipfile
 from pathlib import Path
 
@@ -133,16 +134,23 @@ def _parse_python_code(data: bytes, path: str):
 
 
 def _read_prefix(path: str, size: int) -> bytes:
-    with open(path, "rb") as handle:
+    """The first `size` bytes of a file already found regular (opening never blocks, should it have
+    been swapped for a FIFO since)."""
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(descriptor, "rb") as handle:
         return handle.read(size)
 
 
 def read_cache(path: str, *, deep: bool = False) -> CacheInfo:
     """The model of a cache file; every problem is reported in it, never raised."""
     try:
-        size = os.stat(path).st_size
-        if os.path.isdir(path):
+        info = os.stat(path)
+        if stat.S_ISDIR(info.st_mode):
             raise IsADirectoryError
+        if not stat.S_ISREG(info.st_mode):
+            return CacheInfo(path=path, kind="missing",
+                             problem=f"cache {path} is not a regular file (a FIFO, device or socket); pass the file capture() wrote")
+        size = info.st_size
         head = _read_prefix(path, PREFIX_SIZE)
     except FileNotFoundError:
         return CacheInfo(path=path, kind="missing", problem=f"cache {path} does not exist")

@@ -12,6 +12,7 @@ from precompile.inspect.model import Artifact, CacheInfo, Guards, MegaCache, Pic
 from precompile.inspect.pickle_scan import DATA_ONLY, PARTIAL
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
 from precompile.schema.bundle_keys import provenance, requirements
+from precompile.schema.bundle_rules import unserved_reason
 from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 
 Line = tuple[str, "str | None"]
@@ -174,6 +175,9 @@ def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
             lines.append(("  kernel bundle: empty", None))
         else:
             lines.append((f"  kernel bundle: {len(bundle.files)} files, {bundle.payload_size} bytes ({bundle.payload_compressed_size} compressed, sha256 {bundle.payload_sha256})", None))
+            unserved = unserved_reason(env)
+            lines.append(("    load serves these kernels on a host that meets the requirements" if unserved is None
+                          else f"    load does not serve these kernels (it compiles them instead): {unserved}", None))
             lines.append(("    requirements (a serving host must match them):", None))
             lines.extend((f"      {k} = {v}", None) for k, v in sorted(requirements(bundle.keys).items()))
             lines.append(("    provenance (for information only):", None))

@@ -7,6 +7,7 @@ the host's torch version and build come from the installed distribution's metada
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import sys
 from pathlib import Path
 
@@ -21,13 +22,15 @@ from precompile.schema.bundle_keys import (
     host_provenance,
     is_gpu_bundle,
     mismatches,
+    missing_requirements,
     provenance,
     requirements,
     unchecked,
 )
-from precompile.schema.codec import CacheFormatError, decode_payload, payload_problem
-from precompile.schema.pair import read_bytes
-from precompile.schema.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
+from precompile.schema.bundle_rules import unserved_reason
+from precompile.schema.codec import CacheFormatError, decode_payload, payload_limit, payload_problem
+from precompile.schema.pair import pending_path, read_bytes
+from precompile.schema.codec import MAX_HEADER_SIZE, PREFIX_SIZE
 
 RECAPTURE = "capture the artifact again with this precompile"
 
@@ -139,13 +142,14 @@ def _bundle(artifact: Artifact) -> list[Check]:
             return [Check(name="bundle payload", status="fail", expected="0 bytes", actual=f"{extra} bytes",
                           message="the cache has no bundle index but carries payload bytes", remedy=RECAPTURE)]
         return [Check(name="bundle", status="ok", actual="empty")]
-    limit = PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE
+    limit = PREFIX_SIZE + MAX_HEADER_SIZE + payload_limit()
     data = read_bytes(Path(cache.path), "cache", limit)
     offset = (cache.header_size or 0) + PREFIX_SIZE
     problem = payload_problem(bundle, data, offset)
     if problem is not None:
         return [Check(name="bundle payload sizes", status="fail", message=f"cache {cache.path}: {problem}", remedy=RECAPTURE)]
-    checks = [Check(name="bundle payload sizes", status="ok", actual=f"{bundle.payload_compressed_size} bytes compressed, {bundle.payload_size} uncompressed")]
+    checks = [_header_seal(cache.envelope)]
+    checks.append(Check(name="bundle payload sizes", status="ok", actual=f"{bundle.payload_compressed_size} bytes compressed, {bundle.payload_size} uncompressed"))
     try:
         files = decode_payload(bundle, data, offset, source=f"cache {cache.path}")
     except CacheFormatError as exc:
@@ -155,6 +159,20 @@ def _bundle(artifact: Artifact) -> list[Check]:
         checks.append(Check(name=f"bundle file {entry.path}", status="ok", expected=entry.sha256, actual=f"{len(files[entry.path])} bytes"))
         checks.extend(_bundle_pickle(cache.path, entry.path, files[entry.path]))
     return checks
+
+
+def _header_seal(envelope) -> Check:
+    """Whether load would serve the bundle at all: a header bound by its digest (checked when the
+    cache was decoded) that records every requirement capture records."""
+    unserved = unserved_reason(envelope)
+    if unserved is None:
+        return Check(name="bundle header", status="ok", actual=f"header_sha256 {envelope.header_sha256}",
+                     message="bound by its digest, with every requirement capture records: load serves these kernels where they fit")
+    if not envelope.header_sha256:
+        return Check(name="bundle header", status="skip", message=f"load will not serve these kernels (it compiles them instead): {unserved}",
+                     remedy=f"{RECAPTURE} to ship kernels load serves")
+    return Check(name="bundle header", status="fail", message=f"load will not serve these kernels: {unserved}",
+                 remedy=f"this is not a bundle capture writes; {RECAPTURE}")
 
 
 def _bundle_pickle(cache_path: str, path: str, data: bytes) -> list[Check]:
@@ -206,10 +224,16 @@ def _host(artifact: Artifact) -> list[Check]:
 def _host_kernels(bundle) -> list[Check]:
     """One line per requirement of the kernel bundle (fits, does not, or cannot tell without torch),
     then its provenance: the producer's paths, shown beside this host's and never required."""
-    host = host_keys(gpu=is_gpu_bundle(bundle.keys))
+    gpu = is_gpu_bundle(bundle.keys) or any(entry.kind == "triton" for entry in bundle.files)
+    host = host_keys(gpu=gpu)
     found = {mismatch.key: mismatch for mismatch in mismatches(bundle.keys, host)}
     cannot_tell = set(unchecked(bundle.keys, host))
-    checks = []
+    checks = [
+        Check(name=f"host kernels requirement {key}", status="fail", expected="recorded", actual="missing",
+              message=f"the bundle does not record {key}, which every capture records: load will not serve these kernels",
+              remedy=RECAPTURE)
+        for key in missing_requirements(bundle.keys, gpu=gpu)
+    ]
     for key, captured in sorted(requirements(bundle.keys).items()):
         name = f"host kernels requirement {key}"
         mismatch = found.get(key)
@@ -235,14 +259,29 @@ def _host_kernels(bundle) -> list[Check]:
         shown = f"captured with {captured}" + (f", here {here[key]}" if key in here else "")
         checks.append(Check(name=f"host kernels provenance {key}", status="ok", expected=captured, actual=here.get(key),
                             message=f"{shown} (for information: not required of a serving host)"))
-    if not found:
+    if not found and not any(check.status == "fail" for check in checks):
         checks.append(Check(name="host kernels", status="ok",
                             message="the kernel bundle fits this host" + (" as far as a torch-free check can tell" if cannot_tell else "")))
     return checks
 
 
+def _pending(artifact: Artifact) -> list[Check]:
+    """A `<cache>.pending` beside the cache is what load adopts, once it passes every check a cache
+    passes, when the cache does not pair: verify cannot vouch for a pair that may change under it."""
+    if not artifact.cache.path:
+        return []
+    pending = pending_path(Path(artifact.cache.path))
+    if not os.path.lexists(pending):
+        return []
+    return [Check(name="pending cache", status="fail", actual=str(pending),
+                  message=f"{pending} (left by an interrupted write) replaces the cache at load when the cache does not "
+                          "pair with python_code and it does; this verify covered the cache only",
+                  remedy=f"verify it as the cache (precompile verify {artifact.python_code.path} {pending}), then move it "
+                         "over the cache, or delete it")]
+
+
 def verify(artifact: Artifact, *, host: bool) -> VerifyReport:
-    checks = _integrity(artifact)
+    checks = _integrity(artifact) + _pending(artifact)
     if host:
         checks.extend(_host(artifact))
     return VerifyReport(

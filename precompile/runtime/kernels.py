@@ -23,18 +23,8 @@ from pathlib import Path
 from precompile.errors import PrecompileError
 from precompile.runtime import triton_cache
 from precompile.schema import bundle_keys
+from precompile.schema.bundle_rules import destination, kind_of
 from precompile.schema.envelope import KernelBundle
-
-# Bundle file kinds, by how the file is named in Inductor's cache dir.
-_KINDS = (
-    (re.compile(r"^[^/]+/[^/]+\.main\.so$"), "kernel"),
-    (re.compile(r"^[^/]+/[^/]+\.main\.cpp$"), "kernel-source"),
-    (re.compile(r"^[^/]+/[^/]+\.so$"), "isa-probe"),
-    (re.compile(r"^[^/]+/[^/]+\.cpp$"), "isa-probe-source"),
-    (re.compile(r"^[^/]+/[^/]+\.best_config$"), "autotune-result"),
-    (re.compile(r"^triton/"), "triton"),
-)
-
 
 def inductor_cache_dir() -> Path:
     """Inductor's kernel cache dir, computed as torch._inductor computes it, without importing it."""
@@ -46,15 +36,6 @@ def inductor_cache_dir() -> Path:
     except (KeyError, ModuleNotFoundError, OSError):
         user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
     return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
-
-
-def kind_of(path: str) -> str | None:
-    if path.startswith("locks/") or path.endswith((".lock", ".py")):
-        return None
-    for pattern, kind in _KINDS:
-        if pattern.search(path):
-            return kind
-    return None
 
 
 def collect_files(cache_dir: Path) -> dict[str, tuple[str, bytes]]:
@@ -365,15 +346,6 @@ def built_sources(bundle: KernelBundle, cache_dir: Path) -> dict[str, str]:
     }
 
 
-def _destination(path: str, cache_dir: Path, triton_dir: Path) -> Path:
-    """Where a bundle file goes: Inductor's cache dir layout, Triton's files where Triton looks."""
-    if path.startswith("/") or ".." in path.split("/"):
-        raise ValueError(f"bundle path {path!r} escapes the cache dir")
-    if path.startswith("triton/"):
-        return triton_dir / path.split("/", 2)[2]
-    return cache_dir / path
-
-
 def prime(bundle: KernelBundle, files: dict[str, bytes], cache_dir: Path) -> dict[str, str]:
     """Extract the bundle into `cache_dir`; return {kernel source sha256: absolute library path}.
 
@@ -381,16 +353,24 @@ def prime(bundle: KernelBundle, files: dict[str, bytes], cache_dir: Path) -> dic
     (with its autotuning cache on), so captured Triton kernels launch without compiling or tuning.
     """
     triton_dir = triton_cache.serving_dir(cache_dir)
+    targets = {entry.path: destination(entry.path, cache_dir, triton_dir) for entry in bundle.files}
     if any(entry.path.startswith("triton/") for entry in bundle.files):
         triton_cache.serve_from(triton_dir)
     for entry in bundle.files:
-        target = _destination(entry.path, cache_dir, triton_dir)
-        data = files[entry.path]
-        with contextlib.suppress(OSError):
-            if target.stat().st_size == len(data) and target.read_bytes() == data:
-                continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        temporary.write_bytes(data)
-        os.replace(temporary, target)
-    return {digest: str(cache_dir / path) for digest, path in bundle.kernels.items()}
+        _place(targets[entry.path], files[entry.path])
+    return {digest: str(targets[path]) for digest, path in bundle.kernels.items()}
+
+
+def _place(target: Path, data: bytes) -> None:
+    """Write `data` at `target` (a regular file, never through a symlink), unless it is there already."""
+    with contextlib.suppress(OSError):
+        if not target.is_symlink() and target.stat().st_size == len(data) and target.read_bytes() == data:
+            return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        temporary.unlink()
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+    os.replace(temporary, target)

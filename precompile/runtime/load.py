@@ -20,7 +20,7 @@ from precompile.schema.pair import (
     read_python_code,
 )
 from precompile.runtime import kernels
-from precompile.schema import bundle_keys, opaque_state
+from precompile.schema import bundle_keys, bundle_rules, opaque_state
 from precompile.runtime.no_compilation import CompilationForbidden
 from precompile.runtime.writer import resolve_pending_cache
 from precompile.schema.codec import CacheFormatError, decode_payload
@@ -160,6 +160,15 @@ def _prime_kernels(cache) -> dict[str, str] | None:
     bundle = cache.envelope.bundle
     if bundle is None or not bundle.files:
         return None
+    unserved = bundle_rules.unserved_reason(cache.envelope)
+    if unserved is not None:
+        warnings.warn(
+            f"not serving the kernel bundle in {cache.path}: {unserved}. python_code will compile its kernels here "
+            "instead (JIT); capture again to ship kernels this precompile serves",
+            PrecompileWarning,
+            stacklevel=3,
+        )
+        return None
     reasons = bundle_keys.mismatches(bundle.keys, kernels.serving_keys(bundle.keys))
     if reasons:
         warnings.warn(
@@ -172,7 +181,7 @@ def _prime_kernels(cache) -> dict[str, str] | None:
     try:
         files = decode_payload(bundle, cache.data, cache.payload_offset, source=f"cache {cache.path}")
         return kernels.prime(bundle, files, kernels.inductor_cache_dir())
-    except (CacheFormatError, OSError, ValueError) as exc:
+    except (CacheFormatError, OSError, ValueError, MemoryError) as exc:
         warnings.warn(
             f"ignoring the kernel bundle: {exc}. python_code will compile its kernels here instead (JIT)",
             PrecompileWarning,

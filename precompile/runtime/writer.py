@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import shutil
@@ -41,17 +40,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from precompile.errors import PrecompileError
-from precompile.schema.pair import declared_code_hash
+from precompile.schema.codec import MAX_HEADER_SIZE, PREFIX_SIZE, payload_limit
+from precompile.schema.pair import cache_problem, pending_path, read_bytes
 
 log = logging.getLogger("precompile")
 
-PENDING_SUFFIX = ".pending"
 LOCK_TIMEOUT_S = 60.0
 """How long a writer or load waits for another process's renames (milliseconds, normally) before giving up."""
-
-
-def pending_path(cache_path: Path) -> Path:
-    return cache_path.with_name(cache_path.name + PENDING_SUFFIX)
 
 
 def lock_path(cache_path: Path) -> Path:
@@ -153,12 +148,10 @@ def _keep_backup(path: Path) -> Path:
 def _settle_leftover_pending(artifact_path: Path, cache_path: Path) -> None:
     """Under the lock: finish the commit of a writer killed between its renames, or drop its pending cache."""
     pending = pending_path(cache_path)
-    try:
-        data = pending.read_bytes()
-    except FileNotFoundError:
+    if not pending.exists():
         return
     try:
-        committed = declared_code_hash(data) == hashlib.sha256(artifact_path.read_bytes()).hexdigest()
+        committed = _adoptable(pending, artifact_path.read_bytes())
     except FileNotFoundError:
         committed = False
     if committed:
@@ -229,18 +222,32 @@ def write_pair(artifact_path: Path, cache_path: Path, python_code: bytes, cache:
 def resolve_pending_cache(cache_path: Path, python_code: bytes) -> None:
     """Finish a write interrupted between its two renames, if `<cache>.pending` pairs with python_code.
 
-    Runs under the pair's lock, so it waits for a writer that is mid-rename rather than racing it.
-    Any problem (a read-only directory, a lock held too long) leaves everything as it was.
+    The pending cache is checked exactly as `load` checks a cache (a regular file within the size
+    limit; header, bundle rules, code_hash and payload hashes) before it is adopted. Runs under the
+    pair's lock, so it waits for a writer that is mid-rename rather than racing it. Any problem (a
+    read-only directory, a lock held too long) leaves everything as it was.
     """
     pending = pending_path(cache_path)
     if not pending.exists():
         return
     try:
         with pair_lock(cache_path):
-            data = pending.read_bytes()
-            if declared_code_hash(data) != hashlib.sha256(python_code).hexdigest():
+            if not _adoptable(pending, python_code):
                 return
             os.replace(pending, cache_path)
     except OSError:  # TimeoutError included
         return
     log.warning("finished an interrupted write: moved %s into place", pending)
+
+
+def _adoptable(pending: Path, python_code: bytes) -> bool:
+    """Whether a pending cache is one `load` would use whole with this python_code."""
+    try:
+        data = read_bytes(pending, "pending cache", PREFIX_SIZE + MAX_HEADER_SIZE + payload_limit())
+    except PrecompileError as exc:
+        log.warning("not adopting %s: %s", pending, exc)
+        return False
+    problem = cache_problem(data, python_code, source=f"pending cache {pending}")
+    if problem is not None:
+        log.warning("not adopting %s: %s", pending, problem)
+    return problem is None

@@ -30,6 +30,10 @@ BUILD_KEYS = ("torch", "torch_git", "torch_debug", "torch_cuda", "cxx11_abi", "p
 GPU_KEYS = ("gpu_capability", "triton", "triton_key", "triton_env")
 # Requirements that describe the kernels' instruction set: implied by `cpu_flags`, which is checked.
 ISA_KEYS = ("isa", "valid_isas")
+# Requirements capture records for every bundle (cxx11_abi only where torch reports it), and for a
+# bundle holding Triton files the GPU's too: a bundle lacking one is not served (see bundle_rules).
+ALWAYS_RECORDED = ("torch", "torch_git", "torch_debug", "torch_cuda", "python", "python_abi", "machine", "cpu_flags",
+                   "isa", "valid_isas")
 # Names an older producer kept among `keys` that are provenance by today's rule.
 LEGACY_PROVENANCE = ("torch_dir", "python_include", "compiler_command_sha256", "precompiled_headers")
 
@@ -180,6 +184,12 @@ def mismatches(recorded: dict[str, str], host: dict[str, str]) -> list[Mismatch]
         shown = " ".join(missing[:8]) + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
         found.append(Mismatch("cpu_flags", shown, host.get("cpu_flags") or "(unreadable)"))
     return found
+
+
+def missing_requirements(recorded: dict[str, str], *, gpu: bool) -> list[str]:
+    """The requirements capture always records that `recorded` lacks (with `gpu`, the GPU's too)."""
+    wanted = ALWAYS_RECORDED + (GPU_KEYS if gpu else ())
+    return [key for key in wanted if key not in recorded]
 
 
 def unchecked(recorded: dict[str, str], host: dict[str, str]) -> list[str]:

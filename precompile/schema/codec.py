@@ -9,12 +9,14 @@ extracted, and its declared sizes are checked before anything is allocated.
 from __future__ import annotations
 
 import hashlib
+import os
 import struct
 
 import msgspec
 import zstandard
 
 from precompile.errors import PrecompileError
+from precompile.schema.bundle_rules import bundle_problem
 from precompile.schema.envelope import (
     FORMAT_VERSION,
     BundleFile,
@@ -28,10 +30,20 @@ _LENGTH = struct.Struct("<I")
 PREFIX_SIZE = len(MAGIC) + _LENGTH.size
 MAX_HEADER_SIZE = 64 * 1024 * 1024
 MAX_PAYLOAD_SIZE = 8 * 1024 * 1024 * 1024
+"""The most a payload may declare whatever the user allows: what the stored sizes can express here."""
+PAYLOAD_LIMIT_VAR = "PRECOMPILE_MAX_PAYLOAD_BYTES"
+DEFAULT_PAYLOAD_LIMIT = 4 * 1024 * 1024 * 1024
+"""The uncompressed payload a reader accepts unless PRECOMPILE_MAX_PAYLOAD_BYTES raises it."""
+MAX_EXPANSION = 200
+EXPANSION_FLOOR = 64 * 1024 * 1024
+"""A payload may decompress to at most MAX_EXPANSION times its stored size (compiled kernels
+compress a few times, not thousands: a zstd bomb does), or to EXPANSION_FLOOR, whichever is more."""
 ZSTD_LEVEL = 10
+HEADER_DIGEST_FIELD = "header_sha256"
 
 _decoder = msgspec.msgpack.Decoder(CacheEnvelope)
 _tag_decoder = msgspec.msgpack.Decoder(EnvelopeTag)
+_fields_decoder = msgspec.msgpack.Decoder(dict)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -42,9 +54,23 @@ class CacheFormatError(PrecompileError):
     """
 
 
+def header_digest(header: bytes | memoryview) -> str:
+    """sha256 of a msgpack header's fields other than `header_sha256`, in the order written.
+
+    Computed from the header as decoded generically, so fields a newer producer added (which this
+    reader's Structs drop) are covered too.
+    """
+    fields = _fields_decoder.decode(header)
+    fields.pop(HEADER_DIGEST_FIELD, None)
+    return hashlib.sha256(_encoder.encode(fields)).hexdigest()
+
+
 def encode_cache(envelope: CacheEnvelope, payload: bytes = b"") -> bytes:
-    """Frame `envelope` and its compressed bundle payload (from `build_bundle`) into cache bytes."""
-    header = _encoder.encode(envelope)
+    """Frame `envelope`, sealed with its header digest, and its compressed bundle payload (from
+    `build_bundle`) into cache bytes."""
+    unsealed = msgspec.structs.replace(envelope, header_sha256="")
+    sealed = msgspec.structs.replace(envelope, header_sha256=header_digest(_encoder.encode(unsealed)))
+    header = _encoder.encode(sealed)
     return MAGIC + _LENGTH.pack(len(header)) + header + payload
 
 
@@ -91,20 +117,50 @@ def decode_header(data: bytes, *, source: str = "cache") -> tuple[CacheEnvelope,
     header = memoryview(data)[PREFIX_SIZE:end]
     try:
         tag = _tag_decoder.decode(header)
-    except msgspec.DecodeError as exc:
-        raise CacheFormatError(f"{source} has an unreadable header: {exc}") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise CacheFormatError(f"{source} has an unreadable header: {_reason(exc)}") from None
     if tag.format_version > FORMAT_VERSION:
         raise CacheFormatError(
             f"{source} has format version {tag.format_version}, newer than this precompile understands "
             f"(up to {FORMAT_VERSION}); upgrade precompile to read it"
         )
+    if tag.format_version < 1:
+        raise CacheFormatError(
+            f"{source} has format version {tag.format_version}, which no precompile ever wrote (versions are 1 to "
+            f"{FORMAT_VERSION}); it is not a cache precompile wrote: capture again"
+        )
     try:
         envelope = _decoder.decode(header)
+        recorded = envelope.header_sha256 and header_digest(header)
     except msgspec.ValidationError as exc:
         raise CacheFormatError(f"{source} has an invalid header: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise CacheFormatError(f"{source} has an unreadable header: {exc}") from None
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise CacheFormatError(f"{source} has an unreadable header: {_reason(exc)}") from None
+    if recorded and recorded != envelope.header_sha256:
+        raise CacheFormatError(
+            f"{source} header does not match its header_sha256 (recorded {envelope.header_sha256}, computed {recorded}): "
+            "a field of the header was changed after it was written; capture again"
+        )
+    problem = bundle_problem(envelope.bundle) if envelope.bundle is not None else None
+    if problem is not None:
+        raise CacheFormatError(f"{source} has a kernel bundle that cannot be trusted: {problem}. Capture again")
     return envelope, end
+
+
+def _reason(exc: BaseException) -> str:
+    return "it nests values too deeply to read" if isinstance(exc, RecursionError) else str(exc)
+
+
+def payload_limit() -> int:
+    """The most uncompressed payload bytes a reader accepts: PRECOMPILE_MAX_PAYLOAD_BYTES, else the default."""
+    configured = os.environ.get(PAYLOAD_LIMIT_VAR, "").strip()
+    if not configured:
+        return DEFAULT_PAYLOAD_LIMIT
+    try:
+        value = int(configured)
+    except ValueError:
+        raise PrecompileError(f"{PAYLOAD_LIMIT_VAR}={configured!r} is not a number of bytes; set it to an integer or unset it") from None
+    return min(max(value, 0), MAX_PAYLOAD_SIZE)
 
 
 def payload_problem(bundle: KernelBundle, data: bytes, offset: int) -> str | None:
@@ -112,11 +168,16 @@ def payload_problem(bundle: KernelBundle, data: bytes, offset: int) -> str | Non
     declared = sum(entry.size for entry in bundle.files)
     if declared != bundle.payload_size:
         return f"its index adds up to {declared} bytes but declares a {bundle.payload_size}-byte payload"
-    if bundle.payload_size > MAX_PAYLOAD_SIZE:
-        return f"it declares a {bundle.payload_size}-byte payload, over the {MAX_PAYLOAD_SIZE}-byte limit"
+    limit = payload_limit()
+    if bundle.payload_size > limit:
+        return (f"it declares a {bundle.payload_size}-byte payload, over the {limit}-byte limit "
+                f"(set {PAYLOAD_LIMIT_VAR} to raise it, up to {MAX_PAYLOAD_SIZE})")
     stored = len(data) - offset
     if stored != bundle.payload_compressed_size:
         return f"it declares {bundle.payload_compressed_size} compressed payload bytes but {stored} are stored"
+    if bundle.payload_size > max(EXPANSION_FLOOR, MAX_EXPANSION * stored):
+        return (f"its {stored} stored bytes would decompress to {bundle.payload_size}, more than {MAX_EXPANSION} times "
+                "their size: compiled kernels never compress that well (a decompression bomb?)")
     return None
 
 

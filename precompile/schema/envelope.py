@@ -63,6 +63,10 @@ class CacheEnvelopeV1(msgspec.Struct, frozen=True, kw_only=True, tag=1, tag_fiel
     tracer: TracerTag
     producer: Producer
     bundle: KernelBundle | None = None
+    header_sha256: str = ""
+    """sha256 of this header's other fields (see codec.header_digest), so that a change to any of
+    them (a requirement, a file's kind or size, the kernel map) is caught. Headers written before it
+    lack it: their bundle is not served (see schema/bundle_rules.py)."""
 
 
 # The union of every envelope version a reader understands; one member for now.

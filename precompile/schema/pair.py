@@ -3,14 +3,25 @@ that inspect shares. Torch-free."""
 from __future__ import annotations
 
 import ast
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from precompile.errors import PrecompileError
-from precompile.schema.codec import CacheFormatError, decode_header
+from precompile.schema.codec import CacheFormatError, decode_header, decode_payload
 from precompile.schema.envelope import CacheEnvelope
 from precompile.schema.metadata import ArtifactMetadata
 from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source, parse_metadata, parse_source
+
+
+PENDING_SUFFIX = ".pending"
+"""`<cache>.pending`: a writer's new cache between its two commit renames (see runtime/writer.py),
+which `load` adopts once it passes every check a cache passes."""
+
+
+def pending_path(cache_path: Path) -> Path:
+    return cache_path.with_name(cache_path.name + PENDING_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -41,19 +52,46 @@ class CacheFile:
 
 
 def read_bytes(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of a regular file (a symlink is followed to one), at most `limit` of them.
+
+    A FIFO, device or socket is refused before it is read (opening never blocks), and the file is
+    read by the size its descriptor reports, so a file that grows while read cannot exceed `limit`.
+    """
     try:
-        size = path.stat().st_size
-        if size > limit:
-            raise PrecompileError(f"{what} {path} is {size} bytes, over the {limit}-byte limit for a precompile artifact")
-        return path.read_bytes()
-    except PrecompileError:
-        raise
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except IsADirectoryError:
         raise PrecompileError(f"{what} {path} is a directory, not a file; pass the file capture() wrote") from None
     except FileNotFoundError:
         raise PrecompileError(f"{what} {path} does not exist; pass the path capture() wrote") from None
     except OSError as exc:
         raise PrecompileError(f"could not read {what} {path}: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(descriptor)
+        if stat.S_ISDIR(info.st_mode):
+            raise PrecompileError(f"{what} {path} is a directory, not a file; pass the file capture() wrote")
+        if not stat.S_ISREG(info.st_mode):
+            raise PrecompileError(
+                f"{what} {path} is not a regular file (it is a {_file_type(info.st_mode)}); pass the file capture() wrote"
+            )
+        if info.st_size > limit:
+            raise PrecompileError(f"{what} {path} is {info.st_size} bytes, over the {limit}-byte limit for a precompile artifact")
+        with os.fdopen(descriptor, "rb", closefd=False) as handle:
+            data = handle.read(info.st_size + 1)
+    except OSError as exc:
+        raise PrecompileError(f"could not read {what} {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(descriptor)
+    if len(data) > info.st_size:
+        raise PrecompileError(f"{what} {path} grew while it was read; read it again once its writer is done")
+    return data
+
+
+def _file_type(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 def read_python_code(path: Path) -> PythonCode:
@@ -87,6 +125,23 @@ def declared_code_hash(data: bytes) -> str | None:
     except CacheFormatError:
         return None
     return envelope.code_hash
+
+
+def cache_problem(data: bytes, python_code: bytes, *, source: str) -> str | None:
+    """Why cache bytes would not be used whole with this python_code, or None: the checks `load`
+    makes of a cache (header, pairing by code_hash, payload sizes and hashes), all before any use."""
+    try:
+        envelope, offset = decode_header(data, source=source)
+    except CacheFormatError as exc:
+        return str(exc)
+    if envelope.code_hash != code_hash(python_code):
+        return f"{source} declares code_hash {envelope.code_hash}, not sha256(python_code) {code_hash(python_code)}"
+    if envelope.bundle is not None and envelope.bundle.files:
+        try:
+            decode_payload(envelope.bundle, data, offset, source=source)
+        except CacheFormatError as exc:
+            return str(exc)
+    return None
 
 
 def pairing_problem(python_code: PythonCode, envelope: CacheEnvelope) -> str | None:
