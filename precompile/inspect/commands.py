@@ -19,6 +19,7 @@ from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE
 from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
+from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import open_artifact, open_given, resolve_pair
 
 ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
@@ -75,6 +76,7 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
     for (name, risk), where in members.items():
         shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
         found.append(f"{artifact.cache.path}: {_plural(len(where), 'pickle')} ({shown}) would import {name} ({risk}) if unpickled")
+    found.extend(f"{artifact.cache.path}: {finding_text(scan, None)}" for scan, imp in artifact.cache_findings if imp is None)
     pending = pending_path(Path(artifact.cache.path)) if artifact.cache.path else None
     if pending is not None and os.path.lexists(pending):
         found.append(f"{pending} exists (left by an interrupted write): load adopts it over the cache when the cache does "
@@ -94,9 +96,9 @@ def _verdict(problems: tuple[str, ...], findings: tuple[str, ...]) -> str:
 
 
 def _opaque_findings(artifact: Artifact) -> tuple[str, ...]:
-    from precompile.inspect.opaque import finding_text
-
-    return tuple(f"{artifact.python_code.path}: {finding_text(scan, imp)}" for scan, imp in artifact.opaque_findings)
+    code = artifact.python_code
+    return (tuple(f"{code.path}: {problem}" for problem in code.opaque_problems)
+            + tuple(f"{code.path}: {finding_text(scan, imp)}" for scan, imp in artifact.opaque_findings))
 
 
 def _show(args, out, err) -> int:

@@ -64,6 +64,9 @@ class PythonCodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     sections: tuple[Section, ...] = ()
     pickles: tuple["PickleScan", ...] = ()
     """The pickles python_code carries as literals (a Dynamo artifact's opaque state), scanned, never unpickled."""
+    opaque_problems: tuple[str, ...] = ()
+    """Why the opaque state or marshalled bytecode cannot be scanned as load reads it (a spelling other
+    than the canonical one, a blob that does not match its label): each one a finding."""
     problem: str | None = None
     newer: bool = False
     """True when the problem is a format version newer than this reader understands."""
@@ -106,6 +109,9 @@ class PickleScan(msgspec.Struct, frozen=True, kw_only=True):
     problem: str | None = None
     nested: int = 0
     """How many nested pickles (in bytes or str values) were scanned; their imports are in `imports`."""
+    unpickled_by_load: bool = False
+    """True for the opaque state `load` itself unpickles: every import off the data-only list (and the
+    list reviewed for it) is a finding there, not "unknown"."""
 
     @property
     def flagged(self) -> tuple[PickleImport, ...]:
@@ -113,8 +119,13 @@ class PickleScan(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def dangerous(self) -> tuple[PickleImport, ...]:
-        """The findings: dangerous imports, and every import or call the scan could not resolve."""
+        """Dangerous imports, and every import or call the scan could not resolve."""
         return tuple(imp for imp in self.imports if imp.risk == "dangerous")
+
+    @property
+    def findings(self) -> tuple[PickleImport, ...]:
+        """The dangerous imports, and for a pickle load itself unpickles, the unknown ones too."""
+        return self.flagged if self.unpickled_by_load else self.dangerous
 
 
 class ZipMember(msgspec.Struct, frozen=True, kw_only=True):
@@ -210,11 +221,11 @@ class Artifact(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def opaque_findings(self) -> tuple[tuple[PickleScan, PickleImport | None], ...]:
-        """Each dangerous or unresolved import of python_code's pickles, and (scan, None) for a
+        """Each finding of python_code's pickles (`PickleScan.findings`), and (scan, None) for a
         pickle the scan could not follow to its end."""
         found: list[tuple[PickleScan, PickleImport | None]] = []
         for scan in self.python_code.pickles:
-            found.extend((scan, imp) for imp in scan.dangerous)
+            found.extend((scan, imp) for imp in scan.findings)
             if scan.problem is not None:
                 found.append((scan, None))
         return tuple(found)
@@ -224,6 +235,19 @@ class Artifact(msgspec.Struct, frozen=True, kw_only=True):
         if self.cache.upstream is None:
             return ()
         return tuple((scan.member, imp) for scan in self.cache.upstream.scans for imp in scan.flagged)
+
+    @property
+    def cache_findings(self) -> tuple[tuple[PickleScan, PickleImport | None], ...]:
+        """Each dangerous or unresolved import of the cache's pickles, and (scan, None) for a pickle
+        the scan could not follow to its end: what it would do past that point is unknown."""
+        if self.cache.upstream is None:
+            return ()
+        found: list[tuple[PickleScan, PickleImport | None]] = []
+        for scan in self.cache.upstream.scans:
+            found.extend((scan, imp) for imp in scan.dangerous)
+            if scan.problem is not None:
+                found.append((scan, None))
+        return tuple(found)
 
 
 # ---- guards: empty for MakeFx, shaped for Dynamo's guard slots -------------------------------

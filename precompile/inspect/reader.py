@@ -39,14 +39,14 @@ from precompile.inspect.model import (
     UpstreamCache,
     ZipMember,
 )
-from precompile.inspect.opaque import scan_literal_pickles
-from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, scan_pickle
+from precompile.inspect.opaque import read_opaque
+from precompile.inspect.pickle_ops import OPCODE_BYTES
+from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 from precompile.inspect.sections import split_sections
 
 MAX_ZIP_MEMBERS = 10_000
 SNIFF_SIZE = 256
 """Bytes read to tell a file's kind by its content."""
-_PICKLE_PROTOCOLS = range(0, 6)
 
 
 def resolve_pair(paths: list[str]) -> tuple[str, str]:
@@ -103,7 +103,7 @@ def _parse_python_code(data: bytes, path: str):
     except PrecompileError as exc:
         return PythonCodeInfo(path=path, file=blob, problem=str(exc)), None
     sections = tuple(section for section, _ in split_sections(source))
-    pickles = scan_literal_pickles(source, sections)
+    pickles, opaque_problems = read_opaque(source, sections)
     values: dict = {}
     try:
         values = literal_assignments(source, filename=path)
@@ -120,6 +120,7 @@ def _parse_python_code(data: bytes, path: str):
         literal_names=tuple(sorted(values)),
         sections=sections,
         pickles=pickles,
+        opaque_problems=opaque_problems,
     )
     upstream = upstream_code(values)
     if upstream is not None:
@@ -161,12 +162,14 @@ def read_cache(path: str, *, deep: bool = False) -> CacheInfo:
         return _read_envelope(path, size, head, deep)
     if head.startswith(b"PK"):
         return _read_zip(path, size)
-    if len(head) >= 2 and head[0] == 0x80 and head[1] in _PICKLE_PROTOCOLS:
+    if _has_pickle_header(head):
         return _read_bare_pickle(path, size)
     if looks_like_mega_cache(_read_prefix(path, SNIFF_SIZE)):
         if size > MAX_PICKLE_SIZE:
             return CacheInfo(path=path, kind="mega_cache", problem=f"cache {path} is a {size}-byte Mega-Cache, over the {MAX_PICKLE_SIZE}-byte limit")
         return _read_bare_mega_cache(path, read_bytes(Path(path), "cache", MAX_PICKLE_SIZE))
+    if _is_text_pickle(path, size, head):
+        return _read_bare_pickle(path, size)
     data = head if not deep else _read_bounded(path, size)
     cache = parse_cache(Path(path), data)
     return CacheInfo(path=path, kind="unknown", file=_blob(data) if deep else None, problem=cache.problem or "unrecognized cache")
@@ -320,11 +323,25 @@ def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False)
     return Artifact(python_code=code_info, cache=cache, pairs=problem is None, pairing_problem=problem)
 
 
+def _has_pickle_header(head: bytes) -> bool:
+    """A protocol 2-5 pickle, told by its first two bytes."""
+    return len(head) >= 2 and head[0] == 0x80 and is_pickle(head[:2])
+
+
+def _is_text_pickle(path: str, size: int, head: bytes) -> bool:
+    """A protocol 0/1 pickle (no header: it may even read as text or Python), told by reading the whole
+    file as an opcode stream (`is_pickle`); files past the scan limit are not read."""
+    if not head or head[0] not in OPCODE_BYTES or size > MAX_PICKLE_SIZE:
+        return False
+    return is_pickle(read_bytes(Path(path), "file", MAX_PICKLE_SIZE))
+
+
 def _is_cache_content(head: bytes, path: str) -> bool:
-    """Whether a file's first bytes say it is a cache of a kind this reader knows, not python_code."""
-    if head.startswith(MAGIC) or head.startswith(b"PK") or (len(head) >= 2 and head[0] == 0x80 and head[1] in _PICKLE_PROTOCOLS):
+    """Whether a file's content says it is a cache of a kind this reader knows (a pickle of any
+    protocol included), not python_code."""
+    if head.startswith(MAGIC) or head.startswith(b"PK") or _has_pickle_header(head):
         return True
-    return looks_like_mega_cache(_read_prefix(path, SNIFF_SIZE))
+    return looks_like_mega_cache(_read_prefix(path, SNIFF_SIZE)) or _is_text_pickle(path, os.stat(path).st_size, head)
 
 
 def open_one(path: str, *, deep: bool = False) -> Artifact:

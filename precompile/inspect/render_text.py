@@ -12,6 +12,7 @@ from precompile.inspect.diff import SECTIONS
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
 from precompile.inspect.model import Artifact, CacheInfo, Guards, MegaCache, PickleScan, PythonCodeInfo, UpstreamCache
+from precompile.inspect.pickle_scan import DATA_ONLY, PARTIAL
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
 
 Line = tuple[str, "str | None"]
@@ -76,14 +77,26 @@ def _import_lines(scan: PickleScan, indent: str) -> list[Line]:
         counts[key] = counts.get(key, 0) + imp.count
     lines: list[Line] = [(f"{indent}imports ({len(counts)})", None)]
     for (module, name, risk), count in counts.items():
-        flag = {"allowed": "", "unknown": "  (unknown: not on the data-only list)"}.get(risk, f"  FLAGGED: {risk}")
+        flag, style = _risk_flag(scan, module, name, risk)
         times = f" (x{count})" if count > 1 else ""
-        lines.append((f"{indent}  {module}.{name}{times}{flag}", {"allowed": None, "unknown": WARN}.get(risk, BAD)))
+        lines.append((f"{indent}  {module}.{name}{times}{flag}", style))
     lines.extend((f"{indent}  {imp.module}.{imp.name} at offset {imp.offset}: {imp.unresolved}", BAD)
                  for imp in scan.imports if imp.unresolved)
     if scan.problem:
-        lines.append((f"{indent}scan problem: {scan.problem}", WARN))
+        lines.append((f"{indent}scan problem (a finding: nothing past it is vouched for): {scan.problem}", BAD))
     return lines
+
+
+def _risk_flag(scan: PickleScan, module: str, name: str, risk: str) -> tuple[str, str | None]:
+    """How an import is marked: data-only (nothing), reviewed for the opaque state, unknown, or flagged."""
+    if risk == "allowed":
+        reviewed = scan.unpickled_by_load and (module, name) not in DATA_ONLY and (module, name) != PARTIAL
+        return ("  (reviewed: part of Dynamo's state or the captured code)" if reviewed else ""), None
+    if risk == "unknown" and scan.unpickled_by_load:
+        return "  FLAGGED: not on the data-only or reviewed lists, and load unpickles this", BAD
+    if risk == "unknown":
+        return "  (unknown: not on the data-only list)", WARN
+    return f"  FLAGGED: {risk}", BAD
 
 
 def _world(world) -> list[Line]:

@@ -35,9 +35,9 @@ from precompile.artifact.codec import (
     payload_problem,
 )
 from precompile.artifact.pair import pending_path, read_bytes
-from precompile.inspect.model import Artifact
+from precompile.inspect.model import Artifact, PickleScan
 from precompile.inspect.opaque import finding_text
-from precompile.inspect.pickle_scan import scan_pickle
+from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 from precompile.inspect.report import Check, VerifyReport
 from precompile.signing.keys import Key
 from precompile.signing.pair import check_pair
@@ -64,6 +64,7 @@ def _integrity(artifact: Artifact) -> list[Check]:
             checks.append(Check(name="pickle imports", status="fail", actual=f"{imp.module}.{imp.name}",
                                 message=f"{member} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled",
                                 remedy="do not load this cache; treat it as hostile"))
+    checks.extend(_cache_pickles(artifact))
     checks.extend(_opaque(artifact))
     upstream = cache.upstream.precompile if cache.upstream is not None else None
     if code.upstream is not None and upstream is not None:
@@ -92,23 +93,41 @@ def _integrity(artifact: Artifact) -> list[Check]:
     return checks
 
 
+def _cache_pickles(artifact: Artifact) -> list[Check]:
+    """The cache's pickles that could not be scanned to their end, and (a cache read without a
+    problem: an upstream pair) their dangerous imports: what loading the cache would unpickle."""
+    shown = artifact.cache.problem is not None  # the imports are listed above, as "pickle imports"
+    return [Check(name="cache pickle", status="fail",
+                  actual=f"{imp.module}.{imp.name} at opcode offset {imp.offset}" if imp else None,
+                  message=f"cache {artifact.cache.path}: {finding_text(scan, imp)}",
+                  remedy="do not load this cache; treat it as hostile")
+            for scan, imp in artifact.cache_findings if imp is None or not shown]
+
+
 def _opaque(artifact: Artifact) -> list[Check]:
     """Each pickle python_code carries (a Dynamo artifact's opaque state): what it would import."""
-    checks = []
+    checks = [Check(name="opaque state", status="fail", message=problem,
+                    remedy="do not load this artifact: what load would decode is not what can be checked; capture it again")
+              for problem in artifact.python_code.opaque_problems]
     found = artifact.opaque_findings
     for scan in artifact.python_code.pickles:
         mine = [imp for s, imp in found if s is scan]
         if not mine:
-            names = len({(imp.module, imp.name) for imp in scan.imports})
-            unknown = len({(imp.module, imp.name) for imp in scan.imports if imp.risk == "unknown"})
-            checks.append(Check(name="opaque pickle", status="ok",
-                                actual=f"{scan.member} would import {names} names ({unknown} not on the data-only list), none dangerous"))
+            checks.append(Check(name="opaque pickle", status="ok", actual=f"{scan.member} would import {_clean_imports(scan)}"))
         for imp in mine:
             checks.append(Check(name="opaque pickle", status="fail",
                                 actual=f"{imp.module}.{imp.name} at opcode offset {imp.offset}" if imp else None,
                                 message=finding_text(scan, imp),
                                 remedy="do not load this artifact: loading unpickles this state; treat it as hostile"))
     return checks
+
+
+def _clean_imports(scan: PickleScan) -> str:
+    names = len({(imp.module, imp.name) for imp in scan.imports})
+    if scan.unpickled_by_load:
+        return f"{names} names, each on the data-only list or reviewed as part of Dynamo's state"
+    unknown = len({(imp.module, imp.name) for imp in scan.imports if imp.risk == "unknown"})
+    return f"{names} names ({unknown} not on the data-only list), none dangerous"
 
 
 def _upstream_pairing(code_backend, code_sha256, cache_backend, cache_code_hash) -> list[Check]:
@@ -168,7 +187,7 @@ def _header_seal(envelope) -> Check:
 
 def _bundle_pickle(cache_path: str, path: str, data: bytes) -> list[Check]:
     """A bundle file that is a pickle (a cache entry a compiler would unpickle) is scanned like the opaque state."""
-    if len(data) < 2 or data[0] != 0x80 or data[1] > 5:
+    if not is_pickle(data):
         return []
     scan = scan_pickle(data, member=f"bundle file {path}")
     found = [(scan, imp) for imp in scan.dangerous] + ([(scan, None)] if scan.problem else [])

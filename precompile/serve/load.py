@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from precompile.artifact import bundle_keys, bundle_rules
+from precompile.artifact import bundle_keys, bundle_rules, opaque_state
 from precompile.artifact.codec import CacheFormatError, decode_payload
 from precompile.artifact.metadata import ArtifactMetadata, DynamoMetadata
 from precompile.artifact.pair import (
@@ -119,6 +119,18 @@ def exec_registered(source: str, filename: str, namespace: dict[str, Any], tree:
     exec(compile(source if tree is None else tree, filename, "exec"), namespace)  # noqa: S102
 
 
+def _checked_opaque_parts(tree: ast.Module, source: str, filename: str) -> dict[str, Any]:
+    """Refuse a Dynamo python_code whose opaque state or marshalled bytecode is spelled other than
+    precompile writes it (inspect scans only that spelling); seed the bytecode's labelled sha256s,
+    which the driver checks before marshal.loads."""
+    if opaque_state.STATE not in source and opaque_state.BYTECODE not in source:
+        return {}
+    problems, digests = opaque_state.load_problems(tree, source)
+    if problems:
+        raise PrecompileError(f"python_code {filename}: {problems[0]} (`precompile verify` names every such problem)")
+    return {} if digests is None else {opaque_state.BYTECODE_SHA256: digests}
+
+
 def execute(
     source: str,
     filename: str,
@@ -133,6 +145,8 @@ def execute(
     an installed Dynamo artifact's driver that a missed call may compile.
     """
     namespace: dict[str, Any] = {"__name__": "precompile_artifact", "__file__": filename, "__builtins__": builtins}
+    if tree is not None:
+        namespace.update(_checked_opaque_parts(tree, source, filename))
     if primed_kernels:
         namespace["__precompile_kernels__"] = dict(primed_kernels)
     if allow_serve_time_compiles:

@@ -145,7 +145,7 @@ def _slot_text(guard):
     return (guard.create_fn_name() + " " + _LOCAL.sub(r"\1", guard.name)).strip()
 
 
-# A guard source walked without eval (precompile/runtime/named_identity.py SOURCE): a local (x, or
+# A guard source walked without eval (precompile/serve/named_identity.py SOURCE): a local (x, or
 # L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...).
 _SOURCE_STEP = _re.compile(r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]")
 _SOURCE_ROOT = _re.compile(r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))")
@@ -437,11 +437,30 @@ def _artifact_tag(raw_state, namespace):
     return digest.hexdigest()[:16]
 
 
+_RECAPTURE = "capture it again; never load an artifact whose opaque parts were rewritten (precompile inspect verify tells)"
+
+
+def _state_bytes(state_blob, artifact, optional):
+    """The pickle the opaque state holds. precompile writes it as one base64 str literal (None, when
+    `optional`, where nothing is pickled) and inspect scans exactly that; anything else is refused.
+    (No string here names the state's variable: inspect takes any string naming it for a write.)"""
+    if state_blob is None and optional:
+        return b""
+    if type(state_blob) is not str:
+        _fail(artifact, f"its opaque state is a {type(state_blob).__name__}, not the base64 str "
+                        "literal precompile writes (and inspect scans)", _RECAPTURE)
+    try:
+        return _base64.b64decode(state_blob, validate=True)
+    except ValueError as exc:  # binascii.Error: a character outside the alphabet, or bad padding
+        _fail(artifact, f"its opaque state is not strict base64 ({exc})", _RECAPTURE)
+
+
 def build_forward(metadata, state_blob, artifact="this artifact"):
     """The served entry of a Dynamo artifact, from its metadata literals, subgraphs and opaque state."""
     _check_versions(metadata, artifact)
     if "_dynamo_frames" in metadata:
         return _build_standalone(metadata, state_blob, artifact)
+    raw = _state_bytes(state_blob, artifact, optional=False)
     import torch._dynamo  # noqa: F401 - guard trees and backends need Dynamo loaded
 
     installed = metadata.get("SERVING_MODE") == "installed"
@@ -450,7 +469,6 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
     _check_sources(metadata, artifact)
 
     _configure_inductor_for_aotautograd(metadata)
-    raw = _base64.b64decode(state_blob)
     tag = _artifact_tag(raw, metadata)
     state = _pickle.loads(raw)
     backends = {}
@@ -499,14 +517,32 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
 # -- standalone serving ----------------------------------------------------------------------------
 
 
-def _code_object(metadata, key, filename):
+def _marshalled(metadata, key, artifact):
+    """The bytes of a marshalled code object, refused unless they are the base64 str precompile writes
+    and (when load seeded the labels python_code shows, __precompile_bytecode_sha256__) match their sha256."""
+    text = metadata["_dynamo_bytecode"][key]
+    if type(text) is not str:
+        _fail(artifact, f"its marshalled code {key!r} is a {type(text).__name__}, not the base64 str precompile writes", _RECAPTURE)
+    try:
+        data = _base64.b64decode(text, validate=True)
+    except ValueError as exc:
+        _fail(artifact, f"its marshalled code {key!r} is not strict base64 ({exc})", _RECAPTURE)
+    labels = metadata.get("__precompile_bytecode_sha256__")
+    digest = _hashlib.sha256(data).hexdigest()
+    if labels is not None and labels.get(key) != digest:
+        _fail(artifact, f"its marshalled code {key!r} has sha256 {digest}, but python_code labels it "
+                        f"{labels.get(key) or 'with nothing'}: the code was swapped", _RECAPTURE)
+    return data
+
+
+def _code_object(metadata, key, filename, artifact):
     """A code object python_code carries marshalled (the Bytecode section), by its key, with the
     serving process's file of its module named in it and its nested code (tracebacks point there)."""
     def named(code):
         consts = tuple(named(c) if isinstance(c, _types.CodeType) else c for c in code.co_consts)
         return code.replace(co_filename=filename, co_consts=consts)
 
-    return named(_marshal.loads(_base64.b64decode("".join(metadata["_dynamo_bytecode"][key]))))
+    return named(_marshal.loads(_marshalled(metadata, key, artifact)))
 
 
 def _resolve_references(metadata, artifact):
@@ -519,12 +555,13 @@ def _resolve_references(metadata, artifact):
                   "serve it with the code it was captured from")
 
 
-def _standalone_tag(metadata, raw_state):
+def _standalone_tag(metadata, raw_state, artifact):
     """What tells this artifact's seeded names from another's: its bytecode, opaque remainder and
-    subgraphs' code (loading the same artifact again may rebind them, a different one may not)."""
+    subgraphs' code (loading the same artifact again may rebind them, a different one may not).
+    Every marshalled blob is checked here, before anything is built from any of them."""
     digest = _hashlib.sha256(raw_state)
-    for key, chunks in sorted(metadata["_dynamo_bytecode"].items()):
-        digest.update(key.encode("utf-8") + "".join(chunks).encode("ascii"))
+    for key in sorted(metadata["_dynamo_bytecode"]):
+        digest.update(key.encode("utf-8") + _marshalled(metadata, key, artifact))
     return _artifact_tag(digest.digest(), metadata)
 
 
@@ -562,11 +599,11 @@ class _DynamoUtils:
 def _build_standalone(metadata, state_blob, artifact):
     """A standalone artifact whose code objects travel marshalled and whose guards are rendered above;
     torch's Dynamo is imported only for what python_code keeps opaque (the remainder it names)."""
+    raw = _state_bytes(state_blob, artifact, optional=True)
     _check_sources(metadata, artifact)
-    raw = _base64.b64decode(state_blob) if state_blob else b""
     remainder = _pickle.loads(raw) if raw else {"guards": {}, "backends": {}}
     _configure_inductor_for_aotautograd(metadata)
-    tag = _standalone_tag(metadata, raw)
+    tag = _standalone_tag(metadata, raw, artifact)
     _resolve_references(metadata, artifact)
     backends = {}
     for subgraph in metadata["SUBGRAPHS"]:
@@ -591,7 +628,7 @@ def _build_standalone(metadata, state_blob, artifact):
         for key in table["builtins_keys"]:
             _seed(scope, key, _builtins_dict(scope), tag, artifact, module.__name__)
         filename = getattr(module, "__file__", None) or f"<module {module.__name__}>"
-        original = _code_object(metadata, str(index), filename)
+        original = _code_object(metadata, str(index), filename, artifact)
         frame = _Frame(table["name"], original, scope, defaults["defaults"] if index == 0 else None,
                        defaults["kwdefaults"] if index == 0 else None, artifact,
                        described.get("runs_as_python", False), table["bypassed"], table["compiled"])
@@ -608,7 +645,7 @@ def _build_standalone(metadata, state_blob, artifact):
                     remainder["guards"][f"{index}.{variant}"], original, scope,
                     frozenset(listed[variant].get("policy_dropped", ())), listed[variant].get("by_name", ()), artifact)
                 frame.global_state_guards.append(global_state)
-            frame.add_variant(guards, _code_object(metadata, f"{index}.{variant}", filename))
+            frame.add_variant(guards, _code_object(metadata, f"{index}.{variant}", filename, artifact))
         if index == 0:
             entry = frame
         if table["install_to_global"]:

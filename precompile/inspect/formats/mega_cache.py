@@ -21,7 +21,7 @@ import hashlib
 import zlib
 
 from precompile.inspect.model import Blob, MegaCache, MegaCacheEntry
-from precompile.inspect.pickle_scan import scan_pickle
+from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 
 ENCODING_VERSION = 1
 MAX_ENTRIES = 100_000
@@ -83,7 +83,7 @@ def looks_like_mega_cache(head: bytes) -> bool:
 
 
 def _content_kind(content: bytes) -> str:
-    if len(content) >= 2 and content[0] == 0x80 and content[1] <= 5:
+    if is_pickle(content):  # protocol 0 and 1 pickles too, though they are valid UTF-8 text
         return "pickle"
     try:
         content.decode("utf-8")

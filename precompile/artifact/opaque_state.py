@@ -1,0 +1,166 @@
+"""Where a Dynamo artifact's opaque parts sit in python_code, found by one rule that inspect and load share.
+
+The driver reads two names from python_code's globals: `_dynamo_state` (base64 of the pickle `load`
+unpickles, or None) and `_dynamo_bytecode` (key -> base64 of a marshalled code object, each entry
+labelled by the comment line above it: "...: N bytes, sha256 H"). A reader that finds them by a
+looser rule than the interpreter (a bytes literal, a sum of literals, a second assignment, a write
+through `globals()`) scans something other than what load decodes. So the only accepted spelling is
+one top-level assignment of literals, the name bound nowhere else; any other is a problem that
+inspect reports and load refuses. Torch-free: the tree is read with `ast`, nothing is executed.
+"""
+from __future__ import annotations
+
+import ast
+import base64
+import binascii
+import hashlib
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+STATE = "_dynamo_state"
+BYTECODE = "_dynamo_bytecode"
+BYTECODE_SHA256 = "__precompile_bytecode_sha256__"
+"""The global load seeds for the driver: each bytecode key's labelled sha256, checked before marshal.loads."""
+NOT_CANONICAL = "is not in the canonical form, cannot be scanned"
+REMEDY = "do not load this artifact; capture it again (precompile writes one canonical form)"
+_LABEL = re.compile(r"^\s*#.*: (\d+) bytes, sha256 ([0-9a-f]{64})\s*$")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A name's one canonical assignment (None when the name is absent or spelled otherwise) and why not."""
+
+    assignment: ast.Assign | None = None
+    problem: str | None = None
+
+
+def _is_state_literal(value: ast.expr) -> bool:
+    return isinstance(value, ast.Constant) and (value.value is None or type(value.value) is str)
+
+
+def _is_bytecode_literal(value: ast.expr) -> bool:
+    return isinstance(value, ast.Dict) and all(
+        isinstance(node, ast.Constant) and type(node.value) is str for node in (*value.keys, *value.values))
+
+
+def _string_mentions(node: ast.AST, name: str) -> bool:
+    value = node.value if isinstance(node, ast.Constant) else None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    return isinstance(value, str) and name in value
+
+
+def _binds(node: ast.AST, name: str) -> bool:
+    """Whether `node` binds or deletes `name` (anywhere: a module, a function, a class, a pattern)."""
+    if isinstance(node, ast.Name):
+        return node.id == name and not isinstance(node.ctx, ast.Load)
+    if isinstance(node, ast.Attribute):
+        return node.attr == name and not isinstance(node.ctx, ast.Load)
+    if isinstance(node, (ast.Global, ast.Nonlocal)):
+        return name in node.names
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == name
+    if isinstance(node, ast.alias):
+        return (node.asname or node.name.split(".")[0]) == name
+    if isinstance(node, (ast.ExceptHandler, ast.MatchAs, ast.MatchStar)):
+        return node.name == name
+    if isinstance(node, ast.MatchMapping):
+        return node.rest == name
+    return isinstance(node, ast.keyword) and node.arg == name
+
+
+def mentions(tree: ast.Module, names: tuple[str, ...]) -> dict[str, list[ast.AST]]:
+    """For each name, every node that binds it or spells it in a string other than as the key of a
+    plain read `x["name"]` (the driver's own `metadata["_dynamo_bytecode"]`): `globals()["name"] = ...`,
+    `setattr(m, "name", ...)`, `exec("name = ...")`, `dict(name=...)`. One walk; it visits a
+    subscript before its key, so the reads are known when the key is reached."""
+    found: dict[str, list[ast.AST]] = {name: [] for name in names}
+    reads: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant):
+            reads.add(id(node.slice))
+        for name in names:
+            if _binds(node, name) or (_string_mentions(node, name) and id(node) not in reads):
+                found[name].append(node)
+    return found
+
+
+def _find(tree: ast.Module, name: str, found: list[ast.AST], is_literal: Callable[[ast.expr], bool], what: str) -> Found:
+    """The one top-level `name = <literal>` when that is the name's only binding, or the problem."""
+    if not found:
+        return Found()
+    candidates = [node for node in tree.body
+                  if isinstance(node, ast.Assign) and len(node.targets) == 1 and found[0] is node.targets[0]]
+    if len(found) == 1 and candidates and is_literal(candidates[0].value):
+        return Found(assignment=candidates[0])
+    lines = ", ".join(str(line) for line in sorted({getattr(node, "lineno", 0) for node in found}))
+    return Found(problem=(
+        f"{name} (line {lines}) {NOT_CANONICAL}: load reads it as written once, at top level, as {what}; "
+        f"this file spells it otherwise (another expression, several bindings, or a write through a string name); {REMEDY}"))
+
+
+def find_parts(tree: ast.Module) -> tuple[Found, Found]:
+    """The opaque state's and the marshalled bytecode's canonical assignments (or problems)."""
+    found = mentions(tree, (STATE, BYTECODE))
+    return (_find(tree, STATE, found[STATE], _is_state_literal, "a base64 str literal or None"),
+            _find(tree, BYTECODE, found[BYTECODE], _is_bytecode_literal, "a dict of str keys to base64 str literals"))
+
+
+def decode(text: str) -> bytes:
+    """A base64 literal as load decodes it: strictly (no characters outside the alphabet); raises ValueError."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"not strict base64 ({exc})") from None
+
+
+@dataclass(frozen=True)
+class Blob:
+    key: str
+    line: int
+    text: str
+    label: tuple[int, str] | None
+    """(size, sha256) from the comment line above the entry; None when there is none."""
+
+
+def bytecode_blobs(assignment: ast.Assign, lines: list[str]) -> list[Blob]:
+    """Each entry of the canonical `_dynamo_bytecode` dict with its label (`lines`: the source's lines)."""
+    value = assignment.value
+    assert isinstance(value, ast.Dict)
+    blobs = []
+    for key, text in zip(value.keys, value.values):
+        assert isinstance(key, ast.Constant) and isinstance(text, ast.Constant)
+        match = _LABEL.match(lines[key.lineno - 2]) if key.lineno >= 2 else None
+        label = (int(match.group(1)), match.group(2)) if match else None
+        blobs.append(Blob(key=key.value, line=key.lineno, text=text.value, label=label))
+    return blobs
+
+
+def blob_problem(blob: Blob) -> str | None:
+    """Why a bytecode entry does not hold what its label says, or None."""
+    if blob.label is None:
+        return f"{BYTECODE}[{blob.key!r}] (line {blob.line}) has no 'N bytes, sha256 H' label above it; {REMEDY}"
+    try:
+        data = decode(blob.text)
+    except ValueError as exc:
+        return f"{BYTECODE}[{blob.key!r}] (line {blob.line}) is {exc}; {REMEDY}"
+    size, digest = len(data), hashlib.sha256(data).hexdigest()
+    if (size, digest) != blob.label:
+        return (f"{BYTECODE}[{blob.key!r}] (line {blob.line}) holds {size} bytes, sha256 {digest}, but is labelled "
+                f"{blob.label[0]} bytes, sha256 {blob.label[1]}: the marshalled code was swapped; {REMEDY}")
+    return None
+
+
+def load_problems(tree: ast.Module, source: str) -> tuple[list[str], dict[str, str] | None]:
+    """For load: why the opaque parts are not as the writer wrote them (another spelling, a blob that
+    does not match its label: python_code carries its own driver, and an older one checks nothing),
+    and each bytecode key's labelled sha256 (None without bytecode), which load seeds as
+    BYTECODE_SHA256 for the driver to check again before marshal.loads."""
+    state, bytecode = find_parts(tree)
+    problems = [found.problem for found in (state, bytecode) if found.problem is not None]
+    if bytecode.assignment is None:
+        return problems, None
+    blobs = bytecode_blobs(bytecode.assignment, source.splitlines())
+    problems.extend(problem for problem in map(blob_problem, blobs) if problem is not None)
+    return problems, {blob.key: blob.label[1] for blob in blobs if blob.label is not None}
