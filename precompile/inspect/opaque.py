@@ -22,7 +22,7 @@ def _is_pickle_header(data: bytes) -> bool:
     return len(data) >= 2 and data[0] == 0x80 and data[1] <= 5 and len(data) <= MAX_PICKLE_SIZE
 
 
-def _pickle_of(value) -> bytes | None:
+def pickle_of(value) -> bytes | None:
     """The pickle a literal holds: bytes as they are; a str decoded as base64 the lenient way
     `b64decode` does by default (characters outside the alphabet are dropped), standard or URL-safe,
     or taken as latin-1 when it starts like a pickle itself."""
@@ -70,7 +70,7 @@ def scan_literal_pickles(source: str, sections: tuple[Section, ...]) -> tuple[Pi
     for node in ast.walk(tree):
         if not isinstance(node, ast.Constant):
             continue
-        data = _pickle_of(node.value)
+        data = pickle_of(node.value)
         if data is None:
             continue
         where = targets.get(id(node), "a literal")
