@@ -8,12 +8,11 @@ nothing else, so two captures of the same code in two processes compare equal.
 """
 from __future__ import annotations
 
-import difflib
-
 from precompile.errors import PrecompileError
 from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
+from precompile.inspect.line_diff import unified
 from precompile.inspect.model import Artifact, MegaCache
 from precompile.inspect.process_ids import mask_process_ids
 from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
@@ -22,6 +21,8 @@ from precompile.schema.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetad
 from precompile.schema.pycode import decode_source
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
+MAX_CHANGED_LINES = 2000
+"""Changed lines shown of the python_code diff, all sections together; the rest are counted."""
 
 
 def _leaf(leaf) -> str:
@@ -165,16 +166,18 @@ def _code_sections(data: bytes | None) -> dict[str, list[str]]:
 
 
 def _code_diffs(a_code: bytes | None, b_code: bytes | None, context: int) -> list[CodeDiff]:
-    """The sections that differ, each a unified diff."""
+    """The sections that differ, each a unified diff; past MAX_CHANGED_LINES in all, lines are counted, not shown."""
     ca, cb = _code_sections(a_code), _code_sections(b_code)
+    room = MAX_CHANGED_LINES
     code: list[CodeDiff] = []
     for slug in [*ca, *(slug for slug in cb if slug not in ca)]:
         left, right = ca.get(slug), cb.get(slug)
         if left == right:
             continue
-        lines = tuple(difflib.unified_diff(left or [], right or [], f"a/{slug}", f"b/{slug}", n=context, lineterm=""))
+        shown = unified(left or [], right or [], f"a/{slug}", f"b/{slug}", context=context, max_lines=room)
+        room -= shown.shown
         change = "removed" if right is None else "added" if left is None else "changed"
-        code.append(CodeDiff(section=slug, change=change, lines=lines))
+        code.append(CodeDiff(section=slug, change=change, lines=shown.lines, lines_not_shown=shown.left_out))
     return code
 
 
