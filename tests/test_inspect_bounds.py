@@ -2,8 +2,10 @@
 and input nested past what Python parses is a clear problem, never a traceback."""
 from __future__ import annotations
 
+import base64
 import difflib
 import json
+import pickle
 import random
 import subprocess
 import sys
@@ -123,3 +125,28 @@ def test_python_code_nested_past_what_python_parses_is_a_clear_problem(capsys, t
     rc, out, err = run_cli(capsys, argv)
     assert rc == 2
     assert err.startswith(f"precompile: error: {tmp_path / 'n.py'} ") and "Traceback" not in out + err
+
+
+class _CountedSections(tuple):
+    """A tuple of sections that counts how often it is read whole."""
+
+    reads = 0
+
+    def __iter__(self):
+        type(self).reads += 1
+        return super().__iter__()
+
+
+def test_the_pickle_scan_reads_the_section_list_once_not_once_per_pickle():
+    import ast
+
+    from precompile.inspect.opaque import scan_literal_pickles
+    from precompile.inspect.sections import split_sections
+
+    blob = base64.b64encode(pickle.dumps({"k": 1}, protocol=4)).decode()
+    banner = "# " + "=" * 40 + "\n"
+    source = "".join(f"{banner}# 1. part-{i}: Part\n{banner}_s{i} = {blob!r}\n" for i in range(2_000))
+    sections = _CountedSections(section for section, _ in split_sections(source))
+    scans = scan_literal_pickles(ast.parse(source), sections)
+    assert len(scans) == 2_000 and scans[-1].member == "python_code section part-1999: _s1999 (line 8000)"
+    assert _CountedSections.reads == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import base64
+import bisect
 import binascii
 
 from precompile.inspect.model import PickleImport, PickleScan, Section
@@ -47,34 +48,32 @@ def pickle_of(value) -> bytes | None:
     return None
 
 
-def _section_of(line: int, sections: tuple[Section, ...]) -> str:
-    for section in sections:
-        if section.first_line <= line < section.first_line + section.line_count:
-            return section.slug
+def _section_of(line: int, sections: tuple[Section, ...], starts: list[int]) -> str:
+    """The slug of the section holding `line`, by bisection of `starts` (each section's first line, in file order)."""
+    index = bisect.bisect_right(starts, line) - 1
+    if index >= 0 and line < sections[index].first_line + sections[index].line_count:
+        return sections[index].slug
     return "header"
 
 
-def scan_literal_pickles(source: str, sections: tuple[Section, ...]) -> tuple[PickleScan, ...]:
-    """Each pickle held by a str (base64) or bytes literal, in file order; () when the file does not parse."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return ()
+def scan_literal_pickles(tree: ast.Module, sections: tuple[Section, ...]) -> tuple[PickleScan, ...]:
+    """Each pickle held by a str (base64) or bytes literal of python_code's syntax tree, in file order."""
     targets: dict[int, str] = {}
-    for node in ast.walk(tree):
+    starts = [section.first_line for section in sections]
+    found = []
+    for node in ast.walk(tree):  # breadth first: an assignment comes before the literal it assigns
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             names = node.targets if isinstance(node, ast.Assign) else [node.target]
             if len(names) == 1 and isinstance(names[0], ast.Name):
                 targets[id(node.value)] = names[0].id
-    found = []
-    for node in ast.walk(tree):
+            continue
         if not isinstance(node, ast.Constant):
             continue
         data = pickle_of(node.value)
         if data is None:
             continue
         where = targets.get(id(node), "a literal")
-        member = f"python_code section {_section_of(node.lineno, sections)}: {where} (line {node.lineno})"
+        member = f"python_code section {_section_of(node.lineno, sections, starts)}: {where} (line {node.lineno})"
         scan = scan_pickle(data, member=member)
         if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
             found.append((node.lineno, node.col_offset, scan))

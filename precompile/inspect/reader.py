@@ -40,7 +40,7 @@ from precompile.inspect.sections import split_sections
 from precompile.schema.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
 from precompile.schema.envelope import FORMAT_VERSION, EnvelopeTag
 from precompile.schema.pair import PythonCode, parse_cache, pairing_problem, read_bytes
-from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, parse_metadata
+from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, parse_metadata, parse_source
 
 MAX_ZIP_MEMBERS = 10_000
 SNIFF_SIZE = 256
@@ -95,19 +95,20 @@ def read_python_code(path: str) -> tuple[PythonCodeInfo, PythonCode | None]:
 
 @functools.lru_cache(maxsize=4)
 def _parse_python_code(data: bytes, path: str):
-    """Parsed once per content and path: `diff A A` and repeated verbs in one process reuse it."""
+    """Parsed once per content and path (one syntax tree serves the pickle scan and the metadata):
+    `diff A A` and repeated verbs in one process reuse it."""
     blob = _blob(data)
     try:
         source = decode_source(data, filename=path)
     except PrecompileError as exc:
         return PythonCodeInfo(path=path, file=blob, problem=str(exc)), None
     sections = tuple(section for section, _ in split_sections(source))
-    pickles = scan_literal_pickles(source, sections)
-    values: dict = {}
     try:
-        values = literal_assignments(source, filename=path)
-    except PrecompileError:
-        pass  # parse_metadata below reports it
+        tree = parse_source(source, filename=path)
+    except PrecompileError as exc:
+        return PythonCodeInfo(path=path, file=blob, sections=sections, problem=str(exc)), None
+    pickles = scan_literal_pickles(tree, sections)
+    values = literal_assignments(tree, filename=path)
     version = values.get("FORMAT_VERSION")
     version = version if isinstance(version, int) and not isinstance(version, bool) else None
     tracer = values.get("TRACER")
@@ -124,7 +125,7 @@ def _parse_python_code(data: bytes, path: str):
     if upstream is not None:
         return PythonCodeInfo(**info, upstream=upstream), None
     try:
-        metadata = parse_metadata(source, filename=path)
+        metadata = parse_metadata(tree, filename=path)
     except PrecompileError as exc:
         newer = version is not None and version > FORMAT_VERSION
         return PythonCodeInfo(**info, problem=str(exc), newer=newer), None
