@@ -150,3 +150,12 @@ def test_the_pickle_scan_reads_the_section_list_once_not_once_per_pickle():
     scans = scan_literal_pickles(ast.parse(source), sections)
     assert len(scans) == 2_000 and scans[-1].member == "python_code section part-1999: _s1999 (line 8000)"
     assert _CountedSections.reads == 1
+
+
+def test_a_pickle_of_more_opcodes_than_the_cap_has_no_masked_fingerprint(monkeypatch):
+    from precompile.inspect import process_ids
+
+    data = pickle.dumps(list(range(1_000)), protocol=4)
+    assert process_ids.opaque_fingerprint(data) is not None
+    monkeypatch.setattr(process_ids, "MAX_OPS", 100)
+    assert process_ids.opaque_fingerprint(data) is None  # diff then compares the literal's sha256: stricter
