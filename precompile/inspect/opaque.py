@@ -73,8 +73,9 @@ def _nodes(tree: ast.AST) -> Iterator[ast.AST]:
                 stack.append(value)
 
 
-def scan_literal_pickles(tree: ast.Module, sections: tuple[Section, ...]) -> tuple[PickleScan, ...]:
-    """Each pickle held by a str (base64) or bytes literal of python_code's syntax tree, in file order."""
+def scan_literal_pickles(tree: ast.Module, sections: tuple[Section, ...], *, first_line: int = 1) -> tuple[PickleScan, ...]:
+    """Each pickle held by a str (base64) or bytes literal of a syntax tree of python_code (or of its
+    part that starts at `first_line`), in file order."""
     targets: dict[int, str] = {}
     starts = [section.first_line for section in sections]
     found = []
@@ -90,10 +91,11 @@ def scan_literal_pickles(tree: ast.Module, sections: tuple[Section, ...]) -> tup
         if data is None:
             continue
         where = targets.get(id(node), "a literal")
-        member = f"python_code section {_section_of(node.lineno, sections, starts)}: {where} (line {node.lineno})"
+        line = node.lineno + first_line - 1
+        member = f"python_code section {_section_of(line, sections, starts)}: {where} (line {line})"
         scan = scan_pickle(data, member=member)
         if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
-            found.append((node.lineno, node.col_offset, scan))
+            found.append((line, node.col_offset, scan))
     return tuple(scan for _, _, scan in sorted(found, key=lambda item: item[:2]))
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import msgspec
 
 from precompile.errors import PrecompileError
+from precompile.inspect.chunked_parse import parsed_chunks
 from precompile.inspect.formats.mega_cache import looks_like_mega_cache, read_mega_cache
 from precompile.inspect.formats.upstream import (
     CACHE_VERSION,
@@ -30,6 +31,7 @@ from precompile.inspect.model import (
     Artifact,
     Blob,
     CacheInfo,
+    PickleScan,
     PythonCodeInfo,
     UpstreamCache,
     ZipMember,
@@ -40,7 +42,7 @@ from precompile.inspect.sections import split_sections
 from precompile.schema.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
 from precompile.schema.envelope import FORMAT_VERSION, EnvelopeTag
 from precompile.schema.pair import PythonCode, parse_cache, pairing_problem, read_bytes
-from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, parse_metadata, parse_source
+from precompile.schema.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, metadata_of
 
 MAX_ZIP_MEMBERS = 10_000
 SNIFF_SIZE = 256
@@ -95,20 +97,22 @@ def read_python_code(path: str) -> tuple[PythonCodeInfo, PythonCode | None]:
 
 @functools.lru_cache(maxsize=4)
 def _parse_python_code(data: bytes, path: str):
-    """Parsed once per content and path (one syntax tree serves the pickle scan and the metadata):
-    `diff A A` and repeated verbs in one process reuse it."""
+    """Parsed once per content and path, a part at a time (`chunked_parse`: each part's syntax tree
+    serves the pickle scan and the metadata): `diff A A` and repeated verbs in one process reuse it."""
     blob = _blob(data)
     try:
         source = decode_source(data, filename=path)
     except PrecompileError as exc:
         return PythonCodeInfo(path=path, file=blob, problem=str(exc)), None
     sections = tuple(section for section, _ in split_sections(source))
+    pickles: list[PickleScan] = []
+    values: dict = {}
     try:
-        tree = parse_source(source, filename=path)
+        for chunk in parsed_chunks(source, filename=path):
+            pickles += scan_literal_pickles(chunk.tree, sections, first_line=chunk.first_line)
+            values.update(literal_assignments(chunk.tree, filename=path, first_line=chunk.first_line))
     except PrecompileError as exc:
         return PythonCodeInfo(path=path, file=blob, sections=sections, problem=str(exc)), None
-    pickles = scan_literal_pickles(tree, sections)
-    values = literal_assignments(tree, filename=path)
     version = values.get("FORMAT_VERSION")
     version = version if isinstance(version, int) and not isinstance(version, bool) else None
     tracer = values.get("TRACER")
@@ -119,13 +123,13 @@ def _parse_python_code(data: bytes, path: str):
         tracer=tracer if isinstance(tracer, str) else None,
         literal_names=tuple(sorted(values)),
         sections=sections,
-        pickles=pickles,
+        pickles=tuple(pickles),
     )
     upstream = upstream_code(values)
     if upstream is not None:
         return PythonCodeInfo(**info, upstream=upstream), None
     try:
-        metadata = parse_metadata(tree, filename=path)
+        metadata = metadata_of(values, filename=path)
     except PrecompileError as exc:
         newer = version is not None and version > FORMAT_VERSION
         return PythonCodeInfo(**info, problem=str(exc), newer=newer), None
