@@ -5,8 +5,8 @@
 Builds python_code of each size (MB) from the dynamo_rows fixture by appending what a big artifact
 holds, and its cache beside it. `mixed`: a third each of an opaque-state-like base64 literal (the
 renderer's one-chunk lines), a metadata-like tuple literal of one string per line, and plain code
-lines. `code`: plain code lines only, the costliest shape for the syntax tree (about 250 bytes of
-memory per byte of code). The `diff` compares the file with a copy whose every 50th appended line
+lines. `code`: plain code lines only, the costliest shape to parse (its syntax tree takes about 250
+bytes per byte, which is why python_code is parsed a part at a time). The `diff` compares the file with a copy whose every 50th appended line
 changed. Each command runs in a fresh process; its peak resident memory is read with wait4.
 Nothing needs torch.
 """
