@@ -66,9 +66,10 @@ def parse_source(source: str, *, filename: str = "python_code") -> ast.Module:
         raise PrecompileError(f"{filename} cannot be parsed as Python ({type(exc).__name__}); it is not a precompile artifact") from None
 
 
-def literal_assignments(source: str | ast.Module, *, filename: str = "python_code") -> dict[str, Any]:
+def literal_assignments(source: str | ast.Module, *, filename: str = "python_code", first_line: int = 1) -> dict[str, Any]:
     """The top-level `UPPER_NAME = <literal>` assignments of `source` (not `_PRIVATE` ones), evaluated
-    with literal_eval. `source` is the text or the tree parse_source made of it."""
+    with literal_eval. `source` is the text or the tree parse_source made of it; `first_line` is the
+    line of the file it starts at, when it is part of one."""
     tree = source if isinstance(source, ast.Module) else parse_source(source, filename=filename)
     values: dict[str, Any] = {}
     for node in tree.body:
@@ -80,7 +81,7 @@ def literal_assignments(source: str | ast.Module, *, filename: str = "python_cod
         try:
             values[name] = ast.literal_eval(node.value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            values[name] = NotALiteral(node.lineno)
+            values[name] = NotALiteral(node.lineno + first_line - 1)
     return values
 
 
@@ -102,7 +103,11 @@ def decode_source(python_code: bytes, *, filename: str = "python_code") -> str:
 def parse_metadata(source: str | ast.Module, *, filename: str = "python_code") -> ArtifactMetadata:
     """Typed metadata of a python_code (its text or parse_source's tree of it), or a PrecompileError
     that says what is wrong with it."""
-    values = literal_assignments(source, filename=filename)
+    return metadata_of(literal_assignments(source, filename=filename), filename=filename)
+
+
+def metadata_of(values: dict[str, Any], *, filename: str = "python_code") -> ArtifactMetadata:
+    """Typed metadata of python_code's `literal_assignments`, or a PrecompileError that says what is wrong with them."""
     if "FORMAT_VERSION" not in values or "TRACER" not in values:
         raise PrecompileError(
             f"{filename} is not a precompile artifact: it has no FORMAT_VERSION/TRACER metadata literals"

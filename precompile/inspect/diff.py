@@ -1,29 +1,28 @@
 """Semantic diff of two artifacts, keyed by identity (names, paths, field names), not position.
 
 Sections come in a fixed order, most meaningful first: guards, inputs, outputs, params, buffers,
-metadata, envelope, bundle, entries (a Mega-Cache's, entry by entry); then a normalized unified diff of
-python_code section by section. Names Dynamo mints per process (graph uuids, continuation counters)
-are masked throughout, so two captures of the same code in two processes compare equal.
+metadata, envelope, bundle, entries (a Mega-Cache's, entry by entry); then a unified diff of
+python_code section by section, every line of every section, opaque ones included (`code_lines`).
+Names Dynamo mints per process (graph uuids, continuation counters) are masked throughout, and
+nothing else, so two captures of the same code in two processes compare equal.
 """
 from __future__ import annotations
 
-import ast
-import base64
-import binascii
-import difflib
-import re
-
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.artifact.pycode import decode_source
+from precompile.errors import PrecompileError
+from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
+from precompile.inspect.line_diff import unified
 from precompile.inspect.model import Artifact, MegaCache
-from precompile.inspect.process_ids import mask_process_ids, opaque_fingerprint
+from precompile.inspect.process_ids import mask_process_ids
 from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
-_DIGEST = re.compile(r"\b[0-9a-f]{64}\b")
+MAX_CHANGED_LINES = 2000
+"""Changed lines shown of the python_code diff, all sections together; the rest are counted."""
 
 
 def _leaf(leaf) -> str:
@@ -154,49 +153,32 @@ def _entries(mega: MegaCache) -> dict[str, str]:
     return out
 
 
-def _normalize(text: str) -> list[str]:
-    return [_DIGEST.sub("<sha256>", mask_process_ids(line.rstrip())) for line in text.splitlines()]
-
-
-def _code_sections(artifact: Artifact, data: bytes | None) -> dict[str, list[str]]:
+def _code_sections(data: bytes | None) -> dict[str, list[str]]:
+    """Each section of python_code by its slug, as `code_lines` compares it; {} when not text."""
     if data is None:
         return {}
     try:
         source = decode_source(data)
-    except Exception:  # noqa: BLE001 - not text: nothing to diff line by line
+    except PrecompileError:
         return {}
-    sections = {}
-    for section, text in split_sections(source):
-        lines = _normalize(text)
-        if section.slug.startswith("opaque"):
-            # Pickled state differs between any two captures (Dynamo mints fresh ids): it is compared
-            # through a fingerprint of its opcode stream with those ids masked, never line by line.
-            lines = [line for line in lines if line.startswith("#")] + _fingerprints(text)
-        sections[section.slug] = lines
-    return sections
+    return {section.slug: compared_lines(text, opaque=section.slug.startswith("opaque"))
+            for section, text in split_sections(source)}
 
 
-def _fingerprints(text: str) -> list[str]:
-    """One line per base64 pickle assigned in an opaque section: its name and masked fingerprint."""
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return ["# opaque state: not parseable, compared by its comment lines only"]
-    lines = []
-    for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+def _code_diffs(a_code: bytes | None, b_code: bytes | None, context: int) -> list[CodeDiff]:
+    """The sections that differ, each a unified diff; past MAX_CHANGED_LINES in all, lines are counted, not shown."""
+    ca, cb = _code_sections(a_code), _code_sections(b_code)
+    room = MAX_CHANGED_LINES
+    code: list[CodeDiff] = []
+    for slug in [*ca, *(slug for slug in cb if slug not in ca)]:
+        left, right = ca.get(slug), cb.get(slug)
+        if left == right:
             continue
-        try:
-            value = ast.literal_eval(node.value)
-            chunks = (value,) if isinstance(value, str) else value
-            data = base64.b64decode("".join(chunks), validate=True)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError, binascii.Error):
-            continue
-        fingerprint = opaque_fingerprint(data)
-        if fingerprint is not None:
-            # 32 hex digits: a full-length digest line would itself be masked as "<sha256>".
-            lines.append(f"# {node.targets[0].id}: pickle, fingerprint with per-process names masked {fingerprint[:32]}")
-    return lines
+        shown = unified(left or [], right or [], f"a/{slug}", f"b/{slug}", context=context, max_lines=room)
+        room -= shown.shown
+        change = "removed" if right is None else "added" if left is None else "changed"
+        code.append(CodeDiff(section=slug, change=change, lines=shown.lines, lines_not_shown=shown.left_out))
+    return code
 
 
 def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *, context: int = 3) -> DiffReport:
@@ -211,18 +193,7 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
                 entries.append(DiffEntry(section=section, key=key, change="added", b=right[key]))
             elif left[key] != right[key]:
                 entries.append(DiffEntry(section=section, key=key, change="changed", a=left[key], b=right[key]))
-    code: list[CodeDiff] = []
-    ca, cb = _code_sections(a, a_code), _code_sections(b, b_code)
-    order = list(ca) + [slug for slug in cb if slug not in ca]
-    for slug in order:
-        left, right = ca.get(slug), cb.get(slug)
-        if left == right:
-            continue
-        lines = tuple(
-            difflib.unified_diff(left or [], right or [], f"a/{slug}", f"b/{slug}", n=context, lineterm="")
-        )
-        change = "removed" if right is None else "added" if left is None else "changed"
-        code.append(CodeDiff(section=slug, change=change, lines=lines))
+    code = _code_diffs(a_code, b_code, context)
     problems = tuple(
         p for art in (a, b) for p in (art.python_code.problem, art.cache.problem) if p is not None
     )

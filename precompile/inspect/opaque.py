@@ -2,32 +2,46 @@
 
 A Dynamo artifact ships its opaque state (guard trees, transformed bytecode) as a base64 string
 that `load` decodes and unpickles: the one part of python_code a reviewer cannot read. It is found
-by the rule load itself uses (`schema.opaque_state.find_parts`: one top-level `_dynamo_state = <str literal>`,
-any other spelling is a problem) and always scanned. Besides it, every str literal that decodes
-(base64, standard or URL-safe, as leniently as `b64decode`) to a pickle, and every str or bytes
-literal that is one, anywhere in the file, is scanned by `pickle_scan`, and named by its section,
-the name it is assigned to and its line.
+by the rule load itself uses (`artifact.opaque_state`: one top-level `_dynamo_state = <str literal>`,
+the name bound nowhere else; any other spelling is a problem) and always scanned, strictly. Besides
+it, every str literal that decodes (base64, standard or URL-safe, as leniently as `b64decode`) to a
+pickle, and every str or bytes literal that is one, anywhere in the file, is scanned by `pickle_scan`,
+and named by its section, the name it is assigned to and its line.
+
+python_code is read a part at a time (`chunked_parse`), so `OpaqueReader` takes each part's syntax
+tree in turn and decides what is canonical once it has seen them all.
 """
 from __future__ import annotations
 
 import ast
 import base64
 import binascii
+import bisect
 import sys
+from collections.abc import Iterator
 
-from precompile.artifact.opaque_state import REMEDY, STATE, blob_problem, bytecode_blobs, decode, find_parts
-from precompile.artifact.pycode import literal_assignments
+from precompile.artifact.opaque_state import (
+    BYTECODE,
+    NOT_CANONICAL,
+    REMEDY,
+    STATE,
+    blob_problem,
+    bytecode_blobs,
+    decode,
+    mentions,
+)
 from precompile.inspect.model import PickleImport, PickleScan, Section
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, dynamo_state_reviewed, is_pickle, scan_pickle
 
 MIN_BLOB_CHARS = 16
+_CANONICAL_AS = {STATE: "a base64 str literal or None", BYTECODE: "a dict of str keys to base64 str literals"}
 
 
 def _is_pickle_header(data: bytes) -> bool:
     return len(data) >= 2 and data[0] == 0x80 and data[1] <= 5 and len(data) <= MAX_PICKLE_SIZE
 
 
-def _pickle_of(value) -> bytes | None:
+def pickle_of(value) -> bytes | None:
     """The pickle a literal holds: bytes that are one (any protocol, `is_pickle`); a str that is one
     taken as latin-1; or a str decoded as base64 the lenient way `b64decode` does by default
     (characters outside the alphabet are dropped), standard or URL-safe, to a protocol 2-5 pickle."""
@@ -51,53 +65,133 @@ def _pickle_of(value) -> bytes | None:
     return None
 
 
-def _section_of(line: int, sections: tuple[Section, ...]) -> str:
-    for section in sections:
-        if section.first_line <= line < section.first_line + section.line_count:
-            return section.slug
+def _section_of(line: int, sections: tuple[Section, ...], starts: list[int]) -> str:
+    """The slug of the section holding `line`, by bisection of `starts` (each section's first line, in file order)."""
+    index = bisect.bisect_right(starts, line) - 1
+    if index >= 0 and line < sections[index].first_line + sections[index].line_count:
+        return sections[index].slug
     return "header"
 
 
-def read_opaque(source: str, sections: tuple[Section, ...]) -> tuple[tuple[PickleScan, ...], tuple[str, ...]]:
-    """The pickles python_code carries, in file order: the opaque state `load` unpickles (always
-    scanned, found by the rule load uses, `opaque_state.find_parts`) and any other str or bytes
-    literal holding one; and the problems that keep the opaque parts from being read as load reads
-    them (a spelling other than the canonical one, bytecode that does not match its label).
-    ((), ()) when the file does not parse."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return (), ()
-    state, bytecode = find_parts(tree)
-    problems = [found.problem for found in (state, bytecode) if found.problem is not None]
-    if bytecode.assignment is not None:
-        blobs = bytecode_blobs(bytecode.assignment, source.splitlines())
-        problems.extend(problem for problem in map(blob_problem, blobs) if problem is not None)
-    found = []
-    state_value = state.assignment.value if state.assignment is not None else None
-    if isinstance(state_value, ast.Constant) and state_value.value:
-        scan, problem = _state_scan(state_value, sections, tree)
-        problems.extend([problem] if problem is not None else [])
-        found.extend([(state_value.lineno, state_value.col_offset, scan)] if scan is not None else [])
-    found.extend(_literal_scans(tree, sections, skip=state_value))
-    scans = tuple(scan for _, _, scan in sorted(found, key=lambda item: item[:2]))
-    return scans, tuple(problems)
+def _nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of the tree, each before its children; expression contexts (Load, Store) skipped.
+
+    `ast.walk` without its per-node generator and the contexts: a third less time on a big file."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        for name in node._fields:
+            value = getattr(node, name, None)
+            if isinstance(value, list):
+                stack.extend(item for item in value if isinstance(item, ast.AST))
+            elif isinstance(value, ast.AST) and name != "ctx":
+                stack.append(value)
 
 
-def _state_scan(value: ast.Constant, sections: tuple[Section, ...], tree: ast.Module) -> tuple[PickleScan | None, str | None]:
-    """The scan of the pickle load would unpickle from `_dynamo_state`, whatever it holds, or why there
-    is none; strict: an import neither data-only nor reviewed for Dynamo's state is a finding."""
-    try:
-        data = decode(value.value)
-    except ValueError as exc:
-        return None, f"{STATE} (line {value.lineno}) is {exc}: load refuses it, and it cannot be scanned; {REMEDY}"
-    member = f"python_code section {_section_of(value.lineno, sections)}: {STATE} (line {value.lineno})"
-    return scan_pickle(data, member=member, reviewed=dynamo_state_reviewed(_captured_modules(tree))), None
+class OpaqueReader:
+    """The pickles of python_code and the problems of its opaque parts, read one part at a time."""
+
+    def __init__(self, source: str, sections: tuple[Section, ...]) -> None:
+        self._source = source
+        self._sections = sections
+        self._starts = [section.first_line for section in sections]
+        self._mentions: dict[str, list[int]] = {STATE: [], BYTECODE: []}
+        """Each name's bindings and string spellings, by line in the file."""
+        self._candidates: dict[str, list[ast.Assign]] = {STATE: [], BYTECODE: []}
+        """Top-level `name = value` statements, their line numbers made the file's."""
+        self._scans: list[tuple[int, int, PickleScan, ast.AST]] = []
+
+    def add(self, tree: ast.Module, first_line: int = 1) -> None:
+        """Take the syntax tree of the part of python_code that starts at `first_line`."""
+        self._scans.extend(self._literal_scans(tree, first_line))  # before the candidates' lines are moved
+        found = mentions(tree, (STATE, BYTECODE))
+        for name, nodes in found.items():
+            self._mentions[name].extend(getattr(node, "lineno", 0) + first_line - 1 for node in nodes)
+            targets = {id(node) for node in nodes}
+            for statement in tree.body:
+                if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and id(statement.targets[0]) in targets:
+                    self._candidates[name].append(ast.increment_lineno(statement, first_line - 1))
+
+    def finish(self, values: dict) -> tuple[tuple[PickleScan, ...], tuple[str, ...]]:
+        """The pickles in file order (the opaque state scanned strictly when canonical) and the
+        problems that keep the opaque parts from being read as load reads them. `values`: the
+        file's metadata literals (which modules the artifact captured)."""
+        problems = []
+        state = self._canonical(STATE)
+        bytecode = self._canonical(BYTECODE)
+        problems.extend(problem for problem in (state, bytecode) if isinstance(problem, str))
+        if isinstance(bytecode, ast.Assign):
+            blobs = bytecode_blobs(bytecode, self._source.splitlines())
+            problems.extend(problem for problem in map(blob_problem, blobs) if problem is not None)
+        found = []
+        state_value = state.value if isinstance(state, ast.Assign) else None
+        for line, column, scan, node in self._scans:
+            if node is not state_value:
+                found.append((line, column, scan))
+        if isinstance(state_value, ast.Constant) and state_value.value:
+            scan, problem = self._state_scan(state_value, values)
+            problems.extend([problem] if problem is not None else [])
+            found.extend([(state_value.lineno, state_value.col_offset, scan)] if scan is not None else [])
+        return tuple(scan for _, _, scan in sorted(found, key=lambda item: item[:2])), tuple(problems)
+
+    def _canonical(self, name: str) -> ast.Assign | str | None:
+        """The name's one canonical assignment, None when it is absent, or the problem."""
+        lines = self._mentions[name]
+        if not lines:
+            return None
+        candidates = self._candidates[name]
+        literal = _is_state_literal if name == STATE else _is_bytecode_literal
+        if len(lines) == 1 and len(candidates) == 1 and literal(candidates[0].value):
+            return candidates[0]
+        shown = ", ".join(str(line) for line in sorted(set(lines)))
+        return (f"{name} (line {shown}) {NOT_CANONICAL}: load reads it as written once, at top level, as {_CANONICAL_AS[name]}; "
+                f"this file spells it otherwise (another expression, several bindings, or a write through a string name); {REMEDY}")
+
+    def _state_scan(self, value: ast.Constant, values: dict) -> tuple[PickleScan | None, str | None]:
+        """The scan of the pickle load would unpickle from `_dynamo_state`, or why there is none;
+        strict: an import neither data-only nor reviewed for Dynamo's state is a finding."""
+        try:
+            data = decode(value.value)
+        except ValueError as exc:
+            return None, f"{STATE} (line {value.lineno}) is {exc}: load refuses it, and it cannot be scanned; {REMEDY}"
+        member = f"python_code section {_section_of(value.lineno, self._sections, self._starts)}: {STATE} (line {value.lineno})"
+        return scan_pickle(data, member=member, reviewed=dynamo_state_reviewed(_captured_modules(values))), None
+
+    def _literal_scans(self, tree: ast.Module, first_line: int) -> list[tuple[int, int, PickleScan, ast.AST]]:
+        """Each literal of the part holding a pickle, with its line in the file and its node."""
+        targets: dict[int, str] = {}
+        found = []
+        for node in _nodes(tree):  # an assignment comes before the literal it assigns
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                names = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if len(names) == 1 and isinstance(names[0], ast.Name):
+                    targets[id(node.value)] = names[0].id
+                continue
+            if not isinstance(node, ast.Constant):
+                continue
+            data = pickle_of(node.value)
+            if data is None:
+                continue
+            line = node.lineno + first_line - 1
+            member = f"python_code section {_section_of(line, self._sections, self._starts)}: {targets.get(id(node), 'a literal')} (line {line})"
+            scan = scan_pickle(data, member=member)
+            if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
+                found.append((line, node.col_offset, scan, node))
+        return found
 
 
-def _captured_modules(tree: ast.Module) -> frozenset[str]:
+def _is_state_literal(value: ast.expr) -> bool:
+    return isinstance(value, ast.Constant) and (value.value is None or type(value.value) is str)
+
+
+def _is_bytecode_literal(value: ast.expr) -> bool:
+    return isinstance(value, ast.Dict) and all(
+        isinstance(node, ast.Constant) and type(node.value) is str for node in (*value.keys, *value.values))
+
+
+def _captured_modules(values: dict) -> frozenset[str]:
     """The modules whose code the artifact captured (FN_MODULE, FRAMES, INLINED_SOURCES), the standard library excepted."""
-    values = literal_assignments(tree)
     listed = [values.get("FN_MODULE")] + [entry.get("module") for name in ("FRAMES", "INLINED_SOURCES")
                                           for entry in _dicts(values.get(name))]
     return frozenset(module for module in listed
@@ -106,29 +200,6 @@ def _captured_modules(tree: ast.Module) -> frozenset[str]:
 
 def _dicts(value) -> list[dict]:
     return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, (list, tuple)) else []
-
-
-def _literal_scans(tree: ast.Module, sections: tuple[Section, ...], skip: ast.AST | None) -> list[tuple[int, int, PickleScan]]:
-    """Each other literal holding a pickle (load does not unpickle them; they are listed for a reviewer)."""
-    targets: dict[int, str] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Assign, ast.AnnAssign)):
-            names = node.targets if isinstance(node, ast.Assign) else [node.target]
-            if len(names) == 1 and isinstance(names[0], ast.Name):
-                targets[id(node.value)] = names[0].id
-    found = []
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Constant) or node is skip:
-            continue
-        data = _pickle_of(node.value)
-        if data is None:
-            continue
-        where = targets.get(id(node), "a literal")
-        member = f"python_code section {_section_of(node.lineno, sections)}: {where} (line {node.lineno})"
-        scan = scan_pickle(data, member=member)
-        if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
-            found.append((node.lineno, node.col_offset, scan))
-    return found
 
 
 def finding_text(scan: PickleScan, imp: PickleImport | None) -> str:

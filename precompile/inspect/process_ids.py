@@ -7,7 +7,8 @@ what was captured; `diff` and the snapshot tests compare text with it masked, th
 
 The opaque state itself is compared through `opaque_fingerprint`: its pickle's opcode stream (nested
 pickles followed) with those names, object ids, Dynamo's `__builtins_dict___<n>` counter and large
-integers (guard hashes) masked. Read with `pickletools.genops` only; nothing is unpickled.
+integers (guard hashes) masked. Read with `pickletools.genops` only; nothing is unpickled. A pickle
+of more than MAX_OPS opcodes (nested ones included) has no fingerprint: its reader compares it whole.
 """
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ _RESUME_AT = re.compile(r"(__resume_at_\d+)_\d+")
 _BUILTINS_DICT = re.compile(r"__builtins_dict___\d+")
 _OBJECT_ID = re.compile(r"\b\d{9,}\b")
 _PICKLED = re.compile(r"pickled \(\d+ bytes, sha256 [0-9a-f]{64}\)")
+MAX_OPS = 2_000_000
+
+
+class _TooManyOps(Exception):
+    pass
 
 
 def mask_process_ids(text: str) -> str:
@@ -35,15 +41,20 @@ def _is_pickle(data: bytes) -> bool:
     return len(data) >= 2 and data[0] == 0x80 and data[1] <= 5
 
 
-def _masked_ops(data: bytes, digest, depth: int = 0) -> None:
+def _masked_ops(data: bytes, digest, ops_left: list[int], depth: int = 0) -> None:
     for op, arg, _pos in pickletools.genops(data):
+        ops_left[0] -= 1
+        if ops_left[0] < 0:
+            raise _TooManyOps
         if op.name in ("FRAME", "LONG1", "LONG4"):
             arg = None  # framing sizes, and the 64-bit guard hashes Dynamo computes per process
         elif isinstance(arg, (bytes, bytearray)) and _is_pickle(arg) and depth < 8:
             try:
                 nested = hashlib.sha256()
-                _masked_ops(bytes(arg), nested, depth + 1)
+                _masked_ops(bytes(arg), nested, ops_left, depth + 1)
                 arg = nested.hexdigest()
+            except _TooManyOps:
+                raise
             except Exception:  # noqa: BLE001 - bytes that only look like a pickle are compared as bytes
                 arg = _OBJECT_ID.sub("<id>", mask_process_ids(bytes(arg).decode("latin-1")))
         elif isinstance(arg, (bytes, bytearray)):
@@ -54,12 +65,13 @@ def _masked_ops(data: bytes, digest, depth: int = 0) -> None:
 
 
 def opaque_fingerprint(data: bytes) -> str | None:
-    """A digest of a pickle with everything a process mints masked, or None when it is not a pickle."""
+    """A digest of a pickle with everything a process mints masked, or None when it is not a pickle
+    (or one of more than MAX_OPS opcodes)."""
     if not _is_pickle(data):
         return None
     digest = hashlib.sha256()
     try:
-        _masked_ops(data, digest)
+        _masked_ops(data, digest, [MAX_OPS])
     except Exception:  # noqa: BLE001 - malformed: genops raises ValueError, EOFError, ...
         return None
     return digest.hexdigest()

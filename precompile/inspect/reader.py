@@ -21,8 +21,9 @@ import msgspec
 from precompile.artifact.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
 from precompile.artifact.envelope import FORMAT_VERSION, EnvelopeTag
 from precompile.artifact.pair import PythonCode, pairing_problem, parse_cache, read_bytes
-from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, parse_metadata
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, metadata_of
 from precompile.errors import PrecompileError
+from precompile.inspect.chunked_parse import parsed_chunks
 from precompile.inspect.formats.mega_cache import looks_like_mega_cache, read_mega_cache
 from precompile.inspect.formats.upstream import (
     CACHE_VERSION,
@@ -39,7 +40,7 @@ from precompile.inspect.model import (
     UpstreamCache,
     ZipMember,
 )
-from precompile.inspect.opaque import read_opaque
+from precompile.inspect.opaque import OpaqueReader
 from precompile.inspect.pickle_ops import OPCODE_BYTES
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 from precompile.inspect.sections import split_sections
@@ -96,19 +97,23 @@ def read_python_code(path: str) -> tuple[PythonCodeInfo, PythonCode | None]:
 
 @functools.lru_cache(maxsize=4)
 def _parse_python_code(data: bytes, path: str):
-    """Parsed once per content and path: `diff A A` and repeated verbs in one process reuse it."""
+    """Parsed once per content and path, a part at a time (`chunked_parse`: each part's syntax tree
+    serves the pickle scan and the metadata): `diff A A` and repeated verbs in one process reuse it."""
     blob = _blob(data)
     try:
         source = decode_source(data, filename=path)
     except PrecompileError as exc:
         return PythonCodeInfo(path=path, file=blob, problem=str(exc)), None
     sections = tuple(section for section, _ in split_sections(source))
-    pickles, opaque_problems = read_opaque(source, sections)
+    opaque = OpaqueReader(source, sections)
     values: dict = {}
     try:
-        values = literal_assignments(source, filename=path)
-    except PrecompileError:
-        pass  # parse_metadata below reports it
+        for chunk in parsed_chunks(source, filename=path):
+            opaque.add(chunk.tree, chunk.first_line)
+            values.update(literal_assignments(chunk.tree, filename=path, first_line=chunk.first_line))
+    except PrecompileError as exc:
+        return PythonCodeInfo(path=path, file=blob, sections=sections, problem=str(exc)), None
+    pickles, opaque_problems = opaque.finish(values)
     version = values.get("FORMAT_VERSION")
     version = version if isinstance(version, int) and not isinstance(version, bool) else None
     tracer = values.get("TRACER")
@@ -126,7 +131,7 @@ def _parse_python_code(data: bytes, path: str):
     if upstream is not None:
         return PythonCodeInfo(**info, upstream=upstream), None
     try:
-        metadata = parse_metadata(source, filename=path)
+        metadata = metadata_of(values, filename=path)
     except PrecompileError as exc:
         newer = version is not None and version > FORMAT_VERSION
         return PythonCodeInfo(**info, problem=str(exc), newer=newer), None

@@ -11,6 +11,7 @@ from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMet
 from precompile.inspect.diff import SECTIONS
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
+from precompile.inspect.line_diff import shown
 from precompile.inspect.model import Artifact, CacheInfo, Guards, MegaCache, PickleScan, PythonCodeInfo, UpstreamCache
 from precompile.inspect.pickle_scan import DATA_ONLY, PARTIAL
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
@@ -272,12 +273,13 @@ def render_diff(report: DiffReport) -> list[Line]:
         counts = {c: sum(1 for e in entries if e.change == c) for c in ("changed", "added", "removed")}
         lines.append((f"{section} (" + ", ".join(f"{n} {c}" for c, n in counts.items() if n) + ")", HEAD))
         for e in entries:
+            key, a, b = shown(e.key), shown(e.a or ""), shown(e.b or "")
             if e.change == "changed":
-                lines.append((f"  ~ {e.key}: {e.a} -> {e.b}", WARN))
+                lines.append((f"  ~ {key}: {a} -> {b}", WARN))
             elif e.change == "added":
-                lines.append((f"  + {e.key}: {e.b}", GOOD))
+                lines.append((f"  + {key}: {b}", GOOD))
             else:
-                lines.append((f"  - {e.key}: {e.a}", BAD))
+                lines.append((f"  - {key}: {a}", BAD))
     if report.python_code:
         lines.append((f"python_code ({len(report.python_code)} sections differ; normalized)", HEAD))
         for code in report.python_code:
@@ -285,6 +287,8 @@ def render_diff(report: DiffReport) -> list[Line]:
             for line in code.lines:
                 style = GOOD if line.startswith("+") else BAD if line.startswith("-") else "cyan" if line.startswith("@@") else None
                 lines.append((f"    {line}", style))
+            if code.lines_not_shown:
+                lines.append((f"    ... {code.lines_not_shown} more changed lines not shown", WARN))
     lines.extend((f"problem: {p}", BAD) for p in report.problems)
     return lines
 

@@ -55,7 +55,10 @@ class CodeDiff(msgspec.Struct, frozen=True, kw_only=True):
     section: str
     change: Change
     lines: tuple[str, ...]
-    """Unified diff of the section after normalization (trailing blanks, sha256 digests masked)."""
+    """Unified diff of the section's lines, trailing blanks stripped, names Dynamo mints per process
+    masked, long base64 literals shown as their fingerprint, long lines shortened (see `code_lines`)."""
+    lines_not_shown: int = 0
+    """Changed lines of the section counted but not shown: the diff shows 2000 changed lines in all."""
 
 
 class DiffReport(_Report, frozen=True, kw_only=True, tag="diff"):
