@@ -14,7 +14,7 @@ import pytest
 
 from precompile.inspect.highlight import highlight_lines
 from precompile.inspect.html_report import side_by_side
-from test_inspect_helpers import FIXTURES, ROOT, run_cli
+from test_inspect_helpers import ALL, FIXTURES, ROOT, run_cli
 
 HOSTILE = "</pre><script>alert(1)</script><img src=x onerror=alert(2)>"
 SECTIONS = ("summary", "frames", "guards", "kernels", "code")
@@ -139,6 +139,20 @@ def test_unreadable_cache_is_trouble_but_the_page_is_written(capsys, tmp_path):
 def test_report_takes_one_or_two_artifacts(capsys, tmp_path):
     rc, _, err, _ = _report(capsys, tmp_path, "a", "b", "c")
     assert rc == 2 and "one artifact or two" in err
+
+
+@pytest.mark.parametrize("name", ALL + ("upstream/inductor", "upstream/mega_cache.bin"))
+def test_every_fixture_gets_a_page_or_a_clear_error(capsys, tmp_path, name):
+    rc, _, err, html = _report(capsys, tmp_path, f"fixtures/{name}")
+    assert "Traceback" not in err
+    if name.startswith("v1/"):
+        assert rc == 0 and not err, err
+    else:
+        assert rc in (1, 2) and "precompile: " in err
+    if html is not None:
+        assert "</html>" in html and "As <code>precompile show</code> prints it" in html
+    else:
+        assert rc == 2  # python_code could not be read at all: nothing to show
 
 
 def test_side_by_side_pairs_removed_and_added_lines():

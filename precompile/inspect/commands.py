@@ -199,6 +199,7 @@ def _report(args, out, err) -> int:
         report = diff(artifacts[0], artifacts[1], codes[0], codes[1], context=args.context)
         problems += [p for p in report.problems if p not in problems]
     problems += [p for page in pages for p in page.problems if p not in problems]
+    findings += [f for page in pages for f in page.findings if f not in findings]
     html = render(pages, report).encode("utf-8")
     with open(args.output, "wb") as handle:
         handle.write(html)

@@ -34,7 +34,8 @@ from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.highlight import highlight_lines, language_of
 from precompile.inspect.model import Artifact
-from precompile.inspect.report import DiffReport
+from precompile.inspect.render_text import render_show
+from precompile.inspect.report import DiffReport, ShowReport
 
 MAX_SHOWN_SOURCE = 512 * 1024
 """A kernel source or section longer than this (characters) is cut, saying so: the page stays openable."""
@@ -89,6 +90,9 @@ class ArtifactPage:
     sections: list[Code] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     findings: list[str] = field(default_factory=list)
+    show_text: str = ""
+    """The artifact as `precompile show` prints it: everything the summary leaves out (an upstream
+    cache's Mega-Cache entries and pickle imports, the bundle's file list)."""
 
 
 def _code(id: str, title: str, note: str, text: str, language: str, *, first_line: int = 1, open: bool = False) -> Code:
@@ -213,7 +217,7 @@ def _kernels(page: ArtifactPage, artifact: Artifact, source: str | None) -> None
         data = read_bytes(Path(cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE)
         files = decode_payload(bundle, data, PREFIX_SIZE + (cache.header_size or 0), source=f"cache {cache.path}")
     except (CacheFormatError, PrecompileError) as exc:
-        page.problems.append(f"kernel bundle not shown: {exc}")
+        page.findings.append(f"kernel bundle not shown: {exc}")
         return
     for index, entry in enumerate(bundle.files):
         content = files.get(entry.path)
@@ -248,6 +252,7 @@ def artifact_page(id: str, label: str, artifact: Artifact, code: bytes | None, *
         except PrecompileError as exc:
             page.problems.append(str(exc))
     _summary(page, artifact)
+    page.show_text = "".join(f"{text}\n" for text, _ in render_show(ShowReport(artifact=artifact, problems=tuple(problems))))
     _frames(page, artifact)
     _guards(page, artifact, source)
     _kernels(page, artifact, source)
