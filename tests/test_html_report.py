@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -134,6 +137,24 @@ def test_unreadable_cache_is_trouble_but_the_page_is_written(capsys, tmp_path):
     rc, _, err, html = _report(capsys, tmp_path, "fixtures/damaged/truncated")
     assert rc == 2 and "precompile: error:" in err
     assert html is not None and "problem:" in html
+
+
+def test_report_never_overwrites_an_input(capsys, tmp_path):
+    shutil.copy(FIXTURES / "v1" / "mlp.py", tmp_path / "m.py")
+    shutil.copy(FIXTURES / "v1" / "mlp.cache", tmp_path / "m.cache")
+    before = (tmp_path / "m.cache").read_bytes()
+    rc, _, err = run_cli(capsys, ["report", str(tmp_path / "m"), "-o", str(tmp_path / "m.cache")])
+    assert rc == 2 and "refusing to overwrite" in err
+    assert (tmp_path / "m.cache").read_bytes() == before
+
+
+def test_report_is_torch_free(tmp_path):
+    code = ("import sys; from precompile.cli.main import main; "
+            "rc = main(['report', 'fixtures/v1/mlp_inductor', 'fixtures/v1/dynamo_lowered', '-o', sys.argv[1]]); "
+            "print(rc, 'torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "r.html")], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert proc.stdout.splitlines()[-1] == "1 False", proc.stderr
 
 
 def test_report_takes_one_or_two_artifacts(capsys, tmp_path):

@@ -186,6 +186,9 @@ def _report(args, out, err) -> int:
     from precompile.inspect.report import HtmlReport
 
     artifacts = _report_artifacts(args.paths)
+    inputs = {os.path.realpath(p) for artifact in artifacts for p in (artifact.python_code.path, artifact.cache.path) if p}
+    if os.path.realpath(args.output) in inputs:
+        raise PrecompileError(f"-o {args.output} is one of the artifact's files; refusing to overwrite it: pass another HTML path")
     codes = [_read_code(artifact) for artifact in artifacts]
     problems = [p for artifact in artifacts for p in _problems(artifact)]
     findings = [f for artifact in artifacts for f in _findings(artifact)]
