@@ -49,7 +49,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures"
 BASES = ("mlp", "mlp_inductor", "train_step", "dynamo_rows", "dynamo_break_eager")
-VERBS = ("show", "guards", "verify", "diff", "extract", "schema")
+VERBS = ("show", "guards", "verify", "diff", "extract", "schema", "report")
 WATCHDOG_S = 60.0
 FAILURES = Path(tempfile.gettempdir()) / "precompile-stress-failures"
 """Where the inputs of a failing mutation case are kept, to reproduce it."""
@@ -200,7 +200,7 @@ def mutate_python_code(rng: random.Random, data: bytes) -> tuple[str, bytes]:
 
 def run_cli(argv: list[str]) -> tuple[int | str, str]:
     """Run the CLI's entry point in this process: (exit code, or the name of what escaped it, its output)."""
-    from precompile import cli
+    from precompile.cli import main as cli
 
     if not hasattr(cli.build_parser, "cache_info"):  # building argparse's parser is most of a small call
         cli.build_parser = functools.cache(cli.build_parser)
@@ -226,6 +226,9 @@ def verb_argv(verb: str, rng: random.Random, py: Path, cache: Path, base: str, s
         return ["diff", *json_flag, str(py.with_suffix("")), str(other)] if rng.random() < 0.5 else ["diff", str(other), str(py.with_suffix(""))]
     if verb == "extract":
         return ["extract", str(py), str(cache), str(scratch / "extracted")]
+    if verb == "report":
+        other = [str(FIXTURES / "v1" / rng.choice((base, *BASES)))] if rng.random() < 0.5 else []
+        return ["report", *json_flag, str(py), str(cache), *other, "-o", str(scratch / "report.html")]
     if verb == "schema":
         return ["schema", rng.choice(("all", "cache-envelope", "python-code-metadata", "inspect-report"))]
     extra = {"guards": rng.choice(([], ["--risky"], ["--type", "shape"], ["--frame", "0"])), "verify": rng.choice(([], ["--host"]))}.get(verb, [])

@@ -76,3 +76,34 @@ def test_demo_failures_are_clear_errors_with_a_non_zero_exit(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert re.search(message, err.replace("\n", " ")), err
     assert "Traceback" not in err
+
+
+def _fake_report(tmp_path, max_abs_diff):
+    from precompile.cli.demo import DemoReport
+
+    return DemoReport(
+        directory=tmp_path, steps=[("import torch and precompile", 1.5), ("capture", 2.25)],
+        artifact_path=tmp_path / "transformer.py", cache_path=tmp_path / "transformer.cache",
+        served={"load_s": 0.1, "first_call_s": 0.2, "max_abs_diff": max_abs_diff, "cache_used": True, "inductor_imported": False},
+    )
+
+
+@pytest.mark.parametrize(("max_abs_diff", "code"), [(0.0, 0), (0.5, 1)], ids=["match", "mismatch"])
+def test_demo_json_prints_the_result_as_json(tmp_path, monkeypatch, capsys, max_abs_diff, code):
+    import precompile.cli.demo as demo
+    from precompile.cli.main import main
+
+    monkeypatch.setattr(demo, "run_demo", lambda directory, backend: _fake_report(tmp_path, max_abs_diff))
+    assert main(["demo", str(tmp_path), "--json", "--backend", "eager"]) == code
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)  # stdout is the JSON alone
+    assert result == {
+        "directory": str(tmp_path),
+        "steps": [{"step": "import torch and precompile", "seconds": 1.5}, {"step": "capture", "seconds": 2.25}],
+        "artifact_path": str(tmp_path / "transformer.py"),
+        "cache_path": str(tmp_path / "transformer.cache"),
+        "served": {"load_s": 0.1, "first_call_s": 0.2, "max_abs_diff": max_abs_diff, "cache_used": True, "inductor_imported": False},
+        "tolerance": demo.TOLERANCE,
+        "ok": code == 0,
+    }
+    assert ("differs from eager by 0.5" in captured.err) == (code == 1)

@@ -248,7 +248,7 @@ def test_color_only_when_asked(capsys, monkeypatch):
 
 def test_help_lists_verbs(capsys):
     rc, out, _ = run_cli(capsys, ["--help"])
-    for verb in ("show", "guards", "diff", "verify", "extract", "schema"):
+    for verb in ("show", "guards", "diff", "verify", "extract", "report", "schema"):
         assert verb in out
 
 

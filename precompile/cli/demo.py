@@ -30,6 +30,19 @@ class DemoReport:
     def ok(self) -> bool:
         return self.served is not None and self.served["max_abs_diff"] <= TOLERANCE
 
+    def to_json(self) -> str:
+        """What `precompile demo --json` prints: the steps with their seconds, the pair's paths, the fresh
+        process's report (load and first-call seconds, max |served - eager|, cache used, inductor imported), ok."""
+        return json.dumps({
+            "directory": str(self.directory),
+            "steps": [{"step": step, "seconds": seconds} for step, seconds in self.steps],
+            "artifact_path": None if self.artifact_path is None else str(self.artifact_path),
+            "cache_path": None if self.cache_path is None else str(self.cache_path),
+            "served": self.served,
+            "tolerance": TOLERANCE,
+            "ok": self.ok,
+        }, indent=2) + "\n"
+
 
 def run_demo(directory: Path, backend: str) -> DemoReport:
     report = DemoReport(directory=directory)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from precompile._version import __version__
 from precompile.cli.signing import register as register_signing_verbs
 from precompile.errors import PrecompileError
 from precompile.inspect.commands import register as register_inspect_verbs
@@ -39,6 +40,23 @@ def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
             report = run_demo(Path(args.directory), args.backend)
         finally:
             logger.removeHandler(handler)
+    if args.json:
+        out.file.write(report.to_json())
+        out.file.flush()
+    else:
+        _print_demo(report, out)
+    served = report.served
+    if not report.ok:
+        err.print(
+            f"precompile: error: the pair served in a fresh process differs from eager by {served['max_abs_diff']:.3g} "
+            f"(over the {TOLERANCE:g} tolerance): ({report.artifact_path}, {report.cache_path}) does not reproduce the model; "
+            "report it with both files",
+            markup=False,
+        )
+    return 0 if report.ok else 1
+
+
+def _print_demo(report, out: Console) -> None:
     for step, seconds in report.steps:
         out.print(f"{seconds:8.2f} s  {step}")
     served = report.served
@@ -50,14 +68,6 @@ def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
     out.print(f"max |served - eager| = {served['max_abs_diff']:.3g}: {'match' if report.ok else 'MISMATCH'}")
     out.print(f"artifact: {report.artifact_path}")
     out.print(f"cache:    {report.cache_path}")
-    if not report.ok:
-        err.print(
-            f"precompile: error: the pair served in a fresh process differs from eager by {served['max_abs_diff']:.3g} "
-            f"(over the {TOLERANCE:g} tolerance): ({report.artifact_path}, {report.cache_path}) does not reproduce the model; "
-            "report it with both files",
-            markup=False,
-        )
-    return 0 if report.ok else 1
 
 
 def _doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -73,13 +83,18 @@ def _doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
     return 0
 
 
+COLORS = ("auto", "always", "never")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="precompile", description="Capture, load and inspect precompile artifacts.")
-    parser.add_argument("--color", choices=("auto", "always", "never"), default="auto", help="colour output (default: auto)")
+    parser.add_argument("--version", action="version", version=f"precompile {__version__}")
+    parser.add_argument("--color", choices=COLORS, default="auto", help="colour output (default: auto)")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     demo = verbs.add_parser("demo", help="capture the built-in transformer, reload it in a fresh process, compare with eager")
     demo.add_argument("directory", nargs="?", default="precompile-demo", help="where to write the pair (default: ./precompile-demo)")
     demo.add_argument("--backend", choices=("inductor", "eager"), default="inductor", help="how the captured graph is realized (default: inductor)")
+    demo.add_argument("--json", action="store_true", help="print the result (steps, paths, the fresh process's report, ok) as JSON")
     demo.set_defaults(handler=_demo)
     doctor = verbs.add_parser("doctor", help="which features work with this torch, Python and host, and why not")
     doctor.add_argument("--json", action="store_true", help="the report as JSON")
@@ -87,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(handler=_doctor)
     register_inspect_verbs(verbs)
     register_signing_verbs(verbs)
+    for sub in verbs.choices.values():
+        # Global flags are accepted after the verb too; SUPPRESS leaves the one given before it (or the default) alone.
+        sub.add_argument("--color", choices=COLORS, default=argparse.SUPPRESS, help="colour output (default: auto)")
     return parser
 
 

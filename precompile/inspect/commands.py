@@ -1,4 +1,4 @@
-"""The inspect verbs of the `precompile` command: show, guards, diff, verify, extract, schema.
+"""The inspect verbs of the `precompile` command: show, guards, diff, verify, extract, report, schema.
 
 `register(verbs)` adds them to the CLI's subparsers. Every verb takes an artifact as
 PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME (show, diff and extract also
@@ -183,6 +183,61 @@ def _extract(args, out, err) -> int:
     return 2 if report.problems else 0
 
 
+def _report_artifacts(paths: list[str]) -> list[Artifact]:
+    """report's PAIR [PAIR]: one artifact (a directory, a prefix, one file, or PYTHON_CODE CACHE: a .py
+    then a .cache), or two (A B, or A.py A.cache B.py B.cache)."""
+    if len(paths) == 1:
+        return [open_given(paths)]
+    if len(paths) == 2 and paths[0].endswith(".py") and paths[1].endswith(".cache"):
+        return [open_given(paths)]
+    if len(paths) == 2:
+        return [open_given(paths[:1]), open_given(paths[1:])]
+    if len(paths) == 4:
+        return [_artifact(paths[:2]), _artifact(paths[2:])]
+    raise PrecompileError(f"report takes one artifact or two: A, A B, PY CACHE, or A.py A.cache B.py B.cache; got {len(paths)} paths")
+
+
+def _report(args, out, err) -> int:
+    import hashlib
+
+    from precompile.inspect.html_report import artifact_page, render
+    from precompile.inspect.report import HtmlReport
+
+    artifacts = _report_artifacts(args.paths)
+    inputs = {os.path.realpath(p) for artifact in artifacts for p in (artifact.python_code.path, artifact.cache.path) if p}
+    if os.path.realpath(args.output) in inputs:
+        raise PrecompileError(f"-o {args.output} is one of the artifact's files; refusing to overwrite it: pass another HTML path")
+    codes = [_read_code(artifact) for artifact in artifacts]
+    problems = [p for artifact in artifacts for p in _problems(artifact)]
+    findings = [f for artifact in artifacts for f in _findings(artifact)]
+    pages = [artifact_page(f"artifact-{label.lower()}", f"Artifact {label}" if len(artifacts) > 1 else "Artifact", artifact, code,
+                           problems=_problems(artifact), findings=_findings(artifact))
+             for label, artifact, code in zip("AB", artifacts, codes)]
+    report = None
+    if len(artifacts) == 2:
+        from precompile.inspect.diff import diff
+
+        report = diff(artifacts[0], artifacts[1], codes[0], codes[1], context=args.context)
+        problems += [p for p in report.problems if p not in problems]
+    problems += [p for page in pages for p in page.problems if p not in problems]
+    findings += [f for page in pages for f in page.findings if f not in findings]
+    html = render(pages, report).encode("utf-8")
+    with open(args.output, "wb") as handle:
+        handle.write(html)
+    sections = tuple(f"{page.id}{part}" for page in pages for part in ("", "-summary", "-frames", "-guards", "-kernels", "-code"))
+    written = HtmlReport(
+        output=args.output, artifacts=tuple(page.title for page in pages), size=len(html), sha256=hashlib.sha256(html).hexdigest(),
+        sections=sections + (("diff", "diff-entries", "diff-code") if report is not None else ()),
+        equal=report.equal if report is not None else None, problems=tuple(problems), findings=tuple(findings),
+    )
+    summary = [(f"wrote {args.output} ({len(html)} bytes): " + " vs ".join(written.artifacts), None)]
+    if report is not None:
+        summary.append(("the artifacts are equal" if report.equal else "the artifacts differ", None))
+    _emit(args, out, written, summary if not args.json else ())
+    _diagnose(err, problems, findings)
+    return 2 if problems else 1 if findings or (report is not None and not report.equal) else 0
+
+
 def _schema(args, out, err) -> int:
     from precompile.artifact.envelope import CacheEnvelope
     from precompile.artifact.jsonschema import render
@@ -245,6 +300,13 @@ def register(verbs: argparse._SubParsersAction) -> None:
         "check the pair's signature (NAME.sig): it must be by this public key; repeatable (any one of them); needs precompile[sign]"))
     extract = add("extract", "write python_code sections, metadata, envelope and bundle files into a new directory", _extract, artifact=False)
     extract.add_argument("paths", nargs="+", metavar="ARTIFACT... DIR", help=f"{ONE_FILE_HELP}; then the directory to create")
+    report = add("report", "write one self-contained HTML page about an artifact, or two and their diff side by side; "
+                 "exit 0 ok, 1 a finding (the two differ, unpaired, flagged), 2 trouble", _report, artifact=False)
+    report.add_argument("paths", nargs="+", metavar="PAIR", help=(
+        f"{ONE_FILE_HELP}; two of them (A B, or A.py A.cache B.py B.cache) for a report with their diff. "
+        "Two paths NAME.py NAME.cache (a .py then a .cache) are one pair"))
+    report.add_argument("-o", "--output", default="report.html", metavar="HTML", help="the HTML file to write (default: report.html)")
+    report.add_argument("--context", type=int, default=3, help="lines of context in the python_code diff (default: 3)")
     schema = add("schema", "print the JSON Schemas of the cache envelope, the python_code metadata and the --json report", _schema, artifact=False)
     schema.add_argument("which", nargs="?", default="all", choices=("all", "cache-envelope", "python-code-metadata", "inspect-report"))
 

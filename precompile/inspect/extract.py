@@ -85,7 +85,7 @@ def _mega_cache_files(cache, problems: list[str]) -> list[tuple[str, bytes, str]
     return planned
 
 
-def _subgraph_modules(metadata, source: str) -> list[tuple[str, bytes, str]]:
+def subgraph_modules(metadata, source: str) -> list[tuple[str, bytes, str]]:
     """A Dynamo artifact's Inductor output modules, each as the file it is (python_code holds them as
     string literals): `subgraphs/<name>.py`. Read with ast, never executed."""
     names = {name for graph in getattr(metadata, "subgraphs", ()) for name in (graph.forward, graph.backward) if name}
@@ -134,7 +134,7 @@ def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractRe
     if source is not None:
         for section, text in split_sections(source):
             planned.append((f"python_code/{section.index:02d}-{section.slug}.py", text.encode("utf-8", "surrogatepass"), f"python_code section {section.title}"))
-        planned.extend(_subgraph_modules(artifact.python_code.metadata, source))
+        planned.extend(subgraph_modules(artifact.python_code.metadata, source))
     if artifact.python_code.metadata is not None:
         planned.append(("metadata.json", msgspec.json.format(msgspec.json.encode(artifact.python_code.metadata), indent=2) + b"\n", "python_code metadata"))
     elif artifact.python_code.upstream is not None:

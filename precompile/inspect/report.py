@@ -100,7 +100,24 @@ class ExtractReport(_Report, frozen=True, kw_only=True, tag="extract"):
     problems: tuple[str, ...] = ()
 
 
-Report = Union[ShowReport, GuardsReport, DiffReport, VerifyReport, ExtractReport]
+class HtmlReport(_Report, frozen=True, kw_only=True, tag="report"):
+    """What `precompile report` wrote: the HTML page itself is the report; this says where and what."""
+
+    output: str
+    """The HTML file, as given with -o."""
+    artifacts: tuple[str, ...]
+    """Each artifact shown, as "PYTHON_CODE + CACHE" (paths as given)."""
+    size: int
+    sha256: str
+    sections: tuple[str, ...]
+    """The ids of the page's sections (anchors), in page order."""
+    equal: bool | None = None
+    """Given two artifacts: whether their diff found nothing; None for one."""
+    problems: tuple[str, ...] = ()
+    findings: tuple[str, ...] = ()
+
+
+Report = Union[ShowReport, GuardsReport, DiffReport, VerifyReport, ExtractReport, HtmlReport]
 
 _encoder = msgspec.json.Encoder(order="deterministic")
 
