@@ -923,7 +923,7 @@ def _slot_text(guard):
     return (guard.create_fn_name() + " " + _LOCAL.sub(r"\1", guard.name)).strip()
 
 
-# A guard source walked without eval (precompile/runtime/named_identity.py SOURCE): a local (x, or
+# A guard source walked without eval (precompile/capturing/dynamo/named_identity.py SOURCE): a local (x, or
 # L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...).
 _SOURCE_STEP = _re.compile(r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]")
 _SOURCE_ROOT = _re.compile(r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))")
