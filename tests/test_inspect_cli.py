@@ -335,3 +335,30 @@ def test_show_ends_with_a_verdict_counting_the_findings(capsys):
     assert rc == 0 and out.splitlines()[-1] == "verdict: 0 findings: nothing flagged"
     rc, out, err = run_cli(capsys, ["show", "fixtures/damaged/poisoned.py", "fixtures/damaged/poisoned_raw.pkl"])
     assert out.splitlines()[-1].startswith("verdict: ") and "finding" in out.splitlines()[-1]
+
+
+def test_diff_gates_a_release_by_category(capsys):
+    pair = ["fixtures/v1/mlp", "fixtures/v1/mlp_b4"]  # the batch grew from 4 to 8: the calling convention changed
+    rc, out, _ = run_cli(capsys, ["diff", *pair])
+    assert rc == 1 and out.splitlines()[-1] == "verdict: differ in calling-convention (2), code (1)"
+    assert run_cli(capsys, ["diff", "--fail-on", "guards,kernels,params", *pair])[0] == 0
+    assert run_cli(capsys, ["diff", "--fail-on", "calling-convention", *pair])[0] == 1
+    rc, out, _ = run_cli(capsys, ["diff", "--stat", *pair])
+    assert rc == 1 and out.splitlines()[2:] == [
+        "  calling-convention       2 differences", "  code                     1 difference",
+        "verdict: differ in calling-convention (2), code (1)"]
+    rc, _, err = run_cli(capsys, ["diff", "--fail-on", "guard", *pair])
+    assert rc == 2 and "guard is not one of guards, calling-convention" in err
+    rc, out, _ = run_cli(capsys, ["diff", "--json", "--fail-on", "code", *pair])
+    assert rc == 1 and json.loads(out)["categories"] == {"calling-convention": 2, "code": 1}
+
+
+def test_diff_masks_the_prefix_each_artifact_gives_its_names(capsys, tmp_path):
+    import re
+
+    source = (FIXTURES / "v1/dynamo_lowered.py").read_text(encoding="utf-8")
+    prefix = re.search(r"__precompile_([0-9a-f]{12})_", source).group(1)
+    (tmp_path / "a.py").write_text(source, encoding="utf-8")
+    (tmp_path / "b.py").write_text(source.replace(prefix, "0123456789ab"), encoding="utf-8")
+    rc, out, _ = run_cli(capsys, ["diff", str(tmp_path / "a.py"), str(tmp_path / "b.py")])
+    assert rc == 0 and out.splitlines()[-1] == "verdict: equal"

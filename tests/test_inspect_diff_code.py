@@ -66,7 +66,7 @@ def test_pickled_state_differing_only_in_minted_names_diffs_equal(capsys, tmp_pa
     state_a = pickle.dumps({"graph": f"__compiled_fn_3_{UUID_A}", "resume": "__resume_at_20_2", "code": CODE}, protocol=4)
     state_b = pickle.dumps({"graph": f"__compiled_fn_15_{UUID_B}", "resume": "__resume_at_20_11", "code": CODE}, protocol=4)
     rc, out = _diff(capsys, tmp_path, _with_opaque_state(source, state_a), _with_opaque_state(source, state_b))
-    assert (rc, out.splitlines()[-1]) == (0, "no differences")
+    assert (rc, out.splitlines()[-1]) == (0, "verdict: equal")
 
 
 def test_pickled_state_differing_in_anything_else_is_a_difference(capsys, tmp_path):

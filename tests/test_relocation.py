@@ -243,3 +243,30 @@ def test_verify_host_reports_a_gpu_bundles_keys_without_torch(captured, tmp_path
     for key in ("gpu_capability", "triton_key", "cxx11_abi"):
         assert f"skip  host kernels requirement {key}: " in out and "cannot tell here without importing torch" in out
     assert "'1.0' where captured; cannot tell here without importing torch (a GPU's compute capability needs the CUDA driver" in out
+
+
+CAPTURE_ELSEWHERE = r"""
+import sys
+import precompile
+from cases import CASES
+case = CASES["plain_function"]
+with precompile.capture(case.fn, artifact_path=sys.argv[1] + "/makefx.py", cache_path=sys.argv[1] + "/makefx.cache",
+                        tracer=precompile.MakeFxTracer(), backend="inductor") as cap:
+    cap(*case.args())
+"""
+
+
+def test_the_same_capture_in_another_venv_of_one_torch_build_diffs_equal(relocation_pairs, second_venv, tmp_path, capsys):
+    """A release gate: what differs between two venvs of one build (where torch lives, the compile
+    command, the libraries' bytes, their hashed names) is provenance, which diff leaves out unless asked."""
+    from precompile.cli.main import main
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)]), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([str(second_venv), "-c", CAPTURE_ELSEWHERE, str(tmp_path)], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    here, there = str(relocation_pairs / "makefx"), str(tmp_path / "makefx")
+    assert main(["diff", here, there]) == 0, capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[-1] == "verdict: equal"
+    assert main(["diff", "--provenance", here, there]) == 1  # asked for: where each was built differs
+    assert "bundle.provenance.torch_dir" in capsys.readouterr().out

@@ -1,7 +1,8 @@
 """What `diff` compares of a python_code section: every one of its lines, opaque sections included.
 
 A line is compared as written, trailing blanks stripped and the names Dynamo mints per process
-masked (`mask_process_ids`), nothing else. A long base64 literal (the opaque state, marshalled
+masked (`mask_process_ids`), and so is the prefix of the names an artifact seeds
+(`mask_artifact_names`), nothing else. A long base64 literal (the opaque state, marshalled
 bytecode) is compared through a fingerprint that changes whenever the literal does, so a diff stays
 readable: a quoted run of at least LONG_LITERAL base64 characters within a line, and a run of lines
 that each hold nothing but one quoted base64 chunk (the way the renderer writes a long literal),
@@ -15,7 +16,7 @@ import hashlib
 import re
 
 from precompile.inspect.opaque import pickle_of
-from precompile.inspect.process_ids import mask_process_ids, opaque_fingerprint
+from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids, opaque_fingerprint
 
 LONG_LITERAL = 160
 """Base64 characters from which a literal is abbreviated: longer than a sha256 or sha512 in hex."""
@@ -37,7 +38,7 @@ def _fingerprint(body: str, lines: int, opaque: bool) -> str:
 
 
 def _line(line: str, opaque: bool) -> str:
-    masked = mask_process_ids(line.rstrip())
+    masked = mask_artifact_names(mask_process_ids(line.rstrip()))
     return _LONG_TOKEN.sub(lambda token: _fingerprint(token.group(2), 1, opaque), masked)
 
 

@@ -146,10 +146,28 @@ def _diff(args, out, err) -> int:
         a, b = open_given(args.paths[:1]), open_given(args.paths[1:])
     else:
         raise PrecompileError(f"diff compares two artifacts: A B, or A.py A.cache B.py B.cache; got {len(args.paths)} paths")
-    report = diff(a, b, _read_code(a), _read_code(b), context=args.context)
-    _emit(args, out, report, render_text.render_diff(report) if not args.json else ())
+    fail_on = _fail_on(args.fail_on)
+    report = diff(a, b, _read_code(a), _read_code(b), context=args.context, provenance=args.provenance)
+    _emit(args, out, report, render_text.render_diff(report, stat=args.stat, fail_on=fail_on) if not args.json else ())
     _diagnose(err, report.problems)
-    return 2 if report.problems else 0 if report.equal else 1
+    if report.problems:
+        return 2
+    if fail_on is not None:
+        return 1 if any(report.categories.get(name) for name in fail_on) else 0
+    return 0 if report.equal else 1
+
+
+def _fail_on(value: str | None) -> tuple[str, ...] | None:
+    """The categories of `--fail-on a,b`, each one of diff's CATEGORIES."""
+    from precompile.inspect.diff import CATEGORIES
+
+    if value is None:
+        return None
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    unknown = [name for name in names if name not in CATEGORIES]
+    if unknown or not names:
+        raise PrecompileError(f"--fail-on {value!r}: {', '.join(unknown) or 'no category'} is not one of {', '.join(CATEGORIES)}")
+    return names
 
 
 def _verify(args, out, err) -> int:
@@ -293,6 +311,12 @@ def register(verbs: argparse._SubParsersAction) -> None:
         "A B (each a directory holding one pair, a prefix DIR/NAME, or one file alone of a kind `show` knows), "
         "or A.py A.cache B.py B.cache"))
     diff.add_argument("--context", type=int, default=3, help="lines of context in the python_code diff (default: 3)")
+    diff.add_argument("--stat", action="store_true", help="only how many differences fall in each category, and the verdict")
+    diff.add_argument("--fail-on", metavar="CATEGORIES", help=(
+        "exit 1 only for differences in these comma-separated categories (guards, calling-convention, params, kernels, "
+        "versions, code, metadata); others are shown and exit 0"))
+    diff.add_argument("--provenance", action="store_true", help=(
+        "also compare where and how the kernels were built (producer paths, compiler command, library bytes)"))
     verify = add("verify", "check a pair's integrity and signature; --host: whether this machine can serve it; exit 0/1/2", _verify)
     verify.add_argument("-v", "--verbose", action="store_true", help="list every check, not only the verdict and what failed")
     verify.add_argument("--host", action="store_true", help="also check this host's Python and torch against the artifact")

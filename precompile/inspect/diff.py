@@ -8,6 +8,8 @@ nothing else, so two captures of the same code in two processes compare equal.
 """
 from __future__ import annotations
 
+from precompile.artifact.bundle_keys import provenance as bundle_provenance
+from precompile.artifact.bundle_keys import requirements
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
@@ -16,11 +18,16 @@ from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.line_diff import unified
 from precompile.inspect.model import Artifact, MegaCache
-from precompile.inspect.process_ids import mask_process_ids
+from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
 from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
+CATEGORIES = ("guards", "calling-convention", "params", "kernels", "versions", "code", "metadata")
+"""What a difference is about, for `--stat` and `--fail-on`: a release gate names the ones it cares for."""
+_VERSION_KEYS = ("FORMAT_VERSION", "TORCH_VERSION", "PYTHON_VERSION", "format_version", "producer.")
+_CALLING_CONVENTION_KEYS = ("FN_NAME", "NUM_POSITIONAL_ARGS", "MODULE_POSITIONS", "IN_SPEC", "OUT_SPEC", "GRAD_PARAMS", "FRAMES ")
+_BINARY_KINDS = {"kernel": "kernel-source", "isa-probe": "isa-probe-source"}
 MAX_CHANGED_LINES = 2000
 """Changed lines shown of the python_code diff, all sections together; the rest are counted."""
 
@@ -31,16 +38,51 @@ def _leaf(leaf) -> str:
     return f"tensor {shape_text(leaf.shape)} {leaf.dtype} {leaf.device}"
 
 
-def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
-    """{section: {identity: value text}} of everything compared."""
+def category(section: str, key: str) -> str:
+    """The category of a difference in `section` at `key` (see CATEGORIES)."""
+    if section == "guards":
+        return "guards"
+    if section in ("inputs", "outputs"):
+        return "calling-convention"
+    if section in ("params", "buffers"):
+        return "params"
+    if section in ("bundle", "entries"):
+        return "kernels"
+    if key.startswith(_VERSION_KEYS) or key.startswith("bundle.keys."):
+        return "versions"
+    if section == "metadata" and key.startswith(_CALLING_CONVENTION_KEYS):
+        return "calling-convention"
+    return "kernels" if key.startswith("bundle.") else "metadata"
+
+
+def _bundle_entries(bundle, provenance: bool) -> dict[str, str]:
+    """The bundle's files keyed by content, not by the hashed names a build gives them: a source by its
+    sha256, a library by the source it was built from (its own bytes are provenance: two builds of
+    one source differ in bytes that say nothing about what runs)."""
+    by_path = {f.path: f for f in bundle.files}
+    out = {}
+    for f in bundle.files:
+        source = by_path.get(f.path[: -len(".so")] + ".cpp") if f.kind in _BINARY_KINDS else None
+        if source is not None:
+            out[f"{f.kind} built from source sha256 {source.sha256}"] = f"sha256 {f.sha256}" if provenance else "built"
+        else:
+            out[f"{f.kind} {f.path.rsplit('.', 1)[-1] if '.' in f.path else ''} sha256 {f.sha256}".replace("  ", " ")] = f"{f.size} bytes"
+    return out
+
+
+def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool = False) -> dict[str, dict[str, str]]:
+    """{section: {identity: value text}} of everything compared (`code`: python_code's bytes, for
+    what its rendered guards check; `provenance`: where and how it was built, too)."""
     out: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
-    guards = guards_of(artifact)
+    guards = guards_of(artifact, code)
     if guards is not None:
         # Keyed by the slot alone, so a guard one capture kept and another dropped is one change.
         verdicts: dict[str, set[str]] = {}
         for frame in guards.frames:
             for slot in frame.slots:
                 verdict = slot.status if slot.status != "kept" else f"kept in {frame.frame}#{frame.variant}"
+                if slot.status == "kept" and slot.guard_type == "TENSOR_MATCH" and slot.check:
+                    verdict += f": {slot.check}"
                 verdicts.setdefault(f"{slot.guard_type} {slot.source}".strip(), set()).add(verdict)
         out["guards"] = {key: ", ".join(sorted(values)) for key, values in verdicts.items()}
     meta = artifact.python_code.metadata
@@ -98,12 +140,14 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
         if bundle is not None:
             if artifact.given != "pair":
                 env["code_hash"] = str(envelope.code_hash)
-            env.update({f"bundle.keys.{k}": v for k, v in bundle.keys.items()})
-            env.update({f"bundle.provenance.{k}": v for k, v in bundle.provenance.items()})
-            env["bundle.payload_size"] = str(bundle.payload_size)
-            env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
-            env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
-            out["bundle"] = {f.path: f"{f.kind} {f.size} bytes sha256 {f.sha256}" for f in bundle.files}
+            env.update({f"bundle.keys.{k}": v for k, v in requirements(bundle.keys).items()})
+            env["bundle.kernel_map"] = f"{len(bundle.kernels)} kernels by source"
+            if provenance:
+                env.update({f"bundle.provenance.{k}": v for k, v in bundle_provenance(bundle.keys, bundle.provenance).items()})
+                env["bundle.payload_size"] = str(bundle.payload_size)
+                env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
+                env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
+            out["bundle"] = _bundle_entries(bundle, provenance)
         out["envelope"] = env
     elif artifact.cache.upstream is not None and (artifact.cache.upstream.precompile or artifact.cache.upstream.mega_cache):
         upstream = artifact.cache.upstream
@@ -136,10 +180,14 @@ def flatten(artifact: Artifact) -> dict[str, dict[str, str]]:
         out["bundle"] = {member.name: f"zip member {member.size} bytes" for member in upstream.members}
     elif artifact.cache.kind not in ("missing", "absent"):
         out["envelope"] = {"kind": artifact.cache.kind}
-    code = artifact.python_code.upstream
-    if code is not None:
-        out["metadata"] = {literal.name: literal.value for literal in code.literals}
-    return {section: {mask_process_ids(k): mask_process_ids(v) for k, v in values.items()} for section, values in out.items()}
+    upstream_code = artifact.python_code.upstream
+    if upstream_code is not None:
+        out["metadata"] = {literal.name: literal.value for literal in upstream_code.literals}
+    return {section: {_masked(k): _masked(v) for k, v in values.items()} for section, values in out.items()}
+
+
+def _masked(text: str) -> str:
+    return mask_artifact_names(mask_process_ids(text))
 
 
 def _entries(mega: MegaCache) -> dict[str, str]:
@@ -181,8 +229,9 @@ def _code_diffs(a_code: bytes | None, b_code: bytes | None, context: int) -> lis
     return code
 
 
-def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *, context: int = 3) -> DiffReport:
-    fa, fb = flatten(a), flatten(b)
+def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *, context: int = 3,
+         provenance: bool = False) -> DiffReport:
+    fa, fb = flatten(a, a_code, provenance=provenance), flatten(b, b_code, provenance=provenance)
     entries: list[DiffEntry] = []
     for section in SECTIONS:
         left, right = fa[section], fb[section]
@@ -197,10 +246,15 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
     problems = tuple(
         p for art in (a, b) for p in (art.python_code.problem, art.cache.problem) if p is not None
     )
+    counts = {name: 0 for name in CATEGORIES}
+    for entry in entries:
+        counts[category(entry.section, entry.key)] += 1
+    counts["code"] = len(code)
     return DiffReport(
         a=a.python_code.path or a.cache.path,
         b=b.python_code.path or b.cache.path,
         equal=not entries and not code,
+        categories={name: count for name, count in counts.items() if count},
         entries=tuple(entries),
         python_code=tuple(code),
         problems=problems,

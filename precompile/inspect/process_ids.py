@@ -21,6 +21,7 @@ _RESUME_AT = re.compile(r"(__resume_at_\d+)_\d+")
 _BUILTINS_DICT = re.compile(r"__builtins_dict___\d+")
 _OBJECT_ID = re.compile(r"\b\d{9,}\b")
 _PICKLED = re.compile(r"pickled \(\d+ bytes, sha256 [0-9a-f]{64}\)")
+_ARTIFACT_PREFIX = re.compile(r"__precompile_[0-9a-f]{12}_")
 MAX_OPS = 2_000_000
 
 
@@ -35,6 +36,12 @@ def mask_process_ids(text: str) -> str:
     text = _PICKLED.sub("pickled (<size>, <sha256>)", text)
     text = _BUILTINS_DICT.sub("__builtins_dict___<n>", text)
     return _RESUME_AT.sub(r"\1_<n>", text)
+
+
+def mask_artifact_names(text: str) -> str:
+    """`text` with the prefix each artifact gives the names it seeds (`__precompile_<12 hex>_`, drawn
+    from its content) replaced by a placeholder: two releases of one model name the same things."""
+    return _ARTIFACT_PREFIX.sub("__precompile_<artifact>_", text)
 
 
 def _is_pickle(data: bytes) -> bool:

@@ -262,10 +262,35 @@ def render_guards(report: GuardsReport) -> list[Line]:
     return lines
 
 
-def render_diff(report: DiffReport) -> list[Line]:
+def render_diff(report: DiffReport, *, stat: bool = False, fail_on: tuple[str, ...] | None = None) -> list[Line]:
+    """The differences section by section, then python_code's (with `stat`: only their counts), then
+    a one-line verdict (saying which categories `--fail-on` gates)."""
     lines: list[Line] = [(f"--- {report.a}", HEAD), (f"+++ {report.b}", HEAD)]
     if report.equal:
         lines.append(("no differences", GOOD))
+    if stat:
+        lines.extend((f"  {name:<20} {count:>5} difference{'s' if count != 1 else ''}", None) for name, count in report.categories.items())
+    else:
+        lines.extend(_diff_lines(report))
+    lines.extend((f"problem: {p}", BAD) for p in report.problems)
+    lines.append(_diff_verdict(report, fail_on))
+    return lines
+
+
+def _diff_verdict(report: DiffReport, fail_on: tuple[str, ...] | None) -> Line:
+    if report.equal:
+        return ("verdict: equal", GOOD)
+    found = ", ".join(f"{name} ({count})" for name, count in report.categories.items())
+    if fail_on is None:
+        return (f"verdict: differ in {found}", BAD)
+    gated = [name for name in fail_on if report.categories.get(name)]
+    if gated:
+        return (f"verdict: differ in {found}; fails on {', '.join(gated)}", BAD)
+    return (f"verdict: differ in {found}; none of {', '.join(fail_on)}, so it passes", GOOD)
+
+
+def _diff_lines(report: DiffReport) -> list[Line]:
+    lines: list[Line] = []
     for section in SECTIONS:
         entries = [e for e in report.entries if e.section == section]
         if not entries:
@@ -289,7 +314,6 @@ def render_diff(report: DiffReport) -> list[Line]:
                 lines.append((f"    {line}", style))
             if code.lines_not_shown:
                 lines.append((f"    ... {code.lines_not_shown} more changed lines not shown", WARN))
-    lines.extend((f"problem: {p}", BAD) for p in report.problems)
     return lines
 
 

@@ -68,6 +68,8 @@ class DiffReport(_Report, frozen=True, kw_only=True, tag="diff"):
     entries: tuple[DiffEntry, ...] = ()
     python_code: tuple[CodeDiff, ...] = ()
     problems: tuple[str, ...] = ()
+    categories: dict[str, int] = {}
+    """How many differences fall in each category (inspect.diff.CATEGORIES; python_code sections are `code`)."""
 
 
 class Check(msgspec.Struct, frozen=True, kw_only=True):
