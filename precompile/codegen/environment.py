@@ -6,6 +6,8 @@ import pprint
 
 import jinja2
 
+from precompile.artifact.section_grammar import BANNER, title_line
+
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("precompile.codegen", "templates"),
     undefined=jinja2.StrictUndefined,
@@ -41,6 +43,7 @@ def _reads_back(literal: str, text: str) -> bool:
 
 
 _ENV.filters["py_literal"] = py_literal
+_ENV.globals.update(BANNER=BANNER, title_line=title_line)
 
 
 def render(template: str, **context) -> str:

@@ -12,11 +12,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from precompile.artifact.section_grammar import BANNER_LINE, NAMED_TITLE, TITLE_LINE
 from precompile.inspect.model import Section
-
-_BANNER = re.compile(r"^# ={10,}\s*$")
-_TITLE = re.compile(r"^#\s*(?:\d+\.\s*)?(.*?)\s*$")
-_NAMED = re.compile(r"([a-z][a-z0-9-]*): (.*)")
 
 # Titles of the layout before explicit slugs, and the names that layout's sections now go by.
 _LEGACY_SUBGRAPH = re.compile(r"Subgraph (graph_\d+), compiled in frame .*?: (forward|backward)? ?")
@@ -36,7 +33,7 @@ def _legacy_slug(title: str) -> str:
 
 def _named(title: str) -> tuple[str, str]:
     """(slug, title) of a section's title line."""
-    named = _NAMED.fullmatch(title)
+    named = NAMED_TITLE.fullmatch(title)
     if named is not None:
         return named.group(1), named.group(2)
     return _legacy_slug(title), title
@@ -48,8 +45,8 @@ def split_sections(source: str) -> list[tuple[Section, str]]:
     starts: list[tuple[int, str]] = [(0, "Header")]
     i = 0
     while i + 2 < len(lines):
-        if _BANNER.match(lines[i]) and _BANNER.match(lines[i + 2]) and not _BANNER.match(lines[i + 1]):
-            match = _TITLE.match(lines[i + 1].rstrip("\r\n"))
+        if BANNER_LINE.match(lines[i]) and BANNER_LINE.match(lines[i + 2]) and not BANNER_LINE.match(lines[i + 1]):
+            match = TITLE_LINE.match(lines[i + 1].rstrip("\r\n"))
             starts.append((i, match.group(1) if match else lines[i + 1].strip()))
             i += 3
         else:
