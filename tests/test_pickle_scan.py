@@ -716,3 +716,12 @@ def test_an_opaque_state_that_is_not_strict_base64_is_a_finding(capsys, tmp_path
     (tmp_path / "a.py").write_text(_with_state(f"_dynamo_state = ' {STATE_LITERAL[1:]}"))  # a leading space
     rc, out, err = run_cli(capsys, ["show", str(tmp_path / "a.py")])
     assert rc == 1 and "_dynamo_state (line 296) is not strict base64" in err and "do not load this artifact" in err, err
+
+
+def test_torch_modules_referenced_whole_are_reviewed_in_the_opaque_state_but_not_their_main():
+    from precompile.inspect.pickle_scan import MODULE, dynamo_state_reviewed
+
+    reviewed = dynamo_state_reviewed(frozenset())
+    assert reviewed("torch.distributed", MODULE) and reviewed("torch", MODULE)
+    assert not reviewed("torch.utils.bottleneck.__main__", MODULE) and not reviewed("os", MODULE)
+    assert not reviewed("torchvision_evil", MODULE)

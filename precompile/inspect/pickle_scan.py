@@ -106,17 +106,24 @@ DYNAMO_STATE = frozenset(
 )
 
 
+def _torch_module(module: str) -> bool:
+    """A module of torch itself, which guards reference by name (a whole-module import, never a
+    `__main__` that runs a program when imported)."""
+    return (module == "torch" or module.startswith("torch.")) and "__main__" not in module.split(".")
+
+
 def dynamo_state_reviewed(captured_modules: frozenset[str]) -> Callable[[str, str], bool]:
     """Whether a name off the data-only list is allowed in a Dynamo artifact's opaque state: on the
-    reviewed list (`DYNAMO_STATE`, plus the families it names by pattern: guard builder methods,
-    guard sources, AOTAutograd's runtime wrappers), or a member of a module whose code the artifact
+    reviewed list (`DYNAMO_STATE`, plus the families it names by pattern: torch's own modules
+    referenced whole, guard builder methods, guard sources, AOTAutograd's runtime wrappers), or a member of a module whose code the artifact
     captured and load checks (its metadata's FN_MODULE, FRAMES and INLINED_SOURCES, the standard
     library excepted: its classes are no model's own)."""
     def reviewed(module: str, name: str) -> bool:
         if (module, name) in DYNAMO_STATE or module in captured_modules:
             return True
         head, _, rest = name.partition(".")
-        return ((module, head) == ("torch._dynamo.guards", "GuardBuilder") and rest.isupper()
+        return (name == MODULE and _torch_module(module)
+                or (module, head) == ("torch._dynamo.guards", "GuardBuilder") and rest.isupper()
                 or module == "torch._dynamo.source" and (name.endswith("Source") or name == "TensorProperty")
                 or module == "torch._functorch._aot_autograd.runtime_wrappers" and name.endswith("Wrapper"))
 
