@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import resource
 import select
 import shutil
@@ -615,11 +616,11 @@ def attempt_load(sandbox: Sandbox) -> dict:
         except precompile.PrecompileError as exc:
             return {"outcome": "PrecompileError", "detail": f"{type(exc).__name__}: {str(exc)[:300]}"}
         except MemoryError:
-            return {"outcome": "memory", "detail": "MemoryError"}
+            return {"outcome": "memory", "detail": "MemoryError", "finding": "MemoryError"}
         except BaseException as exc:  # noqa: BLE001 - what escapes load is the figure
             where = traceback.extract_tb(exc.__traceback__)[-1]
-            return {"outcome": "raw exception", "detail": f"{type(exc).__name__}: {str(exc)[:300]} "
-                                                          f"({Path(where.filename).name}:{where.lineno})"}
+            return {"outcome": "raw exception", "detail": f"{type(exc).__name__}: {str(exc)[:300]}",
+                    "finding": f"{type(exc).__name__} at {Path(where.filename).name}:{where.lineno}"}
     warned = [str(w.message)[:300] for w in caught if issubclass(w.category, precompile.PrecompileWarning)]
     if warned:
         return {"outcome": "degraded with a PrecompileWarning", "detail": warned[0]}
@@ -659,7 +660,7 @@ def run_forked(sandbox: Sandbox, memory_limit: int, watchdog_s: float) -> dict:
         try:
             os.write(write_end, json.dumps(serve_case(sandbox, memory_limit, roots)).encode())
         except MemoryError:
-            os.write(write_end, b'{"outcome": "memory", "detail": "MemoryError while reporting", "foreign": []}')
+            os.write(write_end, b'{"outcome": "memory", "detail": "MemoryError while reporting", "finding": "MemoryError", "foreign": []}')
         finally:
             os._exit(0)
     os.close(write_end)
@@ -671,10 +672,11 @@ def run_forked(sandbox: Sandbox, memory_limit: int, watchdog_s: float) -> dict:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        return {"outcome": "hang", "detail": f"no answer within {watchdog_s:.0f} s", "foreign": []}
+        return {"outcome": "hang", "detail": f"no answer within {watchdog_s:.0f} s", "finding": "no answer", "foreign": []}
     _, status = os.waitpid(pid, 0)
     if not data:
-        return {"outcome": "memory", "detail": f"died: {describe_status(status)}", "foreign": []}
+        died = f"died: {describe_status(status)}"
+        return {"outcome": "memory", "detail": died, "finding": died, "foreign": []}
     return json.loads(data)
 
 
@@ -776,18 +778,22 @@ def figures(results: list[dict]) -> dict[str, int]:
     }
 
 
-def findings(results: list[dict]) -> Counter:
-    """{(what went wrong, the first mutation's family): cases} over the failing cases."""
-    found = Counter()
+def finding_names(result: dict) -> list[str]:
+    """What a case found, named so that cases finding the same thing share a name (case numbers and
+    process ids in paths made N)."""
+    names = [f"{result['outcome']}: {result['finding']}"] if result["outcome"] in MUST_BE_ZERO else []
+    names += sorted({f"wrote {re.sub(r'[0-9]+', 'N', path)}" for path in result["outside"]})
+    names += sorted({f"mapped {re.sub(r'^.*/case-[0-9]+/', '', path)}" for path in result["foreign"]})
+    return names
+
+
+def findings(results: list[dict]) -> dict[str, list[dict]]:
+    """{finding: the cases that found it}, most found first."""
+    found: dict[str, list[dict]] = {}
     for result in results:
-        family = result["label"].split(": ", 1)[1].split(" + ")[0]
-        if result["outcome"] in MUST_BE_ZERO:
-            found[(f"{result['outcome']}: {result['detail'].split(':')[0][:60]}", family)] += 1
-        if result["outside"]:
-            found[("write outside the cache roots", family)] += 1
-        if result["foreign"]:
-            found[("foreign library mapped", family)] += 1
-    return found
+        for name in finding_names(result):
+            found.setdefault(name, []).append(result)
+    return dict(sorted(found.items(), key=lambda item: -len(item[1])))
 
 
 def main() -> int:

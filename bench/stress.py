@@ -551,8 +551,8 @@ def report_load_fuzz(f: dict) -> int:
         ],
     )
     if f["findings"]:
-        table("   findings (by the case's first mutation)", ("what", "mutation", "cases"),
-              [(*key, n) for key, n in sorted(f["findings"].items())])
+        table("   findings (paths relative to the case's dir)", ("finding", "cases", "first case", "its mutations"),
+              [(name, len(cases), cases[0]["case"], cases[0]["label"][:70]) for name, cases in f["findings"].items()])
         print(f"   failing inputs kept under {FAILURES}/load-case-N")
     return sum(figures[name] for name in MUST_BE_ZERO)
 
