@@ -17,7 +17,7 @@ memory, or writes anywhere in the sandbox outside Inductor's and Triton's cache 
 library from outside the extracted bundle and the system, Python and torch installs. A failing case's
 inputs are kept under the failures dir.
 
-    python bench/load_fuzz.py --cases 0:200 [--job 0/1] [--seed 0] --work DIR --failures DIR
+    python bench/load_fuzz.py --cases 0:200,531 [--job 0/1] [--seed 0] --work DIR --failures DIR
     (the long-lived process; prints one JSON line per case)
 """
 from __future__ import annotations
@@ -749,12 +749,27 @@ def job_of(case: int, jobs: int) -> int:
     return zlib.crc32(str(case).encode()) % jobs
 
 
-def fuzz(cases: range, *, seed: str = "0", jobs: int = 1, failures: Path, watchdog_s: float = WATCHDOG_S) -> list[dict]:
+def cases_text(cases: Iterable[int]) -> str:
+    """`cases` as --cases takes them: START:STOP for each run of consecutive numbers, comma-separated."""
+    runs: list[list[int]] = []
+    for case in sorted(cases):
+        if runs and case == runs[-1][1]:
+            runs[-1][1] = case + 1
+        else:
+            runs.append([case, case + 1])
+    return ",".join(f"{start}:{stop}" for start, stop in runs)
+
+
+def parse_cases(text: str) -> list[int]:
+    return [case for part in text.split(",") if part for case in range(*(int(n) for n in part.split(":")))]
+
+
+def fuzz(cases: Iterable[int], *, seed: str = "0", jobs: int = 1, failures: Path, watchdog_s: float = WATCHDOG_S) -> list[dict]:
     """Run `cases` in `jobs` long-lived processes (see job_of); one result per case."""
     with tempfile.TemporaryDirectory(prefix="precompile-load-fuzz-") as tmp:
         processes = [
             subprocess.Popen(
-                [sys.executable, str(Path(__file__).resolve()), "--cases", f"{cases.start}:{cases.stop}", "--job", f"{job}/{jobs}", "--seed", seed,
+                [sys.executable, str(Path(__file__).resolve()), "--cases", cases_text(cases), "--job", f"{job}/{jobs}", "--seed", seed,
                  "--work", str(Path(tmp) / f"job-{job}"), "--failures", str(failures), "--watchdog", str(watchdog_s)],
                 stdout=subprocess.PIPE, text=True, cwd=tmp, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
             )
@@ -798,17 +813,16 @@ def findings(results: list[dict]) -> dict[str, list[dict]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="the long-lived process of the load fuzz (see bench/stress.py --parts load)")
-    parser.add_argument("--cases", required=True, help="START:STOP")
+    parser.add_argument("--cases", required=True, help="START:STOP[,START:STOP...]")
     parser.add_argument("--job", default="0/1", help="JOB/JOBS: run the cases job_of gives JOB of JOBS processes")
     parser.add_argument("--seed", default="0")
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--failures", type=Path, required=True)
     parser.add_argument("--watchdog", type=float, default=WATCHDOG_S)
     args = parser.parse_args()
-    start, stop = (int(part) for part in args.cases.split(":"))
     job, jobs = (int(part) for part in args.job.split("/"))
     args.work.mkdir(parents=True, exist_ok=True)
-    cases = [case for case in range(start, stop) if job_of(case, jobs) == job]
+    cases = [case for case in parse_cases(args.cases) if job_of(case, jobs) == job]
     serve_cases(cases, args.seed, args.work, args.failures, args.watchdog)
     return 0
 

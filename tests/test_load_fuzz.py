@@ -3,14 +3,15 @@ mutated caches through `precompile.load`, each in a forked, sandboxed, memory-li
 load serves, degrades with a PrecompileWarning or raises PrecompileError; none raises anything else,
 hangs, runs out of memory, writes outside Inductor's and Triton's cache dirs or maps a shared library
 from outside the extracted bundle and the installs. The slice holds a FIFO cache, a FIFO at a bundle
-destination and a zstd bomb beside the common mutations."""
+destination, a zstd bomb and hostile bundle paths beside the common mutations."""
 from __future__ import annotations
 
 import pytest
 
 from bench import load_fuzz
 
-CASES = range(120)
+CASES = [*range(120), 139, 173]
+"""The first 120 cases, and the first to name a bundle path triton/0/<absolute> and triton/x."""
 WATCHDOG_S = 5.0
 """A case serves in a tenth of a second; this bounds the FIFO cases' cost if load hangs on them."""
 
