@@ -2,7 +2,8 @@
 and several processes saving one pair at once.
 
     python bench/stress.py [--mutations 10000] [--jobs 1] [--kills 200] [--capture-kills 10]
-                           [--writers 2-8] [--trials 5] [--subprocess 30] [--seed 0]
+                           [--writers 2-8] [--trials 5] [--subprocess 30] [--load-mutations 5000] [--seed 0]
+                           [--parts mutations,kills,concurrency,load]
 
 1. Mutations: seeded mutations of real fixture pairs (bit flips, truncations, splices, length-field
    lies, zstd frame and msgpack header damage in caches; syntax damage, changed and huge metadata
@@ -19,8 +20,14 @@ and several processes saving one pair at once.
 3. Concurrency: N writer processes (N from --writers) save distinct pairs to the same paths at
    once, 20 saves each: every writer must succeed and leave one writer's pair, whole, and nothing
    else, on disk.
-
-Prints each part's figures as a table; exits 1 if any figure that must be zero is not.
+4. Load fuzz (bench/load_fuzz.py): mutated caches (bundle paths, kinds, sizes, hashes, the kernel map,
+   keys, provenance, format_version, payload framing, zstd bombs, 200k entries, msgpack nested deep,
+   FIFOs) through `precompile.load`, each in a forked process with a sandboxed HOME, TMPDIR and
+   Inductor and Triton cache dirs, a memory limit and a watchdog. Load must serve, degrade with a
+   PrecompileWarning or raise PrecompileError; never raise anything else, hang, run out of memory,
+   write outside Inductor's and Triton's cache dirs, or map a shared library from outside the bundle
+   and the installs. --jobs long-lived processes share the cases.
+ each part's figures as a table; exits 1 if any figure that must be zero is not.
 """
 from __future__ import annotations
 
@@ -514,6 +521,45 @@ def concurrency(args, work: Path) -> dict:
     return {"rows": rows}
 
 
+# -- part 4: load fuzz ---------------------------------------------------------------------------
+def load_fuzz(args) -> dict:
+    from bench import load_fuzz as fuzz
+
+    started = time.perf_counter()
+    results = fuzz.fuzz(range(args.load_mutations), seed=args.seed, jobs=args.jobs, failures=FAILURES)
+    return {"results": results, "figures": fuzz.figures(results), "findings": fuzz.findings(results),
+            "seconds": time.perf_counter() - started, "slowest": max((r["seconds"] for r in results), default=0.0)}
+
+
+def report_load_fuzz(f: dict) -> int:
+    """Print part 4's tables; return how many figures that must be zero are not."""
+    from bench.load_fuzz import MUST_BE_ZERO, WATCHDOG_S
+
+    figures = f["figures"]
+    table(
+        f"4. mutated caches through load, one forked process each ({f['seconds']:.0f} s; watchdog {WATCHDOG_S:.0f} s a case)",
+        ("figure", "value"),
+        [
+            ("cases", figures["cases"]),
+            ("served", figures["served"]),
+            ("served, compiling its kernels without a warning", figures["served, compiling its kernels without a warning"]),
+            ("degraded with a PrecompileWarning", figures["degraded with a PrecompileWarning"]),
+            ("PrecompileError", figures["PrecompileError"]),
+            ("raw exceptions", figures["raw exception"]),
+            ("hangs", figures["hang"]),
+            ("memory kills (MemoryError or killed)", figures["memory"]),
+            ("cases writing outside the cache roots", figures["writes outside the cache roots"]),
+            ("cases mapping a foreign shared library", figures["foreign libraries"]),
+            ("slowest case (s, not a target)", f"{f['slowest']:.2f}"),
+        ],
+    )
+    if f["findings"]:
+        table("   findings (paths relative to the case's dir)", ("finding", "cases", "first case", "its mutations"),
+              [(name, len(cases), cases[0]["case"], cases[0]["label"][:70]) for name, cases in f["findings"].items()])
+        print(f"   failing inputs kept under {FAILURES}/load-case-N")
+    return sum(figures[name] for name in MUST_BE_ZERO)
+
+
 # -- report --------------------------------------------------------------------------------------
 def table(title: str, header: tuple[str, ...], rows: list[tuple]) -> None:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
@@ -528,13 +574,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mutations", type=int, default=10_000)
     parser.add_argument("--subprocess", type=int, default=30, help="of the mutations, how many run in a fresh process")
-    parser.add_argument("--jobs", type=int, default=1, help="processes running the mutations")
+    parser.add_argument("--jobs", type=int, default=1, help="processes running the mutations (of parts 1 and 4)")
     parser.add_argument("--kills", type=int, default=200)
     parser.add_argument("--capture-kills", type=int, default=10, help="of the kills, how many kill a real capture().save()")
     parser.add_argument("--writers", default="2-8", help="range of concurrent writer counts (default 2-8)")
     parser.add_argument("--trials", type=int, default=5, help="trials per writer count")
     parser.add_argument("--seed", default="0")
-    parser.add_argument("--parts", default="mutations,kills,concurrency")
+    parser.add_argument("--load-mutations", type=int, default=5_000, help="mutated caches through load (part 4)")
+    parser.add_argument("--parts", default="mutations,kills,concurrency,load")
     args = parser.parse_args()
     bad = 0
     with tempfile.TemporaryDirectory(prefix="precompile-stress-") as tmp:
@@ -586,6 +633,8 @@ def main() -> int:
                 for error in row["errors"]:
                     print(f"   ERROR ({row['writers']} writers)", error)
             bad += sum(r["failed_writers"] + r["trials"] - r["whole"] + r["leftovers"] for r in c["rows"])
+        if "load" in parts:
+            bad += report_load_fuzz(load_fuzz(args))
     print(f"\n{'all figures as required' if not bad else f'{bad} failures'}")
     return 1 if bad else 0
 

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import json
-import os
+import shlex
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from precompile.cli import child_python
 from precompile.errors import PrecompileError
 
 TOLERANCE = 1e-4
@@ -70,17 +70,19 @@ def run_demo(directory: Path, backend: str) -> DemoReport:
     report.steps.append((f"capture (trace, lower with backend={backend!r}, write)", time.perf_counter() - started))
 
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="precompile-demo-kernels-") as empty_cache:
+    serve = child_python.command("-m", "precompile.examples.serve_demo", str(report.artifact_path.resolve()), str(report.cache_path.resolve()))
+    with tempfile.TemporaryDirectory(prefix="precompile-demo-kernels-") as empty_cache, child_python.empty_directory() as cwd:
         # An empty Inductor cache dir: the fresh process has only the pair to go on.
         child = subprocess.run(
-            [sys.executable, "-m", "precompile.examples.serve_demo", str(report.artifact_path), str(report.cache_path)],
+            serve,
+            cwd=cwd,
             capture_output=True,
             text=True,
             check=False,
-            env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": empty_cache},
+            env=child_python.environment({"TORCHINDUCTOR_CACHE_DIR": empty_cache}),
         )
     report.steps.append(("fresh process: import, load and first call under no_compilation(), compare", time.perf_counter() - started))
-    rerun = f"run `{sys.executable} -m precompile.examples.serve_demo {report.artifact_path} {report.cache_path}` to see its whole output"
+    rerun = f"run `{shlex.join(serve)}` to see its whole output"
     if child.returncode != 0:
         lines = child.stderr.strip().splitlines()
         raise PrecompileError(

@@ -1,7 +1,7 @@
 """`precompile doctor`: which features work with the installed torch, Python and host, and why not.
 
 Fast and side-effect free: it resolves torch_compat's private names (imports, no compiles), runs one
-fresh interpreter to see what the no-Inductor load path imports, and, where a C++ compiler is
+fresh interpreter (isolated from the current directory, see child_python) to see what the no-Inductor load path imports, and, where a C++ compiler is
 found, builds one empty shared library with it (a few hundred ms) to prove it works. It never
 compiles a graph, never probes vector ISAs (Inductor builds a library per ISA for that) and never
 touches a GPU beyond asking CUDA whether one is there.
@@ -15,11 +15,11 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import asdict, dataclass
 
 from precompile import torch_compat
+from precompile.cli import child_python
 from precompile.errors import PrecompileError
 
 
@@ -73,7 +73,9 @@ print(json.dumps(sorted(m for m in sys.modules if m == "triton" or m.startswith(
 
 
 def _no_inductor_load_path() -> Feature:
-    proc = subprocess.run([sys.executable, "-c", _LOAD_PATH_PROBE], capture_output=True, text=True, timeout=120, check=False)
+    with child_python.empty_directory() as cwd:
+        proc = subprocess.run(child_python.command("-c", _LOAD_PATH_PROBE), cwd=cwd, env=child_python.environment(),
+                              capture_output=True, text=True, timeout=120, check=False)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         return Feature("no-Inductor load path", False, f"a fresh interpreter could not import the load path: {tail}")
