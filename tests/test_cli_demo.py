@@ -22,6 +22,10 @@ def test_demo_captures_reloads_in_a_fresh_process_and_matches_eager(tmp_path):
     assert "match" in proc.stdout and "MISMATCH" not in proc.stdout
     assert "fresh process: load" in proc.stdout and "cache used, nothing compiled, torch._inductor not imported" in proc.stdout
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["transformer.cache", "transformer.py"]
+    # piped, it says what it is doing as plain lines, each step when it starts and when it ends
+    for step in ("import torch and precompile", "trace with make_fx", "lower with Inductor",
+                 "serve the pair in a fresh process under no_compilation()"):
+        assert f"precompile: {step} ..." in proc.stderr and f"precompile: {step} done in " in proc.stderr
 
 
 def test_library_reports_steps_through_the_precompile_logger_and_prints_nothing(tmp_path, caplog, capsys):

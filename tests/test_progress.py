@@ -85,3 +85,11 @@ def _read(descriptor: int) -> bytes:
         return os.read(descriptor, 65536)
     except OSError:  # EIO: the child closed its end
         return b""
+
+
+def test_doctor_says_what_it_is_probing_when_piped():
+    proc = subprocess.run([sys.executable, "-m", "precompile", "doctor", "--no-compiler-probe"], capture_output=True,
+                          text=True, timeout=300, env=_environment())
+    assert proc.returncode == 0, proc.stderr
+    for step in ("import torch", "see what a fresh process imports to load an artifact"):
+        assert f"precompile: {step} ..." in proc.stderr and f"precompile: {step} done in " in proc.stderr

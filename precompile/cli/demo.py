@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from precompile.capturing.progress import phase
 from precompile.cli import child_python
 from precompile.errors import PrecompileError
 
@@ -47,10 +48,11 @@ class DemoReport:
 def run_demo(directory: Path, backend: str) -> DemoReport:
     report = DemoReport(directory=directory)
     started = time.perf_counter()
-    import torch
+    with phase("import torch and precompile"):
+        import torch
 
-    import precompile
-    from precompile.examples.transformer import make_demo, run
+        import precompile
+        from precompile.examples.transformer import make_demo, run
 
     report.steps.append(("import torch and precompile", time.perf_counter() - started))
     model, x = make_demo()
@@ -71,7 +73,8 @@ def run_demo(directory: Path, backend: str) -> DemoReport:
 
     started = time.perf_counter()
     serve = child_python.command("-m", "precompile.examples.serve_demo", str(report.artifact_path.resolve()), str(report.cache_path.resolve()))
-    with tempfile.TemporaryDirectory(prefix="precompile-demo-kernels-") as empty_cache, child_python.empty_directory() as cwd:
+    with tempfile.TemporaryDirectory(prefix="precompile-demo-kernels-") as empty_cache, child_python.empty_directory() as cwd, \
+            phase("serve the pair in a fresh process under no_compilation()"):
         # An empty Inductor cache dir: the fresh process has only the pair to go on.
         child = subprocess.run(
             serve,

@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 
 from precompile import torch_compat
+from precompile.capturing.progress import phase
 from precompile.cli import child_python
 from precompile.errors import PrecompileError
 
@@ -73,6 +74,11 @@ print(json.dumps(sorted(m for m in sys.modules if m == "triton" or m.startswith(
 
 
 def _no_inductor_load_path() -> Feature:
+    with phase("see what a fresh process imports to load an artifact"):
+        return _load_path_feature()
+
+
+def _load_path_feature() -> Feature:
     with child_python.empty_directory() as cwd:
         proc = subprocess.run(child_python.command("-c", _LOAD_PATH_PROBE), cwd=cwd, env=child_python.environment(),
                               capture_output=True, text=True, timeout=120, check=False)
@@ -117,7 +123,8 @@ def _triton_cuda() -> Feature:
 
 
 def diagnose(probe_compiler: bool = True) -> DoctorReport:
-    import torch
+    with phase("import torch"):
+        import torch
 
     version = torch_compat.torch_version()
     low, high = torch_compat.SUPPORTED
@@ -128,7 +135,8 @@ def diagnose(probe_compiler: bool = True) -> DoctorReport:
 
         if not dynamo.is_dynamo_supported():
             dynamo_problem = f"Dynamo does not support Python {platform.python_version()} in torch {torch.__version__}"
-    compiler = _compiler() if probe_compiler else Feature("C++ compiler", False, "not probed (--no-compiler-probe)")
+    with phase("probe the C++ compiler" if probe_compiler else "skip the C++ compiler probe"):
+        compiler = _compiler() if probe_compiler else Feature("C++ compiler", False, "not probed (--no-compiler-probe)")
     inductor_problem = _resolves("inductor_config", "compile_fx", "cpp_builder", "cpu_vec_isa", "temporary_cache_dir")
     if inductor_problem is None and not compiler.works:
         inductor_problem = f"Inductor is there but CPU kernels need a C++ compiler ({compiler.detail})"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 import warnings
@@ -16,30 +15,12 @@ from precompile.errors import PrecompileError
 from precompile.inspect.commands import register as register_inspect_verbs
 
 
-class _StatusHandler(logging.Handler):
-    """Shows the library's step reports as a live status line."""
-
-    def __init__(self, status) -> None:
-        super().__init__(logging.INFO)
-        self.status = status
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.status.update(record.getMessage())
-
-
 def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from precompile.capturing import progress
     from precompile.cli.demo import TOLERANCE, run_demo
 
-    logger = logging.getLogger("precompile")
-    with err.status("starting", spinner="dots") as status:
-        handler = _StatusHandler(status)
-        if err.is_terminal:
-            logger.addHandler(handler)
-            logger.setLevel(logging.INFO)
-        try:
-            report = run_demo(Path(args.directory), args.backend)
-        finally:
-            logger.removeHandler(handler)
+    with progress.shown(True):  # each step as it runs: live on a terminal, plain lines when piped
+        report = run_demo(Path(args.directory), args.backend)
     if args.json:
         out.file.write(report.to_json())
         out.file.flush()
@@ -71,9 +52,11 @@ def _print_demo(report, out: Console) -> None:
 
 
 def _doctor(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from precompile.capturing import progress
     from precompile.cli.doctor import diagnose
 
-    report = diagnose(probe_compiler=not args.no_compiler_probe)
+    with progress.shown(True):
+        report = diagnose(probe_compiler=not args.no_compiler_probe)
     if args.json:
         out.print(report.to_json(), markup=False)
         return 0
