@@ -54,6 +54,8 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python bench/stress.py`: the bench package lies at the repository root
+    sys.path.insert(0, str(ROOT))
 FIXTURES = ROOT / "fixtures"
 BASES = ("mlp", "mlp_inductor", "train_step", "dynamo_rows", "dynamo_break_eager")
 VERBS = ("show", "guards", "verify", "diff", "extract", "schema", "report")
