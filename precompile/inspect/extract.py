@@ -55,7 +55,7 @@ def _zip_members(path: str, problems: list[str]) -> list[tuple[str, bytes, str]]
                                 "upstream cache zip member (raw bytes, not unpickled)"))
     except PrecompileError as exc:
         problems.append(str(exc))
-    except Exception as exc:  # noqa: BLE001 - a broken zip is reported, whatever zipfile raises
+    except Exception as exc:  # a broken zip is reported, whatever zipfile raises
         problems.append(f"cache {path}: its zip members cannot be read: {type(exc).__name__}: {exc}")
     return planned
 
@@ -70,7 +70,7 @@ def _mega_cache_files(cache, problems: list[str]) -> list[tuple[str, bytes, str]
             with zipfile.ZipFile(cache.path) as archive:
                 info = next(i for i in archive.infolist() if i.filename.endswith("data.pkl"))
                 value = pickle_value(read_member(archive, info))
-        except Exception as exc:  # noqa: BLE001 - the file changed since it was read: report, never crash
+        except Exception as exc:  # the file changed since it was read: report, never crash
             problems.append(f"cache {cache.path}: its artifact field cannot be read again: {type(exc).__name__}: {exc}")
             return []
         data = value.get("artifact") if isinstance(value, dict) else None

@@ -401,7 +401,7 @@ class _Machine:
         except RecursionError:
             problem = "scan stopped: nesting too deep"
             self.incomplete = True
-        except Exception as exc:  # noqa: BLE001 - read_ops on malformed bytes: ValueError, EOFError, UnicodeDecodeError, ...
+        except Exception as exc:  # read_ops on malformed bytes: ValueError, EOFError, UnicodeDecodeError, ...
             problem = f"not a well-formed pickle: {type(exc).__name__}: {exc}"
         if self.unscanned and problem is None:
             problem = (f"{len(self.unscanned)} values that may hold a pickle (the first at offset {self.unscanned[0]}) "

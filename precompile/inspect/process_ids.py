@@ -62,7 +62,7 @@ def _masked_ops(data: bytes, digest, ops_left: list[int], depth: int = 0) -> Non
                 arg = nested.hexdigest()
             except _TooManyOps:
                 raise
-            except Exception:  # noqa: BLE001 - bytes that only look like a pickle are compared as bytes
+            except Exception:  # bytes that only look like a pickle are compared as bytes
                 arg = _OBJECT_ID.sub("<id>", mask_process_ids(bytes(arg).decode("latin-1")))
         elif isinstance(arg, (bytes, bytearray)):
             arg = _OBJECT_ID.sub("<id>", mask_process_ids(bytes(arg).decode("latin-1")))
@@ -79,6 +79,6 @@ def opaque_fingerprint(data: bytes) -> str | None:
     digest = hashlib.sha256()
     try:
         _masked_ops(data, digest, [MAX_OPS])
-    except Exception:  # noqa: BLE001 - malformed: genops raises ValueError, EOFError, ...
+    except Exception:  # malformed: genops raises ValueError, EOFError, ...
         return None
     return digest.hexdigest()

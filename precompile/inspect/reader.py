@@ -265,7 +265,7 @@ def _read_zip(path: str, size: int) -> CacheInfo:
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError, EOFError, NotImplementedError, RuntimeError) as exc:
         # zlib.error is an Exception subclass too; everything a broken zip can raise is reported
         return CacheInfo(path=path, kind="torch_save_zip", problem=f"{upstream_note}, and it cannot be read: {exc}")
-    except Exception as exc:  # noqa: BLE001 - a corrupt member stream (zlib.error, ...) is a finding, not a crash
+    except Exception as exc:  # a corrupt member stream (zlib.error, ...) is a finding, not a crash
         return CacheInfo(path=path, kind="torch_save_zip", problem=f"{upstream_note}, and it cannot be read: {type(exc).__name__}: {exc}")
     if envelope is not None:
         return CacheInfo(

@@ -116,7 +116,7 @@ def exec_registered(source: str, filename: str, namespace: dict[str, Any], tree:
     tracebacks and debuggers show its lines (attrs does the same for the code it generates).
     `tree`, the source already parsed, is compiled instead of parsing the source again."""
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    exec(compile(source if tree is None else tree, filename, "exec"), namespace)  # noqa: S102
+    exec(compile(source if tree is None else tree, filename, "exec"), namespace)
 
 
 def _checked_opaque_parts(tree: ast.Module, source: str, filename: str) -> dict[str, Any]:

@@ -150,7 +150,7 @@ def _release() -> None:
                 os.environ[ENV_VAR] = _saved_env
 
 
-class no_compilation:  # noqa: N801 - a context manager used like a function, as the spec names it
+class no_compilation:  # a context manager used like a function, as the spec names it
     """Forbid graph/kernel compilation, benchmarking and autotuning in this whole process.
 
     Use it around a serving worker's lifetime to prove that a loaded artifact and its kernel bundle

@@ -203,7 +203,7 @@ def _value_key(entry) -> str | None:
         return None
     try:
         return repr(entry.value)
-    except Exception:  # noqa: BLE001 - an object whose repr fails still counts as one value
+    except Exception:  # an object whose repr fails still counts as one value
         return f"<{type(entry.value).__name__} {id(entry.value)}>"
 
 

@@ -127,8 +127,8 @@ class _Variant:
     def evaluate(self, name: str, label: str):
         og = self.state.output_graph
         try:
-            return eval(name, {"__builtins__": {}}, {"L": og.local_scope, "G": og.global_scope})  # noqa: S307 - Dynamo's own source text over its own saved scopes
-        except Exception as exc:  # noqa: BLE001 - the saved scope lacks it: no value to render
+            return eval(name, {"__builtins__": {}}, {"L": og.local_scope, "G": og.global_scope})  # Dynamo's own source text over its own saved scopes
+        except Exception as exc:  # the saved scope lacks it: no value to render
             raise Unrenderable(f"{label}: the saved guard state holds no value for it ({type(exc).__name__})") from None
 
     def named(self, obj, label: str) -> str:
@@ -334,7 +334,7 @@ class _Variant:
             '    failing = "(none yet)"',
             "    try:",
             *("    " + line for line in body),
-            "    except Exception:  # noqa: BLE001 - a guard whose source is not there fails",
+            "    except Exception:  # a guard whose source is not there fails",
             "        return failing",
             "    return None",
         ]

@@ -39,7 +39,7 @@ def reference(value) -> str | None:
         return None
     try:
         found = resolve(f"{module}:{qualname}")
-    except Exception:  # noqa: BLE001 - a name that does not resolve is no reference
+    except Exception:  # a name that does not resolve is no reference
         return None
     for unwraps in range(_MAX_UNWRAPS):
         if found is value:

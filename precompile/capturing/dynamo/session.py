@@ -130,7 +130,7 @@ def refuse_uninstallable(entry, frames: list[DynamoFrame]) -> None:
             continue
         try:
             found = _lookup_code(code)
-        except Exception:  # noqa: BLE001 - any failure to resolve is the refusal below
+        except Exception:  # any failure to resolve is the refusal below
             found = None
         if found != SerializedCode.to_code_object(code.python_code):
             lost.append(f"{frame.qualname} ({frame.module}, line {frame.first_line}: not reachable by that name)")

@@ -161,7 +161,7 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
                 variant_code = render_variant(index, variant, title, states[(index, variant)],
                                               frozenset(meta.policy_dropped), meta.by_name, renames,
                                               dynamo_config.skip_nnmodule_hook_guards)
-            except Exception as exc:  # noqa: BLE001 - whatever stops a faithful rendering, torch's manager checks it
+            except Exception as exc:  # whatever stops a faithful rendering, torch's manager checks it
                 reason = str(exc) if isinstance(exc, Unrenderable) else (
                     f"rendering its guards failed on this torch ({type(exc).__name__}: {exc})")
                 opaque.append((title, reason))
