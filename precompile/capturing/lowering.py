@@ -5,6 +5,7 @@ import re
 
 import torch
 
+from precompile.capturing.constants import render_output_constants
 from precompile.codegen.models import GraphSection
 from precompile.errors import CaptureRefused
 from precompile.torch_compat import INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES, fx_custom_builtins
@@ -65,7 +66,7 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
         )
     return GraphSection(
         title="The compiled graph: AOTAutograd + Inductor output code",
-        source=adapt_output_code(compiled[0].source_code) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
+        source=adapt_output_code(render_output_constants(compiled[0].source_code, getattr(compiled[0], "constants", None))) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
         entry=ENTRY,
         runtime="inductor_runtime",
     )
