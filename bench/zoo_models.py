@@ -107,7 +107,8 @@ def distilbert():
 
 
 def gpt2():
-    config = _tiny("GPT2Config", vocab_size=99, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    config = _tiny("GPT2Config", vocab_size=99, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=0,
+                   eos_token_id=0)
     return _hf("GPT2LMHeadModel", config), (_ids(2, 7),)
 
 
