@@ -8,7 +8,8 @@ serving order loads it under `precompile.no_compilation()` and compares with eag
 
 Each serve row records load time, first-call time, steady per-call time (median), the largest
 difference to eager, and which of torch._dynamo / torch._inductor the load and the first call imported
-(not those the model's library imports itself when the model is built).
+(not those the model's library imports itself when the model is built; `library_imported_by_load`
+says whether loading before the model was built imported the model's library, and what it imports).
 `--compile-ref` adds torch.compile (inductor) cold time per model, in its own fresh process with an
 empty Inductor cache, as the reference a precompiled load is measured against. Models come from
 `bench/zoo_models.py` (tiny configs, random weights, nothing downloaded); a model whose library does
@@ -151,7 +152,7 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
                     captured = _child(CAPTURE, name, tracer, backend, str(artifact), str(cache), env=_env(Path(scratch)),
                                       timeout=timeout)
                 row = {"model": name, "tracer": tracer, "backend": backend,
-                       **{k if k in ("capture_s", "capture_diff") else f"capture_{k}": v for k, v in captured.items()}}
+                       **{("capture_wall_s" if k == "wall_s" else k): v for k, v in captured.items()}}
                 if "error" in captured:
                     rows.append(row)
                     print(_line(row), file=sys.stderr)
@@ -166,7 +167,7 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
 
 COLUMNS = (("model", "{}"), ("tracer", "{}"), ("backend", "{}"), ("order", "{}"), ("capture_s", "{:.1f}"),
            ("compile_cold_s", "{:.1f}"), ("load_s", "{:.3f}"), ("first_s", "{:.3f}"), ("steady_s", "{:.4f}"),
-           ("eager_s", "{:.4f}"), ("max_diff", "{:.1e}"), ("imported", "{}"), ("error", "{}"))
+           ("eager_s", "{:.4f}"), ("max_diff", "{:.1e}"), ("imported", "{}"), ("library_imported_by_load", "{}"), ("error", "{}"))
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:
@@ -175,6 +176,8 @@ def _cell(row: dict, key: str, fmt: str) -> str:
         return ""
     if key == "imported":
         return ",".join(m.removeprefix("torch.") for m in value) or "-"
+    if key == "library_imported_by_load":
+        return "yes" if value else "-"
     return fmt.format(value)
 
 

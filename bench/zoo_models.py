@@ -127,7 +127,8 @@ def t5():
 def whisper():
     config = _tiny("WhisperConfig", vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2,
                    encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37,
-                   num_mel_bins=16, max_source_positions=30, max_target_positions=32)
+                   num_mel_bins=16, max_source_positions=30, max_target_positions=32, pad_token_id=0, bos_token_id=0,
+                   eos_token_id=0, decoder_start_token_id=0)
     return _hf("WhisperModel", config), (_randn(1, 16, 60), _ids(1, 5))
 
 
