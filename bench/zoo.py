@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -116,7 +117,8 @@ def _child(code: str, *args: str, env: dict, timeout: float) -> dict:
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
-        return {"error": lines[-1][:400] if lines else f"exit {proc.returncode}", "wall_s": wall}
+        raised = [line for line in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Refused|Failed)\b", line)]
+        return {"error": (raised or lines or [f"exit {proc.returncode}"])[-1][:400], "wall_s": wall}
     return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
 
 

@@ -45,6 +45,7 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
 
     from precompile.torch_compat import TracingContext, compile_fx, tracing
 
+    _views_as_reshapes(graph_module)
     compiled = []
 
     def keep_source(gm, inputs, **kwargs):
@@ -70,6 +71,22 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
         entry=ENTRY,
         runtime="inductor_runtime",
     )
+
+
+def _views_as_reshapes(graph_module: torch.fx.GraphModule) -> None:
+    """Let AOTAutograd's retrace reshape where the traced graph viewed.
+
+    The trace records `aten.view` wherever eager's strides allowed a view; AOTAutograd retraces the
+    graph with Inductor's decompositions, which may produce other strides for the same values (its
+    `cat` of a zero-size tensor and one other returns a clone keeping that one's layout, eager's cat
+    a contiguous tensor: transformers' KV cache starts as `torch.tensor([])`), and the view then fails.
+    `reshape` is a view wherever the view was valid, so nothing else changes.
+    """
+    views = list(graph_module.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default))
+    for node in views:
+        node.target = torch.ops.aten.reshape.default
+    if views:
+        graph_module.recompile()
 
 
 def adapt_output_code(source: str) -> str:
