@@ -30,3 +30,11 @@ def reads_a_big_global(x):
 
 
 SMALL = {"scales": (scales, 2), "appends_nothing": (appends_nothing, 3), "mixes_a_table": (mixes_a_table, 4)}
+
+
+def grows_an_empty_cache(x):
+    # transformers' KV cache: keys joined onto torch.tensor([]), then viewed; eager's cat returns a
+    # contiguous tensor, Inductor's decomposition a clone of the one non-empty input (its strides)
+    keys = torch.cat([torch.tensor([]), x.transpose(0, 1)])
+    table = torch.tensor([[0.5, -0.0, float("inf"), 3.0]] * 4) + torch.tensor([[1], [2], [3], [4]])
+    return torch.nan_to_num(keys.view(6, 4) @ table, nan=0.0, posinf=7.0, neginf=-7.0)
