@@ -45,7 +45,8 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
 
     from precompile.torch_compat import TracingContext, compile_fx, tracing
 
-    _views_as_reshapes(graph_module)
+    if fake_mode is None:  # static shapes only: with unbacked dims a reshape may need to guard on them
+        _views_as_reshapes(graph_module)
     compiled = []
 
     def keep_source(gm, inputs, **kwargs):
