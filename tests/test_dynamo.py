@@ -370,10 +370,10 @@ def test_a_live_compile_after_loading_never_mints_a_name_the_artifact_holds(dyna
     assert report["live"] is True and report["served"] is True
 
 
-def test_the_eager_backend_refuses_a_tensor_constant_with_a_remedy_and_writes_nothing(tmp_path):
-    with pytest.raises(PrecompileError, match=r"holds tensor constants .* pass the tensor as an argument"):
-        _capture(tmp_path, "constant", dynamo_cases.adds_a_constant, [((torch.ones(2),), {})])
-    assert not (tmp_path / "constant.py").exists() and not (tmp_path / "constant.cache").exists()
+def test_the_eager_backend_renders_a_small_tensor_constant_as_a_literal(tmp_path):
+    """(Large ones are refused: tests/test_constants.py.)"""
+    artifact, _, _ = _capture(tmp_path, "constant", dynamo_cases.adds_a_constant, [((torch.ones(2),), {})])
+    assert "torch.tensor([1.0, 2.0], dtype = torch.float32" in artifact.read_text()
 
 
 EDITED_MODULE = "def step(x):\n    return x.sin() * {factor}\n"

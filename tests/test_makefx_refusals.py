@@ -8,7 +8,7 @@ from torch import nn
 import precompile
 from precompile import PrecompileError
 
-GLOBAL_TENSOR = torch.ones(4)
+GLOBAL_TENSOR = torch.ones(100)  # over 64 elements: small constants are rendered as literals (test_constants.py)
 
 
 def reads_global(x):
@@ -16,7 +16,7 @@ def reads_global(x):
 
 
 def makes_constant(x):
-    return x + torch.tensor([1.0, 2.0, 3.0, 4.0])
+    return x + torch.tensor([float(i) for i in range(100)])
 
 
 def calls_item(x):
@@ -83,8 +83,8 @@ def capture_once(tmp_path, fn, *args, grad=False):
 
 
 CASES = [
-    (reads_global, lambda: (torch.ones(4),), "neither an argument nor a parameter/buffer.*shape \\(4,\\).*baked into the artifact as a constant"),
-    (makes_constant, lambda: (torch.ones(4),), "baked into the artifact as a constant"),
+    (reads_global, lambda: (torch.ones(100),), "neither an argument nor a parameter/buffer.*shape \\(100,\\).*baked into the artifact as a constant"),
+    (makes_constant, lambda: (torch.ones(100),), "baked into the artifact as a constant"),
     (calls_item, lambda: (torch.ones(4),), "calls aten._local_scalar_dense.default, whose result depends on tensor data"),
     (calls_nonzero, lambda: (torch.ones(4),), r"returns result, whose shape depends on tensor data"),
     (branches_on_data, lambda: (torch.ones(4),), "needs a tensor's value to decide a branch"),

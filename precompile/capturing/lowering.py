@@ -5,6 +5,7 @@ import re
 
 import torch
 
+from precompile.capturing.constants import render_output_constants
 from precompile.codegen.models import GraphSection
 from precompile.errors import CaptureRefused
 from precompile.torch_compat import INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES, fx_custom_builtins
@@ -44,6 +45,8 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
 
     from precompile.torch_compat import TracingContext, compile_fx, tracing
 
+    if fake_mode is None:  # static shapes only: with unbacked dims a reshape may need to guard on them
+        _views_as_reshapes(graph_module)
     compiled = []
 
     def keep_source(gm, inputs, **kwargs):
@@ -65,10 +68,26 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
         )
     return GraphSection(
         title="The compiled graph: AOTAutograd + Inductor output code",
-        source=adapt_output_code(compiled[0].source_code) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
+        source=adapt_output_code(render_output_constants(compiled[0].source_code, getattr(compiled[0], "constants", None))) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
         entry=ENTRY,
         runtime="inductor_runtime",
     )
+
+
+def _views_as_reshapes(graph_module: torch.fx.GraphModule) -> None:
+    """Let AOTAutograd's retrace reshape where the traced graph viewed.
+
+    The trace records `aten.view` wherever eager's strides allowed a view; AOTAutograd retraces the
+    graph with Inductor's decompositions, which may produce other strides for the same values (its
+    `cat` of a zero-size tensor and one other returns a clone keeping that one's layout, eager's cat
+    a contiguous tensor: transformers' KV cache starts as `torch.tensor([])`), and the view then fails.
+    `reshape` is a view wherever the view was valid, so nothing else changes.
+    """
+    views = list(graph_module.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default))
+    for node in views:
+        node.target = torch.ops.aten.reshape.default
+    if views:
+        graph_module.recompile()
 
 
 def adapt_output_code(source: str) -> str:

@@ -19,6 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
+from precompile.capturing.constants import (
+    inline_small_constants,
+    refuse_large_dynamo_constants,
+    render_output_constants,
+)
 from precompile.capturing.lowering import adapt_output_code, lower_eager
 from precompile.codegen import subgraphs as sections
 from precompile.codegen.drivers import source_of
@@ -54,18 +59,13 @@ class AtenRecorder:
             aten = make_fx(graph_module)(*fakes)
         attributes = [node.target for node in aten.graph.find_nodes(op="get_attr")]
         subgraphs = [name for name in attributes if isinstance(getattr(aten, name, None), torch.fx.GraphModule)]
-        constants = [name for name in attributes if name not in subgraphs]
         if subgraphs:
             raise CaptureRefused(
                 f"a graph of the capture calls a higher-order op with nested graphs {subgraphs} (torch.cond, "
                 "activation checkpointing, an autograd.Function ...); the eager backend cannot render those as "
                 "source yet: capture with backend='inductor'"
             )
-        if constants:
-            raise CaptureRefused(
-                f"a graph of the capture holds tensor constants {constants} (a tensor created from data inside fn); "
-                "the eager backend renders no constants: pass the tensor as an argument"
-            )
+        inline_small_constants(aten)  # small ones become literals in python_code; real data is refused
         aten.graph.eliminate_dead_code()
         aten.recompile()
         name = f"graph_{len(self.graphs)}"
@@ -147,6 +147,7 @@ class InductorLowerer:
     def __call__(self, graph_module: torch.fx.GraphModule, example_inputs) -> object:
         from precompile.torch_compat import PrecompileContext, compile_fx
 
+        refuse_large_dynamo_constants(graph_module)  # before the compile, not after it
         compiled = compile_fx.compile_fx(graph_module, example_inputs)
         backend_id = getattr(graph_module, "_backend_id", None)
         aot = PrecompileContext.serialize_artifact_by_key(backend_id) if backend_id else None
@@ -157,8 +158,8 @@ class InductorLowerer:
         if reason:
             self.graphs.append(LoweredGraph(served=compiled, texts={}, aot=aot, reason=reason))
             return compiled
-        texts = {part: adapt_output_code(getattr(content, attribute).result.source_code)
-                 for part, attribute in AOT_PARTS if getattr(content, attribute, None) is not None}
+        texts = {part: adapt_output_code(render_output_constants(result.source_code, getattr(result, "constants", None)))
+                 for part, attribute in AOT_PARTS if (result := getattr(getattr(content, attribute, None), "result", None))}
         plan = autograd_plan(content) if "backward" in texts else None
         detached = () if plan else detached_outputs(content)
         name = f"graph_{len(self.graphs)}"

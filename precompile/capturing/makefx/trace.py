@@ -21,6 +21,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.utils import stateless
 
 from precompile.artifact.metadata import ConstantLeaf, NamedTensor, TensorLeaf
+from precompile.capturing import constants
 from precompile.capturing.makefx import unbacked
 from precompile.codegen.drivers.makefx import _collect_params_and_buffers
 from precompile.errors import CaptureRefused, PrecompileError
@@ -217,6 +218,9 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
             "(e.g. torch.where)"
         ) from None
     _refuse_forbidden_nodes(graph_module, [name for name, _ in params], allowed_symbols)
+    rendered = constants.inline_small_constants(graph_module)  # small ones become literals in python_code
+    if rendered:
+        log.info("rendered %d small tensor constants as literals", rendered)
     log.info("traced %d graph nodes in %.2f s", len(graph_module.graph.nodes), time.perf_counter() - started)
     return MakeFxTrace(
         graph_module=graph_module,
@@ -269,12 +273,9 @@ def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: lis
                     "which a MakeFx artifact cannot hold; capture without it"
                 )
             if isinstance(value, torch.Tensor):
-                raise CaptureRefused(
-                    f"fn reads a tensor that is neither an argument nor a parameter/buffer of a module argument "
-                    f"(shape {tuple(value.shape)}, dtype {value.dtype}): a global, a closed-over tensor or a tensor "
-                    "created from data would be baked into the artifact as a constant. Pass it as an argument or "
-                    "register it as a buffer"
-                )
+                reason = constants.constant_refusal(repr(node.target), value)
+                if reason:
+                    raise CaptureRefused(reason)
             continue
         if node.op != "call_function":
             continue

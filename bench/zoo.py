@@ -1,0 +1,232 @@
+"""The model zoo: real models, both tracers, both backends, captured then served in a fresh process.
+
+Per model x tracer x backend: one process captures the pair (capture time); then a fresh process per
+serving order loads it under `precompile.no_compilation()` and compares with eager:
+
+  load-first  load the pair before the model's library is imported, then build the model and call
+  load-after  build the model first (its library imported), then load and call
+
+Each serve row records load time, first-call time, steady per-call time (median), the largest
+difference to eager, and which of torch._dynamo / torch._inductor the load and the first call imported
+(not those the model's library imports itself when the model is built; `library_imported_by_load`
+says whether loading before the model was built imported the model's library, and what it imports).
+`--compile-ref` adds torch.compile (inductor) cold time per model, in its own fresh process with an
+empty Inductor cache, as the reference a precompiled load is measured against. Models come from
+`bench/zoo_models.py` (tiny configs, random weights, nothing downloaded); a model whose library does
+not import is skipped with the reason.
+
+    python bench/zoo.py [--models bert,gpt2] [--tracers dynamo,makefx] [--backends eager,inductor]
+                        [--orders load-first,load-after] [--compile-ref] [--json zoo.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CAPTURE = r"""
+import json, sys, time
+import torch
+import precompile
+from bench.zoo_models import ZOO
+name, tracer, backend, artifact, cache = sys.argv[1:6]
+zoo = ZOO[name]
+model, args = zoo.instantiate()
+started = time.perf_counter()
+with torch.no_grad(), precompile.capture(
+    zoo.step, artifact_path=artifact, cache_path=cache, backend=backend,
+    tracer=precompile.MakeFxTracer() if tracer == "makefx" else precompile.DynamoTracer(),
+) as cap:
+    out = cap(model, *args)
+capture_s = time.perf_counter() - started
+with torch.no_grad():
+    expected = zoo.step(model, *args)
+print(json.dumps({"capture_s": capture_s, "capture_diff": (out - expected).abs().max().item()}))
+"""
+
+SERVE = r"""
+import json, statistics, sys, time
+import torch
+import precompile
+from bench.zoo_models import ZOO
+name, order, artifact, cache = sys.argv[1:5]
+WATCHED = ("torch._dynamo", "torch._inductor")
+zoo = ZOO[name]
+if order == "load-after":
+    model, args = zoo.instantiate()
+def loaded():
+    return {m for m in WATCHED if m in sys.modules}
+before = loaded()
+started = time.perf_counter()
+served = precompile.load(artifact, cache)
+load_s = time.perf_counter() - started
+imported = loaded() - before
+library_imported_by_load = order == "load-first" and zoo.library in sys.modules
+if order == "load-first":
+    model, args = zoo.instantiate()
+with torch.no_grad(), precompile.no_compilation():
+    before = loaded()  # what the model's library imported itself is not the load's doing
+    started = time.perf_counter()
+    out = served(model, *args)
+    first_s = time.perf_counter() - started
+    imported = sorted(imported | (loaded() - before))
+    steady = []
+    for _ in range(10):
+        started = time.perf_counter()
+        served(model, *args)
+        steady.append(time.perf_counter() - started)
+with torch.no_grad():
+    eager = []
+    for _ in range(5):
+        started = time.perf_counter()
+        expected = zoo.step(model, *args)
+        eager.append(time.perf_counter() - started)
+print(json.dumps({"load_s": load_s, "first_s": first_s, "steady_s": statistics.median(steady),
+                  "eager_s": statistics.median(eager), "max_diff": (out - expected).abs().max().item(),
+                  "imported": imported, "library_imported_by_load": library_imported_by_load}))
+"""
+
+COMPILE_REF = r"""
+import json, sys, time
+import torch
+from bench.zoo_models import ZOO
+zoo = ZOO[sys.argv[1]]
+model, args = zoo.instantiate()
+compiled = torch.compile(zoo.step)
+started = time.perf_counter()
+with torch.no_grad():
+    compiled(model, *args)
+print(json.dumps({"compile_cold_s": time.perf_counter() - started}))
+"""
+
+
+def _child(code: str, *args: str, env: dict, timeout: float) -> dict:
+    started = time.perf_counter()
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    wall = time.perf_counter() - started
+    if proc.returncode != 0:
+        lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+        raised = [line for line in lines if re.match(r"[A-Za-z_][\w.]*(Error|Exception|Refused|Failed)\b", line)]
+        return {"error": (raised or lines or [f"exit {proc.returncode}"])[-1][:400], "wall_s": wall}
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "wall_s": wall}
+
+
+def _env(scratch: Path) -> dict:
+    """A fresh process with the repo importable and its own empty Inductor cache."""
+    cache = scratch / "inductor"
+    cache.mkdir(parents=True, exist_ok=True)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRANSFORMERS_VERBOSITY": "error"}
+
+
+def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, out_dir: Path) -> list[dict]:
+    sys.path.insert(0, str(ROOT))
+    from bench.zoo_models import ZOO
+
+    rows = []
+    for name in models:
+        zoo = ZOO[name]
+        missing = zoo.available()
+        if missing:
+            print(f"skip {name}: {missing}", file=sys.stderr)
+            rows.append({"model": name, "skipped": missing})
+            continue
+        if compile_ref:
+            with tempfile.TemporaryDirectory() as scratch:
+                ref = _child(COMPILE_REF, name, env=_env(Path(scratch)), timeout=timeout)
+            rows.append({"model": name, "tracer": "torch.compile", "backend": "inductor", **ref})
+            print(_line(rows[-1]), file=sys.stderr)
+        for tracer in tracers:
+            for backend in backends:
+                artifact, cache = out_dir / f"{name}-{tracer}-{backend}.py", out_dir / f"{name}-{tracer}-{backend}.cache"
+                with tempfile.TemporaryDirectory() as scratch:
+                    captured = _child(CAPTURE, name, tracer, backend, str(artifact), str(cache), env=_env(Path(scratch)),
+                                      timeout=timeout)
+                row = {"model": name, "tracer": tracer, "backend": backend,
+                       **{("capture_wall_s" if k == "wall_s" else k): v for k, v in captured.items()}}
+                if "error" in captured:
+                    rows.append(row)
+                    print(_line(row), file=sys.stderr)
+                    continue
+                for order in orders:
+                    with tempfile.TemporaryDirectory() as scratch:
+                        served = _child(SERVE, name, order, str(artifact), str(cache), env=_env(Path(scratch)), timeout=timeout)
+                    rows.append({**row, "order": order, **served})
+                    print(_line(rows[-1]), file=sys.stderr)
+    return rows
+
+
+COLUMNS = (("model", "{}"), ("tracer", "{}"), ("backend", "{}"), ("order", "{}"), ("capture_s", "{:.1f}"),
+           ("compile_cold_s", "{:.1f}"), ("load_s", "{:.3f}"), ("first_s", "{:.3f}"), ("steady_s", "{:.4f}"),
+           ("eager_s", "{:.4f}"), ("max_diff", "{:.1e}"), ("imported", "{}"), ("library_imported_by_load", "{}"), ("error", "{}"))
+
+
+def _cell(row: dict, key: str, fmt: str) -> str:
+    value = row.get(key)
+    if value is None:
+        return ""
+    if key == "imported":
+        return ",".join(m.removeprefix("torch.") for m in value) or "-"
+    if key == "library_imported_by_load":
+        return "yes" if value else "-"
+    return fmt.format(value)
+
+
+def _line(row: dict) -> str:
+    if "skipped" in row:
+        return f"{row['model']}: skipped ({row['skipped']})"
+    return " | ".join(_cell(row, key, fmt) for key, fmt in COLUMNS)
+
+
+def table(rows: list[dict]) -> str:
+    cells = [[key for key, _ in COLUMNS]] + [[_cell(row, key, fmt) for key, fmt in COLUMNS] for row in rows if "skipped" not in row]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += [_line(row) for row in rows if "skipped" in row]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    sys.path.insert(0, str(ROOT))
+    from bench.zoo_models import ZOO
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(ZOO), help="comma-separated, from: " + ", ".join(ZOO))
+    parser.add_argument("--tracers", default="dynamo,makefx")
+    parser.add_argument("--backends", default="eager,inductor")
+    parser.add_argument("--orders", default="load-first,load-after")
+    parser.add_argument("--compile-ref", action="store_true", help="also time torch.compile (inductor) cold per model")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
+    parser.add_argument("--out", type=Path, default=None, help="where the pairs go (default: a temporary dir)")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    options = parser.parse_args(argv)
+    split = lambda text: [part for part in text.split(",") if part]  # noqa: E731
+    unknown = [m for m in split(options.models) if m not in ZOO]
+    if unknown:
+        parser.error(f"unknown models {unknown}; the zoo has {list(ZOO)}")
+    with tempfile.TemporaryDirectory() as scratch:
+        out_dir = options.out or Path(scratch)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        rows = run(split(options.models), split(options.tracers), split(options.backends), split(options.orders),
+                   options.compile_ref, options.timeout, out_dir)
+    print(table(rows))
+    if options.json:
+        options.json.write_text(json.dumps(rows, indent=1) + "\n")
+    failed = [row for row in rows if "error" in row or (row.get("max_diff") or 0) > 1e-3]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""The model zoo: real model code built from configs with random weights (nothing downloaded).
+
+Each entry builds `(model, args)` deterministically (seeded), so a fresh process rebuilds the same
+weights, and names the step function a capture takes (importable here: DynamoTracer needs that).
+Libraries are imported inside the builders, so importing this module imports none of them.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+def torchvision_ops_or_schemas() -> str:
+    """Make torchvision importable beside a torch its C++ ops were not built for.
+
+    PyPI's torchvision wheels link the CUDA torch (libtorch_cuda.so); beside a CPU-only torch their
+    `_C.so` does not load, and `import torchvision` then fails registering fake kernels
+    ("operator torchvision::nms does not exist"). When that library does not load, define the two
+    schemas it registers fakes for, without kernels: the models import and run (they call none of
+    torchvision's custom ops); detection ops (nms, roi_align, ...) stay unavailable. Must run before
+    torchvision is imported, by anything: a Dynamo artifact's load may import it. Returns what it did.
+    """
+    if "torchvision" in sys.modules:
+        return "already imported"
+    spec = importlib.util.find_spec("torchvision")
+    if spec is None or spec.origin is None:
+        return "not installed"
+    library = next(Path(spec.origin).parent.glob("_C*.so"), None)
+    try:
+        if library is not None:
+            torch.ops.load_library(str(library))
+            return "its C++ ops load"
+    except OSError:
+        pass
+    fragment = torch.library.Library("torchvision", "FRAGMENT")
+    for name in ("nms", "qnms"):
+        fragment.define(f"{name}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _KEEP.append(fragment)  # a Library's definitions live as long as the object
+    return "its C++ ops do not load here: defined torchvision::nms/qnms schemas without kernels"
+
+
+_KEEP: list = []
+TORCHVISION = torchvision_ops_or_schemas()
+
+
+def encoder_step(model, input_ids):
+    return model(input_ids).last_hidden_state
+
+
+def lm_step(model, input_ids):
+    return model(input_ids).logits
+
+
+def seq2seq_step(model, input_ids, decoder_input_ids):
+    return model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits
+
+
+def whisper_step(model, input_features, decoder_input_ids):
+    return model(input_features=input_features, decoder_input_ids=decoder_input_ids).last_hidden_state
+
+
+def vision_step(model, images):
+    return model(images)
+
+
+def unet_step(model, sample, timestep):
+    return model(sample, timestep).sample
+
+
+def _ids(*shape: int, vocab: int = 99) -> torch.Tensor:
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(1))
+
+
+def _randn(*shape: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(2))
+
+
+def _tiny(config_name: str, **overrides):
+    import transformers
+
+    return getattr(transformers, config_name)(**overrides)
+
+
+def _hf(model_name: str, config) -> torch.nn.Module:
+    import transformers
+
+    config._attn_implementation = "eager"  # sdpa too, but eager is the same on every torch
+    return getattr(transformers, model_name)(config)
+
+
+def bert():
+    config = _tiny("BertConfig", vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=37, max_position_embeddings=64)
+    return _hf("BertModel", config), (_ids(2, 7),)
+
+
+def distilbert():
+    config = _tiny("DistilBertConfig", vocab_size=99, dim=32, n_layers=2, n_heads=2, hidden_dim=37,
+                   max_position_embeddings=64)
+    return _hf("DistilBertModel", config), (_ids(2, 7),)
+
+
+def gpt2():
+    config = _tiny("GPT2Config", vocab_size=99, n_embd=32, n_layer=2, n_head=2, n_positions=64, bos_token_id=0,
+                   eos_token_id=0)
+    return _hf("GPT2LMHeadModel", config), (_ids(2, 7),)
+
+
+def llama():
+    config = _tiny("LlamaConfig", vocab_size=99, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return _hf("LlamaForCausalLM", config), (_ids(2, 7),)
+
+
+def t5():
+    config = _tiny("T5Config", vocab_size=99, d_model=32, d_ff=37, d_kv=8, num_layers=2, num_heads=4,
+                   decoder_start_token_id=0)
+    return _hf("T5ForConditionalGeneration", config), (_ids(2, 7), _ids(2, 5))
+
+
+def whisper():
+    config = _tiny("WhisperConfig", vocab_size=99, d_model=32, encoder_layers=2, decoder_layers=2,
+                   encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=37, decoder_ffn_dim=37,
+                   num_mel_bins=16, max_source_positions=30, max_target_positions=32, pad_token_id=0, bos_token_id=0,
+                   eos_token_id=0, decoder_start_token_id=0)
+    return _hf("WhisperModel", config), (_randn(1, 16, 60), _ids(1, 5))
+
+
+def tv_resnet18():
+    import torchvision
+
+    return torchvision.models.resnet18(num_classes=10), (_randn(1, 3, 64, 64),)
+
+
+def tv_vit_b_16():
+    import torchvision
+
+    return torchvision.models.vit_b_16(num_classes=10), (_randn(1, 3, 224, 224),)
+
+
+def timm_resnet18d():
+    import timm
+
+    return timm.create_model("resnet18d", pretrained=False, num_classes=10), (_randn(1, 3, 64, 64),)
+
+
+def timm_vit_tiny():
+    import timm
+
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=10), (_randn(1, 3, 224, 224),)
+
+
+def unet2d():
+    import diffusers
+
+    model = diffusers.UNet2DModel(sample_size=16, in_channels=3, out_channels=3, layers_per_block=1,
+                                  block_out_channels=(16, 32), norm_num_groups=8,
+                                  down_block_types=("DownBlock2D", "AttnDownBlock2D"),
+                                  up_block_types=("AttnUpBlock2D", "UpBlock2D"))
+    return model, (_randn(1, 3, 16, 16), torch.tensor([10]))
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    library: str
+    """The module the model's code comes from (the one a serve-before-import run must not import first)."""
+    build: Callable[[], tuple[torch.nn.Module, tuple]]
+    step: Callable[..., Any]
+
+    def available(self) -> str:
+        """"" when the library imports here, else why not."""
+        if importlib.util.find_spec(self.library) is None:
+            return f"{self.library} is not installed (pip install 'precompile[zoo]')"
+        try:
+            importlib.import_module(self.library)
+        except Exception as exc:  # e.g. torchvision built for another torch
+            return f"{self.library} does not import: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        return ""
+
+    def instantiate(self) -> tuple[torch.nn.Module, tuple]:
+        torch.manual_seed(0)
+        model, args = self.build()
+        return model.eval(), args
+
+
+ZOO = {m.name: m for m in (
+    ZooModel("bert", "transformers", bert, encoder_step),
+    ZooModel("distilbert", "transformers", distilbert, encoder_step),
+    ZooModel("gpt2", "transformers", gpt2, lm_step),
+    ZooModel("llama", "transformers", llama, lm_step),
+    ZooModel("t5", "transformers", t5, seq2seq_step),
+    ZooModel("whisper", "transformers", whisper, whisper_step),
+    ZooModel("tv_resnet18", "torchvision", tv_resnet18, vision_step),
+    ZooModel("tv_vit_b_16", "torchvision", tv_vit_b_16, vision_step),
+    ZooModel("timm_resnet18d", "timm", timm_resnet18d, vision_step),
+    ZooModel("timm_vit_tiny", "timm", timm_vit_tiny, vision_step),
+    ZooModel("unet2d", "diffusers", unet2d, unet_step),
+)}
