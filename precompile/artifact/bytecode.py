@@ -1,0 +1,165 @@
+"""What capture does once so that load need not: python_code compiled to bytecode, and its metadata
+literals decoded into typed msgpack, both carried in the cache header beside the envelope's fields.
+
+The bytecode is kept the way a hash-checked `.pyc` keeps it (PEP 552): it is keyed by the exact
+python_code it was compiled from (the envelope's `code_hash`) and by the interpreter's magic number,
+and a reader whose interpreter, flags or optimization level differ compiles the source instead.
+python_code stays the single source of truth, runnable alone.
+
+Compilation is made reproducible so that `verify` can PROVE the bytecode is python_code's by
+compiling the source again and comparing bytes, never by loading the stored ones:
+
+- the filename compiled in is `code_filename(code_hash)`, fixed by the content (load renames every
+  code object to the file's real path afterwards, so tracebacks and linecache are as before);
+- the compiler flags are fixed (`COMPILE_FLAGS`: `from __future__ import annotations`, which load
+  always compiled python_code with, inherited from its own module), never inherited;
+- marshal format version 2, which writes no back-references: versions 3 and up mark an object
+  shared when its reference count in the producing process is above one, so the same code object
+  marshals to different bytes in different processes.
+
+The metadata is `msgspec.msgpack` of the typed metadata converted from python_code's literals, so
+`verify` can decode it (msgspec decoding runs nothing) and compare it with the literals it parses.
+
+Torch-free: `compile()` needs no torch, and nothing here executes or unmarshals anything.
+"""
+from __future__ import annotations
+import __future__
+
+import ast
+import hashlib
+import importlib.util
+import marshal
+import sys
+import types
+
+import msgspec
+
+from precompile.artifact.envelope import CompiledCode, EncodedMetadata
+from precompile.artifact.metadata import ArtifactMetadata
+
+MARSHAL_VERSION = 2
+COMPILE_FLAGS = __future__.annotations.compiler_flag
+OPTIMIZE = 0
+"""The optimization level capture compiles at; a process run with -O or -OO compiles the source."""
+MAX_PREPARED_SIZE = 32 * 1024 * 1024
+"""The most bytecode plus metadata a capture carries in the header (whose limit is 64 MiB); past it,
+load compiles and parses python_code as before."""
+
+_metadata_encoder = msgspec.msgpack.Encoder()
+_metadata_decoder = msgspec.msgpack.Decoder(ArtifactMetadata)
+
+
+def magic() -> str:
+    """This interpreter's bytecode magic number, as the envelope records it (hex)."""
+    return importlib.util.MAGIC_NUMBER.hex()
+
+
+def code_filename(code_hash: str) -> str:
+    """The filename python_code is compiled under for its stored bytecode: fixed by its content."""
+    return f"<precompile python_code {code_hash[:12]}>"
+
+
+def compile_python_code(source: str | ast.Module, filename: str, optimize: int = OPTIMIZE) -> types.CodeType:
+    """python_code (its text or its syntax tree) compiled as load runs it: flags fixed, none inherited."""
+    return compile(source, filename, "exec", flags=COMPILE_FLAGS, dont_inherit=True, optimize=optimize)
+
+
+def compiled_bytes(source: str, code_hash: str) -> bytes:
+    """The bytes capture stores for python_code and verify recomputes: deterministic for one source."""
+    return marshal.dumps(compile_python_code(source, code_filename(code_hash)), MARSHAL_VERSION)
+
+
+def prepare(source: str, code_hash: str, metadata: ArtifactMetadata) -> tuple[CompiledCode | None, EncodedMetadata | None]:
+    """The bytecode and typed metadata a capture carries in its cache (None for each when too big)."""
+    code = compiled_bytes(source, code_hash)
+    encoded = _metadata_encoder.encode(metadata)
+    if len(code) + len(encoded) > MAX_PREPARED_SIZE:
+        return None, None
+    compiled = CompiledCode(
+        code_hash=code_hash, magic=magic(), filename=code_filename(code_hash), flags=COMPILE_FLAGS, optimize=OPTIMIZE,
+        marshal_version=MARSHAL_VERSION, size=len(code), sha256=hashlib.sha256(code).hexdigest(), data=code,
+    )
+    meta = EncodedMetadata(code_hash=code_hash, size=len(encoded), sha256=hashlib.sha256(encoded).hexdigest(), data=encoded)
+    return compiled, meta
+
+
+def blob_problem(blob: CompiledCode | EncodedMetadata) -> str | None:
+    """Why a blob's bytes are not the ones its entry records (size, sha256), or None."""
+    if len(blob.data) != blob.size:
+        return f"it holds {len(blob.data)} bytes, its entry records {blob.size}"
+    digest = hashlib.sha256(blob.data).hexdigest()
+    if digest != blob.sha256:
+        return f"its sha256 is {digest}, its entry records {blob.sha256}"
+    return None
+
+
+def unusable_reason(compiled: CompiledCode, code_hash: str) -> str | None:
+    """Why load would not run this bytecode here (it compiles python_code instead), or None.
+
+    Only what `verify` can prove is used: bytecode of this very python_code (`code_hash`, the sha256
+    of the python_code at hand), this interpreter's magic number, the fixed flags, filename and
+    marshal version, the optimization level this process compiles at, and the recorded sha256."""
+    if compiled.code_hash != code_hash:
+        return f"it was compiled from the python_code with sha256 {compiled.code_hash}, not this one ({code_hash})"
+    if compiled.magic != magic():
+        return f"it was compiled by a Python with magic number {compiled.magic}, this one's is {magic()}"
+    if compiled.marshal_version != MARSHAL_VERSION:
+        return f"it is marshal version {compiled.marshal_version}, not {MARSHAL_VERSION}"
+    if compiled.flags != COMPILE_FLAGS:
+        return f"it was compiled with flags {compiled.flags:#x}, not {COMPILE_FLAGS:#x}"
+    if compiled.optimize != sys.flags.optimize:
+        return f"it was compiled at optimization level {compiled.optimize}, this process runs at {sys.flags.optimize}"
+    if compiled.filename != code_filename(code_hash):
+        return f"it was compiled as {compiled.filename!r}, not {code_filename(code_hash)!r}"
+    return blob_problem(compiled)
+
+
+def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode) -> str | None:
+    """Why the stored bytecode is not python_code compiled (verify's proof), or None.
+
+    python_code is compiled again here and marshalled; the stored bytes are compared, never loaded."""
+    problem = blob_problem(compiled)
+    if problem is not None:
+        return problem
+    if compiled.code_hash != code_hash:
+        return f"it records the python_code it was compiled from as sha256 {compiled.code_hash}, not {code_hash}"
+    if compiled.filename != code_filename(code_hash):
+        return f"it was compiled as {compiled.filename!r}, python_code's bytecode is compiled as {code_filename(code_hash)!r}"
+    if compiled.marshal_version != MARSHAL_VERSION or compiled.flags != COMPILE_FLAGS:
+        return (f"it records marshal version {compiled.marshal_version} and flags {compiled.flags:#x}; capture writes "
+                f"version {MARSHAL_VERSION} and flags {COMPILE_FLAGS:#x}")
+    try:
+        expected = marshal.dumps(compile_python_code(source, compiled.filename, compiled.optimize), MARSHAL_VERSION)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return f"python_code does not compile here ({type(exc).__name__})"
+    if expected != compiled.data:
+        return "its bytes differ from python_code compiled here: it is not this python_code's bytecode"
+    return None
+
+
+def decode_metadata(encoded: EncodedMetadata, code_hash: str) -> ArtifactMetadata | None:
+    """The typed metadata of an encoded blob made from the python_code with sha256 `code_hash`, whose
+    bytes match its entry; None otherwise."""
+    if encoded.code_hash != code_hash or blob_problem(encoded) is not None:
+        return None
+    try:
+        return _metadata_decoder.decode(encoded.data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None
+
+
+def metadata_problem(encoded: EncodedMetadata, code_hash: str, parsed: ArtifactMetadata) -> str | None:
+    """Why the stored metadata is not the metadata literals `parsed` of the python_code with sha256
+    `code_hash` (verify's proof), or None."""
+    problem = blob_problem(encoded)
+    if problem is not None:
+        return problem
+    if encoded.code_hash != code_hash:
+        return f"it records the python_code it was decoded from as sha256 {encoded.code_hash}, not {code_hash}"
+    try:
+        decoded = _metadata_decoder.decode(encoded.data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        return f"it does not decode as python_code metadata: {exc}"
+    if decoded != parsed:
+        return "it differs from the metadata literals of python_code: it is not this python_code's metadata"
+    return None
