@@ -20,6 +20,10 @@ compiling the source again and comparing bytes, never by loading the stored ones
 The metadata is `msgspec.msgpack` of the typed metadata converted from python_code's literals, so
 `verify` can decode it (msgspec decoding runs nothing) and compare it with the literals it parses.
 
+Both are stored as one zstd frame each (marshalled code compresses about 14 times, the metadata
+about 35): the header stays small, so decoding it and checking its digest stays cheap. Their
+recorded sha256 is of the stored bytes; they decompress to at most their recorded size.
+
 Torch-free: `compile()` needs no torch, and nothing here executes or unmarshals anything.
 """
 from __future__ import annotations
@@ -33,6 +37,7 @@ import sys
 import types
 
 import msgspec
+import zstandard
 
 from precompile.artifact.envelope import CompiledCode, EncodedMetadata
 from precompile.artifact.metadata import ArtifactMetadata
@@ -41,9 +46,12 @@ MARSHAL_VERSION = 2
 COMPILE_FLAGS = __future__.annotations.compiler_flag
 OPTIMIZE = 0
 """The optimization level capture compiles at; a process run with -O or -OO compiles the source."""
-MAX_PREPARED_SIZE = 32 * 1024 * 1024
-"""The most bytecode plus metadata a capture carries in the header (whose limit is 64 MiB); past it,
-load compiles and parses python_code as before."""
+MAX_PREPARED_SIZE = 256 * 1024 * 1024
+"""The most bytecode or metadata (uncompressed) a cache carries: past it, capture leaves them out
+(load compiles and parses python_code as before) and readers refuse to decompress them."""
+MAX_STORED_SIZE = 32 * 1024 * 1024
+"""The most both compressed blobs may take of the header (whose limit is 64 MiB)."""
+ZSTD_LEVEL = 3
 
 _metadata_encoder = msgspec.msgpack.Encoder()
 _metadata_decoder = msgspec.msgpack.Decoder(ArtifactMetadata)
@@ -73,24 +81,46 @@ def prepare(source: str, code_hash: str, metadata: ArtifactMetadata) -> tuple[Co
     """The bytecode and typed metadata a capture carries in its cache (None for each when too big)."""
     code = compiled_bytes(source, code_hash)
     encoded = _metadata_encoder.encode(metadata)
-    if len(code) + len(encoded) > MAX_PREPARED_SIZE:
+    if max(len(code), len(encoded)) > MAX_PREPARED_SIZE:
+        return None, None
+    compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
+    stored_code, stored_meta = compressor.compress(code), compressor.compress(encoded)
+    if len(stored_code) + len(stored_meta) > MAX_STORED_SIZE:
         return None, None
     compiled = CompiledCode(
         code_hash=code_hash, magic=magic(), filename=code_filename(code_hash), flags=COMPILE_FLAGS, optimize=OPTIMIZE,
-        marshal_version=MARSHAL_VERSION, size=len(code), sha256=hashlib.sha256(code).hexdigest(), data=code,
+        marshal_version=MARSHAL_VERSION, size=len(code), compressed_size=len(stored_code),
+        sha256=hashlib.sha256(stored_code).hexdigest(), data=stored_code,
     )
-    meta = EncodedMetadata(code_hash=code_hash, size=len(encoded), sha256=hashlib.sha256(encoded).hexdigest(), data=encoded)
+    meta = EncodedMetadata(code_hash=code_hash, size=len(encoded), compressed_size=len(stored_meta),
+                           sha256=hashlib.sha256(stored_meta).hexdigest(), data=stored_meta)
     return compiled, meta
 
 
 def blob_problem(blob: CompiledCode | EncodedMetadata) -> str | None:
-    """Why a blob's bytes are not the ones its entry records (size, sha256), or None."""
-    if len(blob.data) != blob.size:
-        return f"it holds {len(blob.data)} bytes, its entry records {blob.size}"
+    """Why a blob's stored bytes are not the ones its entry records (sizes, sha256), or None."""
+    if len(blob.data) != blob.compressed_size:
+        return f"it holds {len(blob.data)} bytes, its entry records {blob.compressed_size}"
+    if blob.size > MAX_PREPARED_SIZE:
+        return f"it declares {blob.size} bytes, over the {MAX_PREPARED_SIZE}-byte limit"
     digest = hashlib.sha256(blob.data).hexdigest()
     if digest != blob.sha256:
         return f"its sha256 is {digest}, its entry records {blob.sha256}"
     return None
+
+
+def decompressed(blob: CompiledCode | EncodedMetadata) -> bytes:
+    """The bytes of a blob whose entry checked out (blob_problem): at most its recorded size, and
+    exactly that many, else ValueError."""
+    try:
+        if zstandard.get_frame_parameters(blob.data).content_size != blob.size:
+            raise ValueError(f"its frame does not hold the {blob.size} bytes its entry records")
+        data = zstandard.ZstdDecompressor().decompress(blob.data, max_output_size=blob.size)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"it does not decompress: {exc}") from None
+    if len(data) != blob.size:
+        raise ValueError(f"it decompresses to {len(data)} bytes, its entry records {blob.size}")
+    return data
 
 
 def unusable_reason(compiled: CompiledCode, code_hash: str) -> str | None:
@@ -129,10 +159,14 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode) -> str
         return (f"it records marshal version {compiled.marshal_version} and flags {compiled.flags:#x}; capture writes "
                 f"version {MARSHAL_VERSION} and flags {COMPILE_FLAGS:#x}")
     try:
+        stored = decompressed(compiled)
+    except ValueError as exc:
+        return str(exc)
+    try:
         expected = marshal.dumps(compile_python_code(source, compiled.filename, compiled.optimize), MARSHAL_VERSION)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return f"python_code does not compile here ({type(exc).__name__})"
-    if expected != compiled.data:
+    if expected != stored:
         return "its bytes differ from python_code compiled here: it is not this python_code's bytecode"
     return None
 
@@ -143,8 +177,8 @@ def decode_metadata(encoded: EncodedMetadata, code_hash: str) -> ArtifactMetadat
     if encoded.code_hash != code_hash or blob_problem(encoded) is not None:
         return None
     try:
-        return _metadata_decoder.decode(encoded.data)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return _metadata_decoder.decode(decompressed(encoded))
+    except (ValueError, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
 
 
@@ -157,7 +191,9 @@ def metadata_problem(encoded: EncodedMetadata, code_hash: str, parsed: ArtifactM
     if encoded.code_hash != code_hash:
         return f"it records the python_code it was decoded from as sha256 {encoded.code_hash}, not {code_hash}"
     try:
-        decoded = _metadata_decoder.decode(encoded.data)
+        decoded = _metadata_decoder.decode(decompressed(encoded))
+    except ValueError as exc:
+        return str(exc)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         return f"it does not decode as python_code metadata: {exc}"
     if decoded != parsed:

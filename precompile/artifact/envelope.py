@@ -70,10 +70,13 @@ class CompiledCode(msgspec.Struct, frozen=True, kw_only=True):
     optimize: int
     marshal_version: int
     size: int
+    """Bytes of the marshalled code (`data` decompressed)."""
+    compressed_size: int
     sha256: str
-    """sha256 of `data`."""
+    """sha256 of `data` as stored (compressed)."""
     data: bytes = b""
-    """marshal.dumps(code, marshal_version); `precompile verify` compiles python_code again and compares."""
+    """One zstd frame of marshal.dumps(code, marshal_version); `precompile verify` compiles python_code
+    again and compares."""
 
 
 class EncodedMetadata(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,10 +86,13 @@ class EncodedMetadata(msgspec.Struct, frozen=True, kw_only=True):
     code_hash: str
     """sha256 of the python_code whose literals these are: used only while it is the envelope's code_hash too."""
     size: int
+    """Bytes of the msgpack (`data` decompressed)."""
+    compressed_size: int
     sha256: str
-    """sha256 of `data`."""
+    """sha256 of `data` as stored (compressed)."""
     data: bytes = b""
-    """msgspec.msgpack of the ArtifactMetadata; `precompile verify` compares it with the literals."""
+    """One zstd frame of msgspec.msgpack of the ArtifactMetadata; `precompile verify` compares it with
+    the literals."""
 
 
 class CacheEnvelopeV1(msgspec.Struct, frozen=True, kw_only=True, tag=1, tag_field="format_version"):

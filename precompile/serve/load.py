@@ -121,7 +121,7 @@ def _prepared_code(envelope, python_code, filename: str) -> types.CodeType | Non
     enabled = gc.isenabled()
     gc.disable()  # thousands of tuples, no cycle: see pycode._cyclic_gc_paused
     try:
-        code = marshal.loads(compiled.data)
+        code = marshal.loads(bytecode.decompressed(compiled))
     except (ValueError, EOFError, TypeError) as exc:
         log.debug("compiling python_code %s: its cached bytecode does not load (%s)", python_code.path, exc)
         return None
@@ -135,7 +135,9 @@ def _prepared_code(envelope, python_code, filename: str) -> types.CodeType | Non
 
 def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
     """`code` and every code object nested in it, with co_filename `filename` (as compiling there would give)."""
-    consts = tuple(_renamed(const, filename) if isinstance(const, types.CodeType) else const for const in code.co_consts)
+    consts = code.co_consts
+    if any(type(const) is types.CodeType for const in consts):
+        consts = tuple(_renamed(const, filename) if type(const) is types.CodeType else const for const in consts)
     return code.replace(co_filename=filename, co_consts=consts)
 
 
