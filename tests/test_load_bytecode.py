@@ -5,6 +5,7 @@ compiles and parses as before), and verify proves them by compiling python_code 
 bytes, never by loading what is stored."""
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -26,6 +27,8 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "v1"
 
 FRESH_LOAD = r"""
 import json, linecache, logging, sys, torch
+compiled = []
+sys.addaudithook(lambda event, args: compiled.append(str(args[1])) if event == "compile" else None)
 records = []
 class Keep(logging.Handler):
     def emit(self, record):
@@ -36,7 +39,10 @@ import precompile
 from precompile.artifact import pycode
 from cases import CASES
 artifact, cache = sys.argv[1:3]
+before = len(compiled)
 runnable = precompile.load(artifact, cache)
+import os
+compiled_by_load = [name for name in compiled[before:] if name.startswith("<precompile") or name == os.path.realpath(artifact)]
 case = CASES["mlp_batchnorm"]
 with torch.no_grad():
     close = torch.allclose(runnable(*case.args()), case.fn(*case.args()))
@@ -49,6 +55,7 @@ print(json.dumps({
     "close": close, "alone_close": alone_close, "parses": pycode.parses, "bytecode": runnable.bytecode_from_cache,
     "metadata": runnable.metadata_from_cache, "loaded": [r for r in records if r.startswith("loaded ")],
     "co_filename": code.co_filename, "line": linecache.getline(code.co_filename, code.co_firstlineno),
+    "compiled_by_load": compiled_by_load,
 }))
 """
 
@@ -99,6 +106,7 @@ def test_a_fresh_process_runs_the_cached_bytecode_and_parses_nothing(captured):
     assert report["close"] and report["alone_close"]
     assert report["parses"] == 0, "load parsed python_code although its cache carries the metadata"
     assert report["bytecode"] and report["metadata"]
+    assert report["compiled_by_load"] == []  # the audit hook saw no compile() of python_code
     assert len(report["loaded"]) == 1 and "bytecode from the cache, metadata from the cache" in report["loaded"][0]
     # tracebacks and debuggers see python_code's real path and lines, as when it was compiled there
     assert report["co_filename"] == str(artifact.resolve())
@@ -109,6 +117,7 @@ def test_a_process_at_another_optimization_level_compiles_python_code(captured):
     artifact, cache = captured["mlp_batchnorm"]
     optimized = run_fresh_optimized(FRESH_LOAD, str(artifact), str(cache))
     assert optimized["close"] and not optimized["bytecode"] and optimized["metadata"]
+    assert optimized["compiled_by_load"] == [str(artifact.resolve())]
     assert "bytecode compiled here, metadata from the cache" in optimized["loaded"][0]
 
 
@@ -215,5 +224,35 @@ def test_capture_compiles_deterministically_whatever_the_process_holds():
     same text again, with the first code object alive, marshals to the same bytes."""
     source = "import math\n\ndef f(x, *, name='forward'):\n    return {'a': x, 'b': (1, 2.5, None)} if x in {'p', 'q'} else math.pi\n"
     keep = bytecode.compile_python_code(source, bytecode.code_filename("0" * 64))
-    assert bytecode.compiled_bytes(source, "0" * 64) == bytecode.compiled_bytes(source, "0" * 64)
+    tree = ast.parse(source)
+    assert bytecode.compiled_bytes(source, "0" * 64, tree) == bytecode.compiled_bytes(source, "0" * 64, tree)
     assert keep is not None
+
+
+SERVE_INDUCTOR = r"""
+import json, sys, torch
+compiled = []
+sys.addaudithook(lambda event, args: compiled.append(str(args[1])) if event == "compile" else None)
+import precompile, dynamo_cases
+runnable = precompile.load(sys.argv[1], sys.argv[2])
+x = torch.arange(12.0).reshape(3, 4)
+print(json.dumps({"close": torch.allclose(runnable(x), dynamo_cases.uses_global(x)), "bytecode": runnable.bytecode_from_cache,
+                  "compiled": [name for name in compiled if name.startswith("<precompile subgraph") or name == sys.argv[1]]}))
+"""
+
+
+def test_inductor_output_modules_a_dynamo_artifact_carries_as_text_are_not_compiled_at_load(tmp_path, capsys):
+    """A lowered subgraph's output module is a string in python_code that its driver compiled at
+    load, a cost that grows with depth: the cache carries it compiled too, checked by verify."""
+    import dynamo_cases
+    import torch
+
+    artifact, cache = tmp_path / "ind.py", tmp_path / "ind.cache"
+    with precompile.capture(dynamo_cases.uses_global, artifact_path=artifact, cache_path=cache, backend="inductor") as cap:
+        cap(torch.ones(3, 4))
+    source = artifact.read_text(encoding="utf-8")
+    assert len(bytecode.embedded_modules(ast.parse(source))) >= 1
+    report = fresh_json(SERVE_INDUCTOR, str(artifact), str(cache), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "kernels")})
+    assert report == {"close": True, "bytecode": True, "compiled": []}
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 0 and checks["python_code bytecode"]["status"] == "ok"

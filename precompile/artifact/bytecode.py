@@ -17,6 +17,11 @@ compiling the source again and comparing bytes, never by loading the stored ones
   shared when its reference count in the producing process is above one, so the same code object
   marshals to different bytes in different processes.
 
+A Dynamo artifact lowered with Inductor carries each subgraph's output module as a string that its
+dynamo_subgraphs driver compiles at load (`inductor_subgraph(name, text)`); those are compiled at
+capture too, so the stored bytes are `marshal.dumps((code, modules), 2)` where `modules` maps the
+sha256 of each such text to its code, compiled as the driver names it (`<precompile subgraph NAME>`).
+
 The metadata is `msgspec.msgpack` of the typed metadata converted from python_code's literals, so
 `verify` can decode it (msgspec decoding runs nothing) and compare it with the literals it parses.
 
@@ -72,14 +77,30 @@ def compile_python_code(source: str | ast.Module, filename: str, optimize: int =
     return compile(source, filename, "exec", flags=COMPILE_FLAGS, dont_inherit=True, optimize=optimize)
 
 
-def compiled_bytes(source: str, code_hash: str) -> bytes:
-    """The bytes capture stores for python_code and verify recomputes: deterministic for one source."""
-    return marshal.dumps(compile_python_code(source, code_filename(code_hash)), MARSHAL_VERSION)
+def embedded_modules(tree: ast.Module) -> dict[str, tuple[str, str]]:
+    """{sha256 of the text: (filename, text)} of every `inductor_subgraph("name", "text", ...)` call
+    in python_code (string literals both), in the order of the tree: the modules its driver compiles."""
+    modules: dict[str, tuple[str, str]] = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "inductor_subgraph"
+                and len(node.args) >= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])):
+            name, text = node.args[0].value, node.args[1].value  # type: ignore[attr-defined]
+            digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+            modules.setdefault(digest, (f"<precompile subgraph {name}>", text))
+    return modules
 
 
-def prepare(source: str, code_hash: str, metadata: ArtifactMetadata) -> tuple[CompiledCode | None, EncodedMetadata | None]:
+def compiled_bytes(source: str, code_hash: str, tree: ast.Module, optimize: int = OPTIMIZE) -> bytes:
+    """The bytes capture stores for python_code (`tree`, its parse) and verify recomputes:
+    deterministic for one source."""
+    code = compile_python_code(source, code_filename(code_hash), optimize)
+    modules = {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in embedded_modules(tree).items()}
+    return marshal.dumps((code, modules), MARSHAL_VERSION)
+
+
+def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.Module) -> tuple[CompiledCode | None, EncodedMetadata | None]:
     """The bytecode and typed metadata a capture carries in its cache (None for each when too big)."""
-    code = compiled_bytes(source, code_hash)
+    code = compiled_bytes(source, code_hash, tree)
     encoded = _metadata_encoder.encode(metadata)
     if max(len(code), len(encoded)) > MAX_PREPARED_SIZE:
         return None, None
@@ -144,7 +165,7 @@ def unusable_reason(compiled: CompiledCode, code_hash: str) -> str | None:
     return blob_problem(compiled)
 
 
-def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode) -> str | None:
+def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: ast.Module) -> str | None:
     """Why the stored bytecode is not python_code compiled (verify's proof), or None.
 
     python_code is compiled again here and marshalled; the stored bytes are compared, never loaded."""
@@ -163,7 +184,7 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode) -> str
     except ValueError as exc:
         return str(exc)
     try:
-        expected = marshal.dumps(compile_python_code(source, compiled.filename, compiled.optimize), MARSHAL_VERSION)
+        expected = compiled_bytes(source, code_hash, tree, compiled.optimize)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return f"python_code does not compile here ({type(exc).__name__})"
     if expected != stored:

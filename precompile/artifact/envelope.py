@@ -75,8 +75,9 @@ class CompiledCode(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str
     """sha256 of `data` as stored (compressed)."""
     data: bytes = b""
-    """One zstd frame of marshal.dumps(code, marshal_version); `precompile verify` compiles python_code
-    again and compares."""
+    """One zstd frame of marshal.dumps((code, modules), marshal_version): python_code's code, and
+    {sha256 of the text: code} of the Inductor output modules it carries as strings (see
+    artifact/bytecode.py). `precompile verify` compiles python_code again and compares."""
 
 
 class EncodedMetadata(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,7 +19,8 @@ def cache_for(python_code: bytes, *, backend: str, tracer: str, bundle, payload:
     (from the rendered text, exactly as load and verify read them)."""
     digest = code_hash(python_code)
     source = decode_source(python_code)
-    compiled, metadata = bytecode.prepare(source, digest, parse_metadata(parse_source(source)))
+    tree = parse_source(source)
+    compiled, metadata = bytecode.prepare(source, digest, parse_metadata(tree), tree)
     envelope = CacheEnvelopeV1(
         code_hash=digest,
         backend=backend,

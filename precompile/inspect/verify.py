@@ -37,7 +37,7 @@ from precompile.artifact.codec import (
     payload_problem,
 )
 from precompile.artifact.pair import pending_path, read_bytes
-from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source, parse_source
 from precompile.errors import PrecompileError
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
@@ -125,7 +125,10 @@ def _prepared(artifact: Artifact) -> list[Check]:
                         "compile python_code the same way to compare, and load here compiles python_code instead",
                 remedy=f"verify on a Python with magic number {compiled.magic} (where load runs it) to prove it"))
         else:
-            problem = bytecode.bytecode_problem(source, digest, compiled)
+            try:
+                problem = bytecode.bytecode_problem(source, digest, compiled, parse_source(source))
+            except PrecompileError as exc:
+                problem = str(exc)
             if problem is None:
                 checks.append(Check(name=names[0], status="ok", expected=compiled.sha256, actual=f"{compiled.size} bytes",
                                     message="identical to python_code compiled here: load may run it instead of compiling"))

@@ -107,10 +107,11 @@ def _usable_cache(python_code, cache):
     return cache
 
 
-def _prepared_code(envelope, python_code, filename: str) -> types.CodeType | None:
-    """python_code's bytecode from its (paired) cache, renamed to `filename`; None when the cache
-    carries none this process can run (another Python, -O, a sha256 that does not match), so that
-    python_code is compiled instead."""
+def _prepared_code(envelope, python_code, filename: str) -> tuple[types.CodeType, dict[str, types.CodeType]] | None:
+    """python_code's bytecode from its (paired) cache, renamed to `filename`, and the code of the
+    output modules it carries as text, by their sha256; None when the cache carries none this
+    process can run (another Python, -O, a sha256 that does not match), so that python_code is
+    compiled instead."""
     compiled = envelope.python_bytecode
     if compiled is None:
         return None
@@ -121,16 +122,17 @@ def _prepared_code(envelope, python_code, filename: str) -> types.CodeType | Non
     enabled = gc.isenabled()
     gc.disable()  # thousands of tuples, no cycle: see pycode._cyclic_gc_paused
     try:
-        code = marshal.loads(bytecode.decompressed(compiled))
+        loaded = marshal.loads(bytecode.decompressed(compiled))
     except (ValueError, EOFError, TypeError) as exc:
         log.debug("compiling python_code %s: its cached bytecode does not load (%s)", python_code.path, exc)
         return None
     finally:
         if enabled:
             gc.enable()
-    if not isinstance(code, types.CodeType):
+    if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], types.CodeType)
+            and isinstance(loaded[1], dict) and all(isinstance(c, types.CodeType) for c in loaded[1].values())):
         return None
-    return _renamed(code, filename)
+    return _renamed(loaded[0], filename), loaded[1]
 
 
 def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
@@ -177,9 +179,11 @@ def execute(
     allow_serve_time_compiles: bool = False,
     tree: ast.Module | None = None,
     code: types.CodeType | None = None,
+    modules: dict[str, types.CodeType] | None = None,
 ) -> dict[str, Any]:
     """Exec python_code as its own namespace (see exec_registered; `tree` is its parse, if made,
-    `code` its compiled bytecode, if at hand).
+    `code` its compiled bytecode, if at hand, `modules` the code of the output modules it carries as
+    text, by the sha256 of the text, which its dynamo_subgraphs driver then runs instead of compiling).
 
     `primed_kernels` ({kernel source sha256: library path}) lets the kernel runtime of an Inductor
     artifact load its kernels directly instead of compiling them; `allow_serve_time_compiles` tells
@@ -190,6 +194,8 @@ def execute(
         namespace["__precompile_kernels__"] = dict(primed_kernels)
     if allow_serve_time_compiles:
         namespace["__precompile_allow_serve_time_compiles__"] = True
+    if modules:
+        namespace["__precompile_subgraph_code__"] = modules
     try:
         exec_registered(source, filename, namespace, tree, code)
     except PrecompileError:
@@ -286,7 +292,8 @@ def load(
     cache = _usable_cache(python_code, cache_file)
     primed = _prime_kernels(cache) if cache is not None else None
     filename = str(artifact_path.resolve())
-    code = _prepared_code(cache.envelope, python_code, filename) if cache is not None else None
+    prepared = _prepared_code(cache.envelope, python_code, filename) if cache is not None else None
+    code, modules = prepared if prepared is not None else (None, None)
     # Output modules AOTAutograd serves load their kernels through Inductor itself, which would
     # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the
     # kernel runtime (MakeFx artifacts, lowered Dynamo subgraphs) does neither.
@@ -299,7 +306,7 @@ def load(
             bundle = cache.envelope.bundle
             stack.enter_context(kernels.producer_vec_isas(bundle.keys))
             stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
-        namespace = execute(python_code.source, filename, primed, allow_serve_time_compiles, python_code.tree, code)
+        namespace = execute(python_code.source, filename, primed, allow_serve_time_compiles, python_code.tree, code, modules)
     log.info(
         "loaded %s in %.3f s (cache %s, %d kernels primed, bytecode %s, metadata %s)",
         artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),
