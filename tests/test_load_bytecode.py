@@ -211,8 +211,13 @@ def test_caches_written_before_load_as_before(name, tmp_path, capsys, monkeypatc
     """Format-1 caches without the blobs: load compiles and parses python_code; verify adds no line."""
     monkeypatch.syspath_prepend(str(FIXTURES.parent))  # dynamo_models, the captured module
     artifact, cache = _copy((FIXTURES / f"{name}.py", FIXTURES / f"{name}.cache"), tmp_path)
-    fields, _ = _fields(cache)
-    assert "python_bytecode" not in fields
+    fields, payload = _fields(cache)
+    if "python_bytecode" in fields:  # fixtures/regenerate.py rewrote it since: as written before, without them
+        for field in ("python_bytecode", "metadata_msgpack", "header_sha256"):
+            fields.pop(field)
+        fields["header_sha256"] = codec.header_digest(msgspec.msgpack.encode(fields))
+        header = msgspec.msgpack.encode(fields)
+        cache.write_bytes(codec.MAGIC + len(header).to_bytes(4, "little") + header + payload)
     runnable = precompile.load(artifact, cache)
     assert runnable.cache_used and not runnable.bytecode_from_cache and not runnable.metadata_from_cache
     rc, checks = _verify(capsys, artifact, cache)
