@@ -54,6 +54,48 @@ class KernelBundle(msgspec.Struct, frozen=True, kw_only=True):
     information only, never compared with a serving host."""
 
 
+class CompiledCode(msgspec.Struct, frozen=True, kw_only=True):
+    """python_code compiled at capture, kept as a hash-checked `.pyc` keeps it (PEP 552): load runs
+    it instead of compiling the source only on an interpreter with the same magic number, for the
+    python_code whose sha256 is the envelope's code_hash (see artifact/bytecode.py)."""
+
+    code_hash: str
+    """sha256 of the python_code compiled: used only while it is the envelope's code_hash too."""
+    magic: str
+    """importlib.util.MAGIC_NUMBER of the compiling interpreter, hex."""
+    filename: str
+    """The filename compiled in: fixed by the code_hash, so that compiling again gives the same bytes."""
+    flags: int
+    """compile() flags (no flag is inherited)."""
+    optimize: int
+    marshal_version: int
+    size: int
+    """Bytes of the marshalled code (`data` decompressed)."""
+    compressed_size: int
+    sha256: str
+    """sha256 of `data` as stored (compressed)."""
+    data: bytes = b""
+    """One zstd frame of marshal.dumps((code, modules), marshal_version): python_code's code, and
+    {sha256 of the text: code} of the Inductor output modules it carries as strings (see
+    artifact/bytecode.py). `precompile verify` compiles python_code again and compares."""
+
+
+class EncodedMetadata(msgspec.Struct, frozen=True, kw_only=True):
+    """python_code's metadata literals, converted once at capture and stored as typed msgpack:
+    load decodes them instead of parsing python_code (see artifact/bytecode.py)."""
+
+    code_hash: str
+    """sha256 of the python_code whose literals these are: used only while it is the envelope's code_hash too."""
+    size: int
+    """Bytes of the msgpack (`data` decompressed)."""
+    compressed_size: int
+    sha256: str
+    """sha256 of `data` as stored (compressed)."""
+    data: bytes = b""
+    """One zstd frame of msgspec.msgpack of the ArtifactMetadata; `precompile verify` compares it with
+    the literals."""
+
+
 class CacheEnvelopeV1(msgspec.Struct, frozen=True, kw_only=True, tag=1, tag_field="format_version"):
     """Format version 1 of the cache header."""
 
@@ -67,10 +109,27 @@ class CacheEnvelopeV1(msgspec.Struct, frozen=True, kw_only=True, tag=1, tag_fiel
     """sha256 of this header's other fields (see codec.header_digest), so that a change to any of
     them (a requirement, a file's kind or size, the kernel map) is caught. Headers written before it
     lack it: their bundle is not served (see schema/bundle_rules.py)."""
+    python_bytecode: CompiledCode | None = None
+    """python_code compiled (None: load compiles python_code, as caches written before it)."""
+    metadata_msgpack: EncodedMetadata | None = None
+    """python_code's metadata, typed (None: load parses python_code's literals)."""
 
 
 # The union of every envelope version a reader understands; one member for now.
 CacheEnvelope = CacheEnvelopeV1
+
+
+def without_blob_data(envelope: CacheEnvelope) -> CacheEnvelope:
+    """The envelope with its bytecode and metadata bytes left out (sizes and digests kept): what
+    the inspect reports show."""
+    code, meta = envelope.python_bytecode, envelope.metadata_msgpack
+    if code is None and meta is None:
+        return envelope
+    return msgspec.structs.replace(
+        envelope,
+        python_bytecode=None if code is None else msgspec.structs.replace(code, data=b""),
+        metadata_msgpack=None if meta is None else msgspec.structs.replace(meta, data=b""),
+    )
 
 
 class EnvelopeTag(msgspec.Struct):

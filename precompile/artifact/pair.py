@@ -3,13 +3,15 @@ that inspect shares. Torch-free."""
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from precompile.artifact.bytecode import decode_metadata
 from precompile.artifact.codec import CacheFormatError, decode_header, decode_payload
-from precompile.artifact.envelope import CacheEnvelope
+from precompile.artifact.envelope import FORMAT_VERSION, CacheEnvelope
 from precompile.artifact.metadata import ArtifactMetadata
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source, parse_metadata, parse_source
 from precompile.errors import PrecompileError
@@ -31,9 +33,11 @@ class PythonCode:
     metadata: ArtifactMetadata
     tree: ast.Module | None = None
     """The syntax tree the metadata was read from, which load compiles (None where only the metadata
-    was wanted)."""
+    was wanted, or where it came typed from the cache)."""
+    metadata_from_cache: bool = False
+    """Whether `metadata` was decoded from the paired cache's typed copy rather than parsed."""
 
-    @property
+    @functools.cached_property
     def code_hash(self) -> str:
         return code_hash(self.data)
 
@@ -93,11 +97,23 @@ def _file_type(mode: int) -> str:
     return "special file"
 
 
-def read_python_code(path: Path, data: bytes | None = None) -> PythonCode:
-    """Read (unless its bytes are given), decode and parse python_code, and its metadata literals."""
+def read_python_code(path: Path, data: bytes | None = None, *, envelope: CacheEnvelope | None = None,
+                     digest: str | None = None) -> PythonCode:
+    """Read (unless its bytes are given), decode and parse python_code, and its metadata literals.
+
+    With the `envelope` of a cache that pairs with these bytes (its code_hash is their sha256,
+    `digest` when already computed) and carries their metadata typed, whose bytes match their
+    recorded sha256, that metadata is taken instead and nothing is parsed."""
     if data is None:
         data = read_bytes(path, "python_code", MAX_PYTHON_CODE_SIZE)
     source = decode_source(data, filename=str(path))
+    if envelope is not None and envelope.metadata_msgpack is not None:
+        digest = digest or code_hash(data)
+        metadata = decode_metadata(envelope.metadata_msgpack, digest) if envelope.code_hash == digest else None
+        if metadata is not None and metadata.format_version <= FORMAT_VERSION:
+            code = PythonCode(path=path, data=data, source=source, metadata=metadata, metadata_from_cache=True)
+            code.__dict__["code_hash"] = digest
+            return code
     tree = parse_source(source, filename=str(path))
     return PythonCode(path=path, data=data, source=source, metadata=parse_metadata(tree, filename=str(path)), tree=tree)
 

@@ -53,8 +53,15 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
+parses = 0
+"""How many python_code texts this process parsed (a load from a cache carrying its metadata and
+bytecode parses none)."""
+
+
 def parse_source(source: str, *, filename: str = "python_code") -> ast.Module:
     """The syntax tree of a python_code, or a PrecompileError saying it is not valid Python."""
+    global parses
+    parses += 1
     try:
         with _cyclic_gc_paused():
             return ast.parse(source, filename=filename)

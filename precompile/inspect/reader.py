@@ -19,7 +19,7 @@ from pathlib import Path
 import msgspec
 
 from precompile.artifact.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
-from precompile.artifact.envelope import FORMAT_VERSION, EnvelopeTag
+from precompile.artifact.envelope import FORMAT_VERSION, EnvelopeTag, without_blob_data
 from precompile.artifact.pair import PythonCode, pairing_problem, parse_cache, read_bytes
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, metadata_of
 from precompile.errors import PrecompileError
@@ -217,7 +217,7 @@ def _read_envelope(path: str, size: int, head: bytes, deep: bool) -> CacheInfo:
         path=path,
         kind="precompile",
         file=file,
-        envelope=cache.envelope,
+        envelope=without_blob_data(cache.envelope),  # sizes and digests; verify reads the bytes itself
         format_version=cache.envelope.__struct_config__.tag,
         header_size=header_size,
         payload=payload,

@@ -184,6 +184,14 @@ def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
             lines.append(("    provenance (for information only):", None))
             lines.extend((f"      {k} = {v}", None) for k, v in provenance(bundle.keys, bundle.provenance).items())
             lines.extend((f"    {f.path}  {f.kind} {f.size} bytes sha256 {f.sha256}", None) for f in bundle.files)
+        code, meta = env.python_bytecode, env.metadata_msgpack
+        if code is not None:
+            lines.append((f"  python_code bytecode: {code.size} bytes ({code.compressed_size} compressed, marshal v{code.marshal_version}, Python magic {code.magic}, "
+                          f"optimize {code.optimize}, compiled as {code.filename}, sha256 {code.sha256}): load runs it instead of "
+                          "compiling python_code on a Python with that magic; verify compiles python_code and compares", None))
+        if meta is not None:
+            lines.append((f"  python_code metadata, typed: {meta.size} bytes msgpack ({meta.compressed_size} compressed, sha256 {meta.sha256}): load decodes it "
+                          "instead of parsing python_code; verify compares it with the literals", None))
     elif cache.format_version is not None and cache.upstream is None:
         lines.append((f"  format version {cache.format_version}", None))
     if cache.upstream is not None:

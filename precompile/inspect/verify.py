@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from precompile.artifact import bytecode
 from precompile.artifact.bundle_keys import (
     ISA_KEYS,
     NEEDS_TORCH,
@@ -30,11 +31,14 @@ from precompile.artifact.codec import (
     MAX_HEADER_SIZE,
     PREFIX_SIZE,
     CacheFormatError,
+    decode_header,
     decode_payload,
     payload_limit,
     payload_problem,
 )
 from precompile.artifact.pair import pending_path, read_bytes
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source, parse_source
+from precompile.errors import PrecompileError
 from precompile.inspect.model import Artifact, PickleScan
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
@@ -89,6 +93,7 @@ def _integrity(artifact: Artifact) -> list[Check]:
             ))
     if artifact.pairing_problem is not None and all(c.status == "ok" for c in checks[-3:]):
         checks.append(Check(name="pairing", status="fail", message=artifact.pairing_problem, remedy=RECAPTURE))
+    checks.extend(_prepared(artifact))
     checks.extend(_bundle(artifact))
     return checks
 
@@ -102,6 +107,61 @@ def _cache_pickles(artifact: Artifact) -> list[Check]:
                   message=f"cache {artifact.cache.path}: {finding_text(scan, imp)}",
                   remedy="do not load this cache; treat it as hostile")
             for scan, imp in artifact.cache_findings if imp is None or not shown]
+
+
+def _prepared(artifact: Artifact) -> list[Check]:
+    """Proof that the bytecode and typed metadata the cache carries are python_code's: python_code
+    compiled here marshals to the very bytes stored, and its literals convert to the metadata stored.
+    The stored bytecode is compared, never loaded; caches without them (written before) get no line."""
+    envelope = artifact.cache.envelope
+    if envelope is None or (envelope.python_bytecode is None and envelope.metadata_msgpack is None):
+        return []
+    names = ("python_code bytecode", "python_code typed metadata")
+    try:
+        data = read_bytes(Path(artifact.python_code.path), "python_code", MAX_PYTHON_CODE_SIZE)
+        source = decode_source(data, filename=artifact.python_code.path)
+        full, _ = decode_header(read_bytes(Path(artifact.cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + payload_limit()),
+                                source=f"cache {artifact.cache.path}")
+    except (PrecompileError, CacheFormatError) as exc:
+        return [Check(name=name, status="fail", message=f"could not read the pair again: {exc}", remedy=RECAPTURE) for name in names]
+    digest = code_hash(data)
+    checks = []
+    compiled, encoded = full.python_bytecode, full.metadata_msgpack
+    if compiled is not None:
+        if full.code_hash != digest:
+            checks.append(Check(name=names[0], status="skip", message="the cache does not pair with python_code: load never runs it"))
+        elif compiled.magic != bytecode.magic():
+            checks.append(Check(
+                name=names[0], status="skip", expected=compiled.magic, actual=bytecode.magic(),
+                message=f"compiled by a Python with magic number {compiled.magic}; this Python ({bytecode.magic()}) cannot "
+                        "compile python_code the same way to compare, and load here compiles python_code instead",
+                remedy=f"verify on a Python with magic number {compiled.magic} (where load runs it) to prove it"))
+        else:
+            try:
+                problem = bytecode.bytecode_problem(source, digest, compiled, parse_source(source))
+            except PrecompileError as exc:
+                problem = str(exc)
+            if problem is None:
+                checks.append(Check(name=names[0], status="ok", expected=compiled.sha256, actual=f"{compiled.size} bytes",
+                                    message="identical to python_code compiled here: load may run it instead of compiling"))
+            else:
+                checks.append(Check(name=names[0], status="fail", expected=compiled.sha256, message=f"cache {artifact.cache.path}: "
+                                    f"the stored bytecode, which load would run in place of python_code, is refused: {problem}",
+                                    remedy=f"delete the cache and {RECAPTURE}"))
+    if encoded is not None:
+        parsed = artifact.python_code.metadata
+        if full.code_hash != digest or parsed is None:
+            checks.append(Check(name=names[1], status="skip", message="needs a readable python_code that pairs with the cache"))
+        else:
+            problem = bytecode.metadata_problem(encoded, digest, parsed)
+            if problem is None:
+                checks.append(Check(name=names[1], status="ok", expected=encoded.sha256, actual=f"{encoded.size} bytes",
+                                    message="equal to python_code's metadata literals"))
+            else:
+                checks.append(Check(name=names[1], status="fail", expected=encoded.sha256, message=f"cache {artifact.cache.path}: "
+                                    f"the stored metadata, which load would use in place of python_code's, is refused: {problem}",
+                                    remedy=f"delete the cache and {RECAPTURE}"))
+    return checks
 
 
 def _opaque(artifact: Artifact) -> list[Check]:

@@ -4,15 +4,18 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import gc
 import linecache
 import logging
+import marshal
 import os
 import time
+import types
 import warnings
 from pathlib import Path
 from typing import Any
 
-from precompile.artifact import bundle_keys, bundle_rules, opaque_state
+from precompile.artifact import bundle_keys, bundle_rules, bytecode, opaque_state
 from precompile.artifact.codec import CacheFormatError, decode_payload
 from precompile.artifact.metadata import ArtifactMetadata, DynamoMetadata
 from precompile.artifact.pair import (
@@ -22,7 +25,7 @@ from precompile.artifact.pair import (
     read_cache,
     read_python_code,
 )
-from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash
 from precompile.artifact.writer import resolve_pending_cache
 from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
 from precompile.serve import kernels
@@ -41,11 +44,16 @@ class PrecompiledRunnable:
     objects until the process exits (removing them is not implemented), so for it too they are no-ops.
     """
 
-    def __init__(self, forward, metadata: ArtifactMetadata, artifact_path: Path, *, cache_used: bool) -> None:
+    def __init__(self, forward, metadata: ArtifactMetadata, artifact_path: Path, *, cache_used: bool,
+                 bytecode_from_cache: bool = False, metadata_from_cache: bool = False) -> None:
         self._forward = forward
         self.metadata = metadata
         self.artifact_path = artifact_path
         self.cache_used = cache_used
+        self.bytecode_from_cache = bytecode_from_cache
+        """Whether python_code ran as the bytecode its cache carries (else it was compiled here)."""
+        self.metadata_from_cache = metadata_from_cache
+        """Whether the metadata came typed from the cache (else python_code's literals were parsed)."""
 
     @property
     def installed(self) -> bool:
@@ -68,15 +76,20 @@ class PrecompiledRunnable:
         return f"<PrecompiledRunnable {meta.fn_name} from {self.artifact_path.name} (backend={meta.backend!r}, {meta.serving_mode})>"
 
 
-def _usable_cache(python_code, cache_path: Path, signed: bytes | None = None):
-    """The cache's envelope if it pairs with python_code; None (with a warning) if it is unusable.
-    `signed`: the cache's bytes a signature was checked on, used as they are (never a pending cache)."""
+def _read_cache_for(python_code: bytes, digest: str, cache_path: Path, signed: bytes | None = None):
+    """The cache file, read header-first (not yet judged). `signed`: the cache's bytes a signature
+    was checked on, used as they are (never a pending cache)."""
     cache = read_cache(cache_path, MAX_CACHE_SIZE) if signed is None else parse_cache(cache_path, signed)
-    if signed is None and cache.envelope is not None and cache.envelope.code_hash != python_code.code_hash:
+    if signed is None and cache.envelope is not None and cache.envelope.code_hash != digest:
         # A write interrupted between its renames, or one still renaming (resolving waits for its
         # lock): either way the cache that pairs may be in place now.
-        resolve_pending_cache(cache_path, python_code.data)
+        resolve_pending_cache(cache_path, python_code)
         cache = read_cache(cache_path, MAX_CACHE_SIZE)
+    return cache
+
+
+def _usable_cache(python_code, cache):
+    """The cache if it pairs with python_code; None (with a warning) if it is unusable."""
     if cache.envelope is None:
         warnings.warn(
             f"ignoring the cache: {cache.problem}. Loading from python_code {python_code.path} alone "
@@ -88,10 +101,46 @@ def _usable_cache(python_code, cache_path: Path, signed: bytes | None = None):
     problem = pairing_problem(python_code, cache.envelope)
     if problem is not None:
         raise PairMismatch(
-            f"the pair ({python_code.path}, {cache_path}) came from different captures: {problem}. "
+            f"the pair ({python_code.path}, {cache.path}) came from different captures: {problem}. "
             "Pass the cache written together with this python_code, or capture again"
         )
     return cache
+
+
+def _prepared_code(envelope, python_code, filename: str) -> tuple[types.CodeType, dict[str, types.CodeType]] | None:
+    """python_code's bytecode from its (paired) cache, renamed to `filename`, and the code of the
+    output modules it carries as text, by their sha256; None when the cache carries none this
+    process can run (another Python, -O, a sha256 that does not match), so that python_code is
+    compiled instead."""
+    compiled = envelope.python_bytecode
+    if compiled is None:
+        return None
+    reason = bytecode.unusable_reason(compiled, python_code.code_hash)
+    if reason is not None:
+        log.debug("compiling python_code %s: not running the bytecode its cache carries, since %s", python_code.path, reason)
+        return None
+    enabled = gc.isenabled()
+    gc.disable()  # thousands of tuples, no cycle: see pycode._cyclic_gc_paused
+    try:
+        loaded = marshal.loads(bytecode.decompressed(compiled))
+    except (ValueError, EOFError, TypeError) as exc:
+        log.debug("compiling python_code %s: its cached bytecode does not load (%s)", python_code.path, exc)
+        return None
+    finally:
+        if enabled:
+            gc.enable()
+    if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], types.CodeType)
+            and isinstance(loaded[1], dict) and all(isinstance(c, types.CodeType) for c in loaded[1].values())):
+        return None
+    return _renamed(loaded[0], filename), loaded[1]
+
+
+def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
+    """`code` and every code object nested in it, with co_filename `filename` (as compiling there would give)."""
+    consts = code.co_consts
+    if any(type(const) is types.CodeType for const in consts):
+        consts = tuple(_renamed(const, filename) if type(const) is types.CodeType else const for const in consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 def _read_if_present(cache_path: Path) -> bytes | None:
@@ -111,12 +160,16 @@ def _forbidden_cause(exc: BaseException) -> CompilationForbidden | None:
     return None
 
 
-def exec_registered(source: str, filename: str, namespace: dict[str, Any], tree: ast.Module | None = None) -> None:
+def exec_registered(source: str, filename: str, namespace: dict[str, Any], tree: ast.Module | None = None,
+                    code: types.CodeType | None = None) -> None:
     """Exec source we rendered into `namespace` as file `filename`, registered in linecache so
     tracebacks and debuggers show its lines (attrs does the same for the code it generates).
-    `tree`, the source already parsed, is compiled instead of parsing the source again."""
+    `tree`, the source already parsed, is compiled instead of parsing the source again; `code`, the
+    source already compiled (as `filename`), is run as it is."""
     linecache.cache[filename] = (len(source), None, source.splitlines(keepends=True), filename)
-    exec(compile(source if tree is None else tree, filename, "exec"), namespace)
+    if code is None:
+        code = bytecode.compile_python_code(source if tree is None else tree, filename, optimize=-1)
+    exec(code, namespace)
 
 
 def _checked_opaque_parts(tree: ast.Module, source: str, filename: str) -> dict[str, Any]:
@@ -137,8 +190,12 @@ def execute(
     primed_kernels: dict[str, str] | None = None,
     allow_serve_time_compiles: bool = False,
     tree: ast.Module | None = None,
+    code: types.CodeType | None = None,
+    modules: dict[str, types.CodeType] | None = None,
 ) -> dict[str, Any]:
-    """Exec python_code as its own namespace (see exec_registered; `tree` is its parse, if made).
+    """Exec python_code as its own namespace (see exec_registered; `tree` is its parse, if made,
+    `code` its compiled bytecode, if at hand, `modules` the code of the output modules it carries as
+    text, by the sha256 of the text, which its dynamo_subgraphs driver then runs instead of compiling).
 
     `primed_kernels` ({kernel source sha256: library path}) lets the kernel runtime of an Inductor
     artifact load its kernels directly instead of compiling them; `allow_serve_time_compiles` tells
@@ -151,8 +208,10 @@ def execute(
         namespace["__precompile_kernels__"] = dict(primed_kernels)
     if allow_serve_time_compiles:
         namespace["__precompile_allow_serve_time_compiles__"] = True
+    if modules:
+        namespace["__precompile_subgraph_code__"] = modules
     try:
-        exec_registered(source, filename, namespace, tree)
+        exec_registered(source, filename, namespace, tree, code)
     except PrecompileError:
         raise
     except Exception as exc:
@@ -229,22 +288,26 @@ def load(
     started = time.perf_counter()
     artifact_path, cache_path = Path(artifact_path), Path(cache_path)
     pins = pins_for(trusted_keys)
+    code_data = read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE)
     signed_cache = None
     if pins:  # signed pairs (precompile.signing): checked on the very bytes used below
-        code_data = read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE)
         signed_cache = _read_if_present(cache_path)
         require_trusted(artifact_path, cache_path, pins, (code_data, signed_cache))
-        python_code = read_python_code(artifact_path, code_data)
-    else:
-        python_code = read_python_code(artifact_path)
+    digest = code_hash(code_data)
+    cache_file = _read_cache_for(code_data, digest, cache_path, signed_cache)
+    paired = cache_file.envelope if cache_file.envelope is not None and cache_file.envelope.code_hash == digest else None
+    python_code = read_python_code(artifact_path, code_data, envelope=paired, digest=digest)
     if allow_serve_time_compiles and python_code.metadata.serving_mode != "installed":
         raise PrecompileError(
             f"load(allow_serve_time_compiles=True): {artifact_path} is a {python_code.metadata.serving_mode} "
             "artifact, which has no compiler behind it (only an installed Dynamo artifact can compile a call its "
             "variants miss); load it without the flag, and capture the calls it misses"
         )
-    cache = _usable_cache(python_code, cache_path, signed_cache)
+    cache = _usable_cache(python_code, cache_file)
     primed = _prime_kernels(cache) if cache is not None else None
+    filename = str(artifact_path.resolve())
+    prepared = _prepared_code(cache.envelope, python_code, filename) if cache is not None else None
+    code, modules = prepared if prepared is not None else (None, None)
     # Output modules AOTAutograd serves load their kernels through Inductor itself, which would
     # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the
     # kernel runtime (MakeFx artifacts, lowered Dynamo subgraphs) does neither.
@@ -257,9 +320,12 @@ def load(
             bundle = cache.envelope.bundle
             stack.enter_context(kernels.producer_vec_isas(bundle.keys))
             stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
-        namespace = execute(python_code.source, str(artifact_path.resolve()), primed, allow_serve_time_compiles, python_code.tree)
+        namespace = execute(python_code.source, filename, primed, allow_serve_time_compiles, python_code.tree, code, modules)
     log.info(
-        "loaded %s in %.3f s (cache %s, %d kernels primed)",
+        "loaded %s in %.3f s (cache %s, %d kernels primed, bytecode %s, metadata %s)",
         artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),
+        "from the cache" if code is not None else "compiled here",
+        "from the cache" if python_code.metadata_from_cache else "parsed here",
     )
-    return PrecompiledRunnable(namespace["forward"], python_code.metadata, artifact_path, cache_used=cache is not None)
+    return PrecompiledRunnable(namespace["forward"], python_code.metadata, artifact_path, cache_used=cache is not None,
+                               bytecode_from_cache=code is not None, metadata_from_cache=python_code.metadata_from_cache)

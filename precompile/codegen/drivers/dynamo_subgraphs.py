@@ -4,10 +4,15 @@
 # kernel names), on top of this file's globals, where the kernel runtime above provides what the
 # output code imports from Inductor. Its `call` is served as a plain function over Dynamo's flat
 # graph inputs; a training subgraph pairs its forward and backward modules in an autograd.Function.
-# Nothing here imports torch._inductor or AOTAutograd.
+# Nothing here imports torch._inductor or AOTAutograd. precompile.load passes the output modules
+# compiled at capture (`__precompile_subgraph_code__`: sha256 of the text -> code), which run instead
+# of compiling the text; run alone, this file compiles them.
+import hashlib as _hashlib
 import linecache as _linecache
 
 import torch
+
+_compiled_subgraphs = globals().get("__precompile_subgraph_code__") or {}
 
 
 def inductor_subgraph(name, text, detached=()):
@@ -17,7 +22,12 @@ def inductor_subgraph(name, text, detached=()):
     _linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     namespace = dict(globals())
     namespace["__name__"] = name
-    exec(compile(text, filename, "exec"), namespace)  # noqa: S102 - the module written in this file
+    code = None
+    if _compiled_subgraphs:
+        code = _compiled_subgraphs.get(_hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
+    if code is None or code.co_filename != filename:
+        code = compile(text, filename, "exec")
+    exec(code, namespace)  # noqa: S102 - the module written in this file
     call, run = namespace["call"], namespace["run_inductor_call"]  # the kernel runtime's, above
     detached = frozenset(detached)
 

@@ -1,0 +1,222 @@
+"""What capture does once so that load need not: python_code compiled to bytecode, and its metadata
+literals decoded into typed msgpack, both carried in the cache header beside the envelope's fields.
+
+The bytecode is kept the way a hash-checked `.pyc` keeps it (PEP 552): it is keyed by the exact
+python_code it was compiled from (the envelope's `code_hash`) and by the interpreter's magic number,
+and a reader whose interpreter, flags or optimization level differ compiles the source instead.
+python_code stays the single source of truth, runnable alone.
+
+Compilation is made reproducible so that `verify` can PROVE the bytecode is python_code's by
+compiling the source again and comparing bytes, never by loading the stored ones:
+
+- the filename compiled in is `code_filename(code_hash)`, fixed by the content (load renames every
+  code object to the file's real path afterwards, so tracebacks and linecache are as before);
+- the compiler flags are fixed (`COMPILE_FLAGS`: `from __future__ import annotations`, which load
+  always compiled python_code with, inherited from its own module), never inherited;
+- marshal format version 2, which writes no back-references: versions 3 and up mark an object
+  shared when its reference count in the producing process is above one, so the same code object
+  marshals to different bytes in different processes.
+
+A Dynamo artifact lowered with Inductor carries each subgraph's output module as a string that its
+dynamo_subgraphs driver compiles at load (`inductor_subgraph(name, text)`); those are compiled at
+capture too, so the stored bytes are `marshal.dumps((code, modules), 2)` where `modules` maps the
+sha256 of each such text to its code, compiled as the driver names it (`<precompile subgraph NAME>`).
+
+The metadata is `msgspec.msgpack` of the typed metadata converted from python_code's literals, so
+`verify` can decode it (msgspec decoding runs nothing) and compare it with the literals it parses.
+
+Both are stored as one zstd frame each (marshalled code compresses about 14 times, the metadata
+about 35): the header stays small, so decoding it and checking its digest stays cheap. Their
+recorded sha256 is of the stored bytes; they decompress to at most their recorded size.
+
+Torch-free: `compile()` needs no torch, and nothing here executes or unmarshals anything.
+"""
+from __future__ import annotations
+import __future__
+
+import ast
+import hashlib
+import importlib.util
+import marshal
+import sys
+import types
+
+import msgspec
+import zstandard
+
+from precompile.artifact.envelope import CompiledCode, EncodedMetadata
+from precompile.artifact.metadata import ArtifactMetadata
+
+MARSHAL_VERSION = 2
+COMPILE_FLAGS = __future__.annotations.compiler_flag
+OPTIMIZE = 0
+"""The optimization level capture compiles at; a process run with -O or -OO compiles the source."""
+MAX_PREPARED_SIZE = 256 * 1024 * 1024
+"""The most bytecode or metadata (uncompressed) a cache carries: past it, capture leaves them out
+(load compiles and parses python_code as before) and readers refuse to decompress them."""
+MAX_STORED_SIZE = 32 * 1024 * 1024
+"""The most both compressed blobs may take of the header (whose limit is 64 MiB)."""
+ZSTD_LEVEL = 3
+
+_metadata_encoder = msgspec.msgpack.Encoder()
+_metadata_decoder = msgspec.msgpack.Decoder(ArtifactMetadata)
+
+
+def magic() -> str:
+    """This interpreter's bytecode magic number, as the envelope records it (hex)."""
+    return importlib.util.MAGIC_NUMBER.hex()
+
+
+def code_filename(code_hash: str) -> str:
+    """The filename python_code is compiled under for its stored bytecode: fixed by its content."""
+    return f"<precompile python_code {code_hash[:12]}>"
+
+
+def compile_python_code(source: str | ast.Module, filename: str, optimize: int = OPTIMIZE) -> types.CodeType:
+    """python_code (its text or its syntax tree) compiled as load runs it: flags fixed, none inherited."""
+    return compile(source, filename, "exec", flags=COMPILE_FLAGS, dont_inherit=True, optimize=optimize)
+
+
+def embedded_modules(tree: ast.Module) -> dict[str, tuple[str, str]]:
+    """{sha256 of the text: (filename, text)} of every `inductor_subgraph("name", "text", ...)` call
+    in python_code (string literals both), in the order of the tree: the modules its driver compiles."""
+    modules: dict[str, tuple[str, str]] = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "inductor_subgraph"
+                and len(node.args) >= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])):
+            name, text = node.args[0].value, node.args[1].value  # type: ignore[attr-defined]
+            digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+            modules.setdefault(digest, (f"<precompile subgraph {name}>", text))
+    return modules
+
+
+def compiled_bytes(source: str, code_hash: str, tree: ast.Module, optimize: int = OPTIMIZE) -> bytes:
+    """The bytes capture stores for python_code (`tree`, its parse) and verify recomputes:
+    deterministic for one source."""
+    code = compile_python_code(source, code_filename(code_hash), optimize)
+    modules = {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in embedded_modules(tree).items()}
+    return marshal.dumps((code, modules), MARSHAL_VERSION)
+
+
+def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.Module) -> tuple[CompiledCode | None, EncodedMetadata | None]:
+    """The bytecode and typed metadata a capture carries in its cache (None for each when too big)."""
+    code = compiled_bytes(source, code_hash, tree)
+    encoded = _metadata_encoder.encode(metadata)
+    if max(len(code), len(encoded)) > MAX_PREPARED_SIZE:
+        return None, None
+    compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_content_size=True)
+    stored_code, stored_meta = compressor.compress(code), compressor.compress(encoded)
+    if len(stored_code) + len(stored_meta) > MAX_STORED_SIZE:
+        return None, None
+    compiled = CompiledCode(
+        code_hash=code_hash, magic=magic(), filename=code_filename(code_hash), flags=COMPILE_FLAGS, optimize=OPTIMIZE,
+        marshal_version=MARSHAL_VERSION, size=len(code), compressed_size=len(stored_code),
+        sha256=hashlib.sha256(stored_code).hexdigest(), data=stored_code,
+    )
+    meta = EncodedMetadata(code_hash=code_hash, size=len(encoded), compressed_size=len(stored_meta),
+                           sha256=hashlib.sha256(stored_meta).hexdigest(), data=stored_meta)
+    return compiled, meta
+
+
+def blob_problem(blob: CompiledCode | EncodedMetadata) -> str | None:
+    """Why a blob's stored bytes are not the ones its entry records (sizes, sha256), or None."""
+    if len(blob.data) != blob.compressed_size:
+        return f"it holds {len(blob.data)} bytes, its entry records {blob.compressed_size}"
+    if blob.size > MAX_PREPARED_SIZE:
+        return f"it declares {blob.size} bytes, over the {MAX_PREPARED_SIZE}-byte limit"
+    digest = hashlib.sha256(blob.data).hexdigest()
+    if digest != blob.sha256:
+        return f"its sha256 is {digest}, its entry records {blob.sha256}"
+    return None
+
+
+def decompressed(blob: CompiledCode | EncodedMetadata) -> bytes:
+    """The bytes of a blob whose entry checked out (blob_problem): at most its recorded size, and
+    exactly that many, else ValueError."""
+    try:
+        if zstandard.get_frame_parameters(blob.data).content_size != blob.size:
+            raise ValueError(f"its frame does not hold the {blob.size} bytes its entry records")
+        data = zstandard.ZstdDecompressor().decompress(blob.data, max_output_size=blob.size)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"it does not decompress: {exc}") from None
+    if len(data) != blob.size:
+        raise ValueError(f"it decompresses to {len(data)} bytes, its entry records {blob.size}")
+    return data
+
+
+def unusable_reason(compiled: CompiledCode, code_hash: str) -> str | None:
+    """Why load would not run this bytecode here (it compiles python_code instead), or None.
+
+    Only what `verify` can prove is used: bytecode of this very python_code (`code_hash`, the sha256
+    of the python_code at hand), this interpreter's magic number, the fixed flags, filename and
+    marshal version, the optimization level this process compiles at, and the recorded sha256."""
+    if compiled.code_hash != code_hash:
+        return f"it was compiled from the python_code with sha256 {compiled.code_hash}, not this one ({code_hash})"
+    if compiled.magic != magic():
+        return f"it was compiled by a Python with magic number {compiled.magic}, this one's is {magic()}"
+    if compiled.marshal_version != MARSHAL_VERSION:
+        return f"it is marshal version {compiled.marshal_version}, not {MARSHAL_VERSION}"
+    if compiled.flags != COMPILE_FLAGS:
+        return f"it was compiled with flags {compiled.flags:#x}, not {COMPILE_FLAGS:#x}"
+    if compiled.optimize != sys.flags.optimize:
+        return f"it was compiled at optimization level {compiled.optimize}, this process runs at {sys.flags.optimize}"
+    if compiled.filename != code_filename(code_hash):
+        return f"it was compiled as {compiled.filename!r}, not {code_filename(code_hash)!r}"
+    return blob_problem(compiled)
+
+
+def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: ast.Module) -> str | None:
+    """Why the stored bytecode is not python_code compiled (verify's proof), or None.
+
+    python_code is compiled again here and marshalled; the stored bytes are compared, never loaded."""
+    problem = blob_problem(compiled)
+    if problem is not None:
+        return problem
+    if compiled.code_hash != code_hash:
+        return f"it records the python_code it was compiled from as sha256 {compiled.code_hash}, not {code_hash}"
+    if compiled.filename != code_filename(code_hash):
+        return f"it was compiled as {compiled.filename!r}, python_code's bytecode is compiled as {code_filename(code_hash)!r}"
+    if compiled.marshal_version != MARSHAL_VERSION or compiled.flags != COMPILE_FLAGS:
+        return (f"it records marshal version {compiled.marshal_version} and flags {compiled.flags:#x}; capture writes "
+                f"version {MARSHAL_VERSION} and flags {COMPILE_FLAGS:#x}")
+    try:
+        stored = decompressed(compiled)
+    except ValueError as exc:
+        return str(exc)
+    try:
+        expected = compiled_bytes(source, code_hash, tree, compiled.optimize)
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
+        return f"python_code does not compile here ({type(exc).__name__})"
+    if expected != stored:
+        return "its bytes differ from python_code compiled here: it is not this python_code's bytecode"
+    return None
+
+
+def decode_metadata(encoded: EncodedMetadata, code_hash: str) -> ArtifactMetadata | None:
+    """The typed metadata of an encoded blob made from the python_code with sha256 `code_hash`, whose
+    bytes match its entry; None otherwise."""
+    if encoded.code_hash != code_hash or blob_problem(encoded) is not None:
+        return None
+    try:
+        return _metadata_decoder.decode(decompressed(encoded))
+    except (ValueError, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return None
+
+
+def metadata_problem(encoded: EncodedMetadata, code_hash: str, parsed: ArtifactMetadata) -> str | None:
+    """Why the stored metadata is not the metadata literals `parsed` of the python_code with sha256
+    `code_hash` (verify's proof), or None."""
+    problem = blob_problem(encoded)
+    if problem is not None:
+        return problem
+    if encoded.code_hash != code_hash:
+        return f"it records the python_code it was decoded from as sha256 {encoded.code_hash}, not {code_hash}"
+    try:
+        decoded = _metadata_decoder.decode(decompressed(encoded))
+    except ValueError as exc:
+        return str(exc)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+        return f"it does not decode as python_code metadata: {exc}"
+    if decoded != parsed:
+        return "it differs from the metadata literals of python_code: it is not this python_code's metadata"
+    return None
