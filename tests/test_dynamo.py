@@ -229,7 +229,7 @@ def test_risky_drops_are_gated_and_diff_shows_them_first(dynamo_pairs, tmp_path,
     assert main(["--color", "never", "diff", str(directory / "global"), str(tmp_path / "dropped")]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[2].startswith("guards (")
-    assert "  ~ TENSOR_MATCH x: kept in uses_global#0 -> dropped" in out
+    assert "  ~ TENSOR_MATCH x: kept in uses_global#0: Tensor torch.float32 on cpu, size (4, 8), stride (8, 1), requires_grad=False -> dropped" in out
     _capture(tmp_path, "risky", dynamo_cases.uses_global, [((torch.ones(4, 8),), {})],
              tracer=precompile.DynamoTracer(guard_filter_fn=drop_scale, require_no_risky_drops=False))
     assert main(["--color", "never", "diff", str(directory / "global"), str(tmp_path / "risky")]) == 1
