@@ -74,27 +74,49 @@ def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool =
     """{section: {identity: value text}} of everything compared (`code`: python_code's bytes, for
     what its rendered guards check; `provenance`: where and how it was built, too)."""
     out: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
+    out["guards"] = _guards(artifact, code)
+    out.update(_python_code(artifact))
+    out.update(_cache(artifact, provenance))
+    return {section: {_masked(k): _masked(v) for k, v in values.items()} for section, values in out.items()}
+
+
+def _guards(artifact: Artifact, code: bytes | None) -> dict[str, str]:
+    """Each guard slot and what becomes of it in each variant (keyed by the slot alone, so a guard one
+    capture kept and another dropped is one change); a kept tensor guard with what it checks."""
     guards = guards_of(artifact, code)
-    if guards is not None:
-        # Keyed by the slot alone, so a guard one capture kept and another dropped is one change.
-        verdicts: dict[str, set[str]] = {}
-        for frame in guards.frames:
-            for slot in frame.slots:
-                verdict = slot.status if slot.status != "kept" else f"kept in {frame.frame}#{frame.variant}"
-                if slot.status == "kept" and slot.guard_type == "TENSOR_MATCH" and slot.check:
-                    verdict += f": {slot.check}"
-                verdicts.setdefault(f"{slot.guard_type} {slot.source}".strip(), set()).add(verdict)
-        out["guards"] = {key: ", ".join(sorted(values)) for key, values in verdicts.items()}
+    if guards is None:
+        return {}
+    verdicts: dict[str, set[str]] = {}
+    for frame in guards.frames:
+        for slot in frame.slots:
+            verdict = slot.status if slot.status != "kept" else f"kept in {frame.frame}#{frame.variant}"
+            if slot.status == "kept" and slot.guard_type == "TENSOR_MATCH" and slot.check:
+                verdict += f": {slot.check}"
+            verdicts.setdefault(f"{slot.guard_type} {slot.source}".strip(), set()).add(verdict)
+    return {key: ", ".join(sorted(values)) for key, values in verdicts.items()}
+
+
+def _header(meta: DynamoMetadata | MakeFxMetadata, tracer: str) -> dict[str, str]:
+    """The metadata literals every artifact of this project has, whichever tracer wrote it."""
+    return {
+        "FORMAT_VERSION": str(meta.format_version),
+        "TRACER": tracer,
+        "BACKEND": meta.backend,
+        "SERVING_MODE": meta.serving_mode,
+        "TORCH_VERSION": meta.torch_version,
+        "PYTHON_VERSION": ".".join(map(str, meta.python_version)),
+        "FN_NAME": meta.fn_name,
+    }
+
+
+def _python_code(artifact: Artifact) -> dict[str, dict[str, str]]:
+    """The sections python_code's metadata fills: the calling convention, parameters and buffers of a
+    MakeFx artifact, the frames and summary of a Dynamo one, an upstream artifact's literals."""
+    out: dict[str, dict[str, str]] = {}
     meta = artifact.python_code.metadata
     if isinstance(meta, DynamoMetadata):
         out["metadata"] = {
-            "FORMAT_VERSION": str(meta.format_version),
-            "TRACER": "dynamo",
-            "BACKEND": meta.backend,
-            "SERVING_MODE": meta.serving_mode,
-            "TORCH_VERSION": meta.torch_version,
-            "PYTHON_VERSION": ".".join(map(str, meta.python_version)),
-            "FN_NAME": meta.fn_name,
+            **_header(meta, "dynamo"),
             "SUMMARY": str(meta.summary),
             **{f"FRAMES {frame_label(f)}": f"{frame_served(f)}, {frame_role(f)}" for f in meta.frames},
             **{f"INLINED_SOURCES {s.module}:{s.first_line}-{s.last_line}": s.sha256 for s in meta.inlined_sources},
@@ -106,13 +128,7 @@ def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool =
         out["buffers"] = {t.name: f"{shape_text(t.shape)} {t.dtype} {t.device}" for t in meta.buffers}
         grads = [meta.params[i].name if 0 <= i < len(meta.params) else f"#{i}" for i in meta.grad_param_indices]
         out["metadata"] = {
-            "FORMAT_VERSION": str(meta.format_version),
-            "TRACER": "make_fx",
-            "BACKEND": meta.backend,
-            "SERVING_MODE": meta.serving_mode,
-            "TORCH_VERSION": meta.torch_version,
-            "PYTHON_VERSION": ".".join(map(str, meta.python_version)),
-            "FN_NAME": meta.fn_name,
+            **_header(meta, "make_fx"),
             "NUM_POSITIONAL_ARGS": str(meta.num_positional_args),
             "MODULE_POSITIONS": str(tuple(meta.module_positions)),
             "IN_SPEC": meta.in_spec,
@@ -123,6 +139,15 @@ def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool =
         world = meta.world
         groups = "; ".join(f"{g.name} ranks {list(g.ranks)}" for g in world.groups)
         out["metadata"]["WORLD"] = f"size {world.size}, backend {world.backend}, groups {groups}, collectives {', '.join(world.collectives)}"
+    upstream_code = artifact.python_code.upstream
+    if upstream_code is not None:
+        out["metadata"] = {literal.name: literal.value for literal in upstream_code.literals}
+    return out
+
+
+def _cache(artifact: Artifact, provenance: bool) -> dict[str, dict[str, str]]:
+    """The sections the cache fills: its envelope and bundle, or a foreign cache's fields and entries."""
+    out: dict[str, dict[str, str]] = {}
     envelope = artifact.cache.envelope
     if envelope is not None:
         env = {
@@ -138,8 +163,6 @@ def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool =
             env["code_hash"] = envelope.code_hash  # with python_code at hand, its sections and `pairs` say it all
         bundle = envelope.bundle
         if bundle is not None:
-            if artifact.given != "pair":
-                env["code_hash"] = str(envelope.code_hash)
             env.update({f"bundle.keys.{k}": v for k, v in requirements(bundle.keys).items()})
             env["bundle.kernel_map"] = f"{len(bundle.kernels)} kernels by source"
             if provenance:
@@ -180,10 +203,7 @@ def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool =
         out["bundle"] = {member.name: f"zip member {member.size} bytes" for member in upstream.members}
     elif artifact.cache.kind not in ("missing", "absent"):
         out["envelope"] = {"kind": artifact.cache.kind}
-    upstream_code = artifact.python_code.upstream
-    if upstream_code is not None:
-        out["metadata"] = {literal.name: literal.value for literal in upstream_code.literals}
-    return {section: {_masked(k): _masked(v) for k, v in values.items()} for section, values in out.items()}
+    return out
 
 
 def _masked(text: str) -> str:
