@@ -4,6 +4,7 @@ Joins a gloo world over 127.0.0.1 (60 s collective timeout) and prints one JSON 
 """
 import datetime
 import json
+import os
 import sys
 
 import torch
@@ -102,3 +103,9 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # The verdict is printed: skip the interpreter's teardown. After torch's funcol wrapper ran (the
+    # eager reference), torch 2.13 can leave gloo threads that abort the process at exit ("terminate
+    # called without an active exception"), a flake of torch's teardown, not of what these tests check.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
