@@ -290,3 +290,47 @@ def test_a_well_formed_bundle_is_primed_inside_the_inductor_root_only(tmp_path, 
         runnable = precompile.load(artifact, cache)
     assert runnable.cache_used
     assert _written(inductor) == ["ab", "ab/cabc.main.cpp", "ab/cabc.main.so"] and _written(canary) == []
+
+
+# -- found by a review after the fixes above --------------------------------------------------------
+def test_two_triton_files_that_would_land_on_one_file_are_refused(tmp_path):
+    artifact, cache = _pair(tmp_path, {"triton/0/x.json": ("triton", b"AAAA"), "triton/1/x.json": ("triton", b"BBBB")})
+    problem = parse_cache(cache, cache.read_bytes()).problem
+    assert "'triton/0/x.json' and 'triton/1/x.json' would be written to the same file" in problem
+
+
+def test_under_triton_only_triton_files_are_accepted(tmp_path):
+    artifact, cache = _pair(tmp_path, {KERNEL: ("kernel", b"\x7fELF")})
+    _forge(cache, bundle=dict(files=[{"path": "triton/ab.main.so", "kind": "kernel", "size": 4,
+                                      "sha256": hashlib.sha256(b"\x7fELF").hexdigest()}]))
+    assert "bundle entry 'triton/ab.main.so' is not a file capture bundles" in parse_cache(cache, cache.read_bytes()).problem
+
+
+def test_two_kernels_loaded_under_one_module_name_are_refused(tmp_path):
+    artifact, cache = _pair(tmp_path, {"aa/ck.main.so": ("kernel", b"\x7fELF"), "bb/ck.main.so": ("kernel", b"\x7fELF2")})
+    assert "share the module name 'ck'" in parse_cache(cache, cache.read_bytes()).problem
+
+
+def test_a_fifo_signature_is_refused_without_blocking(tmp_path, capsys):
+    artifact, cache = _pair(tmp_path, {})
+    os.mkfifo(tmp_path / "m.sig")
+    rc, out = _cli(capsys, "verify", "-v", str(artifact), str(cache))
+    assert "signature" in out and "is not a regular file" in out
+
+
+def test_an_optimization_level_python_cannot_compile_at_is_a_problem_not_a_traceback():
+    from precompile.artifact import bytecode
+    from precompile.artifact.pycode import code_hash, decode_source, parse_source
+
+    data = (FIXTURES / "mlp.py").read_bytes()
+    source, digest = decode_source(data), code_hash(data)
+    tree = parse_source(source)
+    compiled, _ = bytecode.prepare(source, digest, _metadata(), tree)
+    forged = msgspec.structs.replace(compiled, optimize=2**62)
+    assert bytecode.bytecode_problem(source, digest, forged, tree) == "it records optimization level 4611686018427387904; Python compiles at 0, 1 or 2"
+
+
+def _metadata():
+    from precompile.artifact.pycode import parse_metadata
+
+    return parse_metadata((FIXTURES / "mlp.py").read_text(encoding="utf-8"))

@@ -48,9 +48,12 @@ _FORBIDDEN_CHARACTER = re.compile(r"[\x00-\x1f\x7f\\:]")
 
 
 def kind_of(path: str) -> str | None:
-    """The kind capture gives a file at `path` of its private cache dir, or None if it bundles no such file."""
+    """The kind capture gives a file at `path` of its private cache dir, or None if it bundles no such file.
+    Under `triton/` only Triton's own files live (Triton's cache dir is served from there)."""
     if path.startswith("locks/") or path.endswith((".lock", ".py")):
         return None
+    if path.startswith(TRITON_PREFIX):
+        return "triton" if _KINDS[-1][0].search(path) else None
     for pattern, kind in _KINDS:
         if pattern.search(path):
             return kind
@@ -83,6 +86,8 @@ def bundle_problem(bundle: KernelBundle) -> str | None:
     if len(bundle.files) > MAX_FILES:
         return f"it lists {len(bundle.files)} files, over the {MAX_FILES}-file limit for a kernel bundle"
     seen: dict[str, str] = {}
+    targets: dict[str, str] = {}
+    libraries: dict[str, str] = {}
     for entry in bundle.files:
         problem = path_problem(entry.path)
         if problem is not None:
@@ -97,6 +102,15 @@ def bundle_problem(bundle: KernelBundle) -> str | None:
         if entry.path in seen:
             return f"bundle entry {entry.path!r} is listed twice"
         seen[entry.path] = entry.kind
+        target = _rooted(entry.path)
+        if target in targets:  # Triton's device number is not part of where load writes
+            return f"bundle entries {targets[target]!r} and {entry.path!r} would be written to the same file"
+        targets[target] = entry.path
+        if entry.kind == "kernel":  # a kernel library is loaded as the module <stem>.kernel
+            stem = entry.path.rsplit("/", 1)[-1].split(".", 1)[0]
+            if stem in libraries:
+                return f"bundle kernels {libraries[stem]!r} and {entry.path!r} share the module name {stem!r}"
+            libraries[stem] = entry.path
     for digest, library in bundle.kernels.items():
         if not _SHA256.match(digest):
             return f"kernel map key {digest!r} is not the sha256 of a kernel source"
@@ -104,6 +118,13 @@ def bundle_problem(bundle: KernelBundle) -> str | None:
             shown = "is not in the bundle" if library not in seen else f"is a bundle file of kind {seen[library]!r}"
             return f"kernel map value {library!r} (for source {digest[:12]}...) {shown}; it must name a bundled kernel library"
     return None
+
+
+def _rooted(path: str) -> str:
+    """Where an entry lands, relative to the roots: a Triton file without its `triton/<device>/`."""
+    if path.startswith(TRITON_PREFIX):
+        return "triton:" + "/".join(path.split("/")[2:])
+    return "inductor:" + path
 
 
 def destination(path: str, inductor_root: Path, triton_root: Path) -> Path:

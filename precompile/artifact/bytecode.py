@@ -179,6 +179,8 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
     if compiled.marshal_version != MARSHAL_VERSION or compiled.flags != COMPILE_FLAGS:
         return (f"it records marshal version {compiled.marshal_version} and flags {compiled.flags:#x}; capture writes "
                 f"version {MARSHAL_VERSION} and flags {COMPILE_FLAGS:#x}")
+    if compiled.optimize not in (0, 1, 2):
+        return f"it records optimization level {compiled.optimize}; Python compiles at 0, 1 or 2"
     try:
         stored = decompressed(compiled)
     except ValueError as exc:

@@ -132,9 +132,10 @@ def _prepared(artifact: Artifact) -> list[Check]:
             checks.append(Check(name=names[0], status="skip", message="the cache does not pair with python_code: load never runs it"))
         elif compiled.magic != bytecode.magic():
             checks.append(Check(
-                name=names[0], status="skip", expected=compiled.magic, actual=bytecode.magic(),
+                name=names[0], status="fail", expected=compiled.magic, actual=bytecode.magic(),
                 message=f"compiled by a Python with magic number {compiled.magic}; this Python ({bytecode.magic()}) cannot "
-                        "compile python_code the same way to compare, and load here compiles python_code instead",
+                        "compile python_code the same way to prove it is python_code's, and a Python with that magic number "
+                        "would run it in place of python_code",
                 remedy=f"verify on a Python with magic number {compiled.magic} (where load runs it) to prove it"))
         else:
             try:

@@ -88,7 +88,11 @@ def read_signature(path: Path) -> Signature | None:
     of a newer format is a PrecompileError naming the file and the remedy."""
     resign = "sign the pair again with `precompile sign` and the release key"
     try:
-        size = path.stat().st_size
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode):
+            raise PrecompileError(f"signature {path} is not a regular file (a directory, FIFO, device or socket); "
+                                  f"remove it, or {resign}")
+        size = info.st_size
         if size > MAX_SIGNATURE_SIZE:
             raise PrecompileError(f"signature {path} is {size} bytes, over the {MAX_SIGNATURE_SIZE}-byte limit of a "
                                   f"precompile signature; it is not one: remove it, or {resign}")
