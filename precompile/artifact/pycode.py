@@ -34,8 +34,8 @@ def code_hash(python_code: bytes) -> str:
 
 
 @contextlib.contextmanager
-def _cyclic_gc_paused() -> Iterator[None]:
-    """Keep Python's cyclic collector from running while a syntax tree is built.
+def cyclic_gc_paused() -> Iterator[None]:
+    """Keep Python's cyclic collector from running while a syntax tree (or code unmarshalled) is built.
 
     A tree is one allocation per node (tens of thousands for an Inductor artifact) and holds no
     cycle: refcounting frees it. Built right after `import torch`, whose hundreds of thousands of
@@ -63,7 +63,7 @@ def parse_source(source: str, *, filename: str = "python_code") -> ast.Module:
     global parses
     parses += 1
     try:
-        with _cyclic_gc_paused():
+        with cyclic_gc_paused():
             return ast.parse(source, filename=filename)
     except SyntaxError as exc:
         raise PrecompileError(

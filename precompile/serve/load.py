@@ -4,7 +4,6 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
-import gc
 import linecache
 import logging
 import marshal
@@ -25,7 +24,7 @@ from precompile.artifact.pair import (
     read_cache,
     read_python_code,
 )
-from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused
 from precompile.artifact.writer import resolve_pending_cache
 from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
 from precompile.serve import kernels
@@ -119,16 +118,12 @@ def _prepared_code(envelope, python_code, filename: str) -> tuple[types.CodeType
     if reason is not None:
         log.debug("compiling python_code %s: not running the bytecode its cache carries, since %s", python_code.path, reason)
         return None
-    enabled = gc.isenabled()
-    gc.disable()  # thousands of tuples, no cycle: see pycode._cyclic_gc_paused
     try:
-        loaded = marshal.loads(bytecode.decompressed(compiled))
+        with cyclic_gc_paused():  # thousands of tuples, no cycle
+            loaded = marshal.loads(bytecode.decompressed(compiled))
     except (ValueError, EOFError, TypeError) as exc:
         log.debug("compiling python_code %s: its cached bytecode does not load (%s)", python_code.path, exc)
         return None
-    finally:
-        if enabled:
-            gc.enable()
     if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], types.CodeType)
             and isinstance(loaded[1], dict) and all(isinstance(c, types.CodeType) for c in loaded[1].values())):
         return None
