@@ -13,6 +13,7 @@ from precompile.artifact.writer import write_pair
 from precompile.capturing import progress
 from precompile.capturing.dynamo.session import DynamoSession, refuse_unsupported_fn
 from precompile.capturing.makefx.build import build_makefx
+from precompile.capturing.pipeline import Pair
 from precompile.capturing.tracers import DynamoTracer, MakeFxTracer
 from precompile.errors import CaptureRefused
 from precompile.serve import ranks as distributed
@@ -102,7 +103,7 @@ class Capture(Generic[_P, _R]):
         self.verbose = verbose
         self._state = _NEW
         self._lock = threading.Lock()
-        self._pair: tuple[bytes, bytes] | None = None
+        self._pair: Pair | None = None
         self._call_failed: BaseException | None = None
         self._dynamo: DynamoSession | None = None
 
@@ -199,7 +200,7 @@ class Capture(Generic[_P, _R]):
             except BaseException as exc:
                 self._call_failed = exc
                 raise
-            self._pair = (built.python_code, built.cache)
+            self._pair = built.pair
         # Serve the rendered artifact: the call runs for real, exactly as load() would run it.
         return built.forward(*args)
 
@@ -231,6 +232,6 @@ class Capture(Generic[_P, _R]):
     def _write(self) -> None:
         if not distributed.writes_here(self.writer_rank):
             return
-        python_code, cache = self._pair
+        assert self._pair is not None  # _write runs once a call or save() built the pair
         with progress.phase(f"write {self.artifact_path} and {self.cache_path}"):
-            write_pair(self.artifact_path, self.cache_path, python_code, cache)
+            write_pair(self.artifact_path, self.cache_path, self._pair.python_code, self._pair.cache)
