@@ -8,6 +8,7 @@ import threading
 from pathlib import Path
 from typing import Callable, Generic, ParamSpec, TypeVar
 
+from precompile.artifact.envelope import Backend
 from precompile.artifact.summary import PrecompileSummary
 from precompile.artifact.writer import write_pair
 from precompile.capturing import progress
@@ -20,7 +21,8 @@ from precompile.serve import ranks as distributed
 
 log = logging.getLogger("precompile")
 
-BACKENDS = ("inductor", "eager")
+# The backend names capture() takes, each as the tag the artifact records.
+BACKENDS: dict[str, Backend] = {"inductor": "inductor", "eager": "eager"}
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -79,7 +81,7 @@ def capture(
     distributed.check_writer_rank(writer_rank)
     if isinstance(tracer, DynamoTracer):
         refuse_unsupported_fn(fn)
-    return Capture(fn, artifact, cache, tracer, backend, writer_rank, verbose=progress.verbose_from(verbose))
+    return Capture(fn, artifact, cache, tracer, BACKENDS[backend], writer_rank, verbose=progress.verbose_from(verbose))
 
 
 class Capture(Generic[_P, _R]):
@@ -91,7 +93,7 @@ class Capture(Generic[_P, _R]):
     """
 
     def __init__(
-        self, fn, artifact_path: Path, cache_path: Path, tracer: MakeFxTracer | DynamoTracer, backend: str,
+        self, fn, artifact_path: Path, cache_path: Path, tracer: MakeFxTracer | DynamoTracer, backend: Backend,
         writer_rank: int = 0, *, verbose: bool = False,
     ) -> None:
         self.fn = fn
@@ -119,7 +121,7 @@ class Capture(Generic[_P, _R]):
             self._state = _ACTIVE
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         with self._lock:
             self._state = _SPENT
         failure = None
@@ -139,7 +141,6 @@ class Capture(Generic[_P, _R]):
                 distributed.agree(outcome, self.writer_rank)
         if failure is not None:
             raise failure
-        return False
 
     def _finish(self, exc_type, exc, tb) -> None:
         """Build and write what the block captured, as this process's part of the capture."""
@@ -193,6 +194,7 @@ class Capture(Generic[_P, _R]):
                 )
             try:
                 with progress.shown(self.verbose):
+                    assert isinstance(self.tracer, MakeFxTracer)  # a capture without a Dynamo session
                     built = build_makefx(
                         self.fn, args, backend=self.backend, decompositions=self.tracer.decompositions,
                         artifact_path=self.artifact_path,

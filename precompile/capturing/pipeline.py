@@ -22,7 +22,7 @@ import torch
 from precompile._version import __version__
 from precompile.artifact import bytecode
 from precompile.artifact.codec import build_bundle, encode_cache
-from precompile.artifact.envelope import CacheEnvelopeV1, KernelBundle, Producer
+from precompile.artifact.envelope import Backend, CacheEnvelopeV1, KernelBundle, Producer, TracerTag
 from precompile.artifact.pycode import code_hash, decode_source, parse_metadata, parse_source
 from precompile.capturing import kernels
 from precompile.capturing.progress import phase
@@ -39,7 +39,7 @@ class Pair:
     cache: bytes
 
 
-def finish(source: str, *, backend: str, tracer: str, kernel_build: kernels.KernelBuild | None,
+def finish(source: str, *, backend: Backend, tracer: TracerTag, kernel_build: kernels.KernelBuild | None,
            kernel_modules: Iterable[str] = ()) -> Pair:
     """The pair of rendered python_code `source`: freeze the kernels of `kernel_modules` (the
     Inductor output modules' texts, python_code itself for MakeFx) that `kernel_build` compiled,
@@ -79,7 +79,7 @@ def freeze(kernel_build: kernels.KernelBuild, kernel_modules: Iterable[str]) -> 
     )
 
 
-def seal(python_code: bytes, *, backend: str, tracer: str, bundle: KernelBundle | None, payload: bytes) -> bytes:
+def seal(python_code: bytes, *, backend: Backend, tracer: TracerTag, bundle: KernelBundle | None, payload: bytes) -> bytes:
     """The cache file that pairs with `python_code`: its envelope, tagged and hashed, the bundle, and
     what load would otherwise do itself: python_code compiled, and its metadata literals decoded
     (from the rendered text, exactly as load and verify read them)."""

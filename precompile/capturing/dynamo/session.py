@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from precompile.artifact.envelope import FORMAT_VERSION
+from precompile.artifact.envelope import FORMAT_VERSION, Backend
 from precompile.artifact.metadata import CompiledSubgraph, DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
 from precompile.artifact.summary import PrecompileSummary
 from precompile.capturing import kernels, pipeline
@@ -152,7 +152,7 @@ def _uncovered_frames(entry, frames: list[DynamoFrame]) -> tuple[str, ...]:
 class DynamoSession:
     """One DynamoTracer capture: calls run compiled and are recorded; `build()` renders the pair."""
 
-    def __init__(self, fn, tracer: DynamoTracer, backend: str, artifact_path: Path) -> None:
+    def __init__(self, fn, tracer: DynamoTracer, backend: Backend, artifact_path: Path) -> None:
         # capture() has refused, up front, the functions and backends this session cannot take.
         self.fn = fn
         self.tracer = tracer
@@ -301,7 +301,7 @@ class DynamoSession:
             backend=self.backend,
             serving_mode="installed" if installed else "standalone",
             torch_version=str(torch.__version__),
-            python_version=tuple(sys.version_info[:2]),
+            python_version=(sys.version_info.major, sys.version_info.minor),
             fn_name=pipeline.qualified_name(self.fn),
             fn_module=self.fn.__module__,
             frames=tuple(frames),

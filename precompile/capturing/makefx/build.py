@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from precompile.artifact.envelope import FORMAT_VERSION
+from precompile.artifact.envelope import FORMAT_VERSION, Backend
 from precompile.artifact.metadata import MakeFxMetadata
 from precompile.capturing import kernels, lowering, pipeline
 from precompile.capturing.makefx import trace as makefx
@@ -28,7 +28,7 @@ class BuiltPair:
     """The served forward of the rendered python_code, already loaded in this process."""
 
 
-def build_makefx(fn, args: tuple, *, backend: str, decompositions, artifact_path: Path) -> BuiltPair:
+def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_path: Path) -> BuiltPair:
     """Trace fn(*args), lower and render it, load the rendered python_code (which, for Inductor,
     builds its kernels into the capture's kernel dir), and finish the pair (pipeline.py)."""
     with contextlib.ExitStack() as stack:
@@ -50,12 +50,12 @@ def build_makefx(fn, args: tuple, *, backend: str, decompositions, artifact_path
     return BuiltPair(pair=pair, forward=namespace["forward"])
 
 
-def _render(fn, traced: makefx.MakeFxTrace, backend: str, graph) -> str:
+def _render(fn, traced: makefx.MakeFxTrace, backend: Backend, graph) -> str:
     metadata = MakeFxMetadata(
         format_version=FORMAT_VERSION,
         backend=backend,
         torch_version=str(torch.__version__),
-        python_version=tuple(sys.version_info[:2]),
+        python_version=(sys.version_info.major, sys.version_info.minor),
         fn_name=pipeline.qualified_name(fn),
         num_positional_args=traced.num_positional_args,
         module_positions=traced.module_positions,

@@ -173,9 +173,9 @@ class _TracedFn:
         self.outputs: list[TensorLeaf | ConstantLeaf] = []
         self.grad_param_indices: tuple[int, ...] = ()
 
-    def __call__(self, *flat):
+    def __call__(self, *flat_inputs):
         call = self.call
-        flat = [t.detach().requires_grad_(rg) if rg else t for t, rg in zip(flat, self.requires_grad)]
+        flat = [t.detach().requires_grad_(rg) if rg else t for t, rg in zip(flat_inputs, self.requires_grad)]
         n_state = len(call.state)
         state = flat[:n_state]
         runtime_inputs = iter(flat[n_state:])
