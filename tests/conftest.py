@@ -27,13 +27,16 @@ COMPAT_FILES = {
 # What `./dev quick` (-m "not slow") leaves out: every test that took over ~2 s in a full run on a
 # loaded 2-core box (Inductor compiles, fresh-process round trips, ranks, fuzz, the zoo, the browser),
 # and every test that shares a fixture that costs that much once (captured_inductor, Dynamo's
-# dynamo_pairs and lowered, the relocation venv, the zoo's pairs, doctor's report), since the first
-# such test left in would pay for it. By file basename, or by "file::test" (every case of it) or
+# dynamo_pairs and lowered, the relocation venv, the zoo's pairs, doctor's report, the ranks'
+# captured), since the first such test left in would pay for it; likewise what was fast only because
+# an earlier test had already warmed Inductor up in this process (a run of the selection showed them).
+# By file basename, or by "file::test" (every case of it) or
 # "file::test[case]" (that case alone).
 SLOW_FILES = {
     "test_doctor.py",
     "test_dynamo_lowering.py",
     "test_html_report_browser.py",
+    "test_inductor.py",
     "test_inspect_determinism.py",
     "test_plain_exec.py",
     "test_roundtrip.py",
@@ -43,15 +46,18 @@ SLOW_TESTS = {
     "test_child_python.py::test_demo_serves_in_an_empty_dir_without_importing_from_the_cwd",
     "test_child_python.py::test_doctor_probe_does_not_import_from_the_cwd",
     "test_cli_demo.py::test_demo_captures_reloads_in_a_fresh_process_and_matches_eager",
+    "test_constants.py::test_a_large_constant_is_refused_before_lowering[dynamo-inductor-adds_a_big_constant]",
     "test_constants.py::test_a_large_constant_is_refused_before_lowering[makefx-inductor-reads_a_big_global]",
     "test_constants.py::test_inductor_renders_the_constants_its_output_module_keeps",
     "test_constants.py::test_small_and_zero_size_constants_are_served_fresh_under_no_compilation",
     "test_distributed.py::test_a_collective_makefx_cannot_trace_is_refused_on_every_rank_naming_the_op",
     "test_distributed.py::test_load_everywhere_from_another_source_rank",
     "test_distributed.py::test_load_everywhere_needs_a_process_group",
+    "test_distributed.py::test_load_refuses_another_world_naming_both",
     "test_distributed.py::test_load_everywhere_serves_every_rank_from_the_source_rank_files",
     "test_distributed.py::test_python_code_runs_as_plain_python_on_every_rank",
     "test_distributed.py::test_spmd_capture_runs_on_every_rank_and_the_writer_alone_writes",
+    "test_distributed.py::test_the_artifact_records_its_world_and_show_prints_it",
     "test_distributed.py::test_the_documented_torchrun_recipe_captures_and_serves_on_two_ranks",
     "test_dynamo.py::test_a_continuation_that_compiled_nothing_runs_as_plain_python",
     "test_dynamo.py::test_a_graph_breaking_artifact_serves_beside_a_live_compile_and_never_clobbers_a_bound_name",
@@ -76,15 +82,6 @@ SLOW_TESTS = {
     "test_format_versions.py::test_show_verify_and_diff_read_every_layout_ever_written[v1-dynamo_lowered]",
     "test_html_report.py::test_report_is_torch_free",
     "test_html_report.py::test_the_page_is_deterministic",
-    "test_inductor.py::test_a_bundle_that_does_not_fit_this_host_warns_and_jit_compiles",
-    "test_inductor.py::test_a_bundle_whose_payload_was_altered_is_never_used",
-    "test_inductor.py::test_a_dim_marked_unbacked_serves_any_size",
-    "test_inductor.py::test_dims_after_the_first_can_be_marked_unbacked",
-    "test_inductor.py::test_layout_and_shape_mismatches_are_precompile_errors",
-    "test_inductor.py::test_primed_round_trips_compile_nothing_and_skip_inductor",
-    "test_inductor.py::test_the_cache_records_what_keys_its_kernels",
-    "test_inductor.py::test_unbacked_dims_sharing_a_shape_id_must_agree_and_stay_within_bounds",
-    "test_inductor.py::test_without_its_cache_file_the_artifact_jit_compiles_or_refuses",
     "test_inspect_bounds.py::test_a_four_megabyte_diff_finishes_and_shows_a_bounded_part",
     "test_inspect_cli.py::test_diff_masks_the_prefix_each_artifact_gives_its_names",
     "test_inspect_cli.py::test_guards_filters_name_what_they_accept_and_show_what_tensor_guards_check",
