@@ -22,7 +22,7 @@ with precompile.capture(step, artifact_path="m.py", cache_path="m.cache", tracer
                         backend="eager"{verbose}) as cap:
     cap(model, x)
 """
-PHASES = ("trace with make_fx", "render the ATen graph", "load the rendered python_code", "write m.py and m.cache")
+PHASES = ("trace with make_fx", "render the ATen graph", "load the rendered python_code", "seal the cache", "write m.py and m.cache")
 
 
 def _command(verbose: str) -> list[str]:
@@ -47,7 +47,7 @@ def test_every_phase_is_logged_when_it_starts_and_when_it_ends(tmp_path, caplog)
         cap(model, x)
     messages = [r.getMessage() for r in caplog.records if r.getMessage().startswith("capture: ")]
     starts = [m[len("capture: "):-len(" ...")] for m in messages if m.endswith(" ...")]
-    assert starts[:3] == list(PHASES[:3]) and starts[3].startswith("write ")
+    assert starts[:4] == list(PHASES[:4]) and starts[4].startswith("write ")
     for name in starts:
         assert messages.index(f"capture: {name} ...") < next(i for i, m in enumerate(messages) if m.startswith(f"capture: {name} done in "))
 

@@ -37,7 +37,7 @@ def test_library_reports_steps_through_the_precompile_logger_and_prints_nothing(
             cap(torch.ones(3))
     messages = [r.getMessage() for r in caplog.records if r.name == "precompile"]
     assert any(m.startswith("tracing ") for m in messages)
-    assert any(m.startswith("lowered with backend='eager' and rendered python_code (") for m in messages)
+    assert any(m.startswith("rendered python_code (") and "tracer=make_fx, backend=eager" in m for m in messages)
     assert any(m.startswith("wrote ") and "bytes" in m for m in messages)
     assert capsys.readouterr() == ("", "")
 

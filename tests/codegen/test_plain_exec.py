@@ -21,7 +21,7 @@ with torch.no_grad():
 try:
     ns["forward"](case.args()[0], torch.ones(1, 8, dtype=torch.float64))
 except RuntimeError as exc:
-    error = [type(exc).__name__, type(exc).__module__, str(exc)]
+    error = [[c.__name__ for c in type(exc).__mro__[:3]], type(exc).__module__, str(exc)]
 print(json.dumps({"close": torch.allclose(served, eager), "error": error,
                   "precompile_imported": any(m.startswith("precompile") for m in sys.modules)}))
 """
@@ -32,6 +32,7 @@ def test_python_code_serves_and_fails_clearly_without_precompile(captured):
     report = fresh_json(WITHOUT_PRECOMPILE, str(artifact))
     assert report["close"] is True
     assert report["precompile_imported"] is False
-    name, module, message = report["error"]
-    assert (name, module) == ("PrecompileError", "builtins")  # the driver's local twin
+    names, module, message = report["error"]
+    # the driver's local twins, named and related as in precompile.errors
+    assert (names, module) == (["CallMismatch", "PrecompileError", "RuntimeError"], "builtins")
     assert message.startswith("this artifact: input args[1]: expected shape (6, 8), got (1, 8)")

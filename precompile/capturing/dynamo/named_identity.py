@@ -34,8 +34,8 @@ def reference(value) -> str | None:
     elif isinstance(value, enum.Enum):
         module, qualname = type(value).__module__, f"{type(value).__qualname__}.{value.name}"
     else:
-        module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__" or "<" in qualname:
+        module, qualname = _text(getattr(value, "__module__", None)), _text(getattr(value, "__qualname__", None))
+    if not module or not qualname or module == "__main__" or "<" in qualname:
         return None
     try:
         found = resolve(f"{module}:{qualname}")
@@ -70,3 +70,8 @@ def named_check(entry) -> str | None:
         return None
     ref = reference(entry.value)
     return None if ref is None else f"{entry.guard_type} {entry.name} is {ref}"
+
+
+def _text(value: object) -> str:
+    """A dunder name attribute as text; "" where an object sets it to something else."""
+    return value if isinstance(value, str) else ""
