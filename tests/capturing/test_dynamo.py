@@ -371,7 +371,7 @@ def test_a_live_compile_after_loading_never_mints_a_name_the_artifact_holds(dyna
 
 
 def test_the_eager_backend_renders_a_small_tensor_constant_as_a_literal(tmp_path):
-    """(Large ones are refused: tests/test_constants.py.)"""
+    """(Large ones are refused: tests/capturing/test_constants.py.)"""
     artifact, _, _ = _capture(tmp_path, "constant", dynamo_cases.adds_a_constant, [((torch.ones(2),), {})])
     assert "torch.tensor([1.0, 2.0], dtype = torch.float32" in artifact.read_text()
 
@@ -535,7 +535,7 @@ def test_a_frame_past_recompile_limit_runs_eager_and_is_listed_as_truncated(tmp_
 
 
 def _fixture_copy(tmp_path, replace=None):
-    fixtures = Path(__file__).resolve().parent.parent / "fixtures" / "v1"
+    fixtures = Path(__file__).resolve().parent.parent.parent / "fixtures" / "v1"
     source = (fixtures / "dynamo_rows.py").read_text(encoding="utf-8")
     if replace:
         source = source.replace(*replace)

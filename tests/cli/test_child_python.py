@@ -13,7 +13,7 @@ import pytest
 
 from precompile.cli import child_python
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 SHADOWS = ("json.py", "torch.py", "precompile.py")
 # The parent runs with its own cwd taken off sys.path (as a `precompile` console script has it), so
 # only the children it starts could import the planted files.

@@ -1,7 +1,7 @@
 """`precompile report`: the self-contained HTML page, its exit codes, --json, determinism and escaping.
 
 Built from the committed fixture pairs only (nothing is captured or compiled). The page is checked
-in a real browser by tests/test_html_report_browser.py.
+in a real browser by tests/inspect/test_html_report_browser.py.
 """
 from __future__ import annotations
 

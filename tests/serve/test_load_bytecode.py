@@ -23,7 +23,7 @@ import precompile
 from precompile.artifact import bytecode, codec
 from precompile.cli.main import main
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "v1"
+FIXTURES = ROOT / "fixtures" / "v1"
 
 FRESH_LOAD = r"""
 import json, linecache, logging, sys, torch

@@ -8,7 +8,7 @@ from test_inspect_helpers import FIXTURES, ROOT
 
 from precompile.inspect.sections import split_sections
 
-GOLDENS = ROOT / "tests" / "goldens" / "test_codegen_snapshots"
+GOLDENS = ROOT / "tests" / "codegen" / "goldens" / "test_codegen_snapshots"
 
 
 def _slugs(source: str) -> list[str]:

@@ -1,5 +1,5 @@
 """Our own format versions with teeth: the committed JSON Schemas and what the templates render are
-fingerprinted per FORMAT_VERSION in tests/format_fingerprints.json, and every layout ever written
+fingerprinted per FORMAT_VERSION in tests/artifact/format_fingerprints.json, and every layout ever written
 keeps a fixture that show, verify and diff read.
 
 When test_the_format_matches_a_fingerprint_of_its_version fails, you changed the artifact format:
@@ -26,7 +26,7 @@ from precompile.artifact import jsonschema
 from precompile.artifact.envelope import FORMAT_VERSION
 from precompile.artifact.pycode import parse_metadata
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).parent.parent.parent
 FINGERPRINTS = Path(__file__).parent / "format_fingerprints.json"
 FIXTURES = ROOT / "fixtures"
 

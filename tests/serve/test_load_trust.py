@@ -25,7 +25,7 @@ from precompile.artifact import bundle_keys
 from precompile.artifact import codec
 from precompile.artifact.pair import parse_cache, pending_path
 
-FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "v1"
+FIXTURES = Path(__file__).resolve().parent.parent.parent / "fixtures" / "v1"
 KERNEL = "ab/cabc.main.so"
 SOURCE_SHA = "a" * 64
 

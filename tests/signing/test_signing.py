@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_fresh
+from conftest import ROOT, TESTS, run_fresh
 from precompile.errors import PrecompileError
 from precompile.signing import TRUSTED_KEYS_ENV, check_pair, generate, pins_for, read_trusted_keys, require_trusted, sign_pair
 from test_inspect_helpers import FIXTURES, run_cli
@@ -309,7 +309,7 @@ dist.destroy_process_group()
 
 
 def _on_two_ranks(directory: Path) -> list[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parent.parent)])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
     store = directory / "rendezvous"
     procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(store)], env=env, cwd=directory,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
