@@ -19,7 +19,7 @@ from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.line_diff import unified
 from precompile.inspect.model import Artifact, MegaCache
 from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
-from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
+from precompile.inspect.report import Change, CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
@@ -244,7 +244,7 @@ def _code_diffs(a_code: bytes | None, b_code: bytes | None, context: int) -> lis
             continue
         shown = unified(left or [], right or [], f"a/{slug}", f"b/{slug}", context=context, max_lines=room)
         room -= shown.shown
-        change = "removed" if right is None else "added" if left is None else "changed"
+        change: Change = "removed" if right is None else "added" if left is None else "changed"
         code.append(CodeDiff(section=slug, change=change, lines=shown.lines, lines_not_shown=shown.left_out))
     return code
 

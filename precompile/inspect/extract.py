@@ -73,9 +73,10 @@ def _mega_cache_files(cache, problems: list[str]) -> list[tuple[str, bytes, str]
         except Exception as exc:  # the file changed since it was read: report, never crash
             problems.append(f"cache {cache.path}: its artifact field cannot be read again: {type(exc).__name__}: {exc}")
             return []
-        data = value.get("artifact") if isinstance(value, dict) else None
-        if not isinstance(data, bytes):
+        artifact = value.get("artifact") if isinstance(value, dict) else None
+        if not isinstance(artifact, bytes):
             return []
+        data = artifact
     else:
         return []
     planned = [("mega_cache.bin", data, "Mega-Cache container (raw bytes, never loaded)")]
