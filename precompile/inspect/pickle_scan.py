@@ -580,34 +580,48 @@ class _Machine:
             return _Computed(f"{summarize(func)}(...)")
         if not func.resolved:
             return _Computed(f"{func.module}.{func.name}(...)")
-        key = (func.module, func.name)
         if func.judged_by_use and opcode == "REDUCE" and isinstance(args, tuple):
-            if key == GETATTR and len(args) == 2:
-                owner, attr = args
-                if isinstance(owner, _Global) and owner.resolved and type(attr) is str and _IDENT.match(attr):
-                    # getattr(imported object, "literal") is the import of a dotted name: judged as one
-                    self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
-                    name = f"{owner.name}.{attr}" if owner.name != MODULE else attr
-                    return self.reach(_Global(owner.module, name), pos, "REDUCE getattr")
-            elif key in MODULE_IMPORTERS and len(args) == 1 and type(args[0]) is str and _IDENT.match(args[0]):
-                self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
-                return self.reach(_Global(args[0], MODULE), pos, f"REDUCE {func.name}")
-            elif key == PARTIAL and args and isinstance(args[0], _Global) and args[0].resolved:
-                self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
-                self.record(*PARTIAL, "allowed", pos, "REDUCE partial")
-                return _Computed(f"functools.partial({args[0].module}.{args[0].name}, ...)")
+            used = self.safe_use(func, args, pos)
+            if used is not None:
+                return used
         if (func.module, func.name) == ("_codecs", "encode") and isinstance(args, tuple) and args and type(args[0]) is str:
-            encoding = args[1] if len(args) > 1 else "utf-8"
-            if type(encoding) is str and encoding.lower() in _LATIN1 | {"utf-8", "utf8", "ascii"}:
-                try:
-                    data = args[0].encode(encoding)
-                except (UnicodeEncodeError, LookupError):
-                    return _Computed("_codecs.encode(...)")
-                self.nested_pickle(data, pos, "_codecs.encode")
-                return data
+            return self.encoded(args, pos)
         if (func.module, func.name) == ("builtins", "bytes") and args == ():
             return b""  # protocol 2's spelling of empty bytes
         return _Computed(f"{func.module}.{func.name}(...)")
+
+    def safe_use(self, func: _Global, args: tuple, pos: int) -> _Global | _Computed | None:
+        """A REDUCE of a callable judged by use in one of its safe shapes (getattr of an import by a
+        literal name, importing a module by a literal name, partial of an import), or None."""
+        key = (func.module, func.name)
+        if key == GETATTR and len(args) == 2:
+            owner, attr = args
+            if isinstance(owner, _Global) and owner.resolved and type(attr) is str and _IDENT.match(attr):
+                # getattr(imported object, "literal") is the import of a dotted name: judged as one
+                self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
+                name = f"{owner.name}.{attr}" if owner.name != MODULE else attr
+                return self.reach(_Global(owner.module, name), pos, "REDUCE getattr")
+        elif key in MODULE_IMPORTERS and len(args) == 1 and type(args[0]) is str and _IDENT.match(args[0]):
+            self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
+            return self.reach(_Global(args[0], MODULE), pos, f"REDUCE {func.name}")
+        elif key == PARTIAL and args and isinstance(args[0], _Global) and args[0].resolved:
+            self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
+            self.record(*PARTIAL, "allowed", pos, "REDUCE partial")
+            return _Computed(f"functools.partial({args[0].module}.{args[0].name}, ...)")
+        return None
+
+    def encoded(self, args: tuple, pos: int) -> bytes | _Computed:
+        """_codecs.encode(text, encoding), protocol 2's spelling of bytes: the bytes (scanned as a
+        nested pickle too) where the encoding is one of the few it uses, else a computed value."""
+        encoding = args[1] if len(args) > 1 else "utf-8"
+        if type(encoding) is str and encoding.lower() in _LATIN1 | {"utf-8", "utf8", "ascii"}:
+            try:
+                data = args[0].encode(encoding)
+            except (UnicodeEncodeError, LookupError):
+                return _Computed("_codecs.encode(...)")
+            self.nested_pickle(data, pos, "_codecs.encode")
+            return data
+        return _Computed("_codecs.encode(...)")
 
     def mutate(self, name: str, arg, pos: int) -> None:
         """APPEND(S), SETITEM(S), ADDITEMS: fill the container below; mutating an import itself is a finding."""

@@ -249,7 +249,7 @@ def _served_by(graph) -> str:
 def render_guards(report: GuardsReport) -> list[Line]:
     guards: Guards | None = report.guards
     if guards is None:
-        return [(f"{report.python_code}: guards unavailable", BAD)] + [(f"problem: {p}", BAD) for p in report.problems]
+        return [(f"{report.python_code}: guards unavailable", BAD), *((f"problem: {p}", BAD) for p in report.problems)]
     lines: list[Line] = [(f"{report.python_code}: {guards.tracer} artifact: {guards.headline}", HEAD)]
     lines.append(("NOT checked:", BAD))
     lines.extend((f"  - {item}", None) for item in guards.not_checked)
