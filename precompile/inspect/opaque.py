@@ -31,7 +31,8 @@ from precompile.artifact.opaque_state import (
     mentions,
 )
 from precompile.inspect.model import PickleImport, PickleScan, Section
-from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, dynamo_state_reviewed, is_pickle, scan_pickle
+from precompile.inspect.pickle_policy import dynamo_state_reviewed
+from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 
 MIN_BLOB_CHARS = 16
 _CANONICAL_AS = {STATE: "a base64 str literal or None", BYTECODE: "a dict of str keys to base64 str literals"}

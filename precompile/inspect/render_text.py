@@ -13,7 +13,7 @@ from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
 from precompile.inspect.line_diff import shown
 from precompile.inspect.model import Artifact, CacheInfo, Guards, MegaCache, PickleScan, PythonCodeInfo, UpstreamCache
-from precompile.inspect.pickle_scan import DATA_ONLY, PARTIAL
+from precompile.inspect.pickle_policy import DATA_ONLY, PARTIAL
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
 
 Line = tuple[str, "str | None"]
