@@ -316,7 +316,7 @@ class DynamoSession:
             )
         else:
             parts = standalone_parts(entry, frames, guards, self.fn, pickled_backends,
-                                     [section.source for section in sections])
+                                     [section.source for section in sections], self._ledger.seen)
             source = render_dynamo_standalone(metadata, sections, parts, remainder_bytes(parts))
         python_code = source.encode("utf-8")
         bundle, payload = None, b""  # the eager backend has no kernels: the cache carries no bundle

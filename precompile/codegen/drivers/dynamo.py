@@ -2,8 +2,9 @@
 # It builds each compiled subgraph from its source section above, rebuilds each captured variant's
 # guard tree and transformed bytecode once, and seeds the names Dynamo minted (compiled graphs,
 # continuations, import aliases, the builtins dict) into the captured module.
-# Standalone (SERVING_MODE "standalone"): every call goes to the first variant whose guards pass; a
-# continuation that compiled nothing runs as its original bytecode. Nothing is installed into torch.
+# Standalone (SERVING_MODE "standalone"): every call goes to the first variant whose guards (rendered
+# above as Python) pass; a continuation that compiled nothing runs as its original bytecode. Nothing
+# is installed into torch.
 # Installed ("installed": a graph break inside a function the captured code calls): each frame's
 # variants are installed onto its live code object through Dynamo's hook for precompiled entries,
 # and calls run under Dynamo's frame evaluator with a callback that refuses to compile.
@@ -597,11 +598,12 @@ class _DynamoUtils:
 
 
 def _build_standalone(metadata, state_blob, artifact):
-    """A standalone artifact whose code objects travel marshalled and whose guards are rendered above;
-    torch's Dynamo is imported only for what python_code keeps opaque (the remainder it names)."""
+    """A standalone artifact whose code objects travel marshalled and whose every guard is rendered
+    above; what python_code keeps opaque (the remainder it names) is AOTAutograd's wrappers and fn's
+    defaults that are not literals, never guard state."""
     raw = _state_bytes(state_blob, artifact, optional=True)
     _check_sources(metadata, artifact)
-    remainder = _pickle.loads(raw) if raw else {"guards": {}, "backends": {}}
+    remainder = _pickle.loads(raw) if raw else {"backends": {}}
     _configure_inductor_for_aotautograd(metadata)
     tag = _standalone_tag(metadata, raw, artifact)
     _resolve_references(metadata, artifact)
@@ -633,18 +635,8 @@ def _build_standalone(metadata, state_blob, artifact):
                        defaults["kwdefaults"] if index == 0 else None, artifact,
                        described.get("runs_as_python", False), table["bypassed"], table["compiled"])
         frame.label = described.get("qualname") or frame.name
-        listed = {v["variant"]: v for v in metadata["GUARDS"] if v["frame"] == frame.label}
         for variant, guards_name in enumerate(() if frame.runs_as_python else table["guards"]):
-            if guards_name:
-                guards = _RenderedGuards(metadata[guards_name], scope)
-            else:  # torch's guard manager reads Dynamo's own import aliases
-                for dynamo_alias, alias in table["aliases"].items():
-                    bound = _importlib.import_module(table["import_sources"][alias])
-                    _seed(scope, dynamo_alias, bound, tag, artifact, module.__name__)
-                guards, global_state, _ = _torch_guards(
-                    remainder["guards"][f"{index}.{variant}"], original, scope,
-                    frozenset(listed[variant].get("policy_dropped", ())), listed[variant].get("by_name", ()), artifact)
-                frame.global_state_guards.append(global_state)
+            guards = _RenderedGuards(metadata[guards_name], scope)
             frame.add_variant(guards, _code_object(metadata, f"{index}.{variant}", filename, artifact))
         if index == 0:
             entry = frame
