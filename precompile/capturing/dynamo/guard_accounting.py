@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from precompile.artifact.metadata import VariantGuards
-from precompile.capturing.dynamo.named_identity import named_check
+from precompile.capturing.dynamo.named_identity import named_check, valued_check
 from precompile.errors import CaptureRefused
 
 # Guard types Dynamo's guard serializer refuses, alone or as a type a guard's check derives (the
@@ -46,7 +46,7 @@ def slot_source(name: str) -> str:
 UNKEPT = object()
 """Seen.value where the value is no constant a check could compare with."""
 # Values a kept constant guard is rendered for (guard_code checks each reads back as a literal).
-_CONSTANT_TYPES = (int, float, str, bytes, complex, tuple, list, frozenset, set, bool, type(None))
+_CONSTANT_TYPES = (int, float, str, bytes, complex, tuple, list, frozenset, set, bool, type(None), torch.dtype)
 # Guard types whose rendering reads what their source held (the rest read the saved guard state).
 _SEEN_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "DICT_KEYS_MATCH", "SEQUENCE_LENGTH", "HASATTR"})
 
@@ -84,7 +84,7 @@ def seen(entry) -> Seen | None:
     if type(value) in _CONSTANT_TYPES:
         try:
             constant = copy.deepcopy(value)  # a list or set could change after the compile
-        except Exception:  # noqa: BLE001 - a value that does not copy is no constant here
+        except Exception:  # a value that does not copy is no constant here
             constant = UNKEPT
     try:
         length = len(value) if entry.guard_type == "SEQUENCE_LENGTH" else None
@@ -151,7 +151,7 @@ class GuardLedger:
             if slot not in dropped:
                 dropped.append(slot)
             # Only what the serializer refused is checked by name; a drop the caller chose stays one.
-            check = named_check(entry) if by_user or self.user_filter is None else None
+            check = (named_check(entry) or valued_check(entry)) if by_user or self.user_filter is None else None
             if check is not None:
                 named[slot] = check
                 continue

@@ -23,7 +23,7 @@ import torch
 
 from precompile.capturing.dynamo.guard_accounting import UNKEPT as _UNKEPT
 from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
-from precompile.capturing.dynamo.named_identity import reference
+from precompile.capturing.dynamo.named_identity import CHECK, reference
 
 # Guard types Dynamo's guard builder adds no check for: GLOBAL_STATE's C++ guard covers them.
 _COVERED_BY_GLOBAL_STATE = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "FSDP_TRAINING_STATE"})
@@ -299,6 +299,9 @@ class _Variant:
         if kind == "CONSTANT_MATCH" and (value is None or type(value) is bool):
             self.lines.append((label, f"{source} is {value!r}"))
             return
+        if type(value) is torch.dtype and getattr(torch, str(value).removeprefix("torch."), None) is value:
+            self.lines.append((label, f"type({source}) is torch.dtype and {source} == {value}"))
+            return
         if type(value) not in _LITERAL_TYPES:
             raise Unrenderable(f"{label}: a {type(value).__name__} value is not rendered as a literal here")
         if type(value) is float and math.isnan(value):
@@ -376,6 +379,28 @@ class _Variant:
             _names_in(part, _MARKING_NAMES, frozenset({"hasattr", "getattr", "issubset", "set"}), label)
         if parts:
             self.marking.append((f"{label}: dimension markings (mark_dynamic and the like)", " and ".join(parts)))
+
+    def identity_line(self, line: str) -> None:
+        """One identity guard the artifact checks by name (`source is module:qualname`) or, on an
+        immutable constant, by value (`source == literal`: its type, then equality)."""
+        kind, rest = line.split(" ", 1)
+        match = CHECK.fullmatch(rest)
+        if match is None:
+            raise Unrenderable(f"{line}: not a by-name or by-value check")
+        source, operator, operand = match.groups()
+        # A bare root is a local, as the by-name line keeps it (named_identity.SOURCE).
+        text = rename_sources(_BARE_LOCAL.sub(lambda m: f"{m.group(1) or ''}L[{m.group(2)!r}]", source), self.renames)
+        _names_in(text, _SOURCE_NAMES | {"type"}, frozenset({"type"}), line)
+        label = f"{kind} {slot_source(source)} {operator} {operand}"
+        if operator == "is":
+            self.references.add(operand)
+            self.lines.append((label, f"{text} is _by_name[{operand!r}]"))
+            return
+        value = ast.literal_eval(operand)
+        if value is None or type(value) is bool:
+            self.lines.append((label, f"{text} is {value!r}"))
+        else:
+            self.lines.append((label, f"type({text}) is {type(value).__name__} and {text} == {_literal(value, line)}"))
 
     # -- the text ---------------------------------------------------------------------------------
     def render(self, title: str) -> str:
@@ -456,12 +481,6 @@ def render_variant(frame: int, variant: int, title: str, state, policy: frozense
             continue
         rendering.add(guard, skip_hook_guards)
     for line in by_name:
-        kind, rest = line.split(" ", 1)
-        source, _, ref = rest.rpartition(" is ")
-        # A bare root is a local, as the by-name line keeps it (named_identity.SOURCE).
-        text = rename_sources(_BARE_LOCAL.sub(lambda m: f"{m.group(1) or ''}L[{m.group(2)!r}]", source), renames)
-        _names_in(text, _SOURCE_NAMES, frozenset({"type"}), line)
-        rendering.references.add(ref)
-        rendering.lines.append((f"{kind} {slot_source(source)} is {ref}", f"{text} is _by_name[{ref!r}]"))
+        rendering.identity_line(line)
     return RenderedVariant(function=f"guards_{rendering.prefix}", source=rendering.render(title),
                            references=rendering.references)

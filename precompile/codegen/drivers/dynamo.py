@@ -170,26 +170,38 @@ def _fill_named_locals(state, lines):
     tree reads them (a check on func.__name__ needs func)."""
     local_scope = state.output_graph.local_scope
     for line in lines:
-        source, _, ref = line.split(" ", 1)[1].rpartition(" is ")
+        source, operator, ref = _identity_parts(line)
         root = _SOURCE_ROOT.fullmatch(source)
-        if root is None or root.group(1) == "G":
+        if operator != "is" or root is None or root.group(1) == "G":
             continue
         name = root.group(2) or root.group(3)
         if type(local_scope.get(name)).__name__ == "_Missing":
             local_scope[name] = _resolve_reference(ref)
 
 
+def _identity_parts(line):
+    """(source, "is" or "==", reference or literal) of a by-name line: `TYPE source is module:qualname`
+    or, for an identity guard on an immutable constant, `TYPE source == literal`."""
+    rest = line.split(" ", 1)[1]
+    equals, is_ = rest.find(" == "), rest.find(" is ")
+    at, operator = (equals, "==") if equals >= 0 and (is_ < 0 or equals < is_) else (is_, "is")
+    return rest[:at], operator, rest[at + len(operator) + 2:]
+
+
 def _check_by_name(manager, line, scope, artifact):
     """Add to a variant's guards the identity check `TYPE source is module:qualname` that Dynamo could
-    not serialize, against the object that name resolves to here."""
-    guard_type, rest = line.split(" ", 1)
-    source, _, ref = rest.rpartition(" is ")
+    not serialize, against the object that name resolves to here; or, for an identity guard on an
+    immutable constant (`TYPE source == literal`), its type and value."""
+    import ast
+
+    guard_type = line.split(" ", 1)[0]
+    source, operator, ref = _identity_parts(line)
     of_type = source.startswith("type(")
     walked = source[5:-1] if of_type else source
     root = _SOURCE_ROOT.match(walked)
     steps = _SOURCE_STEP.findall(walked[root.end():])
     try:
-        expected = _resolve_reference(ref)
+        expected = ast.literal_eval(ref) if operator == "==" else _resolve_reference(ref)
     except Exception as exc:  # noqa: BLE001 - the named object is not here: the variant cannot serve
         _fail(artifact, f"{line}: {ref} does not resolve here ({type(exc).__name__}: {exc})",
               "serve it with the code it was captured from")
@@ -202,9 +214,10 @@ def _check_by_name(manager, line, scope, artifact):
                 value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
         except Exception:  # noqa: BLE001 - a source that is not there fails the check
             return False
-        return (type(value) if of_type else value) is expected
+        value = type(value) if of_type else value
+        return value is expected or (operator == "==" and type(value) is type(expected) and value == expected)
 
-    manager.root.add_lambda_guard(check, [f"{guard_type}: {source} is {ref}"], None)
+    manager.root.add_lambda_guard(check, [f"{guard_type}: {source} {operator} {ref}"], None)
 
 
 def _empty_cells(code):

@@ -19,3 +19,23 @@ dict.__setitem__(REGISTRY, "scale", 3.0)
 def scaled_by_the_first_entry(x):
     key = next(iter(REGISTRY))
     return x * REGISTRY[key]
+
+
+class Settings:
+    """A configuration object whose fields are read through its instance __dict__ by its own
+    __getattribute__ (transformers' PretrainedConfig reads its fields so): Dynamo pins each field
+    read that way by identity (ID_MATCH), which the artifact checks by type and value."""
+
+    def __init__(self, mode: str, enabled: bool) -> None:
+        self.mode = mode
+        self.enabled = enabled
+
+    def __getattribute__(self, name):
+        fields = object.__getattribute__(self, "__dict__")
+        return fields[name] if name in fields else object.__getattribute__(self, name)
+
+
+def by_settings(settings, x):
+    if settings.enabled and settings.mode == "double":
+        return x * 2
+    return x + 1
