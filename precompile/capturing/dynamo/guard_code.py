@@ -389,8 +389,7 @@ class _Variant:
             raise Unrenderable(f"{line}: not a by-name or by-value check")
         source, operator, operand = match.groups()
         # A bare root is a local, as the by-name line keeps it (named_identity.SOURCE).
-        text = rename_sources(_BARE_LOCAL.sub(lambda m: f"{m.group(1) or ''}L[{m.group(2)!r}]", source), self.renames)
-        _names_in(text, _SOURCE_NAMES | {"type"}, frozenset({"type"}), line)
+        text = self.expression(_BARE_LOCAL.sub(lambda m: f"{m.group(1) or ''}L[{m.group(2)!r}]", source), line)
         label = f"{kind} {slot_source(source)} {operator} {operand}"
         if operator == "is":
             self.references.add(operand)
