@@ -399,7 +399,7 @@ def test_a_guard_python_code_cannot_check_refuses_the_capture_naming_it_and_the_
 
 SERVE_REGISTRY = r"""
 import sys, torch, precompile
-import guard_cases
+import library_cases
 served = precompile.load(sys.argv[1], sys.argv[2])
 with torch.no_grad(), precompile.no_compilation():
     print(served(torch.ones(3)).tolist())
@@ -410,10 +410,10 @@ def test_a_global_dict_subclass_whose_setitem_refiles_keys_is_guarded_by_its_liv
     """The guards compare with what the capture's live objects held, not with a pickled copy of them:
     unpickling this registry replays its __setitem__, which files "scale" under "<class 'str'>", and a
     check built from that copy refused every fresh-process call."""
-    import guard_cases
+    import library_cases
 
     artifact, cache = tmp_path / "registry.py", tmp_path / "registry.cache"
-    with torch.no_grad(), precompile.capture(guard_cases.scaled_by_the_first_entry, artifact_path=artifact,
+    with torch.no_grad(), precompile.capture(library_cases.scaled_by_the_first_entry, artifact_path=artifact,
                                              cache_path=cache, backend="eager") as cap:
         cap(torch.ones(3))
     text = artifact.read_text(encoding="utf-8")

@@ -17,6 +17,7 @@ pytest.importorskip("transformers")
 sys.path.insert(0, str(ROOT))
 from bench.zoo_models import ZOO  # noqa: E402  (bench/ is importable from the repository root)
 
+TRACERS = {"makefx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
 CELLS = [("bert", "makefx"), ("bert", "dynamo"), ("gpt2", "makefx"), ("gpt2", "dynamo"), ("llama", "makefx"),
          ("llama", "dynamo"), ("t5", "makefx"), ("t5", "dynamo")]
 
@@ -127,3 +128,20 @@ def test_dynamo_checks_t5s_decoder_config_fields_by_value(zoo_pairs):
     same, miss = fresh_json(CONFIGURED_OTHERWISE, artifact, cache, json.dumps(built))
     assert same
     assert "no captured variant of 'seq2seq_step'" in miss and "_name_or_path" in miss, miss
+
+
+@pytest.mark.parametrize("tracer", sorted(TRACERS))
+def test_group_norm_after_a_transposed_add_is_served_as_eager(tracer, tmp_path):
+    """diffusers' UNet2DModel: the sum feeding a group norm is not contiguous when the rendered graph
+    runs, though the trace saw it so and dropped eager group_norm's .contiguous(); the eager backend
+    makes every native_group_norm input contiguous as eager does."""
+    import library_cases
+
+    norm = torch.nn.GroupNorm(4, 32)
+    args = (norm, torch.randn(1, 64, 32), torch.randn(1, 32, 8, 8))
+    with torch.no_grad(), precompile.capture(library_cases.group_norm_after_a_transposed_add,
+                                             artifact_path=tmp_path / "gn.py", cache_path=tmp_path / "gn.cache",
+                                             tracer=TRACERS[tracer](), backend="eager") as cap:
+        got = cap(*args)
+    with torch.no_grad():
+        assert torch.allclose(got, library_cases.group_norm_after_a_transposed_add(*args))
