@@ -4,11 +4,15 @@ Each variant becomes one function `guards_F_V(L, G)` over the frame's bound argu
 module's globals (G): the first kept guard that fails, or None when all hold. Tensors go through one
 C++ `TensorGuards` call, global state through a C++ `GlobalStateGuard`, types and named objects are
 compared with objects resolved by qualified name at load, constants as literals, shape-env relations
-as the plain expressions Dynamo wrote. Guard sources are Dynamo's own (`L['x']._parameters['w']`).
+as the plain expressions Dynamo wrote. Guard sources are Dynamo's own (`L['x']._parameters['w']`,
+`dict(type(L['m']).__dict__)['forward'].__closure__[0].cell_contents`, `list(dict.keys(G['REG']))[0]`).
+
+The values a check compares with are what the source held when Dynamo built the guard, recorded from
+the live objects the guard filter is handed (`guard_accounting.Seen`); the pickled guard state is read
+only for tensors, shape guards and ambient state, and where the filter saw no value.
 
 Only what is rendered faithfully is rendered: a variant holding a kept guard this module has no
-exact rendering for raises `Unrenderable` naming it, and the artifact checks that variant with
-torch's guard manager from its pickled state instead (the labelled opaque remainder).
+exact rendering for raises `Unrenderable` naming it, and the capture is refused (standalone.py).
 """
 from __future__ import annotations
 
