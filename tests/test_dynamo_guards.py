@@ -490,3 +490,18 @@ def test_the_driver_binds_arguments_as_the_signature_does(fn, args, kwargs):
         return
     bound.apply_defaults()
     assert list(binder(*args, **kwargs).items()) == list(bound.arguments.items())
+
+
+@pytest.mark.parametrize("line, parts", [
+    ("ID_MATCH cfg.__dict__['mode'] == 'x is y == z'", ("cfg.__dict__['mode']", "==", "'x is y == z'")),
+    ("ID_MATCH L['flag'] == None", ("L['flag']", "==", "None")),
+    ("CLASS_MATCH type(G['m'].x) is pkg.mod:Cls@1", ("type(G['m'].x)", "is", "pkg.mod:Cls@1")),
+])
+def test_identity_lines_split_at_their_operator_whatever_the_literal_holds(line, parts):
+    """By-name (`source is module:qualname`) and by-value (`source == literal`) identity lines: the
+    renderer and the installed driver read the same three parts."""
+    from precompile.capturing.dynamo.named_identity import CHECK
+    from precompile.codegen.drivers import dynamo as driver
+
+    assert driver._identity_parts(line) == parts
+    assert CHECK.fullmatch(line.split(" ", 1)[1]).groups() == parts

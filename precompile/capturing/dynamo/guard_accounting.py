@@ -81,18 +81,19 @@ def seen(entry) -> Seen | None:
 
     kind = (getattr(value, "pytype", None) if isinstance(value, FakeTensor) else None) or type(value)
     constant = UNKEPT
-    if type(value) in _CONSTANT_TYPES:
+    if entry.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH") and type(value) in _CONSTANT_TYPES:
         try:
             constant = copy.deepcopy(value)  # a list or set could change after the compile
         except Exception:  # a value that does not copy is no constant here
             constant = UNKEPT
     try:
         length = len(value) if entry.guard_type == "SEQUENCE_LENGTH" else None
-    except TypeError:
+    except Exception:  # no length: the guard is not rendered (Unrenderable says so)
         length = None
     attr = (getattr(entry.orig_guard.create_fn, "keywords", None) or {}).get("attr")
     return Seen(
-        type=kind, value=constant, keys=tuple(dict.keys(value)) if isinstance(value, dict) else None, length=length,
+        type=kind, value=constant, length=length,
+        keys=tuple(dict.keys(value)) if entry.guard_type == "DICT_KEYS_MATCH" and isinstance(value, dict) else None,
         has_attribute=hasattr(value, attr) if entry.guard_type == "HASATTR" and isinstance(attr, str) else None,
     )
 
