@@ -1,4 +1,4 @@
-"""Hostile caches through `precompile.load`: part 4 of bench/stress.py, and tests/test_load_fuzz.py's slice.
+"""Hostile caches through `precompile.load`: part 4 of bench/stress.py, and tests/serve/test_load_fuzz.py's slice.
 
 Each case mutates a real fixture pair (mostly fixtures/v1/mlp_inductor, whose cache carries a C++
 kernel bundle, its CPU flags made to fit this host so that mutations reach priming and the kernel

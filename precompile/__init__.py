@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from precompile._version import __version__
 from precompile.errors import (
     CacheFormatError,
+    CallMismatch,
     CaptureRefused,
     CompilationForbidden,
     PairMismatch,
@@ -34,8 +35,8 @@ _LAZY = {
 # public submodules that import torch, also resolved on first use: precompile.distributed.load_everywhere
 _LAZY_MODULES = ("distributed",)
 
-__all__ = ["__version__", "PrecompileError", "CaptureRefused", "PairMismatch", "CacheFormatError", "CompilationForbidden",
-           "PrecompileWarning", "no_compilation", *_LAZY, *_LAZY_MODULES]
+__all__ = ["__version__", "PrecompileError", "CaptureRefused", "PairMismatch", "CallMismatch", "CacheFormatError",
+           "CompilationForbidden", "PrecompileWarning", "no_compilation", *_LAZY, *_LAZY_MODULES]
 
 if TYPE_CHECKING:
     from precompile.artifact.summary import PrecompileSummary

@@ -3,16 +3,17 @@
     PrecompileError                 every refusal; the message names the file or argument, both values
     ├── CaptureRefused              capture cannot make a faithful artifact of this fn or call
     ├── PairMismatch                python_code and cache come from different captures
+    ├── CallMismatch                a served call does not match the captured calling convention
     ├── CacheFormatError            a cache is not a readable envelope of a version this reader knows
     └── CompilationForbidden        no_compilation() stopped a trace, compile, benchmark or autotune
     PrecompileWarning               something degraded rather than refused (an unusable cache ignored)
 
-A served call that does not match the calling convention raises PrecompileError from python_code's
-driver, which runs where precompile may not be installed and then defines a twin of that name.
+python_code's drivers raise them too. A driver runs where precompile may not be installed, and then
+defines twins of the same names and bases (tests/ check that they mirror this module).
 """
 from __future__ import annotations
 
-__all__ = ["CacheFormatError", "CaptureRefused", "CompilationForbidden", "PairMismatch", "PrecompileError",
+__all__ = ["CacheFormatError", "CallMismatch", "CaptureRefused", "CompilationForbidden", "PairMismatch", "PrecompileError",
            "PrecompileWarning"]
 
 
@@ -32,6 +33,12 @@ class PairMismatch(PrecompileError):
     """load was given a python_code and a cache written by different captures (backend, tracer or code_hash)."""
 
 
+class CallMismatch(PrecompileError):
+    """A served call does not match the calling convention python_code records (its arguments, their
+    structure, tensors' dtype, shape, device or layout, or no captured variant covers it). Raised by
+    python_code's driver; the message names the argument, both values and the remedy."""
+
+
 class CacheFormatError(PrecompileError):
     """The cache file is not a readable envelope of a version this reader understands, or breaks the
     bundle rules. `load` degrades on it (the cache is only an acceleration); inspect reports it."""
@@ -46,6 +53,6 @@ class PrecompileWarning(UserWarning):
 
 
 # The public names users see in tracebacks and docs.
-for _public in (PrecompileError, CaptureRefused, PairMismatch, CacheFormatError, CompilationForbidden, PrecompileWarning):
+for _public in (PrecompileError, CaptureRefused, PairMismatch, CallMismatch, CacheFormatError, CompilationForbidden, PrecompileWarning):
     _public.__module__ = "precompile"
 del _public

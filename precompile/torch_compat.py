@@ -9,7 +9,7 @@ differ, `_MOVED` says where a version keeps a name. A name this torch lacks rais
 naming the torch version and the dotted name: nothing degrades silently.
 
 The codegen drivers run standalone (only torch installed), so they cannot import this module; each
-keeps the few private names it needs in a `_TORCH_PRIVATE` table that tests/test_torch_compat.py
+keeps the few private names it needs in a `_TORCH_PRIVATE` table that tests/project/test_torch_compat.py
 checks equal to `DRIVER_NAMES` here.
 """
 from __future__ import annotations

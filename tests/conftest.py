@@ -24,10 +24,102 @@ COMPAT_FILES = {
 }
 
 
+# What `./dev quick` (-m "not slow") leaves out: every test that took over ~2 s in a full run on a
+# loaded 2-core box (Inductor compiles, fresh-process round trips, ranks, fuzz, the zoo, the browser),
+# and every test that shares a fixture that costs that much once (captured_inductor, Dynamo's
+# dynamo_pairs and lowered, the relocation venv, the zoo's pairs, doctor's report, the ranks'
+# captured), since the first such test left in would pay for it; likewise what was fast only because
+# an earlier test had already warmed Inductor up in this process (a run of the selection showed them).
+# By file basename, or by "file::test" (every case of it) or
+# "file::test[case]" (that case alone).
+SLOW_FILES = {
+    "test_doctor.py",
+    "test_dynamo_lowering.py",
+    "test_html_report_browser.py",
+    "test_inductor.py",
+    "test_inspect_determinism.py",
+    "test_plain_exec.py",
+    "test_roundtrip.py",
+    "test_zoo.py",
+}
+SLOW_TESTS = {
+    "test_child_python.py::test_demo_serves_in_an_empty_dir_without_importing_from_the_cwd",
+    "test_child_python.py::test_doctor_probe_does_not_import_from_the_cwd",
+    "test_cli_demo.py::test_demo_captures_reloads_in_a_fresh_process_and_matches_eager",
+    "test_constants.py::test_a_large_constant_is_refused_before_lowering[dynamo-inductor-adds_a_big_constant]",
+    "test_constants.py::test_a_large_constant_is_refused_before_lowering[makefx-inductor-reads_a_big_global]",
+    "test_constants.py::test_inductor_renders_the_constants_its_output_module_keeps",
+    "test_constants.py::test_small_and_zero_size_constants_are_served_fresh_under_no_compilation",
+    "test_distributed.py::test_a_collective_makefx_cannot_trace_is_refused_on_every_rank_naming_the_op",
+    "test_distributed.py::test_load_everywhere_from_another_source_rank",
+    "test_distributed.py::test_load_everywhere_needs_a_process_group",
+    "test_distributed.py::test_load_refuses_another_world_naming_both",
+    "test_distributed.py::test_load_everywhere_serves_every_rank_from_the_source_rank_files",
+    "test_distributed.py::test_python_code_runs_as_plain_python_on_every_rank",
+    "test_distributed.py::test_spmd_capture_runs_on_every_rank_and_the_writer_alone_writes",
+    "test_distributed.py::test_the_artifact_records_its_world_and_show_prints_it",
+    "test_distributed.py::test_the_documented_torchrun_recipe_captures_and_serves_on_two_ranks",
+    "test_dynamo.py::test_a_continuation_that_compiled_nothing_runs_as_plain_python",
+    "test_dynamo.py::test_a_graph_breaking_artifact_serves_beside_a_live_compile_and_never_clobbers_a_bound_name",
+    "test_dynamo.py::test_a_live_compile_after_loading_never_mints_a_name_the_artifact_holds",
+    "test_dynamo.py::test_a_training_step_serves_its_backward_and_accumulates_grads_like_eager",
+    "test_dynamo.py::test_an_inductor_dynamo_artifact_serves_without_its_cache_from_python_code_alone",
+    "test_dynamo.py::test_an_inlined_source_that_changed_since_capture_is_refused_at_load",
+    "test_dynamo.py::test_dropped_slots_carry_their_rendered_check_without_process_ids",
+    "test_dynamo.py::test_dynamic_true_serves_other_sizes_from_one_variant",
+    "test_dynamo.py::test_extract_writes_each_inductor_output_module_as_its_own_file",
+    "test_dynamo.py::test_fresh_process_serves_every_variant_and_misses_clearly",
+    "test_dynamo.py::test_guard_slots_are_accounted_per_variant_and_the_policy_drops_what_every_variant_held",
+    "test_dynamo.py::test_precompile_guards_lists_what_each_variant_does_not_check",
+    "test_dynamo.py::test_python_code_states_what_was_captured_readably",
+    "test_dynamo.py::test_readable_parts_of_a_dynamo_artifact_are_locked",
+    "test_dynamo.py::test_risky_drops_are_gated_and_diff_shows_them_first",
+    "test_dynamo.py::test_summaries_of_real_captures",
+    "test_dynamo.py::test_two_dynamo_captures_may_not_overlap",
+    "test_dynamo.py::test_what_serves_is_the_subgraph_source_python_code_shows",
+    "test_dynamo_guards.py::test_a_standalone_eager_artifact_serves_without_importing_dynamo_inductor_or_aot_autograd",
+    "test_dynamo_guards.py::test_every_capture_here_renders_every_guard_and_pickles_nothing",
+    "test_format_versions.py::test_show_verify_and_diff_read_every_layout_ever_written[v1-dynamo_lowered]",
+    "test_html_report.py::test_report_is_torch_free",
+    "test_html_report.py::test_the_page_is_deterministic",
+    "test_inspect_bounds.py::test_a_four_megabyte_diff_finishes_and_shows_a_bounded_part",
+    "test_inspect_cli.py::test_diff_masks_the_prefix_each_artifact_gives_its_names",
+    "test_inspect_cli.py::test_guards_filters_name_what_they_accept_and_show_what_tensor_guards_check",
+    "test_inspect_cli.py::test_verb_json[guards-v1/dynamo_lowered]",
+    "test_inspect_fuzz.py::test_fuzz",
+    "test_inspect_fuzz.py::test_no_verb_runs_hostile_python_code",
+    "test_inspect_safety.py::test_no_verb_imports_torch",
+    "test_installed.py::test_a_child_module_graph_break_captures_an_installed_artifact_that_lists_its_frames",
+    "test_installed.py::test_a_frame_an_installed_artifact_cannot_find_by_name_is_refused_at_write_time",
+    "test_installed.py::test_a_transformers_model_with_a_graph_break_in_a_layer_serves_installed",
+    "test_installed.py::test_allow_serve_time_compiles_compiles_a_miss_serves_captured_variants_first_and_honours_the_limit",
+    "test_installed.py::test_installed_artifacts_serve_in_a_fresh_process_with_the_stance_rules",
+    "test_installed.py::test_installed_load_refuses_a_frame_whose_source_changed_since_capture",
+    "test_installed.py::test_installed_load_refuses_compiled_autograd_live_entries_and_disabled_dynamo",
+    "test_load_bytecode.py::test_a_process_at_another_optimization_level_compiles_python_code",
+    "test_load_bytecode.py::test_inductor_output_modules_a_dynamo_artifact_carries_as_text_are_not_compiled_at_load",
+    "test_load_fuzz.py::test_mutated_caches_are_served_degraded_or_refused",
+    "test_no_compilation.py::test_the_variable_set_to_exactly_1_at_startup_turns_the_policy_on",
+    "test_progress.py::test_doctor_says_what_it_is_probing_when_piped",
+    "test_progress.py::test_verbose_on_a_terminal_shows_a_live_line_with_the_elapsed_time",
+    "test_progress.py::test_verbose_shows_plain_lines_when_piped_and_nothing_otherwise",
+    "test_readme.py::test_the_quickstart_runs_as_written_and_leaves_a_pair_that_verifies",
+    "test_relocation.py::test_a_different_torch_build_is_still_refused_with_a_warning_naming_both_values",
+    "test_relocation.py::test_a_second_venv_with_the_same_torch_build_serves_both_tracers_with_no_compile",
+    "test_relocation.py::test_the_same_capture_in_another_venv_of_one_torch_build_diffs_equal",
+    "test_relocation.py::test_torch_free_host_keys_agree_with_the_imported_torch",
+    "test_signing.py::test_load_everywhere_ships_the_signature_so_every_rank_checks_it",
+    "test_signing.py::test_load_refuses_pairs_its_trusted_keys_did_not_sign_before_executing_them",
+}
+
+
 def pytest_collection_modifyitems(items):
     for item in items:
         if item.path.name in COMPAT_FILES:
             item.add_marker(pytest.mark.compat)
+        if (item.path.name in SLOW_FILES or f"{item.path.name}::{item.originalname}" in SLOW_TESTS
+                or f"{item.path.name}::{item.name}" in SLOW_TESTS):
+            item.add_marker(pytest.mark.slow)
 
 
 def dynamo_modules_read(artifact: Path) -> list[str]:

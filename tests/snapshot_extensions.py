@@ -14,7 +14,7 @@ class PythonSourceSnapshot(SingleFileSnapshotExtension):
 
 
 class TorchVersionedSource(PythonSourceSnapshot):
-    """A `.py` golden per torch minor version (`tests/goldens/<test module>/torch-2.13/...`): torch
+    """A `.py` golden per torch minor version (`goldens/<test module>/torch-2.13/...` beside the test file): torch
     prints other ATen graphs, guard listings and versions on each, so every claimed version keeps its
     own goldens, written by `./dev compat VERSION tests/... --snapshot-update` on that version. They
     live outside `__snapshots__`, whose .ambr discovery would count the other versions' files as

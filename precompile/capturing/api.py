@@ -8,18 +8,21 @@ import threading
 from pathlib import Path
 from typing import Callable, Generic, ParamSpec, TypeVar
 
+from precompile.artifact.envelope import Backend
 from precompile.artifact.summary import PrecompileSummary
 from precompile.artifact.writer import write_pair
 from precompile.capturing import progress
 from precompile.capturing.dynamo.session import DynamoSession, refuse_unsupported_fn
 from precompile.capturing.makefx.build import build_makefx
+from precompile.capturing.pipeline import Pair
 from precompile.capturing.tracers import DynamoTracer, MakeFxTracer
 from precompile.errors import CaptureRefused
 from precompile.serve import ranks as distributed
 
 log = logging.getLogger("precompile")
 
-BACKENDS = ("inductor", "eager")
+# The backend names capture() takes, each as the tag the artifact records.
+BACKENDS: dict[str, Backend] = {"inductor": "inductor", "eager": "eager"}
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -78,7 +81,7 @@ def capture(
     distributed.check_writer_rank(writer_rank)
     if isinstance(tracer, DynamoTracer):
         refuse_unsupported_fn(fn)
-    return Capture(fn, artifact, cache, tracer, backend, writer_rank, verbose=progress.verbose_from(verbose))
+    return Capture(fn, artifact, cache, tracer, BACKENDS[backend], writer_rank, verbose=progress.verbose_from(verbose))
 
 
 class Capture(Generic[_P, _R]):
@@ -90,7 +93,7 @@ class Capture(Generic[_P, _R]):
     """
 
     def __init__(
-        self, fn, artifact_path: Path, cache_path: Path, tracer: MakeFxTracer | DynamoTracer, backend: str,
+        self, fn, artifact_path: Path, cache_path: Path, tracer: MakeFxTracer | DynamoTracer, backend: Backend,
         writer_rank: int = 0, *, verbose: bool = False,
     ) -> None:
         self.fn = fn
@@ -102,7 +105,7 @@ class Capture(Generic[_P, _R]):
         self.verbose = verbose
         self._state = _NEW
         self._lock = threading.Lock()
-        self._pair: tuple[bytes, bytes] | None = None
+        self._pair: Pair | None = None
         self._call_failed: BaseException | None = None
         self._dynamo: DynamoSession | None = None
 
@@ -118,7 +121,7 @@ class Capture(Generic[_P, _R]):
             self._state = _ACTIVE
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> None:
         with self._lock:
             self._state = _SPENT
         failure = None
@@ -138,7 +141,6 @@ class Capture(Generic[_P, _R]):
                 distributed.agree(outcome, self.writer_rank)
         if failure is not None:
             raise failure
-        return False
 
     def _finish(self, exc_type, exc, tb) -> None:
         """Build and write what the block captured, as this process's part of the capture."""
@@ -192,6 +194,7 @@ class Capture(Generic[_P, _R]):
                 )
             try:
                 with progress.shown(self.verbose):
+                    assert isinstance(self.tracer, MakeFxTracer)  # a capture without a Dynamo session
                     built = build_makefx(
                         self.fn, args, backend=self.backend, decompositions=self.tracer.decompositions,
                         artifact_path=self.artifact_path,
@@ -199,7 +202,7 @@ class Capture(Generic[_P, _R]):
             except BaseException as exc:
                 self._call_failed = exc
                 raise
-            self._pair = (built.python_code, built.cache)
+            self._pair = built.pair
         # Serve the rendered artifact: the call runs for real, exactly as load() would run it.
         return built.forward(*args)
 
@@ -231,6 +234,6 @@ class Capture(Generic[_P, _R]):
     def _write(self) -> None:
         if not distributed.writes_here(self.writer_rank):
             return
-        python_code, cache = self._pair
+        assert self._pair is not None  # _write runs once a call or save() built the pair
         with progress.phase(f"write {self.artifact_path} and {self.cache_path}"):
-            write_pair(self.artifact_path, self.cache_path, python_code, cache)
+            write_pair(self.artifact_path, self.cache_path, self._pair.python_code, self._pair.cache)

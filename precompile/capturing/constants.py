@@ -65,9 +65,12 @@ def inline_small_constants(graph_module: torch.fx.GraphModule) -> int:
     """
     refuse_large_constants(graph_module)
     graph = graph_module.graph
-    constants = [(node, getattr(graph_module, node.target, None)) for node in graph.find_nodes(op="get_attr")]
-    constants = [(node, value) for node, value in constants if isinstance(value, torch.Tensor)]
-    for node, value in constants:
+    rendered: list[str] = []  # the target each rendered get_attr node read
+    for node in graph.find_nodes(op="get_attr"):
+        value = getattr(graph_module, str(node.target), None)
+        if not isinstance(value, torch.Tensor):
+            continue
+        rendered.append(str(node.target))
         with graph.inserting_before(node):
             if value.numel() == 0:
                 built = graph.call_function(
@@ -80,13 +83,13 @@ def inline_small_constants(graph_module: torch.fx.GraphModule) -> int:
         built.meta.update(node.meta)
         node.replace_all_uses_with(built)
         graph.erase_node(node)
-    for target in {node.target for node, _ in constants}:
+    for target in set(rendered):
         if hasattr(graph_module, target):
             delattr(graph_module, target)
-    if constants:
+    if rendered:
         graph.lint()
         graph_module.recompile()
-    return len(constants)
+    return len(rendered)
 
 
 def literal_source(value: torch.Tensor) -> str:

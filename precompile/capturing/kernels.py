@@ -12,6 +12,7 @@ import shutil
 import tempfile
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from precompile.artifact import bundle_keys
@@ -42,11 +43,6 @@ def collect_files(cache_dir: Path) -> dict[str, tuple[str, bytes]]:
         if kind is not None:
             files[relative] = (kind, path.read_bytes())
     return files
-
-
-def kernel_sources(source: str) -> dict[str, str]:
-    """{kernel name: sha256 of its C++ source} for every `name = async_compile.cpp_pybinding(types, src)`."""
-    return {name: hashlib.sha256(text.encode("utf-8")).hexdigest() for name, text in kernel_texts(source).items()}
 
 
 def kernel_texts(source: str) -> dict[str, str]:
@@ -85,18 +81,6 @@ def libraries_by_source(modules, files: dict[str, tuple[str, bytes]]) -> dict[st
     return found
 
 
-def kernel_libraries(namespace: dict, cache_dir: Path) -> dict[str, str]:
-    """{kernel name: library path relative to cache_dir} for the kernels an exec'd module loaded."""
-    root = os.path.realpath(cache_dir)
-    found = {}
-    for name, value in namespace.items():
-        module = getattr(value, "__self__", None)
-        library = getattr(module, "__file__", None)
-        if isinstance(library, str) and os.path.realpath(library).startswith(root + os.sep):
-            found[name] = Path(os.path.relpath(os.path.realpath(library), root)).as_posix()
-    return found
-
-
 _CAPTURE_LOCK = threading.Lock()
 # Where a capture's Triton files go inside its cache dir (and Inductor's own default for device 0).
 _TRITON_DIR = "triton/0"
@@ -105,8 +89,17 @@ _TRITON_DIR = "triton/0"
 _PROBES: dict[str, bytes] = {}
 
 
+@dataclass(frozen=True)
+class KernelBuild:
+    """Where a capture's kernels compile (a private Inductor cache dir) and the C++ build command
+    lines seen while they did."""
+
+    directory: Path
+    commands: list[str]
+
+
 @contextlib.contextmanager
-def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
+def private_inductor_cache() -> Iterator[KernelBuild]:
     """Compile into an emptied cache dir with the settings artifacts are keyed by; observe build commands.
 
     The dir's path is fixed per user (and per rank, in a torch.distributed world) because compiled
@@ -114,8 +107,8 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
     byte-identical, so diffs show real changes. Single-process captures on this host take turns (a
     thread lock and a file lock). A rank never waits for the file lock, since the block it guards
     runs collectives that other ranks wait on: when another job holds its dir, it compiles into a
-    dir of its own process instead. Yields the directory and the list the C++ build command lines
-    are appended to.
+    dir of its own process instead. Yields the KernelBuild whose commands the C++ build command
+    lines are appended to.
     """
     from precompile.serve.ranks import kernel_dir_suffix
     from precompile.torch_compat import cpp_builder, inductor_config, temporary_cache_dir
@@ -142,7 +135,7 @@ def private_inductor_cache() -> Iterator[tuple[Path, list[str]]]:
                 cpp_cache_precompile_headers=False
             ):
                 _forget_isa_probes()
-                yield directory, commands
+                yield KernelBuild(directory, commands)
             for relative, (kind, data) in collect_files(directory).items():
                 if kind.startswith("isa-probe"):
                     _PROBES[relative] = data

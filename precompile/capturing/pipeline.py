@@ -1,19 +1,85 @@
-"""What both tracers' builds share once their python_code is rendered: the cache that pairs with it,
-and the name a captured fn goes by."""
+"""The one road from a capture to the pair, shared by both tracers. Each tracer does the first three
+stages its own way; this module does the rest for both:
+
+    trace    makefx/trace.py traces the one call; dynamo/session.py records every call's frames
+    lower    lowering.py lowers the ATen graph (MakeFx); the Dynamo backend lowers graph by graph
+             (dynamo/subgraphs.py), both into a private kernel cache dir (kernels.KernelBuild)
+    render   codegen/render.py writes python_code's text
+    freeze   `finish`: the kernel files the serving process needs, into the cache's bundle
+    seal     `finish`: the cache envelope, with python_code compiled and its metadata decoded
+    write    artifact/writer.py, called by api.py (only the writer rank writes)
+"""
 from __future__ import annotations
 
+import hashlib
+import logging
 import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
 from precompile._version import __version__
 from precompile.artifact import bytecode
-from precompile.artifact.codec import encode_cache
-from precompile.artifact.envelope import CacheEnvelopeV1, Producer
+from precompile.artifact.codec import build_bundle, encode_cache
+from precompile.artifact.envelope import Backend, CacheEnvelopeV1, KernelBundle, Producer, TracerTag
 from precompile.artifact.pycode import code_hash, decode_source, parse_metadata, parse_source
+from precompile.capturing import kernels
+from precompile.capturing.progress import phase
+from precompile.errors import CaptureRefused
+
+log = logging.getLogger("precompile")
 
 
-def cache_for(python_code: bytes, *, backend: str, tracer: str, bundle, payload: bytes) -> bytes:
+@dataclass(frozen=True)
+class Pair:
+    """The two files of an artifact, as bytes."""
+
+    python_code: bytes
+    cache: bytes
+
+
+def finish(source: str, *, backend: Backend, tracer: TracerTag, kernel_build: kernels.KernelBuild | None,
+           kernel_modules: Iterable[str] = ()) -> Pair:
+    """The pair of rendered python_code `source`: freeze the kernels of `kernel_modules` (the
+    Inductor output modules' texts, python_code itself for MakeFx) that `kernel_build` compiled,
+    and seal the cache. `kernel_build` is None for the eager backend, which builds no kernels."""
+    python_code = source.encode("utf-8")
+    bundle: KernelBundle | None = None
+    payload = b""
+    if kernel_build is not None:
+        with phase("freeze the kernels into the cache"):
+            bundle, payload = freeze(kernel_build, kernel_modules)
+    with phase("seal the cache"):
+        cache = seal(python_code, backend=backend, tracer=tracer, bundle=bundle, payload=payload)
+    log.info(
+        "rendered python_code (%d bytes) of tracer=%s, backend=%s%s",
+        len(python_code), tracer, backend,
+        f", {len(bundle.files)} bundled kernel files, {len(payload)} compressed bytes" if bundle else "",
+    )
+    return Pair(python_code, cache)
+
+
+def freeze(kernel_build: kernels.KernelBuild, kernel_modules: Iterable[str]) -> tuple[KernelBundle, bytes]:
+    """The bundle of every file the build left that serving needs, with its kernel map: each C++
+    kernel of `kernel_modules`, by the sha256 of its source, to the library built from it."""
+    files = kernels.collect_files(kernel_build.directory)
+    modules = list(kernel_modules)
+    libraries = kernels.libraries_by_source(modules, files)
+    needed = {hashlib.sha256(text.encode("utf-8")).hexdigest(): name
+              for module in modules for name, text in kernels.kernel_texts(module).items()}
+    missing = sorted(name for digest, name in needed.items() if digest not in libraries)
+    if missing:
+        raise CaptureRefused(
+            f"could not freeze the compiled kernels {missing}: their libraries are not in the capture's kernel cache"
+        )
+    return build_bundle(
+        files, kernels.producer_keys(files), libraries,
+        kernels.producer_provenance(kernel_build.commands, kernel_build.directory),
+    )
+
+
+def seal(python_code: bytes, *, backend: Backend, tracer: TracerTag, bundle: KernelBundle | None, payload: bytes) -> bytes:
     """The cache file that pairs with `python_code`: its envelope, tagged and hashed, the bundle, and
     what load would otherwise do itself: python_code compiled, and its metadata literals decoded
     (from the rendered text, exactly as load and verify read them)."""

@@ -14,6 +14,10 @@ import os
 import sys
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 log = logging.getLogger("precompile")
 
@@ -48,7 +52,7 @@ class _LiveLine:
         self._progress = Progress(SpinnerColumn(), TextColumn("precompile: {task.description}"), TimeElapsedColumn(),
                                   console=Console(stderr=True))
         self._progress.start()
-        self._tasks: dict[str, int] = {}
+        self._tasks: dict[str, TaskID] = {}
 
     def start(self, name: str) -> None:
         self._tasks[name] = self._progress.add_task(name, total=1)

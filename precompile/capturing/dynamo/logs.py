@@ -15,9 +15,10 @@ class TruncationLog(logging.Handler):
         self.frames: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if not str(record.msg).startswith("torch._dynamo hit config.") or len(record.args or ()) < 3:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if not str(record.msg).startswith("torch._dynamo hit config.") or len(args) < 3:
             return
-        match = re.match(r"'(.+)' \((.+):(\d+)\)", str(record.args[2]))
+        match = re.match(r"'(.+)' \((.+):(\d+)\)", str(args[2]))
         if match is not None:
             name, filename, line = match.groups()
             frame = f"{name} ({Path(filename).name}:{line})"

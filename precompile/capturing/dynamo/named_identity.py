@@ -33,13 +33,15 @@ def reference(value) -> str | None:
     """`module:qualname` (with `@N` when the name holds a wrapper N `__wrapped__` steps above the
     object, as functools.wraps leaves a decorated method) that resolves to `value` itself; None if
     the object has no such name (an instance, a local function, something in __main__)."""
+    module: str | None
+    qualname: str | None
     if isinstance(value, types.ModuleType):
-        module, qualname = value.__name__, ""
+        module, qualname = value.__name__, ""  # a module is named by its module part alone
     elif isinstance(value, enum.Enum):
         module, qualname = type(value).__module__, f"{type(value).__qualname__}.{value.name}"
     else:
-        module, qualname = getattr(value, "__module__", None), getattr(value, "__qualname__", None)
-    if not isinstance(module, str) or not isinstance(qualname, str) or module == "__main__" or "<" in qualname:
+        module, qualname = _text(getattr(value, "__module__", None)), _text(getattr(value, "__qualname__", None))
+    if module is None or qualname is None or module == "__main__" or "<" in qualname:
         return None
     try:
         found = resolve(f"{module}:{qualname}")
@@ -99,3 +101,8 @@ def named_check(entry) -> str | None:
         return None
     ref = reference(entry.value)
     return None if ref is None else f"{entry.guard_type} {entry.name} is {ref}"
+
+
+def _text(value: object) -> str | None:
+    """A dunder name attribute as text; None where an object sets it to something else."""
+    return value if isinstance(value, str) else None

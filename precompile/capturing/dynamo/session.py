@@ -21,17 +21,15 @@ from typing import Any, Callable
 
 import torch
 
-from precompile.artifact.codec import build_bundle
-from precompile.artifact.envelope import FORMAT_VERSION
+from precompile.artifact.envelope import FORMAT_VERSION, Backend
 from precompile.artifact.metadata import CompiledSubgraph, DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
 from precompile.artifact.summary import PrecompileSummary
-from precompile.capturing import kernels
+from precompile.capturing import kernels, pipeline
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
 from precompile.capturing.dynamo.standalone import remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
 from precompile.capturing.lowering import lower_eager
-from precompile.capturing.pipeline import cache_for, qualified_name
 from precompile.capturing.progress import phase
 from precompile.capturing.tracers import DynamoTracer
 from precompile.codegen.models import SubgraphSection
@@ -142,10 +140,19 @@ def refuse_uninstallable(entry, frames: list[DynamoFrame]) -> None:
         )
 
 
+def _uncovered_frames(entry, frames: list[DynamoFrame]) -> tuple[str, ...]:
+    """Frames that compiled but left no variant: neither bypassed nor served as plain Python."""
+    return tuple(
+        code.python_code.co_name
+        for code, frame in zip(entry.codes, frames)
+        if code.has_compile_id and not code.guarded_codes and not code.bypassed and not frame.runs_as_python
+    )
+
+
 class DynamoSession:
     """One DynamoTracer capture: calls run compiled and are recorded; `build()` renders the pair."""
 
-    def __init__(self, fn, tracer: DynamoTracer, backend: str, artifact_path: Path) -> None:
+    def __init__(self, fn, tracer: DynamoTracer, backend: Backend, artifact_path: Path) -> None:
         # capture() has refused, up front, the functions and backends this session cannot take.
         self.fn = fn
         self.tracer = tracer
@@ -157,6 +164,7 @@ class DynamoSession:
         self._ledger = GuardLedger(tracer.guard_filter_fn)
         self._truncation = TruncationLog()
         self._fallbacks = BackendFallbackLog()
+        self.kernel_build: kernels.KernelBuild | None = None
 
     def __enter__(self) -> DynamoSession:
         if not _active.acquire(blocking=False):
@@ -173,7 +181,7 @@ class DynamoSession:
         from precompile.torch_compat import CompilePackage, PrecompileContext, dynamo, dynamo_config, functorch_config
 
         if self.backend == "inductor":  # the eager backend builds no kernels
-            self.cache_dir, self.commands = self._stack.enter_context(kernels.private_inductor_cache())
+            self.kernel_build = self._stack.enter_context(kernels.private_inductor_cache())
         self._stack.enter_context(dynamo_config.patch(recompile_limit=self.tracer.recompile_limit))
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
         dynamo_log.addHandler(self._truncation)
@@ -275,11 +283,11 @@ class DynamoSession:
         installed = bool(index) and not code.install_to_global
         return {"qualname": qualname, "first_line": code.python_code.co_firstlineno, "installed": installed}
 
-    def build(self) -> tuple[bytes, bytes]:
+    def build(self) -> pipeline.Pair:
         with phase("render the Dynamo artifact"):
             return self._build()
 
-    def _build(self) -> tuple[bytes, bytes]:
+    def _build(self) -> pipeline.Pair:
         entry, frames, guards, backends, slots = self._collect()
         summary = self._summary(entry, frames, backends, guards, slots)
         self._gate(summary)
@@ -293,8 +301,8 @@ class DynamoSession:
             backend=self.backend,
             serving_mode="installed" if installed else "standalone",
             torch_version=str(torch.__version__),
-            python_version=tuple(sys.version_info[:2]),
-            fn_name=qualified_name(self.fn),
+            python_version=(sys.version_info.major, sys.version_info.minor),
+            fn_name=pipeline.qualified_name(self.fn),
             fn_module=self.fn.__module__,
             frames=tuple(frames),
             guards=tuple(guards),
@@ -318,17 +326,9 @@ class DynamoSession:
             parts = standalone_parts(entry, frames, guards, self.fn, pickled_backends,
                                      [section.source for section in sections], self._ledger.seen)
             source = render_dynamo_standalone(metadata, sections, parts, remainder_bytes(parts))
-        python_code = source.encode("utf-8")
-        bundle, payload = None, b""  # the eager backend has no kernels: the cache carries no bundle
-        if self.backend == "inductor":
-            files = kernels.collect_files(self.cache_dir)
-            bundle, payload = build_bundle(
-                files, kernels.producer_keys(files),
-                kernels.libraries_by_source(modules, files),
-                kernels.producer_provenance(self.commands, self.cache_dir),
-            )
-        log.info("rendered a Dynamo artifact: %d frames, %d variants, %d bytes", len(frames), len(guards), len(python_code))
-        return python_code, cache_for(python_code, backend=self.backend, tracer="dynamo", bundle=bundle, payload=payload)
+        log.info("rendered a Dynamo artifact: %d frames, %d variants", len(frames), len(guards))
+        return pipeline.finish(source, backend=self.backend, tracer="dynamo", kernel_build=self.kernel_build,
+                               kernel_modules=modules)
 
     def _subgraphs(self, backends: dict) -> tuple[list[SubgraphSection], list[CompiledSubgraph], dict, list[str]]:
         """Each compiled graph's lowered source as a python_code section, what stays opaque, and the
@@ -370,9 +370,6 @@ class DynamoSession:
         return sections, subgraphs, pickled, modules
 
     def _summary(self, entry, frames: list[DynamoFrame], backends: dict, guards: list[VariantGuards], slots: SlotLists) -> PrecompileSummary:
-        rendered = {slot: check for slot, check in self._ledger.rendered.items() if slot in slots.dropped}
-        for slot, check in slots.policy_code.items():
-            rendered.setdefault(slot, check)
         return PrecompileSummary(
             frames=len(frames),
             resume_functions=sum(1 for f in frames if f.resume_names),
@@ -380,19 +377,22 @@ class DynamoSession:
             backend_graphs=len(backends),
             bypassed=tuple(f.name for f in frames if f.bypassed),
             truncated=tuple(self._truncation.frames),
-            uncovered_frames=tuple(
-                code.python_code.co_name
-                for code, frame in zip(entry.codes, frames)
-                if code.has_compile_id and not code.guarded_codes and not code.bypassed and not frame.runs_as_python
-            ),
+            uncovered_frames=_uncovered_frames(entry, frames),
             dropped_guards=tuple(sorted(slots.dropped)),
             kept_guards=tuple(sorted(slots.kept)),
             risky_dropped_guards=tuple(sorted((self._ledger.configured | slots.told_apart) & slots.dropped)),
             policy_dropped_guards=tuple(sorted(slots.policy)),
-            dropped_guard_code=tuple((t, src, check) for (t, src), check in sorted(rendered.items())),
+            dropped_guard_code=self._dropped_guard_code(slots),
             wont_generalize=wont_generalize(guards),
             capture_errors=tuple(dict.fromkeys((*self.errors, *self._fallbacks.errors))),
         )
+
+    def _dropped_guard_code(self, slots: SlotLists) -> tuple[tuple[str, str, str], ...]:
+        """(type, source, check) of each dropped slot whose check was rendered, the filter's first."""
+        rendered = {slot: check for slot, check in self._ledger.rendered.items() if slot in slots.dropped}
+        for slot, check in slots.policy_code.items():
+            rendered.setdefault(slot, check)
+        return tuple((t, src, check) for (t, src), check in sorted(rendered.items()))
 
     def _gate(self, summary: PrecompileSummary) -> None:
         # A frame past recompile_limit ran eager and is only reported (truncated): the limit is the

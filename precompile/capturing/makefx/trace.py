@@ -23,7 +23,7 @@ from torch.nn.utils import stateless
 from precompile.artifact.metadata import ConstantLeaf, NamedTensor, TensorLeaf
 from precompile.capturing import constants
 from precompile.capturing.makefx import unbacked
-from precompile.codegen.drivers.makefx import _collect_params_and_buffers
+from precompile.codegen.drivers.makefx import collect_params_and_buffers
 from precompile.errors import CaptureRefused, PrecompileError
 from precompile.serve.ranks import traceable_collectives
 from precompile.torch_compat import pytree
@@ -106,20 +106,37 @@ def _path(prefix: str, key_path) -> str:
     return prefix + pytree.keystr(key_path)
 
 
-def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: bool = False) -> MakeFxTrace:
-    """Trace fn(*args); `layout` records strides too, for backends that specialize on memory layout
-    (inductor), which are also the backends that serve dims marked with mark_unbacked."""
-    started = time.perf_counter()
+@dataclass
+class _FlatCall:
+    """The call flattened for make_fx: parameters, buffers and tensor inputs as one flat list, and
+    what rebuilds fn's arguments from it."""
+
+    args: tuple
+    module_positions: tuple[int, ...]
+    modules: list[torch.nn.Module]
+    params: list[tuple[str, torch.Tensor]]
+    buffers: list[tuple[str, torch.Tensor]]
+    keyed_leaves: list
+    in_spec: Any
+    inputs: list[str | ConstantLeaf]
+    """Each input leaf: a tensor input's path (described once traced) or a constant's leaf."""
+    tensor_inputs: list[torch.Tensor]
+
+    @property
+    def state(self) -> list[tuple[str, torch.Tensor]]:
+        return self.params + self.buffers
+
+
+def _flatten_call(args: tuple, layout: bool) -> _FlatCall:
+    """Split a call into the models' state and the runtime inputs, refusing what cannot be captured."""
     module_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.nn.Module))
     modules = [args[i] for i in module_positions]
-    params, buffers = _collect_params_and_buffers(modules)
+    params, buffers = collect_params_and_buffers(modules)
     for name, tensor in params + buffers:
         if unbacked.marked_dims(tensor):
             raise CaptureRefused(f"model tensor {name!r} has dims marked with mark_unbacked; only runtime inputs can be")
-
-    user_args = _user_args(args, module_positions)
-    keyed_leaves, in_spec = pytree.tree_flatten_with_path(user_args)
-    inputs = []
+    keyed_leaves, in_spec = pytree.tree_flatten_with_path(_user_args(args, module_positions))
+    inputs: list[str | ConstantLeaf] = []
     tensor_inputs = []
     for key_path, value in keyed_leaves:
         path = _path("args", key_path)
@@ -130,83 +147,132 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
             inputs.append(path)
         else:
             inputs.append(ConstantLeaf(path=path, value=value))
-    in_spec_text = _spec_text(in_spec, "input")
-    example_inputs = [t for _, t in params] + [t for _, t in buffers] + tensor_inputs
-    fake_mode = None
-    trace_inputs = [t.detach() for t in example_inputs]
-    if any(unbacked.marked_dims(t) for t in tensor_inputs):
-        fake_mode, trace_inputs = unbacked.fake_inputs(example_inputs)
-    # A tensor input's spec comes from what is traced: a marked dim (and strides built on it) is None.
-    described = iter(zip(tensor_inputs, trace_inputs[len(params) + len(buffers) :]))
-    inputs = [_input_leaf(leaf, *next(described), layout) if isinstance(leaf, str) else leaf for leaf in inputs]
-    allowed_symbols = set().union(*(free_unbacked_symbols(t) for t in trace_inputs)) if fake_mode else set()
+    return _FlatCall(args, module_positions, modules, params, buffers, keyed_leaves, in_spec, inputs, tensor_inputs)
 
-    n_params, n_buffers = len(params), len(buffers)
-    # Every name a module knows a tensor by (tied weights included) -> its slot in the flat inputs.
-    slot_of = {id(t): i for i, (_, t) in enumerate(params + buffers)}
-    module_names = [
-        [(name, slot_of[id(t)]) for name, t in (*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))]
-        for m in modules
-    ]
-    # Gradients flow where they would in eager: into params that require them and, to be refused,
-    # into buffers and inputs that require them.
-    requires_grad = [t.requires_grad for _, t in params + buffers] + [t.requires_grad for t in tensor_inputs]
-    traced: dict[str, Any] = {}
 
-    def flat_fn(*flat):
-        flat = [t.detach().requires_grad_(rg) if rg else t for t, rg in zip(flat, requires_grad)]
-        state = flat[: n_params + n_buffers]
-        runtime_inputs = iter(flat[n_params + n_buffers :])
-        leaves = [next(runtime_inputs) if isinstance(v, torch.Tensor) else v for _, v in keyed_leaves]
-        call_args = {**dict(zip(module_positions, modules)), **pytree.tree_unflatten(leaves, in_spec)}
-        call_args = [call_args[i] for i in range(len(args))]
+class _TracedFn:
+    """fn over the flat inputs, as make_fx traces it: each module reparametrized with its state from
+    the flat list. Tracing records fn's result structure, its outputs and the parameters it
+    computed gradients for, refusing what a MakeFx artifact cannot serve."""
+
+    def __init__(self, fn: Callable[..., Any], call: _FlatCall, inputs: list, allowed_symbols: set) -> None:
+        self.fn = fn
+        self.call = call
+        self.tensor_leaves = [leaf for leaf in inputs if isinstance(leaf, TensorLeaf)]
+        self.allowed_symbols = allowed_symbols
+        # Every name a module knows a tensor by (tied weights included) -> its slot in the flat inputs.
+        slot_of = {id(t): i for i, (_, t) in enumerate(call.state)}
+        self.module_names = [
+            [(name, slot_of[id(t)]) for name, t in (*m.named_parameters(remove_duplicate=False), *m.named_buffers(remove_duplicate=False))]
+            for m in call.modules
+        ]
+        # Gradients flow where they would in eager: into params that require them and, to be refused,
+        # into buffers and inputs that require them.
+        self.requires_grad = [t.requires_grad for _, t in call.state] + [t.requires_grad for t in call.tensor_inputs]
+        self.out_spec: Any = None
+        self.outputs: list[TensorLeaf | ConstantLeaf] = []
+        self.grad_param_indices: tuple[int, ...] = ()
+
+    def __call__(self, *flat_inputs):
+        call = self.call
+        flat = [t.detach().requires_grad_(rg) if rg else t for t, rg in zip(flat_inputs, self.requires_grad)]
+        n_state = len(call.state)
+        state = flat[:n_state]
+        runtime_inputs = iter(flat[n_state:])
+        leaves = [next(runtime_inputs) if isinstance(v, torch.Tensor) else v for _, v in call.keyed_leaves]
+        by_position = {**dict(zip(call.module_positions, call.modules)), **pytree.tree_unflatten(leaves, call.in_spec)}
         with contextlib.ExitStack() as stack:
-            for module, names in zip(modules, module_names):
+            for module, names in zip(call.modules, self.module_names):
                 stack.enter_context(
                     stateless._reparametrize_module(module, {name: state[slot] for name, slot in names}, tie_weights=True)
                 )
-            result = fn(*call_args)
-        for (name, _), tensor in zip(buffers, state[n_params:]):
+            result = self.fn(*[by_position[i] for i in range(len(call.args))])
+        self._refuse_stray_gradients(state, flat[n_state:])
+        graph_outputs = self._record_outputs(result)
+        grads = [(i, state[i].grad) for i in range(len(call.params)) if state[i].grad is not None]
+        self.grad_param_indices = tuple(i for i, _ in grads)
+        return [*graph_outputs, *[g for _, g in grads]]
+
+    def _refuse_stray_gradients(self, state: list, runtime_inputs: list) -> None:
+        for (name, _), tensor in zip(self.call.buffers, state[len(self.call.params):]):
             if tensor.grad is not None:
                 raise CaptureRefused(f"registered buffer {name!r} received a gradient; a MakeFx artifact scatters gradients onto parameters only")
-        for leaf, tensor in zip((leaf for leaf in inputs if isinstance(leaf, TensorLeaf)), flat[n_params + n_buffers :]):
+        for leaf, tensor in zip(self.tensor_leaves, runtime_inputs):
             if tensor.grad is not None:
                 raise CaptureRefused(
                     f"user input {leaf.path} received a gradient; a MakeFx artifact scatters gradients onto "
                     "the model's parameters only: make it a parameter, or detach it"
                 )
-        out_leaves, out_spec = pytree.tree_flatten_with_path(result)
-        traced["out_spec"] = out_spec
-        outputs, graph_outputs = [], []
+
+    def _record_outputs(self, result) -> list[torch.Tensor]:
+        out_leaves, self.out_spec = pytree.tree_flatten_with_path(result)
+        self.outputs, graph_outputs = [], []
         for key_path, value in out_leaves:
             path = _path("result", key_path)
             if isinstance(value, torch.Tensor):
-                if free_unbacked_symbols(value) - allowed_symbols:
+                if free_unbacked_symbols(value) - self.allowed_symbols:
                     raise CaptureRefused(_data_dependent(f"returns {path}, whose shape"))
-                outputs.append(_tensor_leaf(path, value))
+                self.outputs.append(_tensor_leaf(path, value))
                 graph_outputs.append(value)
             elif isinstance(value, _CONSTANT_TYPES):
-                outputs.append(ConstantLeaf(path=path, value=value))
+                self.outputs.append(ConstantLeaf(path=path, value=value))
             else:
                 raise CaptureRefused(
                     f"fn's result {path} is a {type(value).__name__}, which an artifact cannot serialize; "
                     "return tensors, None, bool, int, float or str in tuples, lists and dicts"
                 )
-        traced["outputs"] = outputs
-        grads = [(i, state[i].grad) for i in range(n_params) if state[i].grad is not None]
-        traced["grad_param_indices"] = tuple(i for i, _ in grads)
-        return [*graph_outputs, *[g for _, g in grads]]
+        return graph_outputs
 
-    log.info("tracing %s with make_fx (%d params, %d buffers, %d tensor inputs)", _name(fn), n_params, n_buffers, len(tensor_inputs))
+
+def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: bool = False) -> MakeFxTrace:
+    """Trace fn(*args); `layout` records strides too, for backends that specialize on memory layout
+    (inductor), which are also the backends that serve dims marked with mark_unbacked."""
+    started = time.perf_counter()
+    call = _flatten_call(args, layout)
+    in_spec_text = _spec_text(call.in_spec, "input")
+    example_inputs = [t for _, t in call.state] + call.tensor_inputs
+    fake_mode = None
+    trace_inputs = [t.detach() for t in example_inputs]
+    if any(unbacked.marked_dims(t) for t in call.tensor_inputs):
+        fake_mode, trace_inputs = unbacked.fake_inputs(example_inputs)
+    # A tensor input's spec comes from what is traced: a marked dim (and strides built on it) is None.
+    described = iter(zip(call.tensor_inputs, trace_inputs[len(call.state):]))
+    inputs = [_input_leaf(leaf, *next(described), layout) if isinstance(leaf, str) else leaf for leaf in call.inputs]
+    allowed_symbols = set().union(*(free_unbacked_symbols(t) for t in trace_inputs)) if fake_mode else set()
+    traced = _TracedFn(fn, call, inputs, allowed_symbols)
+    log.info("tracing %s with make_fx (%d params, %d buffers, %d tensor inputs)",
+             _name(fn), len(call.params), len(call.buffers), len(call.tensor_inputs))
+    graph_module = _make_fx(traced, decompositions, trace_inputs, marked=fake_mode is not None)
+    _refuse_forbidden_nodes(graph_module, [name for name, _ in call.params], allowed_symbols)
+    rendered = constants.inline_small_constants(graph_module)  # small ones become literals in python_code
+    if rendered:
+        log.info("rendered %d small tensor constants as literals", rendered)
+    log.info("traced %d graph nodes in %.2f s", len(graph_module.graph.nodes), time.perf_counter() - started)
+    return MakeFxTrace(
+        graph_module=graph_module,
+        example_inputs=trace_inputs if fake_mode is not None else example_inputs,
+        num_positional_args=len(args),
+        module_positions=call.module_positions,
+        params=tuple(_named(n, t, layout) for n, t in call.params),
+        buffers=tuple(_named(n, t, layout) for n, t in call.buffers),
+        in_spec=in_spec_text,
+        inputs=tuple(inputs),
+        out_spec=_spec_text(traced.out_spec, "output"),
+        outputs=tuple(traced.outputs),
+        grad_param_indices=traced.grad_param_indices,
+        fake_mode=fake_mode,
+    )
+
+
+def _make_fx(traced: _TracedFn, decompositions, trace_inputs: list, *, marked: bool) -> torch.fx.GraphModule:
+    """make_fx's non-strict fake trace, with a data-dependent guard translated into a refusal."""
     try:
         with traceable_collectives():  # dist.all_reduce and friends trace as functional collectives
-            graph_module = make_fx(
-                flat_fn, decomposition_table=decompositions, tracing_mode="fake", _allow_non_fake_inputs=True
-            )(*trace_inputs)
+            return make_fx(traced, decomposition_table=decompositions, tracing_mode="fake", _allow_non_fake_inputs=True)(*trace_inputs)
     except PrecompileError:
         raise
     except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as exc:
-        if fake_mode is not None:
+        if marked:
             raise CaptureRefused(
                 f"fn needs to guard on a dim marked with mark_unbacked, or on a tensor's value "
                 f"({str(exc).splitlines()[0]}); an artifact serves every size of a marked dim, so fn may not branch "
@@ -217,25 +283,6 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
             "a MakeFx capture specializes control flow to one call and cannot record that: keep it in tensor ops "
             "(e.g. torch.where)"
         ) from None
-    _refuse_forbidden_nodes(graph_module, [name for name, _ in params], allowed_symbols)
-    rendered = constants.inline_small_constants(graph_module)  # small ones become literals in python_code
-    if rendered:
-        log.info("rendered %d small tensor constants as literals", rendered)
-    log.info("traced %d graph nodes in %.2f s", len(graph_module.graph.nodes), time.perf_counter() - started)
-    return MakeFxTrace(
-        graph_module=graph_module,
-        example_inputs=trace_inputs if fake_mode is not None else example_inputs,
-        num_positional_args=len(args),
-        module_positions=module_positions,
-        params=tuple(_named(n, t, layout) for n, t in params),
-        buffers=tuple(_named(n, t, layout) for n, t in buffers),
-        in_spec=in_spec_text,
-        inputs=tuple(inputs),
-        out_spec=_spec_text(traced["out_spec"], "output"),
-        outputs=tuple(traced["outputs"]),
-        grad_param_indices=traced["grad_param_indices"],
-        fake_mode=fake_mode,
-    )
 
 
 def _data_dependent(what: str) -> str:
@@ -266,17 +313,7 @@ def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: lis
     }
     for node in graph_module.graph.nodes:
         if node.op == "get_attr":
-            value = getattr(graph_module, node.target)
-            if isinstance(value, torch.fx.GraphModule):
-                raise CaptureRefused(
-                    f"fn uses a control-flow operator (subgraph {node.target!r}, e.g. torch.cond or while_loop), "
-                    "which a MakeFx artifact cannot hold; capture without it"
-                )
-            if isinstance(value, torch.Tensor):
-                reason = constants.constant_refusal(repr(node.target), value)
-                if reason:
-                    raise CaptureRefused(reason)
-            continue
+            _refuse_attribute(graph_module, node)
         if node.op != "call_function":
             continue
         if isinstance(node.target, OpOverload) and get_effect(node.target) is not None:
@@ -284,17 +321,35 @@ def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: lis
         value = node.meta.get("val")
         if value is not None and free_unbacked_symbols(value) - allowed_symbols:
             raise CaptureRefused(_data_dependent(f"calls {node.target}, whose result"))
-        schema = getattr(node.target, "_schema", None)
-        if schema is None:
+        _refuse_parameter_write(node, param_storages, param_names)
+
+
+def _refuse_attribute(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> None:
+    """A subgraph (control flow) or a constant too large to render, read with get_attr."""
+    value = getattr(graph_module, str(node.target))
+    if isinstance(value, torch.fx.GraphModule):
+        raise CaptureRefused(
+            f"fn uses a control-flow operator (subgraph {node.target!r}, e.g. torch.cond or while_loop), "
+            "which a MakeFx artifact cannot hold; capture without it"
+        )
+    if isinstance(value, torch.Tensor):
+        reason = constants.constant_refusal(repr(node.target), value)
+        if reason:
+            raise CaptureRefused(reason)
+
+
+def _refuse_parameter_write(node: torch.fx.Node, param_storages: dict, param_names: list[str]) -> None:
+    """An op that writes, in place, into the storage of a parameter."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return
+    for argument, value in zip(schema.arguments, node.args):
+        if argument.alias_info is None or not argument.alias_info.is_write or not isinstance(value, torch.fx.Node):
             continue
-        for argument, value in zip(schema.arguments, node.args):
-            if argument.alias_info is None or not argument.alias_info.is_write or not isinstance(value, torch.fx.Node):
-                continue
-            fake = value.meta.get("val")
-            if isinstance(fake, torch.Tensor):
-                slot = param_storages.get(StorageWeakRef(fake.untyped_storage()))
-                if slot is not None:
-                    raise CaptureRefused(
-                        f"fn updates parameter {param_names[slot]!r} in place ({node.target}); a MakeFx artifact never writes the "
-                        "model's parameters: return the new value instead, or update it outside fn"
-                    )
+        fake = value.meta.get("val")
+        slot = param_storages.get(StorageWeakRef(fake.untyped_storage())) if isinstance(fake, torch.Tensor) else None
+        if slot is not None:
+            raise CaptureRefused(
+                f"fn updates parameter {param_names[slot]!r} in place ({node.target}); a MakeFx artifact never writes the "
+                "model's parameters: return the new value instead, or update it outside fn"
+            )

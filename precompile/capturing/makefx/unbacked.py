@@ -52,11 +52,11 @@ def fake_inputs(tensors: list[torch.Tensor]) -> tuple[FakeTensorMode, list[torch
     fakes = []
     for tensor in tensors:
         dims = marked_dims(tensor)
-        context = StatelessSymbolicContext(
+        context: StatelessSymbolicContext[..., object] = StatelessSymbolicContext(
             dynamic_sizes=[DimDynamic.UNBACKED if i in dims else DimDynamic.STATIC for i in range(tensor.dim())]
         )
         fakes.append(mode.from_tensor(tensor.detach(), symbolic_context=context))
-    first_of_shape_id = {}
+    first_of_shape_id: dict = {}
     with mode:
         for tensor, fake in zip(tensors, fakes):
             for dim in sorted(marked_dims(tensor)):

@@ -27,15 +27,18 @@ import types as _types
 import torch
 
 try:
-    from precompile.errors import PrecompileError
-except ImportError:  # served where only torch is installed
+    from precompile.errors import CallMismatch, PrecompileError
+except ImportError:  # served where only torch is installed: twins of the same names
 
     class PrecompileError(RuntimeError):
         pass
 
+    class CallMismatch(PrecompileError):
+        pass
 
-def _fail(artifact, message, remedy):
-    raise PrecompileError(f"{artifact}: {message}; {remedy}")
+
+def _fail(artifact, message, remedy, error=PrecompileError):
+    raise error(f"{artifact}: {message}; {remedy}")
 
 
 def _check_versions(metadata, artifact):
@@ -356,7 +359,7 @@ class _Frame:
         try:
             f_locals = self.bind(*args, **kwargs)
         except TypeError as exc:
-            _fail(self.artifact, f"{self.name}() cannot take these arguments ({exc})", "call it as the captured fn")
+            _fail(self.artifact, f"{self.name}() cannot take these arguments ({exc})", "call it as the captured fn", CallMismatch)
         self.update_threads()
         if closure:
             for name, cell in zip(self.original.co_freevars, closure):
@@ -374,10 +377,10 @@ class _Frame:
     def miss(self, f_locals):
         if not self.variants:
             _fail(self.artifact, f"frame {self.label!r} has no captured variant (it was bypassed during capture)",
-                  "capture again with calls that compile it")
+                  "capture again with calls that compile it", CallMismatch)
         reasons = [f"variant {index}: {guards.explain(f_locals)}" for index, (guards, _) in enumerate(self.variants)]
         _fail(self.artifact, f"no captured variant of {self.label!r} covers this call ({len(self.variants)} captured): "
-                             + " | ".join(reasons), self.remedy)
+                             + " | ".join(reasons), self.remedy, CallMismatch)
 
     def update_threads(self):
         if self.global_state_guards and torch.get_num_threads() != self.threads:
@@ -820,7 +823,7 @@ class _Installed:
         code = frame.f_code
         _fail(self.artifact, f"the call reached {code.co_qualname} ({code.co_filename}:{code.co_firstlineno}), a "
                              "frame the capture never compiled, and an installed artifact compiles nothing",
-              "capture this call too, or load with allow_serve_time_compiles=True")
+              "capture this call too, or load with allow_serve_time_compiles=True", CallMismatch)
 
 
 _MINTED_NUMBER = _re.compile(r"^__\w*?_(\d+)(?:_[0-9a-f_]{36})?$")

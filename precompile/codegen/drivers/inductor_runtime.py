@@ -14,10 +14,13 @@ import sys as _sys
 import torch
 
 try:
-    from precompile.errors import PrecompileError
-except ImportError:  # served where only torch is installed
+    from precompile.errors import CallMismatch, PrecompileError
+except ImportError:  # served where only torch is installed: twins of the same names
 
     class PrecompileError(RuntimeError):
+        pass
+
+    class CallMismatch(PrecompileError):
         pass
 
 
@@ -142,13 +145,13 @@ def assert_tensor_metadata(tensor, expected_size, expected_stride, expected_dtyp
 
 
 def run_inductor_call(call, flat):
-    """Run the Inductor module's call() on the flat graph inputs, with its layout asserts as PrecompileError."""
+    """Run the Inductor module's call() on the flat graph inputs, with its layout asserts as CallMismatch."""
     try:
         return call(list(flat))
     except AssertionError as exc:
         text = str(exc)
         if "size" in text or "stride" in text or "dimensions" in text:
-            raise PrecompileError(
+            raise CallMismatch(
                 f"an input's shape or memory layout differs from the captured one ({text}); "
                 "pass inputs laid out like the captured ones (e.g. .contiguous()), or capture again"
             ) from None

@@ -7,10 +7,13 @@ import torch.utils._pytree as _pytree
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
 try:
-    from precompile.errors import PrecompileError
-except ImportError:  # served where only torch is installed
+    from precompile.errors import CallMismatch
+except ImportError:  # served where only torch is installed: twins of the same names
 
     class PrecompileError(RuntimeError):
+        pass
+
+    class CallMismatch(PrecompileError):
         pass
 
 
@@ -40,7 +43,7 @@ def _state_slots(modules):
                     yield kind, (f"m{slot}.{name}" if prefix else name), owner, key, tensor
 
 
-def _collect_params_and_buffers(modules):
+def collect_params_and_buffers(modules):
     """Parameters then buffers of `modules`, each tensor once under its first name (tied weights)."""
     seen = set()
     params, buffers = [], []
@@ -135,119 +138,138 @@ def build_forward(metadata, run_graph, artifact="this artifact"):
     `run_graph(*params, *buffers, *tensor_inputs)` runs the captured graph and returns its flat
     outputs: fn's tensor results, then the gradients of GRAD_PARAM_INDICES.
     """
-    num_args = metadata["NUM_POSITIONAL_ARGS"]
-    module_positions = tuple(metadata["MODULE_POSITIONS"])
-    expected_names = [p["name"] for p in metadata["PARAMS"]] + [b["name"] for b in metadata["BUFFERS"]]
-    state_checks = [_TensorCheck(t["name"], t["shape"], t["dtype"], t["device"], t.get("stride"))
-                    for t in (*metadata["PARAMS"], *metadata["BUFFERS"])]
-    in_spec = _pytree.treespec_loads(metadata["IN_SPEC"])
-    out_spec = _pytree.treespec_loads(metadata["OUT_SPEC"])
-    input_checks = []
-    for leaf in metadata["INPUTS"]:
-        if leaf["kind"] == "tensor":
-            input_checks.append(_TensorCheck(leaf["path"], leaf["shape"], leaf["dtype"], leaf["device"], leaf.get("stride")))
-        else:
-            input_checks.append((leaf["path"], leaf["value"]))
-    outputs = [leaf if leaf["kind"] == "constant" else None for leaf in metadata["OUTPUTS"]]
-    grad_indices = tuple(metadata["GRAD_PARAM_INDICES"])
-    # Dims marked with mark_unbacked: (tensor input index, dim, its spec, path), checked on every call
-    # since a size is free there only within its bounds and equal to the dims sharing its symbol.
-    unbacked = [(index, dim, spec, leaf["path"])
-                for index, leaf in enumerate(leaf for leaf in metadata["INPUTS"] if leaf["kind"] == "tensor")
-                for dim, spec in (leaf.get("unbacked") or {}).items()]
+    return _ServedForward(metadata, run_graph, artifact)
 
-    dynamic_sizes = [list(c.shape) for c in (*state_checks, *[c for c in input_checks if type(c) is not tuple])]
-    cache = {"plan": None, "guards": None}  # filled by the first call that passes every check
 
-    def fail(message, remedy):
-        raise PrecompileError(f"{artifact}: {message}; {remedy}")
+class _ServedForward:
+    """One artifact's forward: checks a call against the calling convention, runs the graph, and
+    rebuilds fn's result. The first call that passes every check (in Python, naming what differs)
+    leaves a C++ check of exactly those tensors' metadata that later calls pass through instead."""
 
-    def validate(tensors, state):
-        """The full checks, in Python: a PrecompileError that names the tensor and the difference."""
-        for check, value in zip(input_checks_of_tensors, tensors):
+    def __init__(self, metadata, run_graph, artifact):
+        self.run_graph = run_graph
+        self.artifact = artifact
+        self.num_args = metadata["NUM_POSITIONAL_ARGS"]
+        self.module_positions = tuple(metadata["MODULE_POSITIONS"])
+        self.expected_names = [p["name"] for p in metadata["PARAMS"]] + [b["name"] for b in metadata["BUFFERS"]]
+        self.state_checks = [_TensorCheck(t["name"], t["shape"], t["dtype"], t["device"], t.get("stride"))
+                             for t in (*metadata["PARAMS"], *metadata["BUFFERS"])]
+        self.in_spec = _pytree.treespec_loads(metadata["IN_SPEC"])
+        self.out_spec = _pytree.treespec_loads(metadata["OUT_SPEC"])
+        # A tensor input's check, or (path, value) of a non-tensor input baked into the graph.
+        self.input_checks = [
+            _TensorCheck(leaf["path"], leaf["shape"], leaf["dtype"], leaf["device"], leaf.get("stride"))
+            if leaf["kind"] == "tensor" else (leaf["path"], leaf["value"])
+            for leaf in metadata["INPUTS"]
+        ]
+        self.tensor_checks = [c for c in self.input_checks if type(c) is not tuple]
+        self.outputs = [leaf if leaf["kind"] == "constant" else None for leaf in metadata["OUTPUTS"]]
+        self.grad_indices = tuple(metadata["GRAD_PARAM_INDICES"])
+        # Dims marked with mark_unbacked: (tensor input index, dim, its spec, path), checked on every call
+        # since a size is free there only within its bounds and equal to the dims sharing its symbol.
+        self.unbacked = [(index, dim, spec, leaf["path"])
+                         for index, leaf in enumerate(leaf for leaf in metadata["INPUTS"] if leaf["kind"] == "tensor")
+                         for dim, spec in (leaf.get("unbacked") or {}).items()]
+        self.dynamic_sizes = [list(c.shape) for c in (*self.state_checks, *self.tensor_checks)]
+        self.plan = None  # the model's _StatePlan and the C++ guards, from the last call that passed every check
+        self.guards = None
+
+    def fail(self, message, remedy):
+        raise CallMismatch(f"{self.artifact}: {message}; {remedy}")
+
+    def __call__(self, *args, **kwargs):
+        modules, tensors = self.arguments(args, kwargs)
+        state_tensors = self.plan.gather(modules) if self.plan is not None else None
+        if state_tensors is None or not self.guards.check(*state_tensors, *tensors):
+            # First call, a changed model or a mismatch: check everything, then trust it again.
+            state_tensors = self.validate(modules, tensors)
+        if self.unbacked:
+            self.check_unbacked(tensors)
+        return self.run(state_tensors, tensors)
+
+    def arguments(self, args, kwargs):
+        """The model arguments and the tensor inputs of a call, its structure and constants checked."""
+        if kwargs:
+            self.fail(f"got keyword arguments {sorted(kwargs)}, but a MakeFxTracer artifact takes positional arguments only",
+                      "pass them positionally, as in the captured call")
+        if len(args) != self.num_args:
+            self.fail(f"expected {self.num_args} positional arguments, got {len(args)}", "call it with the captured call's arguments")
+        modules = []
+        for position in self.module_positions:
+            if not isinstance(args[position], torch.nn.Module):
+                self.fail(f"argument {position} must be an nn.Module (the captured call passed one there), got {type(args[position]).__name__}",
+                          "pass the model in the same position")
+            modules.append(args[position])
+        leaves, spec = _pytree.tree_flatten({i: a for i, a in enumerate(args) if i not in self.module_positions})
+        if spec != self.in_spec:
+            self.fail(f"the inputs have structure {_one_line(spec)} but the artifact was captured with {_one_line(self.in_spec)}",
+                      "pass inputs with the captured structure")
+        tensors = []
+        for check, value in zip(self.input_checks, leaves):
+            if type(check) is tuple:
+                if value != check[1] or type(value) is not type(check[1]):
+                    self.fail(f"input {check[0]} is {value!r} but the artifact was captured with {check[1]!r} (non-tensor inputs are baked into the graph)",
+                              "pass the captured value, or capture again with this one")
+                continue
+            if not isinstance(value, torch.Tensor):
+                self.fail(f"input {check.path}: expected a tensor, got {type(value).__name__}", "pass a tensor there")
+            tensors.append(value)
+        return modules, tensors
+
+    def validate(self, modules, tensors):
+        """The full checks, in Python: a CallMismatch that names the tensor and the difference. Returns
+        the model's parameters and buffers in the captured order, and keeps the checks' C++ twin."""
+        for check, value in zip(self.tensor_checks, tensors):
             problem = check.problem(value)
             if problem is not None:
-                fail(f"input {check.path}: {problem}", "pass an input like the captured one, or capture again with this one")
+                self.fail(f"input {check.path}: {problem}", "pass an input like the captured one, or capture again with this one")
+        params, buffers = collect_params_and_buffers(modules)
+        state = params + buffers
         names = [name for name, _ in state]
-        if names != expected_names:
-            missing = [n for n in expected_names if n not in names]
-            extra = [n for n in names if n not in expected_names]
-            fail(f"the model's parameters and buffers {names} differ from the captured {expected_names} (missing {missing}, unexpected {extra})",
-                 "pass a model with the captured structure")
-        for check, (_, tensor) in zip(state_checks, state):
+        if names != self.expected_names:
+            missing = [n for n in self.expected_names if n not in names]
+            extra = [n for n in names if n not in self.expected_names]
+            self.fail(f"the model's parameters and buffers {names} differ from the captured {self.expected_names} (missing {missing}, unexpected {extra})",
+                      "pass a model with the captured structure")
+        for check, (_, tensor) in zip(self.state_checks, state):
             problem = check.problem(tensor)
             if problem is not None:
-                fail(f"model tensor {check.path}: {problem}", "pass a model with the captured structure")
-
-    def guards_for(flat_tensors):
-        """A C++ check of exactly these tensors' metadata, with the dims that may vary left free."""
+                self.fail(f"model tensor {check.path}: {problem}", "pass a model with the captured structure")
+        state_tensors = [t for _, t in state]
+        flat_tensors = [*state_tensors, *tensors]
+        # The C++ check of exactly these tensors' metadata, with the dims that may vary left free.
         strides = [list(t.stride()) if c.stride is not None else [None] * t.dim()
-                   for c, t in zip((*state_checks, *input_checks_of_tensors), flat_tensors)]
-        return _TensorGuards(*flat_tensors, dynamic_dims_sizes=dynamic_sizes, dynamic_dims_strides=strides)
+                   for c, t in zip((*self.state_checks, *self.tensor_checks), flat_tensors)]
+        self.plan = _StatePlan(modules)
+        self.guards = _TensorGuards(*flat_tensors, dynamic_dims_sizes=self.dynamic_sizes, dynamic_dims_strides=strides)
+        return state_tensors
 
-    input_checks_of_tensors = [c for c in input_checks if type(c) is not tuple]
-
-    def check_unbacked(tensors):
+    def check_unbacked(self, tensors):
         sizes = {}
-        for index, dim, spec, path in unbacked:
+        for index, dim, spec, path in self.unbacked:
             size = tensors[index].shape[dim]
             low, high = spec.get("min"), spec.get("max")
             if (low is not None and size < low) or (high is not None and size > high):
-                fail(f"input {path} has size {size} in dim {dim}, outside the mark_unbacked bounds [{low}, {high}]",
-                     "pass a size within the bounds it was captured with")
+                self.fail(f"input {path} has size {size} in dim {dim}, outside the mark_unbacked bounds [{low}, {high}]",
+                          "pass a size within the bounds it was captured with")
             other = sizes.setdefault(spec["symbol"], (size, path, dim))
             if other[0] != size:
-                fail(f"input {path} has size {size} in dim {dim} but {other[1]} has {other[0]} in dim {other[2]}; "
-                     f"they were marked with shape_id {spec.get('shape_id')!r}, so the artifact assumes they are equal",
-                     "pass inputs whose marked dims agree")
+                self.fail(f"input {path} has size {size} in dim {dim} but {other[1]} has {other[0]} in dim {other[2]}; "
+                          f"they were marked with shape_id {spec.get('shape_id')!r}, so the artifact assumes they are equal",
+                          "pass inputs whose marked dims agree")
 
-    def forward(*args, **kwargs):
-        if kwargs:
-            fail(f"got keyword arguments {sorted(kwargs)}, but a MakeFxTracer artifact takes positional arguments only",
-                 "pass them positionally, as in the captured call")
-        if len(args) != num_args:
-            fail(f"expected {num_args} positional arguments, got {len(args)}", "call it with the captured call's arguments")
-        modules = []
-        for position in module_positions:
-            if not isinstance(args[position], torch.nn.Module):
-                fail(f"argument {position} must be an nn.Module (the captured call passed one there), got {type(args[position]).__name__}",
-                     "pass the model in the same position")
-            modules.append(args[position])
-        leaves, spec = _pytree.tree_flatten({i: a for i, a in enumerate(args) if i not in module_positions})
-        if spec != in_spec:
-            fail(f"the inputs have structure {_one_line(spec)} but the artifact was captured with {_one_line(in_spec)}",
-                 "pass inputs with the captured structure")
-        tensors = []
-        for check, value in zip(input_checks, leaves):
-            if type(check) is tuple:
-                if value != check[1] or type(value) is not type(check[1]):
-                    fail(f"input {check[0]} is {value!r} but the artifact was captured with {check[1]!r} (non-tensor inputs are baked into the graph)",
-                         "pass the captured value, or capture again with this one")
-                continue
-            if not isinstance(value, torch.Tensor):
-                fail(f"input {check.path}: expected a tensor, got {type(value).__name__}", "pass a tensor there")
-            tensors.append(value)
-        plan = cache["plan"]
-        state_tensors = plan.gather(modules) if plan is not None else None
-        if state_tensors is None or not cache["guards"].check(*state_tensors, *tensors):
-            # First call, a changed model or a mismatch: check everything, then trust it again.
-            params, buffers = _collect_params_and_buffers(modules)
-            validate(tensors, params + buffers)
-            state_tensors = [t for _, t in params + buffers]
-            cache["plan"], cache["guards"] = _StatePlan(modules), guards_for([*state_tensors, *tensors])
-        if unbacked:
-            check_unbacked(tensors)
+    def run(self, state_tensors, tensors):
+        """Run the graph, scatter the parameter gradients it computed as eager .backward() would, and
+        rebuild fn's result."""
         with torch.no_grad():
-            flat = run_graph(*state_tensors, *tensors)
-            n_results = len(flat) - len(grad_indices)
-            for index, grad in zip(grad_indices, flat[n_results:]):
+            flat = self.run_graph(*state_tensors, *tensors)
+            n_results = len(flat) - len(self.grad_indices)
+            for index, grad in zip(self.grad_indices, flat[n_results:]):
                 param = state_tensors[index]
                 if param.grad is None:
                     param.grad = grad
                 else:
                     param.grad += grad
         results = iter(flat[:n_results])
-        out_leaves = [next(results) if leaf is None else leaf["value"] for leaf in outputs]
-        return _pytree.tree_unflatten(out_leaves, out_spec)
-
-    return forward
+        out_leaves = [next(results) if leaf is None else leaf["value"] for leaf in self.outputs]
+        return _pytree.tree_unflatten(out_leaves, self.out_spec)

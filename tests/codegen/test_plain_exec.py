@@ -1,0 +1,38 @@
+"""python_code runs with only torch installed: plain exec, no precompile package importable."""
+from __future__ import annotations
+
+from conftest import fresh_json
+
+WITHOUT_PRECOMPILE = r"""
+import json, sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "precompile" or name.startswith("precompile."):
+            raise ImportError("precompile is not installed here")
+sys.meta_path.insert(0, Block())
+import torch
+from cases import CASES
+ns = {}
+exec(open(sys.argv[1]).read(), ns)
+case = CASES["mlp_batchnorm"]
+served = ns["forward"](*case.args())
+with torch.no_grad():
+    eager = case.fn(*case.args())
+try:
+    ns["forward"](case.args()[0], torch.ones(1, 8, dtype=torch.float64))
+except RuntimeError as exc:
+    error = [[c.__name__ for c in type(exc).__mro__[:3]], type(exc).__module__, str(exc)]
+print(json.dumps({"close": torch.allclose(served, eager), "error": error,
+                  "precompile_imported": any(m.startswith("precompile") for m in sys.modules)}))
+"""
+
+
+def test_python_code_serves_and_fails_clearly_without_precompile(captured):
+    artifact, _ = captured["mlp_batchnorm"]
+    report = fresh_json(WITHOUT_PRECOMPILE, str(artifact))
+    assert report["close"] is True
+    assert report["precompile_imported"] is False
+    names, module, message = report["error"]
+    # the driver's local twins, named and related as in precompile.errors
+    assert (names, module) == (["CallMismatch", "PrecompileError", "RuntimeError"], "builtins")
+    assert message.startswith("this artifact: input args[1]: expected shape (6, 8), got (1, 8)")

@@ -1,0 +1,264 @@
+"""A load does no work a capture could have done: the cache carries python_code compiled (keyed, like a
+hash-checked .pyc, by the exact python_code and the interpreter's magic number) and its metadata as
+typed msgpack. Load uses them only when they provably belong to the python_code at hand (else it
+compiles and parses as before), and verify proves them by compiling python_code again and comparing
+bytes, never by loading what is stored."""
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+import zstandard
+from conftest import ROOT, TESTS, fresh_json
+
+import precompile
+from precompile.artifact import bytecode, codec
+from precompile.cli.main import main
+
+FIXTURES = ROOT / "fixtures" / "v1"
+
+FRESH_LOAD = r"""
+import json, linecache, logging, sys, torch
+compiled = []
+sys.addaudithook(lambda event, args: compiled.append(str(args[1])) if event == "compile" else None)
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger("precompile").addHandler(Keep())
+logging.getLogger("precompile").setLevel(logging.DEBUG)
+import precompile
+from precompile.artifact import pycode
+from cases import CASES
+artifact, cache = sys.argv[1:3]
+before = len(compiled)
+runnable = precompile.load(artifact, cache)
+import os
+compiled_by_load = [name for name in compiled[before:] if name.startswith("<precompile") or name == os.path.realpath(artifact)]
+case = CASES["mlp_batchnorm"]
+with torch.no_grad():
+    close = torch.allclose(runnable(*case.args()), case.fn(*case.args()))
+code = type(runnable._forward).__call__.__code__  # the served forward: the MakeFx driver's _ServedForward
+alone = {}
+exec(open(artifact).read(), alone)  # python_code still runs alone, as the source of truth
+with torch.no_grad():
+    alone_close = torch.allclose(alone["forward"](*case.args()), case.fn(*case.args()))
+print(json.dumps({
+    "close": close, "alone_close": alone_close, "parses": pycode.parses, "bytecode": runnable.bytecode_from_cache,
+    "metadata": runnable.metadata_from_cache, "loaded": [r for r in records if r.startswith("loaded ")],
+    "co_filename": code.co_filename, "line": linecache.getline(code.co_filename, code.co_firstlineno),
+    "compiled_by_load": compiled_by_load,
+}))
+"""
+
+
+def _copy(pair, tmp_path: Path, name: str = "m") -> tuple[Path, Path]:
+    artifact, cache = tmp_path / f"{name}.py", tmp_path / f"{name}.cache"
+    shutil.copy(pair[0], artifact)
+    shutil.copy(pair[1], cache)
+    return artifact, cache
+
+
+def _fields(cache: Path) -> tuple[dict, bytes]:
+    data = cache.read_bytes()
+    offset = codec.PREFIX_SIZE + int.from_bytes(data[len(codec.MAGIC) : codec.PREFIX_SIZE], "little")
+    return msgspec.msgpack.decode(data[codec.PREFIX_SIZE : offset]), data[offset:]
+
+
+def _forge(cache: Path, *, bytecode_fields: dict | None = None, metadata_fields: dict | None = None) -> None:
+    """Rewrite the header's blob entries as a hand edit would, the header digest recomputed."""
+    fields, payload = _fields(cache)
+    fields["python_bytecode"].update(bytecode_fields or {})
+    fields["metadata_msgpack"].update(metadata_fields or {})
+    fields.pop("header_sha256")
+    fields["header_sha256"] = codec.header_digest(msgspec.msgpack.encode(fields))
+    header = msgspec.msgpack.encode(fields)
+    cache.write_bytes(codec.MAGIC + len(header).to_bytes(4, "little") + header + payload)
+
+
+def _sealed(data: bytes) -> dict:
+    """The entry fields that store `data` as capture does, its sizes and sha256 matching."""
+    stored = zstandard.ZstdCompressor(write_content_size=True).compress(data)
+    return {"data": stored, "size": len(data), "compressed_size": len(stored), "sha256": hashlib.sha256(stored).hexdigest()}
+
+
+def _stored(entry: dict) -> bytes:
+    return zstandard.ZstdDecompressor().decompress(entry["data"])
+
+
+def _verify(capsys, artifact: Path, cache: Path) -> tuple[int, dict[str, dict]]:
+    rc = main(["verify", "--json", str(artifact), str(cache)])
+    checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
+    return rc, checks
+
+
+def test_a_fresh_process_runs_the_cached_bytecode_and_parses_nothing(captured):
+    artifact, cache = captured["mlp_batchnorm"]
+    report = fresh_json(FRESH_LOAD, str(artifact), str(cache))
+    assert report["close"] and report["alone_close"]
+    assert report["parses"] == 0, "load parsed python_code although its cache carries the metadata"
+    assert report["bytecode"] and report["metadata"]
+    assert report["compiled_by_load"] == []  # the audit hook saw no compile() of python_code
+    assert len(report["loaded"]) == 1 and "bytecode from the cache, metadata from the cache" in report["loaded"][0]
+    # tracebacks and debuggers see python_code's real path and lines, as when it was compiled there
+    assert report["co_filename"] == str(artifact.resolve())
+    assert report["line"].strip().startswith("def __call__(self, *args, **kwargs):")
+
+
+def test_a_process_at_another_optimization_level_compiles_python_code(captured):
+    artifact, cache = captured["mlp_batchnorm"]
+    optimized = run_fresh_optimized(FRESH_LOAD, str(artifact), str(cache))
+    assert optimized["close"] and not optimized["bytecode"] and optimized["metadata"]
+    assert optimized["compiled_by_load"] == [str(artifact.resolve())]
+    assert "bytecode compiled here, metadata from the cache" in optimized["loaded"][0]
+
+
+def run_fresh_optimized(code: str, *args: str) -> dict:
+    """conftest.fresh_json under `python -O`."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-O", "-c", code, *args], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_genuine_pair_verifies_and_show_lists_the_blobs(captured, capsys):
+    artifact, cache = captured["mlp_batchnorm"]
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 0
+    assert checks["python_code bytecode"]["status"] == "ok"
+    assert checks["python_code typed metadata"]["status"] == "ok"
+    assert main(["show", str(artifact), str(cache)]) == 0
+    out = capsys.readouterr().out
+    assert "python_code bytecode: " in out and f"Python magic {bytecode.magic()}" in out
+    assert "python_code metadata, typed: " in out
+    assert main(["show", "--json", str(artifact), str(cache)]) == 0
+    envelope = json.loads(capsys.readouterr().out)["artifact"]["cache"]["envelope"]
+    assert envelope["python_bytecode"]["data"] == "" and envelope["python_bytecode"]["size"] > 0  # sizes, not bytes
+
+
+def test_a_foreign_magic_number_falls_back_to_compiling(captured, tmp_path, capsys):
+    artifact, cache = _copy(captured["mlp_batchnorm"], tmp_path)
+    _forge(cache, bytecode_fields={"magic": "00000d0a"})
+    runnable = precompile.load(artifact, cache)
+    assert runnable.cache_used and runnable.metadata_from_cache and not runnable.bytecode_from_cache
+    rc, checks = _verify(capsys, artifact, cache)
+    # cannot be proven here, and a Python of that magic number would run it: verify says so with a failure
+    assert rc == 1 and checks["python_code bytecode"]["status"] == "fail"
+
+
+def test_a_swapped_bytecode_blob_falls_back_to_compiling_and_fails_verify(captured, tmp_path, capsys):
+    artifact, cache = _copy(captured["mlp_batchnorm"], tmp_path)
+    other, _ = _fields(captured["plain_function"][1])
+    _forge(cache, bytecode_fields={"data": other["python_bytecode"]["data"]})  # its size and sha256 left as recorded
+    runnable = precompile.load(artifact, cache)
+    assert runnable.cache_used and not runnable.bytecode_from_cache
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 1 and checks["python_code bytecode"]["status"] == "fail"
+    assert "its entry records" in checks["python_code bytecode"]["message"]
+    # With every hash forged to match, load trusts the paired cache as it trusts python_code (a
+    # signature covers both); verify still proves the bytes are not python_code's.
+    fields, _ = _fields(captured["mlp_batchnorm"][1])
+    code = _stored(fields["python_bytecode"])
+    forged = code.replace(b"forward", b"fOrward", 1)
+    assert forged != code
+    _forge(cache, bytecode_fields=_sealed(forged))
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 1 and "differ from python_code compiled here" in checks["python_code bytecode"]["message"]
+
+
+def test_bytecode_of_another_python_code_is_never_run(captured, tmp_path, capsys):
+    """A cache whose code_hash was made to follow an edited python_code keeps blobs of the old one:
+    they record the code_hash they were made from, so load compiles and parses the new text."""
+    artifact, cache = _copy(captured["mlp_batchnorm"], tmp_path)
+    artifact.write_bytes(artifact.read_bytes() + b"EDITED = 1\n")
+    fields, payload = _fields(cache)
+    fields["code_hash"] = hashlib.sha256(artifact.read_bytes()).hexdigest()
+    fields.pop("header_sha256")
+    fields["header_sha256"] = codec.header_digest(msgspec.msgpack.encode(fields))
+    header = msgspec.msgpack.encode(fields)
+    cache.write_bytes(codec.MAGIC + len(header).to_bytes(4, "little") + header + payload)
+    runnable = precompile.load(artifact, cache)
+    assert runnable.cache_used and not runnable.bytecode_from_cache and not runnable.metadata_from_cache
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 1
+    assert checks["python_code bytecode"]["status"] == checks["python_code typed metadata"]["status"] == "fail"
+
+
+def test_swapped_metadata_falls_back_to_parsing_and_fails_verify(captured, tmp_path, capsys):
+    artifact, cache = _copy(captured["mlp_batchnorm"], tmp_path)
+    other, _ = _fields(captured["mlp_batchnorm"][1])
+    meta = msgspec.msgpack.decode(_stored(other["metadata_msgpack"]))
+    meta["FN_NAME"] = "somewhere.else"
+    swapped = msgspec.msgpack.encode(meta)
+    _forge(cache, metadata_fields={"data": _sealed(swapped)["data"]})
+    runnable = precompile.load(artifact, cache)
+    assert runnable.bytecode_from_cache and not runnable.metadata_from_cache
+    assert runnable.metadata.fn_name != "somewhere.else"
+    _forge(cache, metadata_fields=_sealed(swapped))
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 1 and "differs from the metadata literals" in checks["python_code typed metadata"]["message"]
+
+
+@pytest.mark.parametrize("name", ["mlp", "dynamo_break_eager"])
+def test_caches_written_before_load_as_before(name, tmp_path, capsys, monkeypatch):
+    """Format-1 caches without the blobs: load compiles and parses python_code; verify adds no line."""
+    monkeypatch.syspath_prepend(str(FIXTURES.parent))  # dynamo_models, the captured module
+    artifact, cache = _copy((FIXTURES / f"{name}.py", FIXTURES / f"{name}.cache"), tmp_path)
+    fields, payload = _fields(cache)
+    if "python_bytecode" in fields:  # fixtures/regenerate.py rewrote it since: as written before, without them
+        for field in ("python_bytecode", "metadata_msgpack", "header_sha256"):
+            fields.pop(field)
+        fields["header_sha256"] = codec.header_digest(msgspec.msgpack.encode(fields))
+        header = msgspec.msgpack.encode(fields)
+        cache.write_bytes(codec.MAGIC + len(header).to_bytes(4, "little") + header + payload)
+    runnable = precompile.load(artifact, cache)
+    assert runnable.cache_used and not runnable.bytecode_from_cache and not runnable.metadata_from_cache
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 0 and "python_code bytecode" not in checks and "python_code typed metadata" not in checks
+
+
+def test_capture_compiles_deterministically_whatever_the_process_holds():
+    """The stored bytes are marshal version 2, which depends on no reference count: compiling the
+    same text again, with the first code object alive, marshals to the same bytes."""
+    source = "import math\n\ndef f(x, *, name='forward'):\n    return {'a': x, 'b': (1, 2.5, None)} if x in {'p', 'q'} else math.pi\n"
+    keep = bytecode.compile_python_code(source, bytecode.code_filename("0" * 64))
+    tree = ast.parse(source)
+    assert bytecode.compiled_bytes(source, "0" * 64, tree) == bytecode.compiled_bytes(source, "0" * 64, tree)
+    assert keep is not None
+
+
+SERVE_INDUCTOR = r"""
+import json, sys, torch
+compiled = []
+sys.addaudithook(lambda event, args: compiled.append(str(args[1])) if event == "compile" else None)
+import precompile, dynamo_cases
+runnable = precompile.load(sys.argv[1], sys.argv[2])
+x = torch.arange(12.0).reshape(3, 4)
+print(json.dumps({"close": torch.allclose(runnable(x), dynamo_cases.uses_global(x)), "bytecode": runnable.bytecode_from_cache,
+                  "compiled": [name for name in compiled if name.startswith("<precompile subgraph") or name == sys.argv[1]]}))
+"""
+
+
+def test_inductor_output_modules_a_dynamo_artifact_carries_as_text_are_not_compiled_at_load(tmp_path, capsys):
+    """A lowered subgraph's output module is a string in python_code that its driver compiled at
+    load, a cost that grows with depth: the cache carries it compiled too, checked by verify."""
+    import dynamo_cases
+    import torch
+
+    artifact, cache = tmp_path / "ind.py", tmp_path / "ind.cache"
+    with precompile.capture(dynamo_cases.uses_global, artifact_path=artifact, cache_path=cache, backend="inductor") as cap:
+        cap(torch.ones(3, 4))
+    source = artifact.read_text(encoding="utf-8")
+    assert len(bytecode.embedded_modules(ast.parse(source))) >= 1
+    report = fresh_json(SERVE_INDUCTOR, str(artifact), str(cache), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "kernels")})
+    assert report == {"close": True, "bytecode": True, "compiled": []}
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 0 and checks["python_code bytecode"]["status"] == "ok"
