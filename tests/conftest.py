@@ -79,6 +79,7 @@ SLOW_TESTS = {
     "test_dynamo.py::test_what_serves_is_the_subgraph_source_python_code_shows",
     "test_dynamo_guards.py::test_a_standalone_eager_artifact_serves_without_importing_dynamo_inductor_or_aot_autograd",
     "test_dynamo_guards.py::test_every_capture_here_renders_every_guard_and_pickles_nothing",
+    "test_dynamo_guards.py::test_a_global_dict_subclass_whose_setitem_refiles_keys_is_guarded_by_its_live_keys",
     "test_format_versions.py::test_show_verify_and_diff_read_every_layout_ever_written[v1-dynamo_lowered]",
     "test_html_report.py::test_report_is_torch_free",
     "test_html_report.py::test_the_page_is_deterministic",

@@ -13,8 +13,29 @@ from precompile.torch_compat import INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES, fx_cus
 ENTRY = "captured_graph"
 
 
+def contiguous_group_norm_inputs(graph_module: torch.fx.GraphModule) -> None:
+    """Make each native_group_norm input contiguous in its suggested memory format, as eager
+    `group_norm` does before calling it on CPU. The trace drops that call where the traced tensor was
+    already contiguous, but strides the trace predicted can differ from what the kernels produce when
+    the rendered graph runs (an add of a transposed view and a contiguous tensor), and the CPU kernel
+    then refuses the input. A no-op on a contiguous tensor; idempotent."""
+    from torch._prims_common import suggest_memory_format
+
+    graph = graph_module.graph
+    for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.native_group_norm.default)):
+        source = node.args[0]
+        if isinstance(source, torch.fx.Node) and source.op == "call_method" and source.target == "contiguous":
+            continue
+        with graph.inserting_before(node):
+            layout = graph.call_function(suggest_memory_format, (source,))
+            contiguous = graph.call_method("contiguous", (source,), {"memory_format": layout})
+        node.replace_input_with(source, contiguous)
+    graph_module.recompile()
+
+
 def lower_eager(graph_module: torch.fx.GraphModule, entry: str = ENTRY) -> GraphSection:
     """The captured ATen graph as a plain Python function `entry` over the flat graph inputs."""
+    contiguous_group_norm_inputs(graph_module)
     code = graph_module.graph.python_code(root_module="self")
     imports = []
     for name in code.globals:

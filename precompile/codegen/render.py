@@ -132,9 +132,6 @@ def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, 
         "_dynamo_bytecode = {", *blobs, "}",
     ])
     guards = [f"_dynamo_references = {py_literal(parts.references)}"]
-    for title, reason in parts.opaque_variants:
-        guards.append(f"# {title}: checked by torch's guard manager from the opaque remainder below, because\n"
-                      f"# {reason}")
     guards += [variant.source for variant in parts.rendered]
     if remainder:
         encoded = base64.b64encode(remainder).decode("ascii")

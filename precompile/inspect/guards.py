@@ -159,7 +159,7 @@ def _kept_check(slot_label: str, checks: dict[str, str]) -> str:
     if slot_label.startswith("TENSOR_MATCH") and "TENSOR_MATCH" in checks:
         return checks["TENSOR_MATCH"] + "  (one TensorGuards call for every tensor)"
     matched = [check for label, check in checks.items()
-               if label == slot_label or label.startswith((slot_label + " (", slot_label + ": ", slot_label + " is "))]
+               if label == slot_label or label.startswith((slot_label + " (", slot_label + ": ", slot_label + " is ", slot_label + " == "))]
     return " and ".join(dict.fromkeys(matched))
 
 

@@ -8,7 +8,6 @@ import copy
 import hashlib
 import inspect
 import math
-import re
 import sys
 
 import pytest
@@ -381,24 +380,46 @@ def test_the_dynamo_utils_stand_in_does_what_torch_does():
     assert any(event.name == "Pregraph bytecode" for event in prof.function_events)
 
 
-def test_a_variant_with_a_guard_it_cannot_render_is_checked_by_torch_and_says_why(tmp_path):
-    """The fallback rule: a variant holding a kept guard with no faithful rendering (here the torch
-    function mode a `with torch.device(...)` block pushes) keeps its pickled guard state in the labelled opaque
-    remainder, python_code names the guard and the reason, and the artifact still serves."""
-    with torch.no_grad(), torch.device("cpu"), precompile.capture(
-        dynamo_cases.uses_global, artifact_path=tmp_path / "dev.py", cache_path=tmp_path / "dev.cache",
-        tracer=precompile.DynamoTracer(), backend="eager",
-    ) as cap:
+def test_a_guard_python_code_cannot_check_refuses_the_capture_naming_it_and_the_remedy(tmp_path):
+    """No guard state travels pickled: a variant holding a kept guard with no faithful rendering (here
+    the torch function mode a `with torch.device(...)` block pushes) refuses the capture at write time,
+    naming the guard, why, and what serves instead; nothing is written."""
+    with pytest.raises(precompile.CaptureRefused) as refused:
+        with torch.no_grad(), torch.device("cpu"), precompile.capture(
+            dynamo_cases.uses_global, artifact_path=tmp_path / "dev.py", cache_path=tmp_path / "dev.cache",
+            tracer=precompile.DynamoTracer(), backend="eager",
+        ) as cap:
+            cap(torch.ones(3))
+    message = str(refused.value)
+    assert "Frame 0 (uses_global), variant 0 keeps a guard python_code cannot check" in message
+    assert "TORCH_FUNCTION_STATE: the capture ran under torch function modes" in message
+    assert "guard_filter_fn" in message and "MakeFxTracer" in message
+    assert not (tmp_path / "dev.py").exists()
+
+
+SERVE_REGISTRY = r"""
+import sys, torch, precompile
+import library_cases
+served = precompile.load(sys.argv[1], sys.argv[2])
+with torch.no_grad(), precompile.no_compilation():
+    print(served(torch.ones(3)).tolist())
+"""
+
+
+def test_a_global_dict_subclass_whose_setitem_refiles_keys_is_guarded_by_its_live_keys(tmp_path):
+    """The guards compare with what the capture's live objects held, not with a pickled copy of them:
+    unpickling this registry replays its __setitem__, which files "scale" under "<class 'str'>", and a
+    check built from that copy refused every fresh-process call."""
+    import library_cases
+
+    artifact, cache = tmp_path / "registry.py", tmp_path / "registry.cache"
+    with torch.no_grad(), precompile.capture(library_cases.scaled_by_the_first_entry, artifact_path=artifact,
+                                             cache_path=cache, backend="eager") as cap:
         cap(torch.ones(3))
-    text = (tmp_path / "dev.py").read_text(encoding="utf-8")
-    assert re.search(r"# Frame 0 \(uses_global\), variant 0: checked by torch's guard manager from the opaque "
-                     r"remainder below, because\n# TORCH_FUNCTION_STATE: the capture ran under torch function modes", text)
-    assert "opaque-remainder: 1 variant's guard state" in text
-    served = precompile.load(tmp_path / "dev.py", tmp_path / "dev.cache")
-    with torch.no_grad(), torch.device("cpu"):
-        assert torch.allclose(served(torch.ones(3)), dynamo_cases.uses_global(torch.ones(3)))
-    with torch.no_grad(), pytest.raises(precompile.PrecompileError, match="no captured variant of 'uses_global'"):
-        served(torch.ones(3))  # outside the device block: torch's guard manager refuses, as it would
+    text = artifact.read_text(encoding="utf-8")
+    assert "list(dict.keys(G['REGISTRY'])) == ['scale']" in text
+    assert "\n_dynamo_state = None\n" in text
+    assert fresh_json(SERVE_REGISTRY, str(artifact), str(cache)) == [3.0, 3.0, 3.0]
 
 
 def test_precompile_guards_prints_for_each_kept_guard_the_condition_that_runs(captured, capsys):
@@ -469,3 +490,18 @@ def test_the_driver_binds_arguments_as_the_signature_does(fn, args, kwargs):
         return
     bound.apply_defaults()
     assert list(binder(*args, **kwargs).items()) == list(bound.arguments.items())
+
+
+@pytest.mark.parametrize("line, parts", [
+    ("ID_MATCH cfg.__dict__['mode'] == 'x is y == z'", ("cfg.__dict__['mode']", "==", "'x is y == z'")),
+    ("ID_MATCH L['flag'] == None", ("L['flag']", "==", "None")),
+    ("CLASS_MATCH type(G['m'].x) is pkg.mod:Cls@1", ("type(G['m'].x)", "is", "pkg.mod:Cls@1")),
+])
+def test_identity_lines_split_at_their_operator_whatever_the_literal_holds(line, parts):
+    """By-name (`source is module:qualname`) and by-value (`source == literal`) identity lines: the
+    renderer and the installed driver read the same three parts."""
+    from precompile.capturing.dynamo.named_identity import CHECK
+    from precompile.codegen.drivers import dynamo as driver
+
+    assert driver._identity_parts(line) == parts
+    assert CHECK.fullmatch(line.split(" ", 1)[1]).groups() == parts

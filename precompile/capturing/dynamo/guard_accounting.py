@@ -6,6 +6,7 @@ landed. `account_frame` joins the two per variant and applies the policy.
 """
 from __future__ import annotations
 
+import copy
 import enum
 import re
 import sys
@@ -16,7 +17,7 @@ from typing import Callable
 import torch
 
 from precompile.artifact.metadata import VariantGuards
-from precompile.capturing.dynamo.named_identity import named_check
+from precompile.capturing.dynamo.named_identity import named_check, valued_check
 from precompile.errors import CaptureRefused
 
 # Guard types Dynamo's guard serializer refuses, alone or as a type a guard's check derives (the
@@ -42,6 +43,61 @@ def slot_source(name: str) -> str:
     return _LOCAL.sub(r"\1", name)
 
 
+UNKEPT = object()
+"""Seen.value where the value is no constant a check could compare with."""
+# Values a kept constant guard is rendered for (guard_code checks each reads back as a literal).
+_CONSTANT_TYPES = (int, float, str, bytes, complex, tuple, list, frozenset, set, bool, type(None), torch.dtype)
+# Guard types whose rendering reads what their source held (the rest read the saved guard state).
+_SEEN_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "DICT_KEYS_MATCH", "SEQUENCE_LENGTH", "HASATTR"})
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What a kept guard's source held when Dynamo built the guard, read from the live object the
+    guard filter is handed, not from the pickled guard state: unpickling rebuilds objects (a dict
+    subclass replays its own __setitem__), and it holds no value for sources it could not pickle."""
+
+    type: type
+    value: object = UNKEPT
+    keys: tuple | None = None
+    length: int | None = None
+    has_attribute: bool | None = None
+
+
+def seen_key(guard) -> tuple:
+    """What tells one guard's Seen from another's: its type, its source and the attribute or key it
+    names (one source carries a HASATTR per attribute)."""
+    keywords = getattr(guard.create_fn, "keywords", None) or {}
+    return (guard.create_fn_name(), guard.name, repr(keywords.get("attr")), repr(keywords.get("key")))
+
+
+def seen(entry) -> Seen | None:
+    """What the renderer needs of one guard filter entry (a GuardFilterEntry) at the moment Dynamo
+    offers it, or None for a guard kind that reads nothing of it (tensors, ambient state)."""
+    if entry.guard_type not in _SEEN_KINDS or not entry.has_value:
+        return None
+    value = entry.value
+    from precompile.torch_compat import FakeTensor
+
+    kind = (getattr(value, "pytype", None) if isinstance(value, FakeTensor) else None) or type(value)
+    constant = UNKEPT
+    if entry.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH") and type(value) in _CONSTANT_TYPES:
+        try:
+            constant = copy.deepcopy(value)  # a list or set could change after the compile
+        except Exception:  # a value that does not copy is no constant here
+            constant = UNKEPT
+    try:
+        length = len(value) if entry.guard_type == "SEQUENCE_LENGTH" else None
+    except Exception:  # no length: the guard is not rendered (Unrenderable says so)
+        length = None
+    attr = (getattr(entry.orig_guard.create_fn, "keywords", None) or {}).get("attr")
+    return Seen(
+        type=kind, value=constant, length=length,
+        keys=tuple(dict.keys(value)) if entry.guard_type == "DICT_KEYS_MATCH" and isinstance(value, dict) else None,
+        has_attribute=hasattr(value, attr) if entry.guard_type == "HASATTR" and isinstance(attr, str) else None,
+    )
+
+
 @dataclass(frozen=True)
 class _Compile:
     """The filter's verdicts for one compile of one code object."""
@@ -55,6 +111,8 @@ class _Compile:
     """What each dropped slot held in this compile (see `_value_key`), where comparable."""
     named: dict
     """Dropped identity slots the artifact checks by name instead: {slot: check line} (named_identity)."""
+    seen: dict = field(default_factory=dict)
+    """What each kept guard's source held as Dynamo built it: {seen_key(guard): Seen}."""
 
 
 @dataclass
@@ -70,6 +128,8 @@ class GuardLedger:
     compiles: list = field(default_factory=list)
     configured: set = field(default_factory=set)
     rendered: dict = field(default_factory=dict)
+    seen: dict = field(default_factory=dict)
+    """{(frame qualname, variant): what its kept guards' sources held}, filled by `account_frame`."""
 
     def __call__(self, entries):
         # Dynamo calls the filter from the guard builder of the code it compiles (torch 2.13: a local
@@ -80,16 +140,19 @@ class GuardLedger:
         wanted = list(self.user_filter(entries)) if self.user_filter is not None else default
         if len(wanted) != len(entries):
             raise CaptureRefused(f"guard_filter_fn returned {len(wanted)} flags for {len(entries)} guards; return one per guard")
-        kept, dropped, values, named = set(), [], {}, {}
+        kept, dropped, values, named, held = set(), [], {}, {}, {}
         for entry, by_default, by_user in zip(entries, default, wanted):
             slot = (entry.guard_type, slot_source(entry.name))
             if by_default and by_user:
                 kept.add(slot)
+                facts = seen(entry)
+                if facts is not None:
+                    held[seen_key(entry.orig_guard)] = facts
                 continue
             if slot not in dropped:
                 dropped.append(slot)
             # Only what the serializer refused is checked by name; a drop the caller chose stays one.
-            check = named_check(entry) if by_user or self.user_filter is None else None
+            check = (named_check(entry) or valued_check(entry)) if by_user or self.user_filter is None else None
             if check is not None:
                 named[slot] = check
                 continue
@@ -103,7 +166,7 @@ class GuardLedger:
                 self.rendered[slot] = render_check(joined_check(rendered))
         verdicts = [bool(by_default and by_user) for by_default, by_user in zip(default, wanted)]
         self.compiles.append(
-            _Compile(code=code, kept=frozenset(kept), dropped=tuple(dropped), values=values, named=named)
+            _Compile(code=code, kept=frozenset(kept), dropped=tuple(dropped), values=values, named=named, seen=held)
         )
         return verdicts
 
@@ -248,6 +311,7 @@ def account_frame(code, name: str, ledger: GuardLedger, slots: SlotLists, taken:
     for index, (state, variant_kept) in enumerate(zip(states, kept)):
         record = ledger.compile_of(code_key(code.python_code), set(variant_kept), taken)
         compiles.append(record)
+        ledger.seen[(name, index)] = record.seen if record else {}
         named = record.named if record else {}
         dropped = tuple(slot for slot in record.dropped if slot not in named) if record else ()
         checked = {slot for slot in variant_kept if slot not in policy} | set(named)

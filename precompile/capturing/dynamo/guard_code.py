@@ -4,11 +4,15 @@ Each variant becomes one function `guards_F_V(L, G)` over the frame's bound argu
 module's globals (G): the first kept guard that fails, or None when all hold. Tensors go through one
 C++ `TensorGuards` call, global state through a C++ `GlobalStateGuard`, types and named objects are
 compared with objects resolved by qualified name at load, constants as literals, shape-env relations
-as the plain expressions Dynamo wrote. Guard sources are Dynamo's own (`L['x']._parameters['w']`).
+as the plain expressions Dynamo wrote. Guard sources are Dynamo's own (`L['x']._parameters['w']`,
+`dict(type(L['m']).__dict__)['forward'].__closure__[0].cell_contents`, `list(dict.keys(G['REG']))[0]`).
+
+The values a check compares with are what the source held when Dynamo built the guard, recorded from
+the live objects the guard filter is handed (`guard_accounting.Seen`); the pickled guard state is read
+only for tensors, shape guards and ambient state, and where the filter saw no value.
 
 Only what is rendered faithfully is rendered: a variant holding a kept guard this module has no
-exact rendering for raises `Unrenderable` naming it, and the artifact checks that variant with
-torch's guard manager from its pickled state instead (the labelled opaque remainder).
+exact rendering for raises `Unrenderable` naming it, and the capture is refused (standalone.py).
 """
 from __future__ import annotations
 
@@ -16,12 +20,14 @@ import ast
 import functools
 import math
 import re
+import types
 from dataclasses import dataclass, field
 
 import torch
 
-from precompile.capturing.dynamo.guard_accounting import slot_source, slot_text
-from precompile.capturing.dynamo.named_identity import reference
+from precompile.capturing.dynamo.guard_accounting import UNKEPT as _UNKEPT
+from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
+from precompile.capturing.dynamo.named_identity import CHECK, reference
 
 # Guard types Dynamo's guard builder adds no check for: GLOBAL_STATE's C++ guard covers them.
 _COVERED_BY_GLOBAL_STATE = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "FSDP_TRAINING_STATE"})
@@ -34,8 +40,17 @@ _MARKING_NAMES = frozenset({"L", "G", "hasattr", "getattr", "set"})
 _TENSOR_TYPES = {torch.Tensor: "torch:Tensor", torch.nn.Parameter: "torch.nn.parameter:Parameter"}
 
 
+# A global Dynamo binds by id (OutputGraph.install_global_by_id: `<prefix>_<id>_c<compile id>`).
+_MINTED_GLOBAL = re.compile(r"G\['(\w*_\d+_c\d+)'\]")
 _BARE_LOCAL = re.compile(r"^(type\()?(?!type\()(?![LG]\[)([A-Za-z_]\w*)")
 
+
+# What a rendered guard source may name and call beside L and G: the builtins Dynamo's own source
+# text uses to reach a value (dict(type(x).__dict__)['f'], dict.__getitem__(d, k), list(dict.keys(d))[0],
+# object.__getattribute__(x, 'a')), each resolved from the serving process's builtins.
+_SOURCE_BUILTINS = frozenset({"dict", "type", "list", "object"})
+_SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "__getitem__", "__getattribute__"})
+_EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object}
 
 class Unrenderable(Exception):
     """A kept guard with no faithful rendering here: `str()` names it and says why."""
@@ -102,10 +117,11 @@ def _literal(value, label: str) -> str:
 class _Variant:
     """Collects one variant's checks in order, then writes its function."""
 
-    def __init__(self, frame: int, variant: int, state, renames: dict[str, str]) -> None:
+    def __init__(self, frame: int, variant: int, state, renames: dict[str, str], seen: dict | None = None) -> None:
         self.prefix = f"{frame}_{variant}"
         self.state = state
         self.renames = renames
+        self.seen = seen or {}
         self.lines: list[tuple[str, str]] = []  # (label, condition that must hold)
         self.notes: list[str] = []
         self.tensors: list[tuple] = []
@@ -117,17 +133,34 @@ class _Variant:
 
     # -- resolving what the capture saw ---------------------------------------------------------
     def source(self, guard, label: str) -> str:
-        text = rename_sources(guard.name, self.renames)
-        _names_in(text, _SOURCE_NAMES, frozenset(), label)
+        return self.expression(guard.name, label)
+
+    def expression(self, name: str, label: str) -> str:
+        text = _MINTED_GLOBAL.sub(lambda match: self.minted_module(match, label), rename_sources(name, self.renames))
+        _names_in(text, _SOURCE_NAMES | _SOURCE_BUILTINS | {"_by_name"}, _SOURCE_CALLS, label)
         return text
+
+    def minted_module(self, match: re.Match, label: str) -> str:
+        """A module Dynamo bound in the frame's globals under a name minted from its id (G['_<id>_c0']),
+        which no other process binds: the module itself, by name."""
+        value = self.state.output_graph.global_scope.get(match.group(1))
+        if not isinstance(value, types.ModuleType):
+            raise Unrenderable(f"{label}: it reads {match.group(0)}, a global Dynamo bound by id, which no other "
+                               "process binds")
+        return self.named(value, label)
+
+    def saw(self, guard) -> Seen | None:
+        """What the guard's source held when Dynamo built it (the live object), where the filter saw it."""
+        return self.seen.get(seen_key(guard))
 
     def value(self, guard, label: str):
         return self.evaluate(guard.name, label)
 
     def evaluate(self, name: str, label: str):
         og = self.state.output_graph
+        scopes = {"L": og.local_scope, "G": og.global_scope}
         try:
-            return eval(name, {"__builtins__": {}}, {"L": og.local_scope, "G": og.global_scope})  # Dynamo's own source text over its own saved scopes
+            return eval(name, {"__builtins__": _EVAL_BUILTINS}, scopes)  # Dynamo's own source text over its own saved scopes
         except Exception as exc:  # the saved scope lacks it: no value to render
             raise Unrenderable(f"{label}: the saved guard state holds no value for it ({type(exc).__name__})") from None
 
@@ -138,67 +171,114 @@ class _Variant:
         self.references.add(ref)
         return f"_by_name[{ref!r}]"
 
+    @staticmethod
+    def keyword(guard, name: str):
+        return (getattr(guard.create_fn, "keywords", None) or {}).get(name)
+
     # -- one guard ------------------------------------------------------------------------------
     def add(self, guard, skip_hook_guards: bool) -> None:
         kind = guard.create_fn_name()
         label = slot_text((kind, slot_source(guard.name)))
         if kind in _COVERED_BY_GLOBAL_STATE:
             self.notes.append(f"{label}: checked by GLOBAL_STATE (torch adds no check of its own)")
-        elif kind == "GLOBAL_STATE":
-            self.global_state = self.state.output_graph.global_state_guard.__getstate__()
-        elif kind == "TORCH_FUNCTION_STATE":
-            if self.state.output_graph.torch_function_mode_stack:
-                raise Unrenderable(f"{label}: the capture ran under torch function modes")
-            self.lines.append((label, "torch._C._len_torch_function_stack() == 0"))
-        elif kind == "DEFAULT_DEVICE":
-            if self.state.output_graph.current_device is not None:
-                raise Unrenderable(f"{label}: the capture ran under a default device")
-            self.lines.append((label, "_device_module.CURRENT_DEVICE is None"))
-        elif kind == "SHAPE_ENV":
-            self.shape_env(label)
-        elif kind == "TENSOR_MATCH":
-            self.tensor(guard, label)
-        elif kind == "TYPE_MATCH":
+        elif kind == "EMPTY_NN_MODULE_HOOKS_DICT" and skip_hook_guards:
+            self.notes.append(f"{label}: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)")
+        elif kind in _RENDERERS:
+            getattr(self, _RENDERERS[kind])(guard, label, kind)
+        else:
+            raise Unrenderable(f"{label}: no exact rendering of a {kind} guard here")
+
+    def global_state_guard(self, guard, label: str, kind: str) -> None:
+        self.global_state = self.state.output_graph.global_state_guard.__getstate__()
+
+    def torch_function_state(self, guard, label: str, kind: str) -> None:
+        if self.state.output_graph.torch_function_mode_stack:
+            raise Unrenderable(f"{label}: the capture ran under torch function modes (a `with torch.device(...)` "
+                               "block, say), whose identity torch checks")
+        self.lines.append((label, "torch._C._len_torch_function_stack() == 0"))
+
+    def default_device(self, guard, label: str, kind: str) -> None:
+        if self.state.output_graph.current_device is not None:
+            raise Unrenderable(f"{label}: the capture ran under a default device")
+        self.lines.append((label, "_device_module.CURRENT_DEVICE is None"))
+
+    def shape_env_guard(self, guard, label: str, kind: str) -> None:
+        self.shape_env(label)
+
+    def tensor_guard(self, guard, label: str, kind: str) -> None:
+        self.tensor(guard, label)
+
+    def type_match(self, guard, label: str, kind: str) -> None:
+        seen = self.saw(guard)
+        if seen is not None:
+            pytype = seen.type
+        else:
             from precompile.torch_compat import FakeTensor
 
             value = self.value(guard, label)
             pytype = getattr(value, "pytype", None) if isinstance(value, FakeTensor) else None
-            self.lines.append((label, f"type({self.source(guard, label)}) is {self.named(pytype or type(value), label)}"))
-        elif kind in ("CONSTANT_MATCH", "EQUALS_MATCH"):
-            self.constant(guard, label, self.value(guard, label), kind)
-        elif kind == "EMPTY_NN_MODULE_HOOKS_DICT" and skip_hook_guards:
-            self.notes.append(f"{label}: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)")
-        elif kind == "NOT_PRESENT_IN_GENERIC_DICT":
-            attr = (getattr(guard.create_fn, "keywords", None) or {}).get("attr")
-            if not isinstance(attr, str):
-                raise Unrenderable(f"{label}: the guard names no attribute")
-            self.lines.append((f"{label} ({attr})", f"{attr!r} not in {self.source(guard, label)}.__dict__"))
-        elif kind == "DUPLICATE_INPUT":
-            other = (getattr(guard.create_fn, "keywords", None) or {}).get("source_b")
-            if other is None:
-                raise Unrenderable(f"{label}: the guard names no second source")
-            if not guard.code_list:  # torch skips it for optimizer and skip-guard sources
-                self.notes.append(f"{label}: skipped by torch (a source it does not guard)")
-                return
-            text = rename_sources(other.name, self.renames)
-            _names_in(text, _SOURCE_NAMES, frozenset(), label)
-            self.lines.append((f"{label} is {slot_source(other.name)}", f"{text} is {self.source(guard, label)}"))
-        elif kind == "DICT_KEYS_MATCH":
-            self.dict_keys(guard, label)
-        elif kind == "HASATTR":
-            self.has_attribute(guard, label)
-        elif kind == "SEQUENCE_LENGTH":
+            pytype = pytype or type(value)
+        self.lines.append((label, f"type({self.source(guard, label)}) is {self.named(pytype, label)}"))
+
+    def constant_guard(self, guard, label: str, kind: str) -> None:
+        seen = self.saw(guard)
+        if seen is not None and seen.value is _UNKEPT:
+            raise Unrenderable(f"{label}: a {seen.type.__name__} value is not rendered as a literal here")
+        self.constant(guard, label, seen.value if seen is not None else self.value(guard, label), kind)
+
+    def not_present_in_generic_dict(self, guard, label: str, kind: str) -> None:
+        attr = self.keyword(guard, "attr")
+        if not isinstance(attr, str):
+            raise Unrenderable(f"{label}: the guard names no attribute")
+        self.lines.append((f"{label} ({attr})", f"{attr!r} not in {self.source(guard, label)}.__dict__"))
+
+    def dict_contains(self, guard, label: str, kind: str) -> None:
+        """DICT_CONTAINS / DICT_NOT_CONTAINS: whether the dict holds a key, by dict's own lookup (a
+        subclass's __contains__ is not called, as torch's check calls none)."""
+        key = self.keyword(guard, "key")
+        text = f"dict.__contains__({self.source(guard, label)}, {_literal(key, label)})"
+        self.lines.append((f"{label} ({key!r})", text if kind == "DICT_CONTAINS" else f"not {text}"))
+
+    def duplicate_input(self, guard, label: str, kind: str) -> None:
+        other = self.keyword(guard, "source_b")
+        if other is None:
+            raise Unrenderable(f"{label}: the guard names no second source")
+        if not guard.code_list:  # torch skips it for optimizer and skip-guard sources
+            self.notes.append(f"{label}: skipped by torch (a source it does not guard)")
+            return
+        text = self.expression(other.name, label)
+        self.lines.append((f"{label} is {slot_source(other.name)}", f"{text} is {self.source(guard, label)}"))
+
+    def dict_keys_guard(self, guard, label: str, kind: str) -> None:
+        self.dict_keys(guard, label)
+
+    def has_attribute_guard(self, guard, label: str, kind: str) -> None:
+        self.has_attribute(guard, label)
+
+    def sequence_length(self, guard, label: str, kind: str) -> None:
+        seen = self.saw(guard)
+        if seen is None:
             value = self.value(guard, label)
-            source = self.source(guard, label)
-            if not isinstance(value, dict):
-                self.lines.append((label, f"type({source}) is {self.named(type(value), label)}"))
-            self.lines.append((label, f"len({source}) == {len(value)}"))
-        else:
-            raise Unrenderable(f"{label}: no exact rendering of a {kind} guard here")
+            seen = Seen(type(value), length=len(value))
+        if seen.length is None:
+            raise Unrenderable(f"{label}: a {seen.type.__name__} has no length")
+        source = self.source(guard, label)
+        if not issubclass(seen.type, dict):
+            self.lines.append((label, f"type({source}) is {self.named(seen.type, label)}"))
+        self.lines.append((label, f"len({source}) == {seen.length}"))
+
+    def saved_tensors_hooks(self, guard, label: str, kind: str) -> None:
+        """Torch checks the ids of the saved-tensors hooks it would inline (a GraphModule pair);
+        with none such at capture, that none are inlineable now."""
+        if not any(part.rstrip().endswith("ids == None") for part in guard.code_list or ()):
+            raise Unrenderable(f"{label}: the capture ran under inlineable saved-tensors hooks, which torch checks by id")
+        if not hasattr(torch._C._autograd, "_top_saved_tensors_default_hooks"):
+            raise Unrenderable(f"{label}: this torch has no saved-tensors hooks query")
+        self.lines.append((label, "not _inlineable_saved_tensors_hooks()"))
 
     def has_attribute(self, guard, label: str) -> None:
         """hasattr(base, attr), or its negation, as the capture saw it."""
-        attr = (getattr(guard.create_fn, "keywords", None) or {}).get("attr")
+        attr = self.keyword(guard, "attr")
         base = guard.name
         if attr is None:  # torch 2.11 and 2.12: the guard's source is the attribute, on its base
             source = guard.originating_source
@@ -211,15 +291,20 @@ class _Variant:
             if owner is None or not isinstance(attr, str):
                 raise Unrenderable(f"{label}: the guard names no attribute on a base")
             base = owner.name if isinstance(owner.name, str) else owner.name()
-        text = rename_sources(base, self.renames)
-        _names_in(text, _SOURCE_NAMES, frozenset(), label)
-        present = hasattr(self.evaluate(base, label), attr)
+            present = hasattr(self.evaluate(base, label), attr)
+        else:
+            seen = self.saw(guard)
+            present = seen.has_attribute if seen is not None else hasattr(self.evaluate(base, label), attr)
+        text = self.expression(base, label)
         self.lines.append((f"{label} ({attr})", f"{'' if present else 'not '}hasattr({text}, {attr!r})"))
 
     def constant(self, guard, label: str, value, kind: str) -> None:
         source = self.source(guard, label)
         if kind == "CONSTANT_MATCH" and (value is None or type(value) is bool):
             self.lines.append((label, f"{source} is {value!r}"))
+            return
+        if type(value) is torch.dtype and getattr(torch, str(value).removeprefix("torch."), None) is value:
+            self.lines.append((label, f"type({source}) is torch.dtype and {source} == {value}"))
             return
         if type(value) not in _LITERAL_TYPES:
             raise Unrenderable(f"{label}: a {type(value).__name__} value is not rendered as a literal here")
@@ -233,11 +318,14 @@ class _Variant:
     def dict_keys(self, guard, label: str) -> None:
         """Dynamo's DICT_KEYS_MATCH: the dict's length, then its keys, in order where the capture relied
         on their order (guard_on_key_order), else as a set (each key looked up)."""
-        value = self.value(guard, label)
-        if not isinstance(value, dict):
-            raise Unrenderable(f"{label}: the saved value is a {type(value).__name__}, not a dict")
+        seen = self.saw(guard)
+        if seen is None:
+            value = self.value(guard, label)
+            seen = Seen(type(value), keys=tuple(dict.keys(value)) if isinstance(value, dict) else None)
+        if seen.keys is None:
+            raise Unrenderable(f"{label}: the guarded value is a {seen.type.__name__}, not a dict")
         source = self.source(guard, label)
-        keys = list(dict.keys(value))
+        keys = list(seen.keys)
         for key in keys:
             if type(key) not in (str, int):
                 raise Unrenderable(f"{label}: a {type(key).__name__} key")
@@ -296,6 +384,27 @@ class _Variant:
         if parts:
             self.marking.append((f"{label}: dimension markings (mark_dynamic and the like)", " and ".join(parts)))
 
+    def identity_line(self, line: str) -> None:
+        """One identity guard the artifact checks by name (`source is module:qualname`) or, on an
+        immutable constant, by value (`source == literal`: its type, then equality)."""
+        kind, rest = line.split(" ", 1)
+        match = CHECK.fullmatch(rest)
+        if match is None:
+            raise Unrenderable(f"{line}: not a by-name or by-value check")
+        source, operator, operand = match.groups()
+        # A bare root is a local, as the by-name line keeps it (named_identity.SOURCE).
+        text = self.expression(_BARE_LOCAL.sub(lambda m: f"{m.group(1) or ''}L[{m.group(2)!r}]", source), line)
+        label = f"{kind} {slot_source(source)} {operator} {operand}"
+        if operator == "is":
+            self.references.add(operand)
+            self.lines.append((label, f"{text} is _by_name[{operand!r}]"))
+            return
+        value = ast.literal_eval(operand)
+        if value is None or type(value) is bool:
+            self.lines.append((label, f"{text} is {value!r}"))
+        else:
+            self.lines.append((label, f"type({text}) is {type(value).__name__} and {text} == {_literal(value, line)}"))
+
     # -- the text ---------------------------------------------------------------------------------
     def render(self, title: str) -> str:
         out = [f"# {title}"]
@@ -341,25 +450,40 @@ class _Variant:
         return "\n".join(out)
 
 
+# Guard type -> the _Variant method that renders it (GRAD_MODE and the like: see _COVERED_BY_GLOBAL_STATE).
+_RENDERERS = {
+    "GLOBAL_STATE": "global_state_guard",
+    "TORCH_FUNCTION_STATE": "torch_function_state",
+    "DEFAULT_DEVICE": "default_device",
+    "SHAPE_ENV": "shape_env_guard",
+    "TENSOR_MATCH": "tensor_guard",
+    "TYPE_MATCH": "type_match",
+    "CONSTANT_MATCH": "constant_guard",
+    "EQUALS_MATCH": "constant_guard",
+    "NOT_PRESENT_IN_GENERIC_DICT": "not_present_in_generic_dict",
+    "DICT_CONTAINS": "dict_contains",
+    "DICT_NOT_CONTAINS": "dict_contains",
+    "DUPLICATE_INPUT": "duplicate_input",
+    "DICT_KEYS_MATCH": "dict_keys_guard",
+    "HASATTR": "has_attribute_guard",
+    "SEQUENCE_LENGTH": "sequence_length",
+    "AUTOGRAD_SAVED_TENSORS_HOOKS": "saved_tensors_hooks",
+}
+
+
 def render_variant(frame: int, variant: int, title: str, state, policy: frozenset, by_name: tuple[str, ...],
-                   renames: dict[str, str], skip_hook_guards: bool) -> RenderedVariant:
+                   renames: dict[str, str], skip_hook_guards: bool, seen: dict | None = None) -> RenderedVariant:
     """The rendered check of one variant (its guards state loaded, the invariance policy's slots
     left out, its by-name identity lines), or Unrenderable naming the first guard it cannot render."""
     if state.output_graph._aotautograd_guards:
         raise Unrenderable("AOTAutograd guards: the variant carries guards AOTAutograd added, not rendered here")
-    rendering = _Variant(frame, variant, state, renames)
+    rendering = _Variant(frame, variant, state, renames, seen)
     guards = sorted(state.output_graph.guards, key=lambda g: (g.create_fn_name(), g.name))
     for guard in guards:
         if slot_text((guard.create_fn_name(), slot_source(guard.name))) in policy:
             continue
         rendering.add(guard, skip_hook_guards)
     for line in by_name:
-        kind, rest = line.split(" ", 1)
-        source, _, ref = rest.rpartition(" is ")
-        # A bare root is a local, as the by-name line keeps it (named_identity.SOURCE).
-        text = rename_sources(_BARE_LOCAL.sub(lambda m: f"{m.group(1) or ''}L[{m.group(2)!r}]", source), renames)
-        _names_in(text, _SOURCE_NAMES, frozenset({"type"}), line)
-        rendering.references.add(ref)
-        rendering.lines.append((f"{kind} {slot_source(source)} is {ref}", f"{text} is _by_name[{ref!r}]"))
+        rendering.identity_line(line)
     return RenderedVariant(function=f"guards_{rendering.prefix}", source=rendering.render(title),
                            references=rendering.references)

@@ -7,9 +7,13 @@ have a name: the function a decorator's wrapper closes over, a class, an enum me
 artifact records `TYPE source is module:qualname[@unwraps]`, and the driver resolves the reference at
 load and checks the source against it on every call. Which guards qualify is decided here, at
 capture, and only when the reference resolves to the very same object in the capturing process.
+An identity guard on an immutable constant (a str, bool, None, int or float: a config field such as
+`config._attn_implementation_internal`) is recorded as `ID_MATCH source == literal` instead and
+checked by type and value.
 """
 from __future__ import annotations
 
+import ast
 import enum
 import importlib
 import re
@@ -62,6 +66,31 @@ def resolve(ref: str):
     for _ in range(int(unwraps or 0)):
         value = value.__wrapped__
     return value
+
+
+# Immutable constants an identity guard (ID_MATCH) is checked by value for: within one process such an
+# object is interned or a singleton, which is why Dynamo pins it by id, and what the compiled code
+# relies on is its value (Dynamo folds it in as a constant), which another process can compare.
+_VALUED = (str, bool, type(None), int, float)
+CHECK = re.compile(rf"({SOURCE.pattern}) (is|==) (.+)")
+"""`source is reference` or `source == literal` (the line's text after its guard type)."""
+
+
+def valued_check(entry) -> str | None:
+    """`ID_MATCH source == literal` for an identity guard on a str, bool, None, int or float (checked
+    by type and value), else None."""
+    if entry.guard_type != "ID_MATCH" or not entry.has_value or type(entry.value) not in _VALUED:
+        return None
+    if not SOURCE.fullmatch(entry.name) or entry.name.startswith("type("):
+        return None
+    text = repr(entry.value)
+    try:
+        same = ast.literal_eval(text)
+    except (ValueError, SyntaxError):  # inf, nan
+        return None
+    if type(same) is not type(entry.value) or same != entry.value:
+        return None
+    return f"{entry.guard_type} {entry.name} == {text}"
 
 
 def named_check(entry) -> str | None:

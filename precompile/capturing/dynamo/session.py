@@ -324,7 +324,7 @@ class DynamoSession:
             )
         else:
             parts = standalone_parts(entry, frames, guards, self.fn, pickled_backends,
-                                     [section.source for section in sections])
+                                     [section.source for section in sections], self._ledger.seen)
             source = render_dynamo_standalone(metadata, sections, parts, remainder_bytes(parts))
         log.info("rendered a Dynamo artifact: %d frames, %d variants", len(frames), len(guards))
         return pipeline.finish(source, backend=self.backend, tracer="dynamo", kernel_build=self.kernel_build,

@@ -7,9 +7,8 @@
   names from its own counter and can never collide with these. Import aliases
   (`__import_torch_dot_nn...`) keep their names: each is bound to the very module it names.
 - The per-frame tables the driver seeds and dispatches from, as literals.
-- Each variant's kept guards rendered as the Python that checks them (`guard_code`), or, where a
-  kept guard has no faithful rendering, that variant's pickled guard state in the opaque remainder,
-  with the guard and the reason written above it.
+- Each variant's kept guards rendered as the Python that checks them (`guard_code`); a kept guard
+  with no faithful rendering refuses the capture, naming it (no guard state travels pickled).
 """
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ from dataclasses import dataclass, field
 
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
 from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
+from precompile.errors import CaptureRefused
 
 _MINTED_PREFIX = "__precompile_"
 
@@ -46,8 +46,6 @@ class StandaloneParts:
     defaults: dict | None
     blobs: list[CodeBlob]
     rendered: list[RenderedVariant]
-    opaque_variants: list[tuple[str, str]]
-    """(title, reason) of each variant whose guards stay opaque."""
     remainder: dict = field(default_factory=dict)
     references: tuple[str, ...] = ()
 
@@ -118,8 +116,25 @@ def _defaults(fn) -> dict | None:
     return found if all(v is None or _literal_or_none(v) is not None for v in found.values()) else None
 
 
+def unrenderable_refusal(title: str, exc: Exception) -> CaptureRefused:
+    """The refusal of a variant holding a kept guard python_code cannot check faithfully: it names the
+    guard and why, and what serves the capture instead. (Artifacts once fell back to torch's guard
+    manager rebuilt from pickled guard state at load, which depended on load order and on what
+    unpickling does; a standalone artifact now checks every guard it keeps as written code.)"""
+    reason = str(exc) if isinstance(exc, Unrenderable) else (
+        f"rendering its guards failed on this torch ({type(exc).__name__}: {exc})")
+    return CaptureRefused(
+        f"{title} keeps a guard python_code cannot check as written code: {reason}. Drop that guard with "
+        "DynamoTracer(guard_filter_fn=...) (the artifact then does not check it: the summary lists it as "
+        "dropped), run the capture without what the guard pins (a torch function mode, a default device, "
+        "saved-tensors hooks), or capture with MakeFxTracer, which keeps no guards"
+    )
+
+
 def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuards], fn, backends_pickled: dict,
-                     subgraph_sources: list[str]) -> StandaloneParts:
+                     subgraph_sources: list[str], seen: dict | None = None) -> StandaloneParts:
+    """`seen`: {(frame qualname, variant): what its kept guards' sources held as Dynamo built them}
+    (GuardLedger.seen), which the rendered checks compare with."""
     from precompile.torch_compat import SerializedCode, dynamo_config, load_guards_state
 
     states = {
@@ -143,7 +158,7 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
     prefix = f"{_MINTED_PREFIX}{digest.hexdigest()[:12]}_"
     renames = {name: prefix + stem for name, stem in stems.items()}
     listed = {(v.frame, v.variant): v for v in guards}
-    tables, blobs, rendered, opaque, references = [], [], [], [], set()
+    tables, blobs, rendered, references = [], [], [], set()
     remainder: dict = {"guards": {}, "backends": backends_pickled}
     for index, (code, frame) in enumerate(zip(entry.codes, frames)):
         filename = f"<module {code.python_module}>"
@@ -160,14 +175,10 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
             try:
                 variant_code = render_variant(index, variant, title, states[(index, variant)],
                                               frozenset(meta.policy_dropped), meta.by_name, renames,
-                                              dynamo_config.skip_nnmodule_hook_guards)
-            except Exception as exc:  # whatever stops a faithful rendering, torch's manager checks it
-                reason = str(exc) if isinstance(exc, Unrenderable) else (
-                    f"rendering its guards failed on this torch ({type(exc).__name__}: {exc})")
-                opaque.append((title, reason))
-                remainder["guards"][f"{index}.{variant}"] = code.guarded_codes[variant].guards_state
-                names.append("")
-                continue
+                                              dynamo_config.skip_nnmodule_hook_guards,
+                                              (seen or {}).get((frame.qualname, variant)))
+            except Exception as exc:  # whatever stops a faithful rendering refuses the capture
+                raise unrenderable_refusal(title, exc) from None
             rendered.append(variant_code)
             references |= variant_code.references
             names.append(variant_code.function)
@@ -193,7 +204,7 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
     defaults = _defaults(fn)
     if defaults is None:
         remainder["defaults"] = {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
-    return StandaloneParts(frames=tables, defaults=defaults, blobs=blobs, rendered=rendered, opaque_variants=opaque,
+    return StandaloneParts(frames=tables, defaults=defaults, blobs=blobs, rendered=rendered,
                            remainder=remainder, references=tuple(sorted(references)))
 
 

@@ -2,8 +2,9 @@
 # It builds each compiled subgraph from its source section above, rebuilds each captured variant's
 # guard tree and transformed bytecode once, and seeds the names Dynamo minted (compiled graphs,
 # continuations, import aliases, the builtins dict) into the captured module.
-# Standalone (SERVING_MODE "standalone"): every call goes to the first variant whose guards pass; a
-# continuation that compiled nothing runs as its original bytecode. Nothing is installed into torch.
+# Standalone (SERVING_MODE "standalone"): every call goes to the first variant whose guards (rendered
+# above as Python) pass; a continuation that compiled nothing runs as its original bytecode. Nothing
+# is installed into torch.
 # Installed ("installed": a graph break inside a function the captured code calls): each frame's
 # variants are installed onto its live code object through Dynamo's hook for precompiled entries,
 # and calls run under Dynamo's frame evaluator with a callback that refuses to compile.
@@ -172,26 +173,38 @@ def _fill_named_locals(state, lines):
     tree reads them (a check on func.__name__ needs func)."""
     local_scope = state.output_graph.local_scope
     for line in lines:
-        source, _, ref = line.split(" ", 1)[1].rpartition(" is ")
+        source, operator, ref = _identity_parts(line)
         root = _SOURCE_ROOT.fullmatch(source)
-        if root is None or root.group(1) == "G":
+        if operator != "is" or root is None or root.group(1) == "G":
             continue
         name = root.group(2) or root.group(3)
         if type(local_scope.get(name)).__name__ == "_Missing":
             local_scope[name] = _resolve_reference(ref)
 
 
+def _identity_parts(line):
+    """(source, "is" or "==", reference or literal) of a by-name line: `TYPE source is module:qualname`
+    or, for an identity guard on an immutable constant, `TYPE source == literal`."""
+    rest = line.split(" ", 1)[1]
+    equals, is_ = rest.find(" == "), rest.find(" is ")
+    at, operator = (equals, "==") if equals >= 0 and (is_ < 0 or equals < is_) else (is_, "is")
+    return rest[:at], operator, rest[at + len(operator) + 2:]
+
+
 def _check_by_name(manager, line, scope, artifact):
     """Add to a variant's guards the identity check `TYPE source is module:qualname` that Dynamo could
-    not serialize, against the object that name resolves to here."""
-    guard_type, rest = line.split(" ", 1)
-    source, _, ref = rest.rpartition(" is ")
+    not serialize, against the object that name resolves to here; or, for an identity guard on an
+    immutable constant (`TYPE source == literal`), its type and value."""
+    import ast
+
+    guard_type = line.split(" ", 1)[0]
+    source, operator, ref = _identity_parts(line)
     of_type = source.startswith("type(")
     walked = source[5:-1] if of_type else source
     root = _SOURCE_ROOT.match(walked)
     steps = _SOURCE_STEP.findall(walked[root.end():])
     try:
-        expected = _resolve_reference(ref)
+        expected = ast.literal_eval(ref) if operator == "==" else _resolve_reference(ref)
     except Exception as exc:  # noqa: BLE001 - the named object is not here: the variant cannot serve
         _fail(artifact, f"{line}: {ref} does not resolve here ({type(exc).__name__}: {exc})",
               "serve it with the code it was captured from")
@@ -204,9 +217,10 @@ def _check_by_name(manager, line, scope, artifact):
                 value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
         except Exception:  # noqa: BLE001 - a source that is not there fails the check
             return False
-        return (type(value) if of_type else value) is expected
+        value = type(value) if of_type else value
+        return value is expected or (operator == "==" and type(value) is type(expected) and value == expected)
 
-    manager.root.add_lambda_guard(check, [f"{guard_type}: {source} is {ref}"], None)
+    manager.root.add_lambda_guard(check, [f"{guard_type}: {source} {operator} {ref}"], None)
 
 
 def _empty_cells(code):
@@ -600,11 +614,12 @@ class _DynamoUtils:
 
 
 def _build_standalone(metadata, state_blob, artifact):
-    """A standalone artifact whose code objects travel marshalled and whose guards are rendered above;
-    torch's Dynamo is imported only for what python_code keeps opaque (the remainder it names)."""
+    """A standalone artifact whose code objects travel marshalled and whose every guard is rendered
+    above; what python_code keeps opaque (the remainder it names) is AOTAutograd's wrappers and fn's
+    defaults that are not literals, never guard state."""
     raw = _state_bytes(state_blob, artifact, optional=True)
     _check_sources(metadata, artifact)
-    remainder = _pickle.loads(raw) if raw else {"guards": {}, "backends": {}}
+    remainder = _pickle.loads(raw) if raw else {"backends": {}}
     _configure_inductor_for_aotautograd(metadata)
     tag = _standalone_tag(metadata, raw, artifact)
     _resolve_references(metadata, artifact)
@@ -636,18 +651,8 @@ def _build_standalone(metadata, state_blob, artifact):
                        defaults["kwdefaults"] if index == 0 else None, artifact,
                        described.get("runs_as_python", False), table["bypassed"], table["compiled"])
         frame.label = described.get("qualname") or frame.name
-        listed = {v["variant"]: v for v in metadata["GUARDS"] if v["frame"] == frame.label}
         for variant, guards_name in enumerate(() if frame.runs_as_python else table["guards"]):
-            if guards_name:
-                guards = _RenderedGuards(metadata[guards_name], scope)
-            else:  # torch's guard manager reads Dynamo's own import aliases
-                for dynamo_alias, alias in table["aliases"].items():
-                    bound = _importlib.import_module(table["import_sources"][alias])
-                    _seed(scope, dynamo_alias, bound, tag, artifact, module.__name__)
-                guards, global_state, _ = _torch_guards(
-                    remainder["guards"][f"{index}.{variant}"], original, scope,
-                    frozenset(listed[variant].get("policy_dropped", ())), listed[variant].get("by_name", ()), artifact)
-                frame.global_state_guards.append(global_state)
+            guards = _RenderedGuards(metadata[guards_name], scope)
             frame.add_variant(guards, _code_object(metadata, f"{index}.{variant}", filename, artifact))
         if index == 0:
             entry = frame

@@ -17,6 +17,13 @@ ___as_tensor = torch._as_tensor_fullprec
 _by_name = {}
 
 
+def _inlineable_saved_tensors_hooks():
+    """Whether the innermost saved-tensors hooks are a pair torch would inline (two GraphModules): the
+    AUTOGRAD_SAVED_TENSORS_HOOKS guard of a capture that ran with none such holds while this is False."""
+    hooks = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    return bool(hooks) and all(isinstance(hook, torch.fx.GraphModule) for hook in hooks)
+
+
 def _tensor_type(ref):
     return torch.nn.Parameter if ref == "torch.nn.parameter:Parameter" else torch.Tensor
 
