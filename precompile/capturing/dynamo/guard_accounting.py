@@ -170,7 +170,7 @@ class GuardLedger:
         )
         return verdicts
 
-    def compile_of(self, code: tuple, kept: set, taken: set) -> _Compile | None:
+    def compile_of(self, code: tuple | None, kept: set, taken: set) -> _Compile | None:
         """The compile of `code` that kept exactly `kept` (each compile matched once).
 
         A compile whose code the filter could not see (another torch's guard builder) matches any code.

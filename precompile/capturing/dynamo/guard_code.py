@@ -216,8 +216,8 @@ class _Variant:
             from precompile.torch_compat import FakeTensor
 
             value = self.value(guard, label)
-            pytype = getattr(value, "pytype", None) if isinstance(value, FakeTensor) else None
-            pytype = pytype or type(value)
+            fake_type = getattr(value, "pytype", None) if isinstance(value, FakeTensor) else None
+            pytype = fake_type or type(value)
         self.lines.append((label, f"type({self.source(guard, label)}) is {self.named(pytype, label)}"))
 
     def constant_guard(self, guard, label: str, kind: str) -> None:
@@ -294,7 +294,7 @@ class _Variant:
             present = hasattr(self.evaluate(base, label), attr)
         else:
             seen = self.saw(guard)
-            present = seen.has_attribute if seen is not None else hasattr(self.evaluate(base, label), attr)
+            present = bool(seen.has_attribute) if seen is not None else hasattr(self.evaluate(base, label), attr)
         text = self.expression(base, label)
         self.lines.append((f"{label} ({attr})", f"{'' if present else 'not '}hasattr({text}, {attr!r})"))
 
@@ -353,7 +353,7 @@ class _Variant:
 
         value = self.value(guard, label)
         source = self.source(guard, label)
-        pytype = getattr(value, "pytype", None) or type(value)
+        pytype: type = getattr(value, "pytype", None) or type(value)
         if pytype not in _TENSOR_TYPES:
             raise Unrenderable(f"{label}: a {pytype.__qualname__} (only plain tensors and parameters are rendered)")
         example = torch.empty(0, dtype=value.dtype, device=value.device)

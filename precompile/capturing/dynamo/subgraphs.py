@@ -246,7 +246,8 @@ def _contiguous_tangent(tangent) -> bool:
     size, stride = list(layout.size or ()), list(layout.stride or ())
     if not all(isinstance(value, int) for value in (*size, *stride)):
         return True  # symbolic: AOTAutograd traces tangents contiguous unless told otherwise
-    expected, running = [], 1
+    expected: list[int] = []
+    running = 1
     for extent in reversed(size):
         expected.insert(0, running)
         running *= max(extent, 1)

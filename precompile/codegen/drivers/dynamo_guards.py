@@ -14,7 +14,7 @@ ___as_tensor = torch._as_tensor_fullprec
 
 # The objects guards compare with by identity, by "module:qualname" reference; the driver resolves
 # them at load (a reference that does not resolve refuses the load).
-_by_name = {}
+_by_name: dict = {}
 
 
 def _inlineable_saved_tensors_hooks():
@@ -43,8 +43,9 @@ class _TensorMatch:
             else:
                 example.requires_grad_(requires_grad)
             examples.append(example)
-        self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],
-                                    dynamic_dims_strides=[list(row[6]) for row in rows])
+        # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
+        self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],  # type: ignore[misc]
+                                    dynamic_dims_strides=[list(row[6]) for row in rows])  # type: ignore[misc]
 
     def check(self, tensors):
         return self.guards.check(*tensors)
@@ -53,7 +54,7 @@ class _TensorMatch:
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             kinds = ", ".join(f"{name}: {type(t).__name__}" for name, t in zip(self.names, tensors))
             return f"TENSOR_MATCH: expected tensors ({kinds})"
-        return "TENSOR_MATCH: " + self.guards.check_verbose(*tensors, tensor_check_names=self.names)
+        return f"TENSOR_MATCH: {self.guards.check_verbose(*tensors, tensor_check_names=self.names)}"
 
 
 class _GlobalState:
@@ -75,7 +76,7 @@ class _GlobalState:
 
         self.threads = torch.get_num_threads()
         self.state["num_threads"] = self.threads
-        self.guard.__setstate__(json.dumps(self.state))
+        self.guard.__setstate__(json.dumps(self.state))  # type: ignore[attr-defined]  # torch's stub omits the pickle protocol
 
     def check(self):
         if torch.get_num_threads() != self.threads:

@@ -13,6 +13,8 @@ import linecache as _linecache
 import torch
 
 _compiled_subgraphs = globals().get("__precompile_subgraph_code__") or {}
+# The attribute a served subgraph carries its module text in (what tells one artifact's from another's).
+_SOURCE_TAG = "__precompile_source__"
 
 
 def inductor_subgraph(name, text, detached=()):
@@ -27,7 +29,7 @@ def inductor_subgraph(name, text, detached=()):
         code = _compiled_subgraphs.get(_hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())
     if code is None or code.co_filename != filename:
         code = compile(text, filename, "exec")
-    exec(code, namespace)  # noqa: S102 - the module written in this file
+    exec(code, namespace)  # the module written in this file
     call, run = namespace["call"], namespace["run_inductor_call"]  # the kernel runtime's, above
     detached = frozenset(detached)
 
@@ -38,7 +40,7 @@ def inductor_subgraph(name, text, detached=()):
         return tuple(value.detach() if index in detached else value for index, value in enumerate(outputs))
 
     served.__name__ = served.__qualname__ = name
-    served.__precompile_source__ = text  # what tells one artifact's subgraph from another's
+    setattr(served, _SOURCE_TAG, text)
     return served
 
 

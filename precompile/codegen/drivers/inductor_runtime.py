@@ -37,7 +37,7 @@ _TORCH_PRIVATE = {
 
 def _torch_private(name):
     module_name, _, path = _TORCH_PRIVATE[name].partition(":")
-    value = _sys.modules[module_name]
+    value: object = _sys.modules[module_name]
     for part in path.split("."):
         value = getattr(value, part, None)
         if value is None:
@@ -55,6 +55,8 @@ def _load_kernel(path):
     module = _sys.modules.get(name)
     if module is None:
         spec = _importlib_util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise PrecompileError(f"the kernel library {path} cannot be loaded as a Python extension module")
         module = _importlib_util.module_from_spec(spec)
         spec.loader.exec_module(module)
         _sys.modules[name] = module

@@ -393,7 +393,7 @@ ___as_tensor = torch._as_tensor_fullprec
 
 # The objects guards compare with by identity, by "module:qualname" reference; the driver resolves
 # them at load (a reference that does not resolve refuses the load).
-_by_name = {}
+_by_name: dict = {}
 
 
 def _inlineable_saved_tensors_hooks():
@@ -422,8 +422,9 @@ class _TensorMatch:
             else:
                 example.requires_grad_(requires_grad)
             examples.append(example)
-        self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],
-                                    dynamic_dims_strides=[list(row[6]) for row in rows])
+        # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
+        self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],  # type: ignore[misc]
+                                    dynamic_dims_strides=[list(row[6]) for row in rows])  # type: ignore[misc]
 
     def check(self, tensors):
         return self.guards.check(*tensors)
@@ -432,7 +433,7 @@ class _TensorMatch:
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             kinds = ", ".join(f"{name}: {type(t).__name__}" for name, t in zip(self.names, tensors))
             return f"TENSOR_MATCH: expected tensors ({kinds})"
-        return "TENSOR_MATCH: " + self.guards.check_verbose(*tensors, tensor_check_names=self.names)
+        return f"TENSOR_MATCH: {self.guards.check_verbose(*tensors, tensor_check_names=self.names)}"
 
 
 class _GlobalState:
@@ -454,7 +455,7 @@ class _GlobalState:
 
         self.threads = torch.get_num_threads()
         self.state["num_threads"] = self.threads
-        self.guard.__setstate__(json.dumps(self.state))
+        self.guard.__setstate__(json.dumps(self.state))  # type: ignore[attr-defined]  # torch's stub omits the pickle protocol
 
     def check(self):
         if torch.get_num_threads() != self.threads:
@@ -822,6 +823,7 @@ import pickle as _pickle
 import re as _re
 import sys as _sys
 import types as _types
+import typing as _typing
 
 import torch
 
@@ -836,7 +838,7 @@ except ImportError:  # served where only torch is installed: twins of the same n
         pass
 
 
-def _fail(artifact, message, remedy, error=PrecompileError):
+def _fail(artifact, message, remedy, error=PrecompileError) -> _typing.NoReturn:
     raise error(f"{artifact}: {message}; {remedy}")
 
 
@@ -873,6 +875,8 @@ def _unimported_origin(name):
         if spec is None:
             return None
         locations = spec.submodule_search_locations
+    if spec is None:  # a name with no parts
+        return None
     origin = spec.origin if spec.has_location else None
     return origin if origin and origin.endswith(".py") else None
 
@@ -912,13 +916,17 @@ def _module(name, artifact):
               "serve it where that module is importable")
 
 
+# The attribute that marks what one loading of an artifact seeded (so loading it again may rebind it).
+_ARTIFACT_TAG = "__precompile_artifact__"
+
+
 def _seed(scope, name, value, tag, artifact, module_name):
     """Bind a Dynamo-minted name in the captured module, refusing to clobber someone else's.
 
     Values this artifact binds carry its tag, so loading the same artifact again rebinds them.
     """
     current = scope.get(name, value)
-    if current is not value and getattr(current, "__precompile_artifact__", None) != tag:
+    if current is not value and getattr(current, _ARTIFACT_TAG, None) != tag:
         _fail(artifact, f"module {module_name} already binds {name!r}, a name this artifact must install "
                         "(a live torch.compile of the same code, or another artifact, minted it)",
               "load the artifact in a fresh process")
@@ -1001,10 +1009,12 @@ def _check_by_name(manager, line, scope, artifact):
     of_type = source.startswith("type(")
     walked = source[5:-1] if of_type else source
     root = _SOURCE_ROOT.match(walked)
+    if root is None:
+        _fail(artifact, f"{line}: its source names neither a local, a global nor a name", _RECAPTURE)
     steps = _SOURCE_STEP.findall(walked[root.end():])
     try:
         expected = ast.literal_eval(ref) if operator == "==" else _resolve_reference(ref)
-    except Exception as exc:  # noqa: BLE001 - the named object is not here: the variant cannot serve
+    except Exception as exc:  # the named object is not here: the variant cannot serve
         _fail(artifact, f"{line}: {ref} does not resolve here ({type(exc).__name__}: {exc})",
               "serve it with the code it was captured from")
     in_globals, name = root.group(1) == "G", root.group(2) or root.group(3)
@@ -1014,7 +1024,7 @@ def _check_by_name(manager, line, scope, artifact):
             value = (scope if in_globals else f_locals)[name]
             for attr, index, key in steps:
                 value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
-        except Exception:  # noqa: BLE001 - a source that is not there fails the check
+        except Exception:  # a source that is not there fails the check
             return False
         value = type(value) if of_type else value
         return value is expected or (operator == "==" and type(value) is type(expected) and value == expected)
@@ -1107,8 +1117,8 @@ def _binder(code, name, defaults, kwdefaults):
     arguments = [*names[:positional], *filter(None, [star]), *names[positional:at], *filter(None, [varkw])]
     source = (f"def _bind({', '.join(p for p in params if p)}):\n"
               f"    return {{{', '.join(f'{n!r}: {spelled[n]}' for n in arguments)}}}\n")
-    namespace = {}
-    exec(compile(source, f"<precompile binder of {name}>", "exec"), namespace)  # noqa: S102 - text built from the code's own names
+    namespace: dict = {}
+    exec(compile(source, f"<precompile binder of {name}>", "exec"), namespace)  # text built from the code's own names
     binder = namespace["_bind"]
     binder.__name__ = binder.__qualname__ = name
     binder.__defaults__, binder.__kwdefaults__ = defaults, kwdefaults
@@ -1277,7 +1287,7 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
     if "_dynamo_frames" in metadata:
         return _build_standalone(metadata, state_blob, artifact)
     raw = _state_bytes(state_blob, artifact, optional=False)
-    import torch._dynamo  # noqa: F401 - guard trees and backends need Dynamo loaded
+    import torch._dynamo  # guard trees and backends need Dynamo loaded
 
     installed = metadata.get("SERVING_MODE") == "installed"
     if installed:
@@ -1290,7 +1300,7 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
     backends = {}
     for subgraph in metadata["SUBGRAPHS"]:
         backend = torch._dynamo.disable(_load_subgraph(subgraph, metadata, state))
-        backend.__precompile_artifact__ = tag
+        setattr(backend, _ARTIFACT_TAG, tag)
         backends[subgraph["backend_id"]] = backend
     entry = None
     frames = []
@@ -1318,7 +1328,7 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
         minted += [*code.backend_ids, *code.function_names, *frame.minted]
         if code.install_to_global:
             continuation = _continuation(frame, code, installed)
-            continuation.__precompile_artifact__ = tag
+            setattr(continuation, _ARTIFACT_TAG, tag)
             for name in code.function_names:
                 _seed(scope, name, continuation, tag, artifact, module.__name__)
     _reserve_minted_names(minted)
@@ -1366,7 +1376,7 @@ def _resolve_references(metadata, artifact):
     for ref in metadata.get("_dynamo_references", ()):
         try:
             metadata["_by_name"][ref] = _resolve_reference(ref)
-        except Exception as exc:  # noqa: BLE001 - the named object is not here: the guards cannot run
+        except Exception as exc:  # the named object is not here: the guards cannot run
             _fail(artifact, f"its guards compare with {ref}, which does not resolve here ({type(exc).__name__}: {exc})",
                   "serve it with the code it was captured from")
 
@@ -1427,10 +1437,10 @@ def _build_standalone(metadata, state_blob, artifact):
         backend = _load_subgraph(subgraph, metadata, remainder)
         if "torch._dynamo" in _sys.modules:  # a frame evaluator may be active: never trace into a subgraph
             backend = _sys.modules["torch._dynamo"].disable(backend)
-        backend.__precompile_artifact__ = tag
+        setattr(backend, _ARTIFACT_TAG, tag)
         backends[subgraph["backend_id"]] = backend
     stand_in = _DynamoUtils()
-    stand_in.__precompile_artifact__ = tag  # loading this artifact again may rebind it
+    setattr(stand_in, _ARTIFACT_TAG, tag)  # loading this artifact again may rebind it
     defaults = metadata["_dynamo_defaults"] or remainder["defaults"]  # None: not literals, kept opaque
     entry = None
     for index, table in enumerate(metadata["_dynamo_frames"]):
@@ -1457,7 +1467,7 @@ def _build_standalone(metadata, state_blob, artifact):
             entry = frame
         if table["install_to_global"]:
             continuation = frame if not original.co_freevars else (lambda closure, _frame=frame: _frame.with_closure(closure))
-            continuation.__precompile_artifact__ = tag
+            setattr(continuation, _ARTIFACT_TAG, tag)
             for name in table["function_names"]:
                 _seed(scope, name, continuation, tag, artifact, module.__name__)
     return entry
@@ -1517,7 +1527,7 @@ def _live_code(code, described, module, artifact, is_entry):
         return None  # a continuation: its code object travels in the artifact
     try:
         live = _qualified(module, described["qualname"]).__code__ if is_entry else _lookup_code(code)
-    except Exception as exc:  # noqa: BLE001 - whatever stops the lookup, the frame is not there
+    except Exception as exc:  # whatever stops the lookup, the frame is not there
         _fail(artifact, f"it installs onto {where}, which this process does not have ({type(exc).__name__}: {exc})",
               "serve it with the code it was captured from")
     if live != SerializedCode.to_code_object(code.python_code):
@@ -1579,16 +1589,18 @@ class _Installed:
         self.artifact = artifact
         self.frames = {frame.target: frame for frame in frames}
         self.threads = torch.get_num_threads()
-        self.compile = torch._dynamo.optimize(backend).callback if allow_compiles else None
         # Bound once at load, not looked up on every served call.
         from torch._C._dynamo.eval_frame import set_eval_frame
         from torch._dynamo import eval_frame
 
         self.set_eval_frame, self.eval_frame = set_eval_frame, eval_frame
+        compiling = torch._dynamo.optimize(backend) if allow_compiles else None
+        self.compile = compiling.callback if isinstance(compiling, eval_frame.OptimizeContext) else None
 
     def __call__(self, *args, **kwargs):
         set_eval_frame, eval_frame = self.set_eval_frame, self.eval_frame
         stance = eval_frame._stance.stance
+        callback: _typing.Callable[..., _typing.Any] | bool | None
         if stance == "force_eager":
             callback = None
         elif stance == "eager_on_recompile":

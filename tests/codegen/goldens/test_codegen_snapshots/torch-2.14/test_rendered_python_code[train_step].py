@@ -147,7 +147,8 @@ def _state_slots(modules):
 def collect_params_and_buffers(modules):
     """Parameters then buffers of `modules`, each tensor once under its first name (tied weights)."""
     seen = set()
-    params, buffers = [], []
+    params: list = []
+    buffers: list = []
     for kind, name, _, _, tensor in _state_slots(modules):
         if id(tensor) in seen:
             continue
@@ -170,8 +171,8 @@ class _StatePlan:
             for _, owner in module.named_modules(remove_duplicate=False):
                 self.owners.append((owner, tuple(map(id, owner._modules.values())),
                                     len(owner._parameters), len(owner._buffers)))
-        first = {}
-        self.fetch = []  # (owner dict, key) of each distinct tensor
+        first: dict = {}
+        self.fetch: list = []  # (owner dict, key) of each distinct tensor
         self.ties = []  # (owner dict, key, index into fetch) of each repeat of a tied tensor
         for _, _, owner, key, tensor in _state_slots(self.modules):
             table = owner._parameters if key in owner._parameters else owner._buffers
@@ -263,7 +264,7 @@ class _ServedForward:
             if leaf["kind"] == "tensor" else (leaf["path"], leaf["value"])
             for leaf in metadata["INPUTS"]
         ]
-        self.tensor_checks = [c for c in self.input_checks if type(c) is not tuple]
+        self.tensor_checks = [c for c in self.input_checks if isinstance(c, _TensorCheck)]
         self.outputs = [leaf if leaf["kind"] == "constant" else None for leaf in metadata["OUTPUTS"]]
         self.grad_indices = tuple(metadata["GRAD_PARAM_INDICES"])
         # Dims marked with mark_unbacked: (tensor input index, dim, its spec, path), checked on every call
@@ -272,16 +273,20 @@ class _ServedForward:
                          for index, leaf in enumerate(leaf for leaf in metadata["INPUTS"] if leaf["kind"] == "tensor")
                          for dim, spec in (leaf.get("unbacked") or {}).items()]
         self.dynamic_sizes = [list(c.shape) for c in (*self.state_checks, *self.tensor_checks)]
-        self.plan = None  # the model's _StatePlan and the C++ guards, from the last call that passed every check
-        self.guards = None
+        self.trusted = None  # (the model's _StatePlan, the C++ guards) of the last call that passed every check
 
     def fail(self, message, remedy):
         raise CallMismatch(f"{self.artifact}: {message}; {remedy}")
 
     def __call__(self, *args, **kwargs):
         modules, tensors = self.arguments(args, kwargs)
-        state_tensors = self.plan.gather(modules) if self.plan is not None else None
-        if state_tensors is None or not self.guards.check(*state_tensors, *tensors):
+        state_tensors = None
+        if self.trusted is not None:
+            plan, guards = self.trusted
+            state_tensors = plan.gather(modules)
+            if state_tensors is not None and not guards.check(*state_tensors, *tensors):
+                state_tensors = None
+        if state_tensors is None:
             # First call, a changed model or a mismatch: check everything, then trust it again.
             state_tensors = self.validate(modules, tensors)
         if self.unbacked:
@@ -307,7 +312,7 @@ class _ServedForward:
                       "pass inputs with the captured structure")
         tensors = []
         for check, value in zip(self.input_checks, leaves):
-            if type(check) is tuple:
+            if isinstance(check, tuple):
                 if value != check[1] or type(value) is not type(check[1]):
                     self.fail(f"input {check[0]} is {value!r} but the artifact was captured with {check[1]!r} (non-tensor inputs are baked into the graph)",
                               "pass the captured value, or capture again with this one")
@@ -341,12 +346,14 @@ class _ServedForward:
         # The C++ check of exactly these tensors' metadata, with the dims that may vary left free.
         strides = [list(t.stride()) if c.stride is not None else [None] * t.dim()
                    for c, t in zip((*self.state_checks, *self.tensor_checks), flat_tensors)]
-        self.plan = _StatePlan(modules)
-        self.guards = _TensorGuards(*flat_tensors, dynamic_dims_sizes=self.dynamic_sizes, dynamic_dims_strides=strides)
+        # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
+        guards = _TensorGuards(*flat_tensors, dynamic_dims_sizes=self.dynamic_sizes,  # type: ignore[arg-type]
+                               dynamic_dims_strides=strides)  # type: ignore[arg-type]
+        self.trusted = (_StatePlan(modules), guards)
         return state_tensors
 
     def check_unbacked(self, tensors):
-        sizes = {}
+        sizes: dict = {}
         for index, dim, spec, path in self.unbacked:
             size = tensors[index].shape[dim]
             low, high = spec.get("min"), spec.get("max")
