@@ -220,6 +220,32 @@ class _Variant:
             pytype = pytype or type(value)
         self.lines.append((label, f"type({self.source(guard, label)}) is {self.named(pytype, label)}"))
 
+    def fake_script_type_match(self, guard, label: str, kind: str) -> None:
+        """TYPE_MATCH on a source that is an opaque script object (a ProcessGroup, say): torch's check
+        unwraps a FakeScriptObject (only seen while tracing) to the real object it stands for."""
+        seen = self.saw(guard)
+        if seen is None:
+            raise Unrenderable(f"{label}: the capture recorded no value for it")
+        if not hasattr(getattr(torch._library, "fake_class_registry", None), "FakeScriptObject"):
+            raise Unrenderable(f"{label}: this torch has no FakeScriptObject to unwrap")
+        source = self.source(guard, label)
+        fake = "torch._library.fake_class_registry.FakeScriptObject"
+        self.lines.append((label, f"type({source}.real_obj if isinstance({source}, {fake}) else {source}) is "
+                                  f"{self.named(seen.type, label)}"))
+
+    def opaque_object_guard(self, guard, label: str, kind: str) -> None:
+        """OPAQUE_OBJ_GUARD_FN_MATCH compares what the guard_fn registered for an opaque object's type
+        returns; with none registered (a ProcessGroup) torch adds no check."""
+        seen = self.saw(guard)
+        if seen is None:
+            raise Unrenderable(f"{label}: the capture recorded no value for it")
+        from torch._library.opaque_object import get_opaque_obj_info
+
+        info = get_opaque_obj_info(seen.type)
+        if info is not None and info.guard_fn is not None:
+            raise Unrenderable(f"{label}: {seen.type.__qualname__} registers a guard_fn, whose values are not rendered here")
+        self.notes.append(f"{label}: skipped by torch (no guard_fn registered for {seen.type.__qualname__})")
+
     def constant_guard(self, guard, label: str, kind: str) -> None:
         seen = self.saw(guard)
         if seen is not None and seen.value is _UNKEPT:
@@ -458,6 +484,8 @@ _RENDERERS = {
     "SHAPE_ENV": "shape_env_guard",
     "TENSOR_MATCH": "tensor_guard",
     "TYPE_MATCH": "type_match",
+    "FAKE_SCRIPT_TYPE_MATCH": "fake_script_type_match",
+    "OPAQUE_OBJ_GUARD_FN_MATCH": "opaque_object_guard",
     "CONSTANT_MATCH": "constant_guard",
     "EQUALS_MATCH": "constant_guard",
     "NOT_PRESENT_IN_GENERIC_DICT": "not_present_in_generic_dict",
