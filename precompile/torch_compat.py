@@ -127,8 +127,9 @@ INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES = (
 def torch_version() -> tuple[int, int]:
     import torch
 
-    major, minor = re.match(r"(\d+)\.(\d+)", str(torch.__version__)).groups()  # type: ignore[union-attr]
-    return int(major), int(minor)
+    release = re.match(r"(\d+)\.(\d+)", str(torch.__version__))
+    assert release is not None  # every torch version starts with major.minor
+    return int(release.group(1)), int(release.group(2))
 
 
 def where(name: str, version: tuple[int, int] | None = None) -> str:

@@ -65,8 +65,9 @@ def _literals(path: str) -> dict[str, object]:
             tree = ast.parse(handle.read())
     except (OSError, SyntaxError, ValueError):
         return {}
-    found = {}
+    found: dict[str, object] = {}
     for node in tree.body:
+        target: ast.expr
         if isinstance(node, ast.AnnAssign):
             target, value = node.target, node.value
         elif isinstance(node, ast.Assign) and len(node.targets) == 1:
@@ -92,6 +93,7 @@ def _torch_build() -> tuple[dict[str, str], str]:
         abi = getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", None)
         if abi is not None:
             build["cxx11_abi"] = str(int(abi))
+        assert torch.__file__ is not None  # torch is a regular package: its module has an __init__.py
         return build, os.path.dirname(torch.__file__)
     spec = importlib.util.find_spec("torch")
     if spec is None or not spec.submodule_search_locations:

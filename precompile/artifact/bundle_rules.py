@@ -26,7 +26,7 @@ import re
 from pathlib import Path
 
 from precompile.artifact import bundle_keys
-from precompile.artifact.envelope import CacheEnvelope, KernelBundle
+from precompile.artifact.envelope import BundleFile, CacheEnvelope, KernelBundle
 
 MAX_FILES = 20_000
 MAX_PART_BYTES = 255
@@ -81,6 +81,32 @@ def path_problem(path: str) -> str | None:
     return None
 
 
+def _entry_problem(entry: BundleFile) -> str | None:
+    """Why one bundle entry, taken alone, breaks the rule (its path, kind or size), or None."""
+    problem = path_problem(entry.path)
+    if problem is not None:
+        return f"bundle entry {entry.path!r} is refused: {problem}"
+    expected = kind_of(entry.path)
+    if expected is None:
+        return f"bundle entry {entry.path!r} is not a file capture bundles (it declares kind {entry.kind!r})"
+    if entry.kind != expected:
+        return f"bundle entry {entry.path!r} declares kind {entry.kind!r}, but capture gives such a file kind {expected!r}"
+    if entry.size < 0:
+        return f"bundle entry {entry.path!r} declares a negative size {entry.size}"
+    return None
+
+
+def _kernel_map_problem(kernels: dict[str, str], kinds: dict[str, str]) -> str | None:
+    """Why the kernel map (`kinds`: each bundle path's kind) breaks the rule, or None."""
+    for digest, library in kernels.items():
+        if not _SHA256.match(digest):
+            return f"kernel map key {digest!r} is not the sha256 of a kernel source"
+        if kinds.get(library) != "kernel":
+            shown = "is not in the bundle" if library not in kinds else f"is a bundle file of kind {kinds[library]!r}"
+            return f"kernel map value {library!r} (for source {digest[:12]}...) {shown}; it must name a bundled kernel library"
+    return None
+
+
 def bundle_problem(bundle: KernelBundle) -> str | None:
     """Why the bundle index breaks the rule above, or None. The message names the entry."""
     if len(bundle.files) > MAX_FILES:
@@ -89,16 +115,9 @@ def bundle_problem(bundle: KernelBundle) -> str | None:
     targets: dict[str, str] = {}
     libraries: dict[str, str] = {}
     for entry in bundle.files:
-        problem = path_problem(entry.path)
+        problem = _entry_problem(entry)
         if problem is not None:
-            return f"bundle entry {entry.path!r} is refused: {problem}"
-        expected = kind_of(entry.path)
-        if expected is None:
-            return f"bundle entry {entry.path!r} is not a file capture bundles (it declares kind {entry.kind!r})"
-        if entry.kind != expected:
-            return f"bundle entry {entry.path!r} declares kind {entry.kind!r}, but capture gives such a file kind {expected!r}"
-        if entry.size < 0:
-            return f"bundle entry {entry.path!r} declares a negative size {entry.size}"
+            return problem
         if entry.path in seen:
             return f"bundle entry {entry.path!r} is listed twice"
         seen[entry.path] = entry.kind
@@ -111,13 +130,7 @@ def bundle_problem(bundle: KernelBundle) -> str | None:
             if stem in libraries:
                 return f"bundle kernels {libraries[stem]!r} and {entry.path!r} share the module name {stem!r}"
             libraries[stem] = entry.path
-    for digest, library in bundle.kernels.items():
-        if not _SHA256.match(digest):
-            return f"kernel map key {digest!r} is not the sha256 of a kernel source"
-        if seen.get(library) != "kernel":
-            shown = "is not in the bundle" if library not in seen else f"is a bundle file of kind {seen[library]!r}"
-            return f"kernel map value {library!r} (for source {digest[:12]}...) {shown}; it must name a bundled kernel library"
-    return None
+    return _kernel_map_problem(bundle.kernels, seen)
 
 
 def _rooted(path: str) -> str:

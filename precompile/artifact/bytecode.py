@@ -82,9 +82,11 @@ def embedded_modules(tree: ast.Module) -> dict[str, tuple[str, str]]:
     in python_code (string literals both), in the order of the tree: the modules its driver compiles."""
     modules: dict[str, tuple[str, str]] = {}
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "inductor_subgraph"
-                and len(node.args) >= 2 and all(isinstance(a, ast.Constant) and isinstance(a.value, str) for a in node.args[:2])):
-            name, text = node.args[0].value, node.args[1].value  # type: ignore[attr-defined]
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "inductor_subgraph"
+                and len(node.args) >= 2):
+            continue
+        name, text = (arg.value if isinstance(arg, ast.Constant) else None for arg in node.args[:2])
+        if isinstance(name, str) and isinstance(text, str):
             digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
             modules.setdefault(digest, (f"<precompile subgraph {name}>", text))
     return modules

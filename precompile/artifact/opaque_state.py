@@ -130,7 +130,9 @@ def bytecode_blobs(assignment: ast.Assign, lines: list[str]) -> list[Blob]:
     assert isinstance(value, ast.Dict)
     blobs = []
     for key, text in zip(value.keys, value.values):
-        assert isinstance(key, ast.Constant) and isinstance(text, ast.Constant)
+        # find_parts accepted only a dict of str constants (_is_bytecode_literal)
+        assert isinstance(key, ast.Constant) and isinstance(key.value, str)
+        assert isinstance(text, ast.Constant) and isinstance(text.value, str)
         match = _LABEL.match(lines[key.lineno - 2]) if key.lineno >= 2 else None
         label = (int(match.group(1)), match.group(2)) if match else None
         blobs.append(Blob(key=key.value, line=key.lineno, text=text.value, label=label))

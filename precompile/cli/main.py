@@ -27,6 +27,7 @@ def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
     else:
         _print_demo(report, out)
     served = report.served
+    assert served is not None  # run_demo raises when the fresh process printed no report
     if not report.ok:
         err.print(
             f"precompile: error: the pair served in a fresh process differs from eager by {served['max_abs_diff']:.3g} "

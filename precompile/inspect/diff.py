@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from precompile.artifact.bundle_keys import provenance as bundle_provenance
 from precompile.artifact.bundle_keys import requirements
+from precompile.artifact.envelope import CacheEnvelope
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
@@ -17,9 +18,9 @@ from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.line_diff import unified
-from precompile.inspect.model import Artifact, MegaCache
+from precompile.inspect.model import Artifact, MegaCache, UpstreamCache
 from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
-from precompile.inspect.report import CodeDiff, DiffEntry, DiffReport
+from precompile.inspect.report import Change, CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
@@ -145,65 +146,81 @@ def _python_code(artifact: Artifact) -> dict[str, dict[str, str]]:
     return out
 
 
+def _precompile_cache(artifact: Artifact, envelope: CacheEnvelope, provenance: bool) -> dict[str, dict[str, str]]:
+    """A precompile cache's sections: its envelope, and its bundle's entries."""
+    out: dict[str, dict[str, str]] = {}
+    env = {
+        "format_version": str(artifact.cache.format_version),
+        "backend": envelope.backend,
+        "tracer": envelope.tracer,
+        "producer.precompile": envelope.producer.precompile,
+        "producer.torch": envelope.producer.torch,
+        "producer.python": envelope.producer.python,
+        "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
+    }
+    if artifact.given != "pair":
+        env["code_hash"] = envelope.code_hash  # with python_code at hand, its sections and `pairs` say it all
+    bundle = envelope.bundle
+    if bundle is not None:
+        env.update({f"bundle.keys.{k}": v for k, v in requirements(bundle.keys).items()})
+        env["bundle.kernel_map"] = f"{len(bundle.kernels)} kernels by source"
+        if provenance:
+            env.update({f"bundle.provenance.{k}": v for k, v in bundle_provenance(bundle.keys, bundle.provenance).items()})
+            env["bundle.payload_size"] = str(bundle.payload_size)
+            env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
+            env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
+        out["bundle"] = _bundle_entries(bundle, provenance)
+    out["envelope"] = env
+    return out
+
+
+def _mega_cache_holder(artifact: Artifact, upstream: UpstreamCache) -> dict[str, dict[str, str]]:
+    """The sections of an upstream precompile cache or a bare Mega-Cache: its fields, and the Mega-Cache's entries."""
+    out: dict[str, dict[str, str]] = {}
+    env: dict[str, str] = {"kind": artifact.cache.kind}
+    mega = upstream.mega_cache
+    if upstream.precompile is not None:
+        precompiled = upstream.precompile
+        mega = precompiled.artifact
+        if artifact.given != "pair":
+            env["code_hash"] = str(precompiled.code_hash)
+        env.update({
+            "format": precompiled.format,
+            "version": str(precompiled.version),
+            "backend": str(precompiled.backend),
+            "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
+            "artifact": "None" if mega is None else f"Mega-Cache {mega.blob.size} bytes sha256 {mega.blob.sha256}",
+        })
+    if mega is not None:
+        env["mega_cache.encoding_version"] = str(mega.encoding_version)
+        out["entries"] = _entries(mega)
+    out["envelope"] = env
+    return out
+
+
+def _foreign_pickles(kind: str, upstream: UpstreamCache) -> dict[str, dict[str, str]]:
+    """The sections of another upstream cache (a torch.save zip, a bare pickle): its pickles' fields and
+    flagged imports, and its zip members."""
+    env: dict[str, str] = {"kind": kind}
+    for scan in upstream.pickles:
+        env.update({f"{scan.member}: {field.key}": field.summary for field in scan.fields})
+        for imp in scan.flagged:
+            env[f"{scan.member}: imports {imp.module}.{imp.name}"] = imp.risk
+    return {"envelope": env, "bundle": {member.name: f"zip member {member.size} bytes" for member in upstream.members}}
+
+
 def _cache(artifact: Artifact, provenance: bool) -> dict[str, dict[str, str]]:
     """The sections the cache fills: its envelope and bundle, or a foreign cache's fields and entries."""
-    out: dict[str, dict[str, str]] = {}
-    envelope = artifact.cache.envelope
-    if envelope is not None:
-        env = {
-            "format_version": str(artifact.cache.format_version),
-            "backend": envelope.backend,
-            "tracer": envelope.tracer,
-            "producer.precompile": envelope.producer.precompile,
-            "producer.torch": envelope.producer.torch,
-            "producer.python": envelope.producer.python,
-            "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
-        }
-        if artifact.given != "pair":
-            env["code_hash"] = envelope.code_hash  # with python_code at hand, its sections and `pairs` say it all
-        bundle = envelope.bundle
-        if bundle is not None:
-            env.update({f"bundle.keys.{k}": v for k, v in requirements(bundle.keys).items()})
-            env["bundle.kernel_map"] = f"{len(bundle.kernels)} kernels by source"
-            if provenance:
-                env.update({f"bundle.provenance.{k}": v for k, v in bundle_provenance(bundle.keys, bundle.provenance).items()})
-                env["bundle.payload_size"] = str(bundle.payload_size)
-                env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
-                env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
-            out["bundle"] = _bundle_entries(bundle, provenance)
-        out["envelope"] = env
-    elif artifact.cache.upstream is not None and (artifact.cache.upstream.precompile or artifact.cache.upstream.mega_cache):
-        upstream = artifact.cache.upstream
-        env = {"kind": artifact.cache.kind}
-        mega = upstream.mega_cache
-        if upstream.precompile is not None:
-            precompiled = upstream.precompile
-            mega = precompiled.artifact
-            if artifact.given != "pair":
-                env["code_hash"] = str(precompiled.code_hash)
-            env.update({
-                "format": precompiled.format,
-                "version": str(precompiled.version),
-                "backend": str(precompiled.backend),
-                "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
-                "artifact": "None" if mega is None else f"Mega-Cache {mega.blob.size} bytes sha256 {mega.blob.sha256}",
-            })
-        if mega is not None:
-            env["mega_cache.encoding_version"] = str(mega.encoding_version)
-            out["entries"] = _entries(mega)
-        out["envelope"] = env
-    elif artifact.cache.upstream is not None:
-        upstream = artifact.cache.upstream
-        env = {"kind": artifact.cache.kind}
-        for scan in upstream.pickles:
-            env.update({f"{scan.member}: {field.key}": field.summary for field in scan.fields})
-            for imp in scan.flagged:
-                env[f"{scan.member}: imports {imp.module}.{imp.name}"] = imp.risk
-        out["envelope"] = env
-        out["bundle"] = {member.name: f"zip member {member.size} bytes" for member in upstream.members}
-    elif artifact.cache.kind not in ("missing", "absent"):
-        out["envelope"] = {"kind": artifact.cache.kind}
-    return out
+    cache = artifact.cache
+    if cache.envelope is not None:
+        return _precompile_cache(artifact, cache.envelope, provenance)
+    if cache.upstream is not None and (cache.upstream.precompile or cache.upstream.mega_cache):
+        return _mega_cache_holder(artifact, cache.upstream)
+    if cache.upstream is not None:
+        return _foreign_pickles(cache.kind, cache.upstream)
+    if cache.kind not in ("missing", "absent"):
+        return {"envelope": {"kind": cache.kind}}
+    return {}
 
 
 def _masked(text: str) -> str:
@@ -244,7 +261,7 @@ def _code_diffs(a_code: bytes | None, b_code: bytes | None, context: int) -> lis
             continue
         shown = unified(left or [], right or [], f"a/{slug}", f"b/{slug}", context=context, max_lines=room)
         room -= shown.shown
-        change = "removed" if right is None else "added" if left is None else "changed"
+        change: Change = "removed" if right is None else "added" if left is None else "changed"
         code.append(CodeDiff(section=slug, change=change, lines=shown.lines, lines_not_shown=shown.left_out))
     return code
 

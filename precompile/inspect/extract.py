@@ -21,12 +21,13 @@ from pathlib import Path, PurePosixPath
 import msgspec
 
 from precompile.artifact.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, CacheFormatError, decode_payload
+from precompile.artifact.envelope import KernelBundle
 from precompile.artifact.pair import read_bytes
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
 from precompile.inspect.formats.mega_cache import entry_contents
 from precompile.inspect.formats.pickle_values import pickle_value
-from precompile.inspect.model import Artifact, Blob
+from precompile.inspect.model import Artifact, Blob, CacheInfo
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE
 from precompile.inspect.reader import MAX_ZIP_MEMBERS, read_member
 from precompile.inspect.report import ExtractedFile, ExtractReport
@@ -73,9 +74,10 @@ def _mega_cache_files(cache, problems: list[str]) -> list[tuple[str, bytes, str]
         except Exception as exc:  # the file changed since it was read: report, never crash
             problems.append(f"cache {cache.path}: its artifact field cannot be read again: {type(exc).__name__}: {exc}")
             return []
-        data = value.get("artifact") if isinstance(value, dict) else None
-        if not isinstance(data, bytes):
+        artifact = value.get("artifact") if isinstance(value, dict) else None
+        if not isinstance(artifact, bytes):
             return []
+        data = artifact
     else:
         return []
     planned = [("mega_cache.bin", data, "Mega-Cache container (raw bytes, never loaded)")]
@@ -119,12 +121,9 @@ def _module_text(value: ast.expr, name: str) -> str | None:
     return None
 
 
-def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractReport:
-    root = Path(directory)
-    if root.exists() and (not root.is_dir() or any(root.iterdir())):
-        raise PrecompileError(f"extract directory {directory} exists and is not empty; pass a new or empty directory")
+def _python_code_files(artifact: Artifact, python_code: bytes, problems: list[str]) -> list[tuple[str, bytes, str]]:
+    """python_code's sections, the output modules it holds, and its metadata (or upstream literals)."""
     planned: list[tuple[str, bytes, str]] = []
-    problems: list[str] = []
     source = None
     if artifact.given != "cache":
         try:
@@ -142,32 +141,51 @@ def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractRe
                         "upstream python_code calling-convention literals"))
     if artifact.python_code.problem:
         problems.append(artifact.python_code.problem)
-    cache = artifact.cache
+    return planned
+
+
+def _bundle_files(cache: CacheInfo, bundle: KernelBundle, problems: list[str]) -> list[tuple[str, bytes, str]]:
+    """Each kernel bundle file, hash-checked as load decodes it: `bundle/<path>`."""
+    data = read_bytes(Path(cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE)
+    try:
+        files = decode_payload(bundle, data, PREFIX_SIZE + (cache.header_size or 0), source=f"cache {cache.path}")
+    except CacheFormatError as exc:
+        problems.append(str(exc))
+        files = {}
+    return [(f"bundle/{_safe_relative(entry.path)}", files[entry.path], f"bundle file ({entry.kind})")
+            for entry in bundle.files if entry.path in files]
+
+
+def _cache_files(cache: CacheInfo, problems: list[str]) -> list[tuple[str, bytes, str]]:
+    """The cache's envelope and bundle files, or an upstream cache's members, envelope and Mega-Cache."""
+    planned: list[tuple[str, bytes, str]] = []
     if cache.envelope is not None:
         planned.append(("envelope.json", msgspec.json.format(msgspec.json.encode(cache.envelope), indent=2) + b"\n", "cache envelope"))
         bundle = cache.envelope.bundle
         if bundle is not None and bundle.files:
-            data = read_bytes(Path(cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE)
-            try:
-                files = decode_payload(bundle, data, PREFIX_SIZE + (cache.header_size or 0), source=f"cache {cache.path}")
-            except CacheFormatError as exc:
-                problems.append(str(exc))
-                files = {}
-            for entry in bundle.files:
-                if entry.path in files:
-                    planned.append((f"bundle/{_safe_relative(entry.path)}", files[entry.path], f"bundle file ({entry.kind})"))
-    if cache.upstream is not None and cache.upstream.container == "torch_save_zip":
+            planned.extend(_bundle_files(cache, bundle, problems))
+    upstream = cache.upstream
+    if upstream is not None and upstream.container == "torch_save_zip":
         planned.extend(_zip_members(cache.path, problems))
-    if cache.upstream is not None and cache.upstream.precompile is not None:
-        planned.append(("envelope.json", msgspec.json.format(msgspec.json.encode(cache.upstream.precompile), indent=2) + b"\n",
+    if upstream is not None and upstream.precompile is not None:
+        planned.append(("envelope.json", msgspec.json.format(msgspec.json.encode(upstream.precompile), indent=2) + b"\n",
                         "upstream precompile cache envelope (with its Mega-Cache's entries)"))
-    if cache.upstream is not None:
+    if upstream is not None:
         planned.extend(_mega_cache_files(cache, problems))
-    if cache.upstream is not None and cache.upstream.container == "pickle":
+    if upstream is not None and upstream.container == "pickle":
         planned.append((f"cache/{_safe_relative(os.path.basename(cache.path))}", read_bytes(Path(cache.path), "cache", MAX_PICKLE_SIZE),
                         "bare pickle (raw bytes, not unpickled)"))
     if cache.problem:
         problems.append(cache.problem)
+    return planned
+
+
+def extract(artifact: Artifact, python_code: bytes, directory: str) -> ExtractReport:
+    root = Path(directory)
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise PrecompileError(f"extract directory {directory} exists and is not empty; pass a new or empty directory")
+    problems: list[str] = []
+    planned = _python_code_files(artifact, python_code, problems) + _cache_files(artifact.cache, problems)
     written = []
     for relative, content, what in planned:
         target = root / relative

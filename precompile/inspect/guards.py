@@ -10,8 +10,17 @@ from __future__ import annotations
 import ast
 import re
 
-from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
-from precompile.inspect.model import Artifact, FrameGuards, Guards, GuardSlot, Specialization, UpstreamCodeInfo
+from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata, NamedTensor
+from precompile.inspect.model import (
+    Artifact,
+    FrameGuards,
+    Guards,
+    GuardSlot,
+    SlotStatus,
+    Specialization,
+    SpecializationKind,
+    UpstreamCodeInfo,
+)
 
 _NOT_CHECKED_ALWAYS = (
     "tensor values: control flow that depended on them was fixed at capture",
@@ -34,7 +43,9 @@ def makefx_guards(meta: MakeFxMetadata) -> Guards:
         specs.append(Specialization(kind="device", path=leaf.path, value=leaf.device))
         if leaf.stride is not None:
             specs.append(Specialization(kind="stride", path=leaf.path, value=shape_text(leaf.stride)))
-    for kind, tensors in (("param", meta.params), ("buffer", meta.buffers)):
+    module_tensors: tuple[tuple[SpecializationKind, tuple[NamedTensor, ...]], ...] = (
+        ("param", meta.params), ("buffer", meta.buffers))
+    for kind, tensors in module_tensors:
         for tensor in tensors:
             layout = f" stride {shape_text(tensor.stride)}" if tensor.stride is not None else ""
             specs.append(Specialization(kind=kind, path=tensor.name, value=f"{shape_text(tensor.shape)} {tensor.dtype} {tensor.device}{layout}"))
@@ -130,14 +141,15 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
             if note.startswith("# ") and ": " in note:
                 label, _, why = note[2:].partition(": ")
                 checks.setdefault(label, f"not checked: {why}")
-        label = None
+        failing: str | None = None  # the label the rendered guard assigns before its `if`
         for statement in ast.walk(node):
             if isinstance(statement, ast.Assign) and [getattr(t, "id", None) for t in statement.targets] == ["failing"]:
-                label = statement.value.value if isinstance(statement.value, ast.Constant) else None
-            elif isinstance(statement, ast.If) and isinstance(label, str):
+                value = statement.value.value if isinstance(statement.value, ast.Constant) else None
+                failing = value if isinstance(value, str) else None
+            elif isinstance(statement, ast.If) and failing is not None:
                 test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
-                checks[label] = " ".join((ast.get_source_segment(text, test) or "").split())
-                label = None
+                checks[failing] = " ".join((ast.get_source_segment(text, test) or "").split())
+                failing = None
         found[key] = checks
     return found
 
@@ -164,7 +176,7 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None) -> Gu
     def unchecked(slot, by_policy: bool) -> GuardSlot:
         slot = tuple(slot)
         is_risky = not by_policy and slot in risky
-        status = "policy_dropped" if by_policy else "risky_dropped" if is_risky else "dropped"
+        status: SlotStatus = "policy_dropped" if by_policy else "risky_dropped" if is_risky else "dropped"
         return GuardSlot(guard_type=slot[0], source=slot[1], status=status, check=rendered.get(slot, ""), risky=is_risky)
 
     dropped = tuple(unchecked(slot, False) for slot in summary.dropped_guards) + tuple(
@@ -214,10 +226,12 @@ def upstream_guards(code: UpstreamCodeInfo) -> Guards:
     shapes, dtypes, devices = column("USER_INPUT_SHAPES"), column("USER_INPUT_DTYPES"), column("USER_INPUT_DEVICES")
     for index in range(max(len(shapes), len(dtypes), len(devices))):
         path = f"input leaf {index}"
-        for kind, items in (("shape", shapes), ("dtype", dtypes), ("device", devices)):
+        input_columns: tuple[tuple[SpecializationKind, list], ...] = (("shape", shapes), ("dtype", dtypes), ("device", devices))
+        for kind, items in input_columns:
             if index < len(items) and items[index] is not None:
                 specs.append(Specialization(kind=kind, path=path, value=shape_text(items[index]) if kind == "shape" else str(items[index])))
-    for kind, prefix in (("param", "PARAM"), ("buffer", "BUFFER")):
+    module_prefixes: tuple[tuple[SpecializationKind, str], ...] = (("param", "PARAM"), ("buffer", "BUFFER"))
+    for kind, prefix in module_prefixes:
         names, shapes, dtypes, devices = (column(f"{prefix}_{part}") for part in ("NAMES", "SHAPES", "DTYPES", "DEVICES"))
         for index, name in enumerate(names):
             parts = [shape_text(shapes[index]) if index < len(shapes) else "?", *(str(col[index]) for col in (dtypes, devices) if index < len(col))]

@@ -60,6 +60,7 @@ def _python(text: str) -> str:
                 continue
             out.append(_span(None, text[done:start]))
             value = text[start:end]
+            cls: str | None
             if token.type == tokenize.COMMENT:
                 cls = "c"
             elif token.type in _STRING_TYPES:

@@ -108,9 +108,8 @@ def _leaf(leaf) -> str:
     return f"tensor {shape_text(leaf.shape)} {leaf.dtype} {leaf.device}"
 
 
-def _summary(page: ArtifactPage, artifact: Artifact) -> None:
-    code, cache = artifact.python_code, artifact.cache
-    rows = page.summary
+def _python_code_rows(rows: list[tuple[str, str]], artifact: Artifact) -> None:
+    code = artifact.python_code
     if artifact.given != "cache":
         rows.append(("python_code", code.path))
         if code.file is not None:
@@ -132,43 +131,65 @@ def _summary(page: ArtifactPage, artifact: Artifact) -> None:
         rows += [(literal.name, literal.value) for literal in code.upstream.literals]
     elif artifact.given != "cache":
         rows.append(("format version, tracer", f"{code.format_version if code.format_version is not None else '?'}, {code.tracer or '?'}"))
-    if artifact.given != "python_code":
-        rows.append(("cache", f"{cache.path} ({cache.kind})"))
-        if cache.file is not None:
-            rows.append(("cache size, sha256", f"{cache.file.size} bytes, {cache.file.sha256}"))
-        env = cache.envelope
-        if env is not None:
-            rows += [
-                ("cache format version, tags", f"{cache.format_version}, backend {env.backend}, tracer {env.tracer}"),
-                ("produced by", f"precompile {env.producer.precompile}, torch {env.producer.torch}, python {env.producer.python}"),
-                ("code_hash", env.code_hash),
-            ]
-            if cache.header_size is not None and cache.payload is not None:
-                digest = f" (sha256 {cache.payload.sha256})" if cache.payload.sha256 else ""
-                rows.append(("header, payload", f"{cache.header_size} bytes, {cache.payload.size} bytes{digest}"))
+
+
+def _cache_rows(rows: list[tuple[str, str]], artifact: Artifact) -> None:
+    if artifact.given == "python_code":
+        return
+    cache = artifact.cache
+    rows.append(("cache", f"{cache.path} ({cache.kind})"))
+    if cache.file is not None:
+        rows.append(("cache size, sha256", f"{cache.file.size} bytes, {cache.file.sha256}"))
+    env = cache.envelope
+    if env is not None:
+        rows += [
+            ("cache format version, tags", f"{cache.format_version}, backend {env.backend}, tracer {env.tracer}"),
+            ("produced by", f"precompile {env.producer.precompile}, torch {env.producer.torch}, python {env.producer.python}"),
+            ("code_hash", env.code_hash),
+        ]
+        if cache.header_size is not None and cache.payload is not None:
+            digest = f" (sha256 {cache.payload.sha256})" if cache.payload.sha256 else ""
+            rows.append(("header, payload", f"{cache.header_size} bytes, {cache.payload.size} bytes{digest}"))
+
+
+def _calling_convention(meta: MakeFxMetadata) -> list[tuple[str, list[tuple[str, str]]]]:
+    grads = [meta.params[i].name if 0 <= i < len(meta.params) else f"#{i}" for i in meta.grad_param_indices]
+    return [
+        ("arguments", [("positional args", str(meta.num_positional_args)), ("modules at", str(list(meta.module_positions))),
+                       ("in_spec", meta.in_spec), ("out_spec", meta.out_spec), ("gradients returned for", ", ".join(grads) or "(none)")]),
+        ("inputs", [(leaf.path, _leaf(leaf)) for leaf in meta.inputs]),
+        ("outputs", [(leaf.path, _leaf(leaf)) for leaf in meta.outputs]),
+        ("params", [(t.name, f"{shape_text(t.shape)} {t.dtype} {t.device}") for t in meta.params]),
+        ("buffers", [(t.name, f"{shape_text(t.shape)} {t.dtype} {t.device}") for t in meta.buffers]),
+    ]
+
+
+def _bundle_rows(page: ArtifactPage, artifact: Artifact) -> None:
+    envelope = artifact.cache.envelope
+    bundle = envelope.bundle if envelope is not None else None
+    if envelope is None or bundle is None or not bundle.files:
+        return
+    unserved = unserved_reason(envelope)
+    served = ("load serves them on a host that meets the requirements" if unserved is None
+              else f"load does not serve them (it compiles instead): {unserved}")
+    page.summary.append(("kernel bundle", f"{len(bundle.files)} files, {bundle.payload_size} bytes "
+                         f"({bundle.payload_compressed_size} compressed); {served}"))
+    page.requirements = sorted(requirements(bundle.keys).items())
+    page.provenance = list(provenance(bundle.keys, bundle.provenance).items())
+
+
+def _summary(page: ArtifactPage, artifact: Artifact) -> None:
+    _python_code_rows(page.summary, artifact)
+    _cache_rows(page.summary, artifact)
     if artifact.given == "pair":
         verdict = {True: "yes", False: "NO", None: "cannot tell"}[artifact.pairs]
-        rows.append(("pairs", verdict + (f": {artifact.pairing_problem}" if artifact.pairing_problem else "")))
+        page.summary.append(("pairs", verdict + (f": {artifact.pairing_problem}" if artifact.pairing_problem else "")))
+    meta = artifact.python_code.metadata
     if isinstance(meta, DynamoMetadata):
-        rows.append(("capture summary", str(meta.summary)))
+        page.summary.append(("capture summary", str(meta.summary)))
     if isinstance(meta, MakeFxMetadata):
-        grads = [meta.params[i].name if 0 <= i < len(meta.params) else f"#{i}" for i in meta.grad_param_indices]
-        page.calling_convention = [
-            ("arguments", [("positional args", str(meta.num_positional_args)), ("modules at", str(list(meta.module_positions))),
-                           ("in_spec", meta.in_spec), ("out_spec", meta.out_spec), ("gradients returned for", ", ".join(grads) or "(none)")]),
-            ("inputs", [(leaf.path, _leaf(leaf)) for leaf in meta.inputs]),
-            ("outputs", [(leaf.path, _leaf(leaf)) for leaf in meta.outputs]),
-            ("params", [(t.name, f"{shape_text(t.shape)} {t.dtype} {t.device}") for t in meta.params]),
-            ("buffers", [(t.name, f"{shape_text(t.shape)} {t.dtype} {t.device}") for t in meta.buffers]),
-        ]
-    bundle = cache.envelope.bundle if cache.envelope is not None else None
-    if bundle is not None and bundle.files:
-        unserved = unserved_reason(cache.envelope)
-        rows.append(("kernel bundle", f"{len(bundle.files)} files, {bundle.payload_size} bytes ({bundle.payload_compressed_size} compressed); "
-                     + ("load serves them on a host that meets the requirements" if unserved is None
-                        else f"load does not serve them (it compiles instead): {unserved}")))
-        page.requirements = sorted(requirements(bundle.keys).items())
-        page.provenance = list(provenance(bundle.keys, bundle.provenance).items())
+        page.calling_convention = _calling_convention(meta)
+    _bundle_rows(page, artifact)
 
 
 def _frames(page: ArtifactPage, artifact: Artifact) -> None:
@@ -220,11 +241,12 @@ def _kernels(page: ArtifactPage, artifact: Artifact, source: str | None) -> None
         page.findings.append(f"kernel bundle not shown: {exc}")
         return
     for index, entry in enumerate(bundle.files):
-        content = files.get(entry.path)
-        textual = content is not None and bool(_TEXT_KINDS.search(entry.kind) or _TEXT_KINDS.search(entry.path)) and b"\0" not in content
-        if content is not None and textual:
+        entry_bytes = files.get(entry.path)
+        textual = (entry_bytes is not None and bool(_TEXT_KINDS.search(entry.kind) or _TEXT_KINDS.search(entry.path))
+                   and b"\0" not in entry_bytes)
+        if entry_bytes is not None and textual:
             page.kernels.append(_code(f"{page.id}-kernel-{index}", entry.path, f"bundle {entry.kind}, {entry.size} bytes, sha256 {entry.sha256}",
-                                      content.decode("utf-8", "replace"), language_of(entry.path)))
+                                      entry_bytes.decode("utf-8", "replace"), language_of(entry.path)))
         else:
             page.binaries.append({"path": entry.path, "kind": entry.kind, "size": entry.size, "sha256": entry.sha256})
 

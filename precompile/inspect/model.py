@@ -134,6 +134,9 @@ class ZipMember(msgspec.Struct, frozen=True, kw_only=True):
     compressed_size: int
 
 
+MegaCacheContent = Literal["pickle", "text", "binary"]
+
+
 class MegaCacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One artifact of a Mega-Cache: which of torch's caches it primes, under which key, and what it holds."""
 
@@ -141,7 +144,7 @@ class MegaCacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     """torch's cache kind: inductor, aot_autograd, autotune, pgo, precompile, ..."""
     key: str
     file: Blob
-    content: Literal["pickle", "text", "binary"]
+    content: MegaCacheContent
     scan: PickleScan | None = None
     """The static scan of the content when it is a pickle: what loading it would import."""
 

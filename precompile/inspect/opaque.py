@@ -31,7 +31,8 @@ from precompile.artifact.opaque_state import (
     mentions,
 )
 from precompile.inspect.model import PickleImport, PickleScan, Section
-from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, dynamo_state_reviewed, is_pickle, scan_pickle
+from precompile.inspect.pickle_policy import dynamo_state_reviewed
+from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 
 MIN_BLOB_CHARS = 16
 _CANONICAL_AS = {STATE: "a base64 str literal or None", BYTECODE: "a dict of str keys to base64 str literals"}
@@ -117,22 +118,22 @@ class OpaqueReader:
         """The pickles in file order (the opaque state scanned strictly when canonical) and the
         problems that keep the opaque parts from being read as load reads them. `values`: the
         file's metadata literals (which modules the artifact captured)."""
-        problems = []
+        problems: list[str] = []
         state = self._canonical(STATE)
         bytecode = self._canonical(BYTECODE)
         problems.extend(problem for problem in (state, bytecode) if isinstance(problem, str))
         if isinstance(bytecode, ast.Assign):
             blobs = bytecode_blobs(bytecode, self._source.splitlines())
             problems.extend(problem for problem in map(blob_problem, blobs) if problem is not None)
-        found = []
+        found: list[tuple[int, int, PickleScan]] = []
         state_value = state.value if isinstance(state, ast.Assign) else None
         for line, column, scan, node in self._scans:
             if node is not state_value:
                 found.append((line, column, scan))
         if isinstance(state_value, ast.Constant) and state_value.value:
-            scan, problem = self._state_scan(state_value, values)
-            problems.extend([problem] if problem is not None else [])
-            found.extend([(state_value.lineno, state_value.col_offset, scan)] if scan is not None else [])
+            state_scan, state_problem = self._state_scan(state_value, values)
+            problems.extend([state_problem] if state_problem is not None else [])
+            found.extend([(state_value.lineno, state_value.col_offset, state_scan)] if state_scan is not None else [])
         return tuple(scan for _, _, scan in sorted(found, key=lambda item: item[:2])), tuple(problems)
 
     def _canonical(self, name: str) -> ast.Assign | str | None:
@@ -151,8 +152,10 @@ class OpaqueReader:
     def _state_scan(self, value: ast.Constant, values: dict) -> tuple[PickleScan | None, str | None]:
         """The scan of the pickle load would unpickle from `_dynamo_state`, or why there is none;
         strict: an import neither data-only nor reviewed for Dynamo's state is a finding."""
+        text = value.value
+        assert isinstance(text, str)  # canonical (_is_state_literal) and not None: finish checked both
         try:
-            data = decode(value.value)
+            data = decode(text)
         except ValueError as exc:
             return None, f"{STATE} (line {value.lineno}) is {exc}: load refuses it, and it cannot be scanned; {REMEDY}"
         member = f"python_code section {_section_of(value.lineno, self._sections, self._starts)}: {STATE} (line {value.lineno})"
@@ -161,7 +164,7 @@ class OpaqueReader:
     def _literal_scans(self, tree: ast.Module, first_line: int) -> list[tuple[int, int, PickleScan, ast.AST]]:
         """Each literal of the part holding a pickle, with its line in the file and its node."""
         targets: dict[int, str] = {}
-        found = []
+        found: list[tuple[int, int, PickleScan, ast.AST]] = []
         for node in _nodes(tree):  # an assignment comes before the literal it assigns
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
                 names = node.targets if isinstance(node, ast.Assign) else [node.target]

@@ -163,3 +163,12 @@ def read_ops(data: bytes) -> Iterator[tuple[str, object, int]]:
         yield op.name, reader(stream) if reader is not None else None, pos
         if op.name == "STOP":
             return
+
+
+def looks_like_pickle(data: bytes) -> bool:
+    """A protocol 2+ header, or a protocol 0/1 stream that starts like one (an opcode byte)."""
+    if len(data) < 4:
+        return False
+    if data[0] == 0x80:
+        return data[1] <= 5
+    return data[0] in OPCODE_BYTES

@@ -44,7 +44,7 @@ def mask_artifact_names(text: str) -> str:
     return _ARTIFACT_PREFIX.sub("__precompile_<artifact>_", text)
 
 
-def _is_pickle(data: bytes) -> bool:
+def _is_pickle(data: bytes | bytearray) -> bool:
     return len(data) >= 2 and data[0] == 0x80 and data[1] <= 5
 
 
@@ -56,14 +56,15 @@ def _masked_ops(data: bytes, digest, ops_left: list[int], depth: int = 0) -> Non
         if op.name in ("FRAME", "LONG1", "LONG4"):
             arg = None  # framing sizes, and the 64-bit guard hashes Dynamo computes per process
         elif isinstance(arg, (bytes, bytearray)) and _is_pickle(arg) and depth < 8:
+            blob = bytes(arg)
             try:
                 nested = hashlib.sha256()
-                _masked_ops(bytes(arg), nested, ops_left, depth + 1)
+                _masked_ops(blob, nested, ops_left, depth + 1)
                 arg = nested.hexdigest()
             except _TooManyOps:
                 raise
             except Exception:  # bytes that only look like a pickle are compared as bytes
-                arg = _OBJECT_ID.sub("<id>", mask_process_ids(bytes(arg).decode("latin-1")))
+                arg = _OBJECT_ID.sub("<id>", mask_process_ids(blob.decode("latin-1")))
         elif isinstance(arg, (bytes, bytearray)):
             arg = _OBJECT_ID.sub("<id>", mask_process_ids(bytes(arg).decode("latin-1")))
         elif isinstance(arg, str):

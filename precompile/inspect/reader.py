@@ -117,7 +117,7 @@ def _parse_python_code(data: bytes, path: str):
     version = values.get("FORMAT_VERSION")
     version = version if isinstance(version, int) and not isinstance(version, bool) else None
     tracer = values.get("TRACER")
-    info = dict(
+    info = PythonCodeInfo(
         path=path,
         file=blob,
         format_version=version,
@@ -129,13 +129,13 @@ def _parse_python_code(data: bytes, path: str):
     )
     upstream = upstream_code(values)
     if upstream is not None:
-        return PythonCodeInfo(**info, upstream=upstream), None
+        return msgspec.structs.replace(info, upstream=upstream), None
     try:
         metadata = metadata_of(values, filename=path)
     except PrecompileError as exc:
         newer = version is not None and version > FORMAT_VERSION
-        return PythonCodeInfo(**info, problem=str(exc), newer=newer), None
-    return PythonCodeInfo(**info, metadata=metadata), metadata
+        return msgspec.structs.replace(info, problem=str(exc), newer=newer), None
+    return msgspec.structs.replace(info, metadata=metadata), metadata
 
 
 def _read_prefix(path: str, size: int) -> bytes:
@@ -213,12 +213,14 @@ def _read_envelope(path: str, size: int, head: bytes, deep: bool) -> CacheInfo:
         )
     offset = cache.payload_offset
     payload = _blob(data[offset:]) if deep else Blob(size=size - offset, sha256="")
+    tag = cache.envelope.__struct_config__.tag
+    assert isinstance(tag, int)  # each envelope layout is tagged with its int format_version
     return CacheInfo(
         path=path,
         kind="precompile",
         file=file,
         envelope=without_blob_data(cache.envelope),  # sizes and digests; verify reads the bytes itself
-        format_version=cache.envelope.__struct_config__.tag,
+        format_version=tag,
         header_size=header_size,
         payload=payload,
     )
@@ -320,6 +322,7 @@ def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False)
     cache = read_cache(cache_path, deep=deep)
     envelope = cache.upstream.precompile if cache.upstream is not None else None
     if code_info.upstream is not None and envelope is not None:
+        assert code_info.file is not None  # upstream python_code was recognised in the file's bytes
         problem = upstream_pairing_problem(code_info.file.sha256, code_info.upstream, envelope)
         return Artifact(python_code=code_info, cache=cache, pairs=problem is None, pairing_problem=problem)
     if code is None or cache.envelope is None:

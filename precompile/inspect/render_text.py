@@ -13,7 +13,7 @@ from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
 from precompile.inspect.line_diff import shown
 from precompile.inspect.model import Artifact, CacheInfo, Guards, MegaCache, PickleScan, PythonCodeInfo, UpstreamCache
-from precompile.inspect.pickle_scan import DATA_ONLY, PARTIAL
+from precompile.inspect.pickle_policy import DATA_ONLY, PARTIAL
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
 
 Line = tuple[str, "str | None"]
@@ -249,7 +249,7 @@ def _served_by(graph) -> str:
 def render_guards(report: GuardsReport) -> list[Line]:
     guards: Guards | None = report.guards
     if guards is None:
-        return [(f"{report.python_code}: guards unavailable", BAD)] + [(f"problem: {p}", BAD) for p in report.problems]
+        return [(f"{report.python_code}: guards unavailable", BAD), *((f"problem: {p}", BAD) for p in report.problems)]
     lines: list[Line] = [(f"{report.python_code}: {guards.tracer} artifact: {guards.headline}", HEAD)]
     lines.append(("NOT checked:", BAD))
     lines.extend((f"  - {item}", None) for item in guards.not_checked)

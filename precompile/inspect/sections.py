@@ -51,7 +51,7 @@ def split_sections(source: str) -> list[tuple[Section, str]]:
             i += 3
         else:
             i += 1
-    result = []
+    result: list[tuple[Section, str]] = []
     used: dict[str, int] = {}
     for index, (start, title) in enumerate(starts):
         end = starts[index + 1][0] if index + 1 < len(starts) else len(lines)

@@ -72,12 +72,15 @@ def _integrity(artifact: Artifact) -> list[Check]:
     checks.extend(_opaque(artifact))
     upstream = cache.upstream.precompile if cache.upstream is not None else None
     if code.upstream is not None and upstream is not None:
+        assert code.file is not None  # upstream python_code was recognised in the file's bytes
         return checks + _upstream_pairing(code.upstream.backend, code.file.sha256, upstream.backend, upstream.code_hash)
     meta, envelope = code.metadata, cache.envelope
     if meta is None or envelope is None:
         checks.append(Check(name="pairing", status="skip", message="needs a readable python_code and cache"))
         return checks
+    assert code.file is not None  # the metadata was parsed from the file's bytes
     tracer = type(meta).__struct_config__.tag
+    assert isinstance(tracer, str)  # each metadata layout is tagged with its TRACER name
     for name, expected, actual in (
         ("backend tag", meta.backend, envelope.backend),
         ("tracer tag", tracer, envelope.tracer),

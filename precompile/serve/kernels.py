@@ -121,6 +121,7 @@ def inductor_serves_from(primed: dict[str, str], built: dict[str, str]) -> Itera
         module = sys.modules.get(name)
         if module is None:
             spec = importlib.util.spec_from_file_location(name, path)
+            assert spec is not None and spec.loader is not None  # a bundled kernel is a .so: an extension module
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             sys.modules[name] = module

@@ -146,12 +146,13 @@ def _read_if_present(cache_path: Path) -> bytes | None:
 
 
 def _forbidden_cause(exc: BaseException) -> CompilationForbidden | None:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, CompilationForbidden):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, CompilationForbidden):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
     return None
 
 
@@ -312,6 +313,7 @@ def load(
     )
     with contextlib.ExitStack() as stack:
         if through_inductor:
+            assert primed is not None  # through_inductor is only set when the bundle's kernels were primed
             bundle = cache.envelope.bundle
             stack.enter_context(kernels.producer_vec_isas(bundle.keys))
             stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))

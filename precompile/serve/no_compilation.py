@@ -26,6 +26,8 @@ from precompile.torch_compat import NO_COMPILATION_GATES as _GATES
 from precompile.torch_compat import missing_gates
 
 ENV_VAR = "TORCH_PRECOMPILE_NO_COMPILATION"
+_GATE_MARK = "__precompile_gate__"
+"""Set on each gate: a target already gated is not wrapped again."""
 
 _lock = threading.Lock()
 _depth = 0
@@ -47,7 +49,7 @@ def _gate(function, what: str):
             )
         return function(*args, **kwargs)
 
-    gated.__precompile_gate__ = True  # type: ignore[attr-defined]
+    setattr(gated, _GATE_MARK, True)
     return gated
 
 
@@ -58,7 +60,7 @@ def _install_gates(module) -> None:
         for part in owner_path:
             owner = getattr(owner, part, None)
         current = getattr(owner, name, None) if owner is not None else None
-        if current is None or getattr(current, "__precompile_gate__", False):
+        if current is None or getattr(current, _GATE_MARK, False):
             continue
         if isinstance(owner, type) and isinstance(owner.__dict__.get(name), staticmethod):
             setattr(owner, name, staticmethod(_gate(current, what)))

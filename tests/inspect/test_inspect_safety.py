@@ -92,7 +92,7 @@ def test_poisoned_artifact_runs_nothing(capsys, tmp_path, monkeypatch):
     ],
 )
 def test_classify(module, name, risk):
-    from precompile.inspect.pickle_scan import classify
+    from precompile.inspect.pickle_policy import classify
 
     assert classify(module, name) == risk
 

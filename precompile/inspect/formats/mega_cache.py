@@ -20,7 +20,7 @@ import binascii
 import hashlib
 import zlib
 
-from precompile.inspect.model import Blob, MegaCache, MegaCacheEntry
+from precompile.inspect.model import Blob, MegaCache, MegaCacheContent, MegaCacheEntry
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 
 ENCODING_VERSION = 1
@@ -82,7 +82,7 @@ def looks_like_mega_cache(head: bytes) -> bool:
     return 0 < len(kind) <= 64 and kind.replace("_", "").isalnum()
 
 
-def _content_kind(content: bytes) -> str:
+def _content_kind(content: bytes) -> MegaCacheContent:
     if is_pickle(content):  # protocol 0 and 1 pickles too, though they are valid UTF-8 text
         return "pickle"
     try:
