@@ -48,7 +48,8 @@ UNKEPT = object()
 # Values a kept constant guard is rendered for (guard_code checks each reads back as a literal).
 _CONSTANT_TYPES = (int, float, str, bytes, complex, tuple, list, frozenset, set, bool, type(None), torch.dtype)
 # Guard types whose rendering reads what their source held (the rest read the saved guard state).
-_SEEN_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "DICT_KEYS_MATCH", "SEQUENCE_LENGTH", "HASATTR"})
+_SEEN_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "FAKE_SCRIPT_TYPE_MATCH", "DICT_KEYS_MATCH",
+                         "SEQUENCE_LENGTH", "HASATTR", "OPAQUE_OBJ_GUARD_FN_MATCH"})
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,8 @@ def seen(entry) -> Seen | None:
     value = entry.value
     from precompile.torch_compat import FakeTensor
 
+    if entry.guard_type in ("FAKE_SCRIPT_TYPE_MATCH", "OPAQUE_OBJ_GUARD_FN_MATCH") and type(value).__name__ == "FakeScriptObject":
+        value = getattr(value, "real_obj", value)  # torch's check compares the real object's type
     kind = (getattr(value, "pytype", None) if isinstance(value, FakeTensor) else None) or type(value)
     constant = UNKEPT
     if entry.guard_type in ("CONSTANT_MATCH", "EQUALS_MATCH") and type(value) in _CONSTANT_TYPES:

@@ -7,12 +7,9 @@ compared with objects resolved by qualified name at load, constants as literals,
 as the plain expressions Dynamo wrote. Guard sources are Dynamo's own (`L['x']._parameters['w']`,
 `dict(type(L['m']).__dict__)['forward'].__closure__[0].cell_contents`, `list(dict.keys(G['REG']))[0]`).
 
-The values a check compares with are what the source held when Dynamo built the guard, recorded from
-the live objects the guard filter is handed (`guard_accounting.Seen`); the pickled guard state is read
-only for tensors, shape guards and ambient state, and where the filter saw no value.
-
-Only what is rendered faithfully is rendered: a variant holding a kept guard this module has no
-exact rendering for raises `Unrenderable` naming it, and the capture is refused (standalone.py).
+Checks compare with what the source held when Dynamo built the guard, from the live objects the guard
+filter is handed (`guard_accounting.Seen`), not the pickled guard state (read for tensors, shape guards,
+ambient state). A kept guard with no faithful rendering raises `Unrenderable`: the capture is refused.
 """
 from __future__ import annotations
 
@@ -38,13 +35,9 @@ _SHAPE_NAMES = frozenset({"L", "G", "math", "___as_tensor"})
 _SHAPE_CALLS = frozenset({"size", "stride", "storage_offset", "isnan", "___as_tensor", "item"})
 _MARKING_NAMES = frozenset({"L", "G", "hasattr", "getattr", "set"})
 _TENSOR_TYPES = {torch.Tensor: "torch:Tensor", torch.nn.Parameter: "torch.nn.parameter:Parameter"}
-
-
 # A global Dynamo binds by id (OutputGraph.install_global_by_id: `<prefix>_<id>_c<compile id>`).
 _MINTED_GLOBAL = re.compile(r"G\['(\w*_\d+_c\d+)'\]")
 _BARE_LOCAL = re.compile(r"^(type\()?(?!type\()(?![LG]\[)([A-Za-z_]\w*)")
-
-
 # What a rendered guard source may name and call beside L and G: the builtins Dynamo's own source
 # text uses to reach a value (dict(type(x).__dict__)['f'], dict.__getitem__(d, k), list(dict.keys(d))[0],
 # object.__getattribute__(x, 'a')), each resolved from the serving process's builtins.
@@ -202,12 +195,6 @@ class _Variant:
             raise Unrenderable(f"{label}: the capture ran under a default device")
         self.lines.append((label, "_device_module.CURRENT_DEVICE is None"))
 
-    def shape_env_guard(self, guard, label: str, kind: str) -> None:
-        self.shape_env(label)
-
-    def tensor_guard(self, guard, label: str, kind: str) -> None:
-        self.tensor(guard, label)
-
     def type_match(self, guard, label: str, kind: str) -> None:
         seen = self.saw(guard)
         if seen is not None:
@@ -219,6 +206,32 @@ class _Variant:
             fake_type = getattr(value, "pytype", None) if isinstance(value, FakeTensor) else None
             pytype = fake_type or type(value)
         self.lines.append((label, f"type({self.source(guard, label)}) is {self.named(pytype, label)}"))
+
+    def fake_script_type_match(self, guard, label: str, kind: str) -> None:
+        """TYPE_MATCH on a source that is an opaque script object (a ProcessGroup, say): torch's check
+        unwraps a FakeScriptObject (only seen while tracing) to the real object it stands for."""
+        seen = self.saw(guard)
+        if seen is None:
+            raise Unrenderable(f"{label}: the capture recorded no value for it")
+        if not hasattr(getattr(torch._library, "fake_class_registry", None), "FakeScriptObject"):
+            raise Unrenderable(f"{label}: this torch has no FakeScriptObject to unwrap")
+        source = self.source(guard, label)
+        fake = "torch._library.fake_class_registry.FakeScriptObject"
+        self.lines.append((label, f"type({source}.real_obj if isinstance({source}, {fake}) else {source}) is "
+                                  f"{self.named(seen.type, label)}"))
+
+    def opaque_object_guard(self, guard, label: str, kind: str) -> None:
+        """OPAQUE_OBJ_GUARD_FN_MATCH compares what the guard_fn registered for an opaque object's type
+        returns; with none registered (a ProcessGroup) torch adds no check."""
+        seen = self.saw(guard)
+        if seen is None:
+            raise Unrenderable(f"{label}: the capture recorded no value for it")
+        from torch._library.opaque_object import get_opaque_obj_info
+
+        info = get_opaque_obj_info(seen.type)
+        if info is not None and info.guard_fn is not None:
+            raise Unrenderable(f"{label}: {seen.type.__qualname__} registers a guard_fn, whose values are not rendered here")
+        self.notes.append(f"{label}: skipped by torch (no guard_fn registered for {seen.type.__qualname__})")
 
     def constant_guard(self, guard, label: str, kind: str) -> None:
         seen = self.saw(guard)
@@ -249,12 +262,6 @@ class _Variant:
         text = self.expression(other.name, label)
         self.lines.append((f"{label} is {slot_source(other.name)}", f"{text} is {self.source(guard, label)}"))
 
-    def dict_keys_guard(self, guard, label: str, kind: str) -> None:
-        self.dict_keys(guard, label)
-
-    def has_attribute_guard(self, guard, label: str, kind: str) -> None:
-        self.has_attribute(guard, label)
-
     def sequence_length(self, guard, label: str, kind: str) -> None:
         seen = self.saw(guard)
         if seen is None:
@@ -276,7 +283,7 @@ class _Variant:
             raise Unrenderable(f"{label}: this torch has no saved-tensors hooks query")
         self.lines.append((label, "not _inlineable_saved_tensors_hooks()"))
 
-    def has_attribute(self, guard, label: str) -> None:
+    def has_attribute(self, guard, label: str, kind: str = "HASATTR") -> None:
         """hasattr(base, attr), or its negation, as the capture saw it."""
         attr = self.keyword(guard, "attr")
         base = guard.name
@@ -315,7 +322,7 @@ class _Variant:
             raise Unrenderable(f"{label}: a complex NaN")
         self.lines.append((label, f"type({source}) is {type(value).__name__} and {source} == {_literal(value, label)}"))
 
-    def dict_keys(self, guard, label: str) -> None:
+    def dict_keys(self, guard, label: str, kind: str = "DICT_KEYS_MATCH") -> None:
         """Dynamo's DICT_KEYS_MATCH: the dict's length, then its keys, in order where the capture relied
         on their order (guard_on_key_order), else as a set (each key looked up)."""
         seen = self.saw(guard)
@@ -339,7 +346,7 @@ class _Variant:
             members = "{" + ", ".join(sorted(map(repr, keys))) + "}" if keys else "set()"
             self.lines.append((label, f"dict.keys({source}) == {members}"))
 
-    def shape_env(self, label: str) -> None:
+    def shape_env(self, guard, label: str, kind: str = "SHAPE_ENV") -> None:
         parts = self.state.shape_code_parts
         if parts is None:
             raise Unrenderable(f"{label}: the saved state holds no shape-guard expressions (torch would rebuild them)")
@@ -348,7 +355,7 @@ class _Variant:
             _names_in(text, _SHAPE_NAMES, _SHAPE_CALLS, label)
             self.lines.append((f"{label}: {slot_source(expr)}", text))
 
-    def tensor(self, guard, label: str) -> None:
+    def tensor(self, guard, label: str, kind: str = "TENSOR_MATCH") -> None:
         from precompile.torch_compat import dispatch_keys, dynamo_config, is_from_unspecialized_builtin_nn_module_source
 
         value = self.value(guard, label)
@@ -455,17 +462,19 @@ _RENDERERS = {
     "GLOBAL_STATE": "global_state_guard",
     "TORCH_FUNCTION_STATE": "torch_function_state",
     "DEFAULT_DEVICE": "default_device",
-    "SHAPE_ENV": "shape_env_guard",
-    "TENSOR_MATCH": "tensor_guard",
+    "SHAPE_ENV": "shape_env",
+    "TENSOR_MATCH": "tensor",
     "TYPE_MATCH": "type_match",
+    "FAKE_SCRIPT_TYPE_MATCH": "fake_script_type_match",
+    "OPAQUE_OBJ_GUARD_FN_MATCH": "opaque_object_guard",
     "CONSTANT_MATCH": "constant_guard",
     "EQUALS_MATCH": "constant_guard",
     "NOT_PRESENT_IN_GENERIC_DICT": "not_present_in_generic_dict",
     "DICT_CONTAINS": "dict_contains",
     "DICT_NOT_CONTAINS": "dict_contains",
     "DUPLICATE_INPUT": "duplicate_input",
-    "DICT_KEYS_MATCH": "dict_keys_guard",
-    "HASATTR": "has_attribute_guard",
+    "DICT_KEYS_MATCH": "dict_keys",
+    "HASATTR": "has_attribute",
     "SEQUENCE_LENGTH": "sequence_length",
     "AUTOGRAD_SAVED_TENSORS_HOOKS": "saved_tensors_hooks",
 }
