@@ -24,8 +24,9 @@ after it are excluded), and its ratio to eager's; `after import` the same from t
 part), and its ratio to eager's; for precompile: importing it (`precompile.serve.load`, after the
 model is built), the load part (`precompile.load()`) and the first call; `gc2` the seconds of full
 (generation 2) collections the process ran after `import torch` and before its first result: a
-process-wide debt every child carries in, which whichever allocates past the collector's
-threshold first pays (at 48 layers, precompile's own import does, eager's first call does not);
+process-wide debt every child carries in from torch's import and the model's build, paid by whichever
+allocates past the collector's threshold before its first result (at 48 layers eager's first call
+does not; a MakeFx artifact's first call, which builds its per-parameter checks, does);
 `per call` the median of `--calls` calls after 3 warm-up calls, in the same process. Then, for the
 deepest layer count, the top entries of a cProfile of `precompile.load()` per precompile scenario
 (a fresh process each).
