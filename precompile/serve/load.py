@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import builtins
 import contextlib
+import gc
 import linecache
 import logging
 import marshal
@@ -14,21 +15,32 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from precompile.artifact import bundle_keys, bundle_rules, bytecode, opaque_state
-from precompile.artifact.codec import CacheFormatError, decode_payload
-from precompile.artifact.metadata import ArtifactMetadata, DynamoMetadata
-from precompile.artifact.pair import (
-    pairing_problem,
-    parse_cache,
-    read_bytes,
-    read_cache,
-    read_python_code,
-)
-from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused
-from precompile.artifact.writer import resolve_pending_cache
-from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
-from precompile.serve import kernels
-from precompile.signing.pair import TrustedKeys, pins_for, require_trusted
+# What load needs is imported with the cyclic collector paused, as load itself runs (see load()):
+# thousands of long-lived objects (modules, classes, functions), nothing for a collection to free.
+# Imported right after `import torch` and a model's build, they would set off a full collection over
+# all of torch's objects (0.05-0.3 s at 48 layers), one that the same process without precompile
+# does not run before its first result either; the collector runs when the process next needs it.
+_collecting = gc.isenabled()
+gc.disable()
+try:
+    from precompile.artifact import bundle_keys, bundle_rules, bytecode, opaque_state
+    from precompile.artifact.codec import CacheFormatError, decode_payload
+    from precompile.artifact.metadata import ArtifactMetadata, DynamoMetadata
+    from precompile.artifact.pair import (
+        pairing_problem,
+        parse_cache,
+        read_bytes,
+        read_cache,
+        read_python_code,
+    )
+    from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused
+    from precompile.artifact.writer import resolve_pending_cache
+    from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
+    from precompile.serve import kernels
+    from precompile.signing.pair import TrustedKeys, pins_for, require_trusted
+finally:
+    if _collecting:
+        gc.enable()
 
 log = logging.getLogger("precompile")
 
@@ -282,47 +294,54 @@ def load(
     cache is missing, is a PrecompileError raised before anything of it is parsed or executed.
     """
     started = time.perf_counter()
-    artifact_path, cache_path = Path(artifact_path), Path(cache_path)
-    pins = pins_for(trusted_keys)
-    code_data = read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE)
-    signed_cache = None
-    if pins:  # signed pairs (precompile.signing): checked on the very bytes used below
-        signed_cache = _read_if_present(cache_path)
-        require_trusted(artifact_path, cache_path, pins, (code_data, signed_cache))
-    digest = code_hash(code_data)
-    cache_file = _read_cache_for(code_data, digest, cache_path, signed_cache)
-    paired = cache_file.envelope if cache_file.envelope is not None and cache_file.envelope.code_hash == digest else None
-    python_code = read_python_code(artifact_path, code_data, envelope=paired, digest=digest)
-    if allow_serve_time_compiles and python_code.metadata.serving_mode != "installed":
-        raise PrecompileError(
-            f"load(allow_serve_time_compiles=True): {artifact_path} is a {python_code.metadata.serving_mode} "
-            "artifact, which has no compiler behind it (only an installed Dynamo artifact can compile a call its "
-            "variants miss); load it without the flag, and capture the calls it misses"
+    # Load builds long-lived objects (the metadata, python_code's code and namespace): the collector
+    # waits until it is done, as it does for load's own imports (see the top of this module), unless
+    # python_code is to compile something here (its bytecode, or kernels no bundle primed).
+    with contextlib.ExitStack() as collector:
+        collector.enter_context(cyclic_gc_paused())
+        artifact_path, cache_path = Path(artifact_path), Path(cache_path)
+        pins = pins_for(trusted_keys)
+        code_data = read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE)
+        signed_cache = None
+        if pins:  # signed pairs (precompile.signing): checked on the very bytes used below
+            signed_cache = _read_if_present(cache_path)
+            require_trusted(artifact_path, cache_path, pins, (code_data, signed_cache))
+        digest = code_hash(code_data)
+        cache_file = _read_cache_for(code_data, digest, cache_path, signed_cache)
+        paired = cache_file.envelope if cache_file.envelope is not None and cache_file.envelope.code_hash == digest else None
+        python_code = read_python_code(artifact_path, code_data, envelope=paired, digest=digest)
+        if allow_serve_time_compiles and python_code.metadata.serving_mode != "installed":
+            raise PrecompileError(
+                f"load(allow_serve_time_compiles=True): {artifact_path} is a {python_code.metadata.serving_mode} "
+                "artifact, which has no compiler behind it (only an installed Dynamo artifact can compile a call its "
+                "variants miss); load it without the flag, and capture the calls it misses"
+            )
+        cache = _usable_cache(python_code, cache_file)
+        primed = _prime_kernels(cache) if cache is not None else None
+        filename = str(artifact_path.resolve())
+        prepared = _prepared_code(cache.envelope, python_code, filename) if cache is not None else None
+        code, modules = prepared if prepared is not None else (None, None)
+        # Output modules AOTAutograd serves load their kernels through Inductor itself, which would
+        # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the
+        # kernel runtime (MakeFx artifacts, lowered Dynamo subgraphs) does neither.
+        # A bundle written before it mapped kernel sources to libraries is served through Inductor too.
+        through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata) and (
+            served_by_aotautograd(python_code.metadata) or not cache.envelope.bundle.kernels
         )
-    cache = _usable_cache(python_code, cache_file)
-    primed = _prime_kernels(cache) if cache is not None else None
-    filename = str(artifact_path.resolve())
-    prepared = _prepared_code(cache.envelope, python_code, filename) if cache is not None else None
-    code, modules = prepared if prepared is not None else (None, None)
-    # Output modules AOTAutograd serves load their kernels through Inductor itself, which would
-    # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the
-    # kernel runtime (MakeFx artifacts, lowered Dynamo subgraphs) does neither.
-    # A bundle written before it mapped kernel sources to libraries is served through Inductor too.
-    through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata) and (
-        served_by_aotautograd(python_code.metadata) or not cache.envelope.bundle.kernels
-    )
-    with contextlib.ExitStack() as stack:
-        if through_inductor:
-            assert primed is not None  # through_inductor is only set when the bundle's kernels were primed
-            bundle = cache.envelope.bundle
-            stack.enter_context(kernels.producer_vec_isas(bundle.keys))
-            stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
-        namespace = execute(python_code.source, filename, primed, allow_serve_time_compiles, python_code.tree, code, modules)
-    log.info(
-        "loaded %s in %.3f s (cache %s, %d kernels primed, bytecode %s, metadata %s)",
-        artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),
-        "from the cache" if code is not None else "compiled here",
-        "from the cache" if python_code.metadata_from_cache else "parsed here",
-    )
-    return PrecompiledRunnable(namespace["forward"], python_code.metadata, artifact_path, cache_used=cache is not None,
-                               bytecode_from_cache=code is not None, metadata_from_cache=python_code.metadata_from_cache)
+        if code is None or (primed is None and python_code.metadata.backend != "eager"):
+            collector.close()  # the collector runs as usual while python_code compiles
+        with contextlib.ExitStack() as stack:
+            if through_inductor:
+                assert primed is not None  # through_inductor is only set when the bundle's kernels were primed
+                bundle = cache.envelope.bundle
+                stack.enter_context(kernels.producer_vec_isas(bundle.keys))
+                stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
+            namespace = execute(python_code.source, filename, primed, allow_serve_time_compiles, python_code.tree, code, modules)
+        log.info(
+            "loaded %s in %.3f s (cache %s, %d kernels primed, bytecode %s, metadata %s)",
+            artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),
+            "from the cache" if code is not None else "compiled here",
+            "from the cache" if python_code.metadata_from_cache else "parsed here",
+        )
+        return PrecompiledRunnable(namespace["forward"], python_code.metadata, artifact_path, cache_used=cache is not None,
+                                   bytecode_from_cache=code is not None, metadata_from_cache=python_code.metadata_from_cache)

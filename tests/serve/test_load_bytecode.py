@@ -6,6 +6,7 @@ bytes, never by loading what is stored."""
 from __future__ import annotations
 
 import ast
+import gc
 import hashlib
 import json
 import os
@@ -142,6 +143,35 @@ def test_a_genuine_pair_verifies_and_show_lists_the_blobs(captured, capsys):
     assert main(["show", "--json", str(artifact), str(cache)]) == 0
     envelope = json.loads(capsys.readouterr().out)["artifact"]["cache"]["envelope"]
     assert envelope["python_bytecode"]["data"] == "" and envelope["python_bytecode"]["size"] > 0  # sizes, not bytes
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_load_pauses_the_cyclic_collector_only_while_nothing_compiles_and_leaves_it_as_found(
+        captured, tmp_path, monkeypatch, enabled):
+    """Load builds long-lived objects, not garbage: the collector waits while it runs python_code's
+    cached bytecode (a full collection over torch's objects would otherwise land in the middle of it),
+    runs as found while python_code compiles, and is as found afterwards, also after a refused pair."""
+    from precompile.serve import load as load_module
+
+    seen = []
+    real_execute = load_module.execute
+    monkeypatch.setattr(load_module, "execute", lambda *args, **kwargs: (seen.append(gc.isenabled()), real_execute(*args, **kwargs))[1])
+    artifact, cache = _copy(captured["mlp_batchnorm"], tmp_path)
+    forged_artifact, forged_cache = _copy(captured["mlp_batchnorm"], tmp_path, "forged")
+    _forge(forged_cache, bytecode_fields={"magic": "00000d0a"})
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        assert precompile.load(artifact, cache).bytecode_from_cache
+        assert gc.isenabled() is enabled
+        assert not precompile.load(forged_artifact, forged_cache).bytecode_from_cache
+        assert gc.isenabled() is enabled
+        with pytest.raises(precompile.PrecompileError):
+            precompile.load(artifact, captured["plain_function"][1])
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
+    assert seen == [False, enabled]
 
 
 def test_a_foreign_magic_number_falls_back_to_compiling(captured, tmp_path, capsys):
