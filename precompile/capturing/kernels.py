@@ -64,20 +64,19 @@ def kernel_texts(source: str) -> dict[str, str]:
     return found
 
 
-def libraries_by_source(modules, files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
-    """{sha256 of a kernel's C++ source: its library's path in `files`} for the kernels of the Inductor
-    output modules `modules` (their source texts), matched by content (see `built_from`)."""
+def libraries_by_source(sources: dict[str, str], files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
+    """{sha256 of a kernel's C++ source: its library's path in `files`} for the kernels `sources`
+    ({sha256: C++ source}, from the Inductor output modules), matched by content (see `built_from`)."""
     built = {
         path[: -len(".cpp")] + ".so": data.decode("utf-8", "replace")
         for path, (kind, data) in files.items()
         if kind == "kernel-source" and path[: -len(".cpp")] + ".so" in files
     }
     found = {}
-    for module in modules:
-        for text in kernel_texts(module).values():
-            library = built_from(text, built)
-            if library is not None:
-                found[hashlib.sha256(text.encode("utf-8")).hexdigest()] = library
+    for digest, text in sources.items():
+        library = built_from(text, built)
+        if library is not None:
+            found[digest] = library
     return found
 
 

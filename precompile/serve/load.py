@@ -130,9 +130,8 @@ def _prepared_code(envelope, python_code, filename: str) -> tuple[types.CodeType
     if reason is not None:
         log.debug("compiling python_code %s: not running the bytecode its cache carries, since %s", python_code.path, reason)
         return None
-    try:
-        with cyclic_gc_paused():  # thousands of tuples, no cycle
-            loaded = marshal.loads(bytecode.decompressed(compiled))
+    try:  # load() runs this with the cyclic collector paused: thousands of tuples, no cycle
+        loaded = marshal.loads(bytecode.decompressed(compiled))
     except (ValueError, EOFError, TypeError) as exc:
         log.debug("compiling python_code %s: its cached bytecode does not load (%s)", python_code.path, exc)
         return None
