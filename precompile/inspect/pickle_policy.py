@@ -88,10 +88,15 @@ def dynamo_state_reviewed(captured_modules: frozenset[str]) -> Callable[[str, st
     reviewed list (`DYNAMO_STATE`, plus the families it names by pattern: torch's own modules
     referenced whole, guard builder methods, guard sources, AOTAutograd's runtime wrappers), or a member of a module whose code the artifact
     captured and load checks (its metadata's FN_MODULE, FRAMES and INLINED_SOURCES, the standard
-    library excepted: its classes are no model's own)."""
+    library excepted: its classes are no model's own). Those fields are literals whoever wrote
+    python_code chose, so naming a module there never reviews a name the policy calls dangerous, and
+    of torch's own modules only their classes (what guards compare types with: `Linear`), never
+    their functions (`torch._inductor.cpp_builder.run_compile_cmd` runs a command)."""
     def reviewed(module: str, name: str) -> bool:
-        if (module, name) in DYNAMO_STATE or module in captured_modules:
+        if (module, name) in DYNAMO_STATE:
             return True
+        if module in captured_modules:
+            return classify(module, name) != "dangerous" and (not _torch_module(module) or name[:1].isupper())
         head, _, rest = name.partition(".")
         return (name == MODULE and _torch_module(module)
                 or (module, head) == ("torch._dynamo.guards", "GuardBuilder") and rest.isupper()
@@ -130,7 +135,7 @@ DANGEROUS_MODULES = frozenset(
 # loaded from pickles, profilers that run scripts.
 DANGEROUS_TORCH = (
     "torch.jit", "torch._C._jit", "torch.package", "torch.hub", "torch.serialization", "torch.storage._load",
-    "torch.utils.cpp_extension", "torch._inductor.codecache", "torch.multiprocessing", "torch.fx.graph_module",
+    "torch.utils.cpp_extension", "torch._inductor.codecache", "torch._inductor.cpp_builder", "torch.multiprocessing", "torch.fx.graph_module",
     "torch._dynamo.eval_frame", "torch.compile", "torch.compiler", "torch.ops", "torch._ops", "torch.library",
     "torch.utils._config_module", "torch.utils.bottleneck", "torch.utils.collect_env",
     "torch.utils.data.datapipes.utils.decoder", "torch.distributed.elastic.rendezvous.api",

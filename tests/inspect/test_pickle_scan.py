@@ -726,3 +726,20 @@ def test_torch_modules_referenced_whole_are_reviewed_in_the_opaque_state_but_not
     assert reviewed("torch.distributed", MODULE) and reviewed("torch", MODULE)
     assert not reviewed("torch.utils.bottleneck.__main__", MODULE) and not reviewed("os", MODULE)
     assert not reviewed("torchvision_evil", MODULE)
+
+
+def test_a_module_the_metadata_names_reviews_no_torch_function_and_no_dangerous_name():
+    """FN_MODULE, FRAMES and INLINED_SOURCES are literals the writer of python_code chooses: naming
+    torch._inductor.cpp_builder there must not make its run_compile_cmd (a subprocess) reviewed."""
+    from precompile.inspect.pickle_policy import dynamo_state_reviewed
+
+    reviewed = dynamo_state_reviewed(frozenset({"torch._inductor.cpp_builder", "torch.nn.modules.linear", "mymodel",
+                                                "mymodel.layers"}))
+    assert not reviewed("torch._inductor.cpp_builder", "run_compile_cmd")
+    assert not reviewed("torch.nn.modules.linear", "init") and reviewed("torch.nn.modules.linear", "Linear")
+    assert not reviewed("mymodel", "eval") and not reviewed("mymodel.layers", "system")
+    assert reviewed("mymodel", "Block") and reviewed("mymodel.layers", "Config")
+    payload = (b"\x80\x04\x8c\x1btorch._inductor.cpp_builder\x94\x8c\x0frun_compile_cmd\x94\x93"
+               b"\x8c\x05touch\x8c\x04/tmp\x86R.")
+    scan = scan_pickle(payload, member="_dynamo_state", reviewed=reviewed)
+    assert scan.findings and all(imp.module != "torch._inductor.cpp_builder" or imp.risk != "data" for imp in scan.imports)
