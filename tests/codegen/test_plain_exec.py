@@ -36,3 +36,25 @@ def test_python_code_serves_and_fails_clearly_without_precompile(captured):
     # the driver's local twins, named and related as in precompile.errors
     assert (names, module) == (["CallMismatch", "PrecompileError", "RuntimeError"], "builtins")
     assert message.startswith("this artifact: input args[1]: expected shape (6, 8), got (1, 8)")
+
+
+def _scaled(x, k):
+    return x * k
+
+
+def test_a_tensor_where_a_constant_was_captured_is_a_call_mismatch(tmp_path):
+    """The driver compares a baked-in constant by type first: a tensor or array there would compare
+    elementwise (and raise its own error) before the mismatch could be named."""
+    import pytest
+    import torch
+
+    import precompile
+
+    with precompile.capture(_scaled, artifact_path=tmp_path / "k.py", cache_path=tmp_path / "k.cache",
+                            tracer=precompile.MakeFxTracer(), backend="eager") as cap:
+        cap(torch.ones(2), 3)
+    served = precompile.load(tmp_path / "k.py", tmp_path / "k.cache")
+    for value in (torch.tensor([3, 3]), 3.0):
+        with pytest.raises(precompile.CallMismatch, match=r"input args\[1\] is .* but the artifact was captured with 3"):
+            served(torch.ones(2), value)
+    assert torch.equal(served(torch.ones(2), 3), torch.full((2,), 3.0))

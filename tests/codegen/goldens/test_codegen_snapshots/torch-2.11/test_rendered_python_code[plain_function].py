@@ -268,7 +268,7 @@ class _ServedForward:
         tensors = []
         for check, value in zip(self.input_checks, leaves):
             if isinstance(check, tuple):
-                if value != check[1] or type(value) is not type(check[1]):
+                if type(value) is not type(check[1]) or value != check[1]:  # a tensor or array compares elementwise
                     self.fail(f"input {check[0]} is {value!r} but the artifact was captured with {check[1]!r} (non-tensor inputs are baked into the graph)",
                               "pass the captured value, or capture again with this one")
                 continue
