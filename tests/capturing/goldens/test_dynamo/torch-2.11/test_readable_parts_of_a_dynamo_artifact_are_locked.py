@@ -857,12 +857,6 @@ def _hash_lines(lines, first_line, last_line):
     return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
 
 
-def _hash_sourcelines(module, first_line, last_line):
-    """sha256 of a module's source lines first_line .. last_line - 1, as Dynamo's package hashes the
-    code it inlined (torch._dynamo.package._hash_sourcelines; a test keeps the two equal)."""
-    return _hash_lines(_inspect.getsourcelines(module)[0], first_line, last_line)
-
-
 def _unimported_origin(name):
     """The .py file the import system would load for module `name`, found without executing it or
     its packages; None where it is not a plain source file."""
@@ -881,26 +875,32 @@ def _unimported_origin(name):
     return origin if origin and origin.endswith(".py") else None
 
 
-def _inlined_source_hash(source, artifact):
-    """The hash of the lines Dynamo inlined from a module as they read now. A module not imported yet
-    is read from its file, not imported: the polyfills Dynamo inlines live in torch._dynamo, which a
-    standalone artifact never imports."""
-    first, last = source["first_line"], source["last_line"]
-    origin = None if source["module"] in _sys.modules else _unimported_origin(source["module"])
+def _source_lines(name, artifact):
+    """Module `name`'s source lines, read as Dynamo's package reads them to hash the code it inlined
+    (inspect.getsourcelines of the module, in torch._dynamo.package._hash_sourcelines; a test keeps
+    the two equal). A module not imported yet is read from its file, not imported: the polyfills
+    Dynamo inlines live in torch._dynamo, which a standalone artifact never imports."""
+    origin = None if name in _sys.modules else _unimported_origin(name)
     if origin is not None:
-        return _hash_lines(_linecache.getlines(origin), first, last)
-    return _hash_sourcelines(_module(source["module"], artifact), first, last)
+        return _linecache.getlines(origin)
+    return _inspect.getsourcelines(_module(name, artifact))[0]
 
 
 def _check_sources(metadata, artifact):
-    """The code Dynamo inlined must still say what it said at capture: guards do not check it."""
+    """The code Dynamo inlined must still say what it said at capture: guards do not check it. Each
+    module's source is read once, however many of its functions were inlined."""
+    lines_of = {}
     for source in metadata.get("INLINED_SOURCES", ()):
-        try:
-            now = _inlined_source_hash(source, artifact)
-        except (OSError, TypeError):
-            now = None
+        name = source["module"]
+        if name not in lines_of:
+            try:
+                lines_of[name] = _source_lines(name, artifact)
+            except (OSError, TypeError):
+                lines_of[name] = None
+        lines = lines_of[name]
+        now = None if lines is None else _hash_lines(lines, source["first_line"], source["last_line"])
         if now != source["sha256"]:
-            _fail(artifact, f"the source of {source['module']} lines {source['first_line']}-{source['last_line']} "
+            _fail(artifact, f"the source of {name} lines {source['first_line']}-{source['last_line']} "
                             "changed since capture (its compiled graphs may no longer match it)",
                   "capture the artifact again from the current source")
 
