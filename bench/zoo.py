@@ -33,23 +33,44 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 CAPTURE = r"""
-import json, sys, time
+import json, logging, sys, time
 import torch
 import precompile
+from torch._inductor import cpp_builder
 from bench.zoo_models import ZOO
 name, tracer, backend, artifact, cache = sys.argv[1:6]
 zoo = ZOO[name]
 model, args = zoo.instantiate()
+phases, cpp = {}, {"builds": 0, "s": 0.0}
+
+class Phases(logging.Handler):  # the capture's own phase log: "capture: %s done in %.2f s"
+    def emit(self, record):
+        if record.msg == "capture: %s done in %.2f s":
+            phase, seconds = record.args
+            phases[phase] = phases.get(phase, 0.0) + seconds
+
+logging.getLogger("precompile").addHandler(Phases())
+logging.getLogger("precompile").setLevel(logging.INFO)
+build = cpp_builder.CppBuilder.build
+def timed_build(self, *a, **k):  # every C++ compile Inductor runs (kernels and ISA probes)
+    started = time.perf_counter()
+    try:
+        return build(self, *a, **k)
+    finally:
+        cpp["builds"] += 1
+        cpp["s"] += time.perf_counter() - started
+cpp_builder.CppBuilder.build = timed_build
 started = time.perf_counter()
-with torch.no_grad(), precompile.capture(
+with zoo.grad_mode(), precompile.capture(
     zoo.step, artifact_path=artifact, cache_path=cache, backend=backend,
     tracer=precompile.MakeFxTracer() if tracer == "makefx" else precompile.DynamoTracer(),
 ) as cap:
     out = cap(model, *args)
 capture_s = time.perf_counter() - started
-with torch.no_grad():
+with zoo.grad_mode():
     expected = zoo.step(model, *args)
-print(json.dumps({"capture_s": capture_s, "capture_diff": (out - expected).abs().max().item()}))
+print(json.dumps({"capture_s": capture_s, "capture_diff": (out - expected).abs().max().item(),
+                  "capture_phases": phases, "cpp_builds": cpp["builds"], "cpp_build_s": cpp["s"]}))
 """
 
 SERVE = r"""
@@ -72,7 +93,7 @@ imported = loaded() - before
 library_imported_by_load = order == "load-first" and zoo.library in sys.modules
 if order == "load-first":
     model, args = zoo.instantiate()
-with torch.no_grad(), precompile.no_compilation():
+with zoo.grad_mode(), precompile.no_compilation():
     before = loaded()  # what the model's library imported itself is not the load's doing
     started = time.perf_counter()
     out = served(model, *args)
@@ -83,7 +104,7 @@ with torch.no_grad(), precompile.no_compilation():
         started = time.perf_counter()
         served(model, *args)
         steady.append(time.perf_counter() - started)
-with torch.no_grad():
+with zoo.grad_mode():
     eager = []
     for _ in range(5):
         started = time.perf_counter()
@@ -102,7 +123,7 @@ zoo = ZOO[sys.argv[1]]
 model, args = zoo.instantiate()
 compiled = torch.compile(zoo.step)
 started = time.perf_counter()
-with torch.no_grad():
+with zoo.grad_mode():
     compiled(model, *args)
 print(json.dumps({"compile_cold_s": time.perf_counter() - started}))
 """

@@ -6,6 +6,7 @@ Libraries are imported inside the builders, so importing this module imports non
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
@@ -73,6 +74,14 @@ def unet_step(model, sample, timestep):
     return model(sample, timestep).sample
 
 
+def train_step(model, images, labels):
+    """One training step's numbers: the loss and the gradient of every parameter, flattened into one
+    tensor (torch.autograd.grad, so repeated calls do not accumulate into .grad)."""
+    loss = torch.nn.functional.cross_entropy(model(images), labels)
+    grads = torch.autograd.grad(loss, list(model.parameters()))
+    return torch.cat([loss.reshape(1), *(grad.reshape(-1) for grad in grads)])
+
+
 def _ids(*shape: int, vocab: int = 99) -> torch.Tensor:
     return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(1))
 
@@ -138,6 +147,12 @@ def tv_resnet18():
     return torchvision.models.resnet18(num_classes=10), (_randn(1, 3, 64, 64),)
 
 
+def tv_resnet18_train():
+    import torchvision
+
+    return torchvision.models.resnet18(num_classes=10), (_randn(2, 3, 64, 64), torch.tensor([3, 7]))
+
+
 def tv_vit_b_16():
     import torchvision
 
@@ -173,6 +188,8 @@ class ZooModel:
     """The module the model's code comes from (the one a serve-before-import run must not import first)."""
     build: Callable[[], tuple[torch.nn.Module, tuple]]
     step: Callable[..., Any]
+    train: bool = False
+    """A training step: the model in train mode (batch norm on batch statistics) and grad enabled."""
 
     def available(self) -> str:
         """"" when the library imports here, else why not."""
@@ -187,7 +204,11 @@ class ZooModel:
     def instantiate(self) -> tuple[torch.nn.Module, tuple]:
         torch.manual_seed(0)
         model, args = self.build()
-        return model.eval(), args
+        return model.train(self.train), args
+
+    def grad_mode(self) -> contextlib.AbstractContextManager:
+        """What the step runs under: grad enabled for a training step, else inference (no_grad)."""
+        return torch.enable_grad() if self.train else torch.no_grad()
 
 
 ZOO = {m.name: m for m in (
@@ -198,6 +219,7 @@ ZOO = {m.name: m for m in (
     ZooModel("t5", "transformers", t5, seq2seq_step),
     ZooModel("whisper", "transformers", whisper, whisper_step),
     ZooModel("tv_resnet18", "torchvision", tv_resnet18, vision_step),
+    ZooModel("tv_resnet18_train", "torchvision", tv_resnet18_train, train_step, train=True),
     ZooModel("tv_vit_b_16", "torchvision", tv_vit_b_16, vision_step),
     ZooModel("timm_resnet18d", "timm", timm_resnet18d, vision_step),
     ZooModel("timm_vit_tiny", "timm", timm_vit_tiny, vision_step),
