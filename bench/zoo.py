@@ -43,11 +43,19 @@ zoo = ZOO[name]
 model, args = zoo.instantiate()
 phases, cpp = {}, {"builds": 0, "s": 0.0}
 
-class Phases(logging.Handler):  # the capture's own phase log: "capture: %s done in %.2f s"
+class Phases(logging.Handler):
+    # The capture's own phase log ("capture: %s ..." / "capture: %s done in %.2f s"), as each phase's
+    # exclusive seconds: a phase run inside another (freeze inside render) counts once.
+    nested = [0.0]
+
     def emit(self, record):
-        if record.msg == "capture: %s done in %.2f s":
+        if record.msg == "capture: %s ...":
+            self.nested.append(0.0)
+        elif record.msg == "capture: %s done in %.2f s":
             phase, seconds = record.args
-            phases[phase] = phases.get(phase, 0.0) + seconds
+            inner = self.nested.pop()
+            self.nested[-1] += seconds
+            phases[phase] = phases.get(phase, 0.0) + seconds - inner
 
 logging.getLogger("precompile").addHandler(Phases())
 logging.getLogger("precompile").setLevel(logging.INFO)
@@ -219,6 +227,42 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Where a capture's time goes: its phases (precompile's own phase log) in buckets, by name prefix.
+PHASE_BUCKETS = (("trace+lower", ("call ", "trace with make_fx", "lower with Inductor", "render the ATen graph")),
+                 ("load rendered", ("build the kernels", "load the rendered python_code")),
+                 ("freeze+seal", ("freeze the kernels", "seal the cache")),
+                 ("render", ("render the Dynamo artifact",)),
+                 ("write", ("write ",)))
+
+
+def capture_table(rows: list[dict]) -> str:
+    """One line per capture: its time beside torch.compile's cold time on the same model, and where
+    it went (seconds per bucket; `C++ builds` is the summed time of every compile Inductor ran, which
+    overlap on a host with more than one core; `other` is what no phase covers: imports, setup)."""
+    compiled = {row["model"]: row["compile_cold_s"] for row in rows if row.get("compile_cold_s") is not None}
+    header = ["model", "tracer", "backend", "capture_s", "compile_cold_s", "ratio",
+              *(name for name, _ in PHASE_BUCKETS), "other", "C++ builds (n, s)"]
+    seen, lines = set(), []
+    for row in rows:
+        key = (row.get("model"), row.get("tracer"), row.get("backend"))
+        if "capture_phases" not in row or key in seen:
+            continue
+        seen.add(key)
+        phases = row["capture_phases"]
+        buckets = [sum(v for k, v in phases.items() if k.startswith(prefixes)) for _, prefixes in PHASE_BUCKETS]
+        reference = compiled.get(row["model"])
+        ratio = f"{row['capture_s'] / reference:.2f}" if reference else ""
+        lines.append([row["model"], row["tracer"], row["backend"], f"{row['capture_s']:.1f}",
+                      f"{reference:.1f}" if reference else "", ratio, *(f"{b:.2f}" for b in buckets),
+                      f"{row['capture_s'] - sum(phases.values()):.2f}",
+                      f"{row.get('cpp_builds', 0)}, {row.get('cpp_build_s', 0.0):.1f}"])
+    cells = [header, *lines]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
+    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells]
+    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     sys.path.insert(0, str(ROOT))
     from bench.zoo_models import ZOO
@@ -243,6 +287,8 @@ def main(argv=None) -> int:
         rows = run(split(options.models), split(options.tracers), split(options.backends), split(options.orders),
                    options.compile_ref, options.timeout, out_dir)
     print(table(rows))
+    print()
+    print(capture_table(rows))
     if options.json:
         options.json.write_text(json.dumps(rows, indent=1) + "\n")
     failed = [row for row in rows if "error" in row or (row.get("max_diff") or 0) > 1e-3]
