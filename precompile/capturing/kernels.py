@@ -11,7 +11,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,6 +72,28 @@ def libraries_by_source(sources: dict[str, str], files: dict[str, tuple[str, byt
         for path, (kind, data) in files.items()
         if kind == "kernel-source" and path[: -len(".cpp")] + ".so" in files
     }
+    return _matched(sources, built)
+
+
+def built_so_far(directory: Path, modules: Iterable[str]) -> dict[str, str]:
+    """{sha256 of a kernel's C++ source: the absolute path of its library} for the kernels of the
+    Inductor output `modules` that the build in `directory` has compiled so far. The capture runs its
+    rendered code on these, as load runs python_code on a primed bundle, rather than asking Inductor
+    again: Inductor's own lookup keys a kernel on its build command, which differs between lowering
+    (precompiled headers on) and the served driver's fallback (off), so it would compile them twice."""
+    sources = {hashlib.sha256(text.encode("utf-8")).hexdigest(): text
+               for module in modules for text in kernel_texts(module).values()}
+    if not sources:
+        return {}
+    built = {}
+    for path in directory.rglob("*.cpp"):
+        library = path.with_suffix(".so")
+        if kind_of(path.relative_to(directory).as_posix()) == "kernel-source" and library.is_file():
+            built[str(library)] = path.read_text("utf-8", "replace")
+    return _matched(sources, built)
+
+
+def _matched(sources: dict[str, str], built: dict[str, str]) -> dict[str, str]:
     found = {}
     for digest, text in sources.items():
         library = built_from(text, built)
@@ -79,6 +101,13 @@ def libraries_by_source(sources: dict[str, str], files: dict[str, tuple[str, byt
             found[digest] = library
     return found
 
+
+PRECOMPILED_HEADERS = True
+"""Kernels compile with precompiled headers, as torch.compile's do by default: each C++ build then
+reads torch's headers precompiled instead of parsing them (about 40% of a build on a 2-core host).
+Inductor keeps the precompiled header in its own per-user dir, outside the capture's, so a host
+builds it once per compiler and flags. It changes how kernels build, not what they do, and a served
+kernel is found by its source, so the serving side never needs it (its JIT fallback compiles without)."""
 
 _CAPTURE_LOCK = threading.Lock()
 # Where a capture's Triton files go inside its cache dir (and Inductor's own default for device 0).
@@ -131,7 +160,7 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
                 (directory / relative).parent.mkdir(parents=True, exist_ok=True)
                 (directory / relative).write_bytes(data)
             with temporary_cache_dir(str(directory)), triton_cache.triton_block(directory / _TRITON_DIR), inductor_config.patch(
-                cpp_cache_precompile_headers=False
+                cpp_cache_precompile_headers=PRECOMPILED_HEADERS
             ):
                 _forget_isa_probes()
                 yield KernelBuild(directory, commands)
@@ -205,5 +234,5 @@ def producer_provenance(commands: list[str], cache_dir: Path) -> dict[str, str]:
         **bundle_keys.host_provenance(),
         "compiler": " ".join(compilers),
         "compiler_command_sha256": hashlib.sha256("\n".join(normalized).encode("utf-8")).hexdigest(),
-        "precompiled_headers": "off",
+        "precompiled_headers": "on" if PRECOMPILED_HEADERS else "off",
     }

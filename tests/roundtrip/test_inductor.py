@@ -109,7 +109,7 @@ def test_the_cache_records_what_keys_its_kernels(captured_inductor):
     assert set(bundle.keys) >= {"torch", "torch_git", "cxx11_abi", "python", "python_abi", "machine", "isa", "cpu_flags"}
     assert set(bundle.provenance) >= {"torch_dir", "python_include", "compiler", "compiler_command_sha256", "precompiled_headers"}
     assert not set(bundle.keys) & set(bundle.provenance)  # paths are never requirements
-    assert bundle.provenance["precompiled_headers"] == "off"
+    assert bundle.provenance["precompiled_headers"] == "on"
     assert set(bundle.kernels.values()) == {f.path for f in bundle.files if f.kind == "kernel"}
 
 

@@ -197,7 +197,7 @@ class DynamoSession:
         dynamo.reset()
         PrecompileContext.clear()
         self.package = CompilePackage(self.fn)
-        self._recorder = AtenRecorder() if self.backend == "eager" else InductorLowerer()
+        self._recorder = AtenRecorder() if self.kernel_build is None else InductorLowerer(self.kernel_build.directory)
         self.compiled = dynamo.optimize(
             backend=self._recorder, package=self.package, guard_filter_fn=self._ledger,
             dynamic=self.tracer.dynamic,

@@ -16,9 +16,11 @@ from __future__ import annotations
 import ast
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from precompile.capturing import kernels
 from precompile.capturing.constants import (
     inline_small_constants,
     refuse_large_dynamo_constants,
@@ -140,9 +142,12 @@ class InductorLowerer:
     without AOTAutograd where its wrappers add nothing (the rendered section, run here as python_code
     runs it), and AOTAutograd's own result elsewhere."""
 
-    def __init__(self) -> None:
+    def __init__(self, kernel_dir: Path) -> None:
         self.graphs: list[LoweredGraph] = []
         self._runtime: dict | None = None
+        self._kernel_dir = kernel_dir
+        self._kernels: dict[str, str] = {}
+        """The kernels built so far, as load primes them: the rendered sections run on these."""
 
     def __call__(self, graph_module: torch.fx.GraphModule, example_inputs) -> object:
         from precompile.torch_compat import PrecompileContext, compile_fx
@@ -160,6 +165,7 @@ class InductorLowerer:
             return compiled
         texts = {part: adapt_output_code(render_output_constants(result.source_code, getattr(result, "constants", None)))
                  for part, attribute in AOT_PARTS if (result := getattr(getattr(content, attribute, None), "result", None))}
+        self._kernels.update(kernels.built_so_far(self._kernel_dir, texts.values()))
         plan = autograd_plan(content) if "backward" in texts else None
         detached = () if plan else detached_outputs(content)
         name = f"graph_{len(self.graphs)}"
@@ -169,9 +175,10 @@ class InductorLowerer:
         return served
 
     def _serve(self, section: SubgraphSection):
-        """Run the section as python_code will, on the runtime drivers python_code includes."""
+        """Run the section as python_code will, on the runtime drivers python_code includes and the
+        kernels this capture built (see kernels.built_so_far)."""
         if self._runtime is None:
-            self._runtime = {}
+            self._runtime = {"__precompile_kernels__": self._kernels}
             for name in sections.RUNTIME:
                 exec_registered(source_of(name), f"<precompile capture {name}>", self._runtime)
         namespace = dict(self._runtime)

@@ -29,8 +29,9 @@ class BuiltPair:
 
 
 def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_path: Path) -> BuiltPair:
-    """Trace fn(*args), lower and render it, load the rendered python_code (which, for Inductor,
-    builds its kernels into the capture's kernel dir), and finish the pair (pipeline.py)."""
+    """Trace fn(*args), lower and render it (for Inductor, lowering builds the kernels into the
+    capture's kernel dir), load the rendered python_code on those kernels as load will, and finish
+    the pair (pipeline.py)."""
     with contextlib.ExitStack() as stack:
         kernel_build = stack.enter_context(kernels.private_inductor_cache()) if backend == "inductor" else None
         with phase("trace with make_fx"):
@@ -43,9 +44,10 @@ def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_
             with phase("lower with Inductor"):
                 graph = lowering.lower_inductor(traced.graph_module, traced.example_inputs, traced.fake_mode)
                 source = _render(fn, traced, backend, graph)
-            loading = "build the kernels (load the rendered python_code)"
+            loading = "load the rendered python_code on its kernels"
         with phase(loading):
-            namespace = execute(source, str(artifact_path.resolve()))
+            primed = kernels.built_so_far(kernel_build.directory, [source]) if kernel_build is not None else None
+            namespace = execute(source, str(artifact_path.resolve()), primed)
         pair = pipeline.finish(source, backend=backend, tracer="make_fx", kernel_build=kernel_build, kernel_modules=[source])
     return BuiltPair(pair=pair, forward=namespace["forward"])
 

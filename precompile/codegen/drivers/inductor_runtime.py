@@ -24,7 +24,7 @@ except ImportError:  # served where only torch is installed: twins of the same n
         pass
 
 
-_primed_kernels = globals().get("__precompile_kernels__") or {}
+_primed_kernels = globals().get("__precompile_kernels__", {})
 
 # The private torch names this driver reaches on the served path, "module:attribute.path". They
 # live in torch._C on every supported torch (2.11 to 2.14), so serving never imports
