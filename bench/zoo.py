@@ -126,14 +126,25 @@ print(json.dumps({"load_s": load_s, "first_s": first_s, "steady_s": statistics.m
 COMPILE_REF = r"""
 import json, sys, time
 import torch
+from torch._inductor import cpp_builder
 from bench.zoo_models import ZOO
 zoo = ZOO[sys.argv[1]]
 model, args = zoo.instantiate()
+cpp = {"builds": 0, "s": 0.0}
+build = cpp_builder.CppBuilder.build
+def timed_build(self, *a, **k):
+    started = time.perf_counter()
+    try:
+        return build(self, *a, **k)
+    finally:
+        cpp["builds"] += 1
+        cpp["s"] += time.perf_counter() - started
+cpp_builder.CppBuilder.build = timed_build
+started = time.perf_counter()  # torch.compile's own imports count, as a capture's do
 compiled = torch.compile(zoo.step)
-started = time.perf_counter()
 with zoo.grad_mode():
     compiled(model, *args)
-print(json.dumps({"compile_cold_s": time.perf_counter() - started}))
+print(json.dumps({"compile_cold_s": time.perf_counter() - started, "cpp_builds": cpp["builds"], "cpp_build_s": cpp["s"]}))
 """
 
 
@@ -218,13 +229,47 @@ def _line(row: dict) -> str:
     return " | ".join(_cell(row, key, fmt) for key, fmt in COLUMNS)
 
 
-def table(rows: list[dict]) -> str:
-    cells = [[key for key, _ in COLUMNS]] + [[_cell(row, key, fmt) for key, fmt in COLUMNS] for row in rows if "skipped" not in row]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(COLUMNS))]
+def _markdown(cells: list[list[str]]) -> str:
+    widths = [max(len(line[i]) for line in cells) for i in range(len(cells[0]))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    lines += [_line(row) for row in rows if "skipped" in row]
     return "\n".join(lines)
+
+
+def table(rows: list[dict]) -> str:
+    cells = [[key for key, _ in COLUMNS]] + [[_cell(row, key, fmt) for key, fmt in COLUMNS] for row in rows if "skipped" not in row]
+    return "\n".join([_markdown(cells)] + [_line(row) for row in rows if "skipped" in row])
+
+
+def _passed(row: dict) -> bool:
+    return "error" not in row and (row.get("max_diff") or 0) <= 1e-3
+
+
+def summary_table(rows: list[dict]) -> str:
+    """One line per model: how many cells (tracer x backend x order) served and matched eager; each
+    tracer's Inductor capture time over torch.compile's cold time; load-after (load + first call) of
+    each tracer, eager and Inductor backends, and Dynamo's over MakeFx's; the largest difference."""
+    def served(model, tracer, backend, order="load-after"):
+        return next((r for r in rows if (r.get("model"), r.get("tracer"), r.get("backend"), r.get("order"))
+                     == (model, tracer, backend, order) and _passed(r)), None)
+
+    cells = [["model", "cells pass", "capture / torch.compile (Dynamo, MakeFx)", "load+first ms eager (Dynamo, MakeFx)",
+              "load+first ms inductor (Dynamo, MakeFx)", "Dynamo / MakeFx (eager, inductor)", "largest diff"]]
+    for model in dict.fromkeys(r["model"] for r in rows if "skipped" not in r):
+        mine = [r for r in rows if r.get("model") == model and r.get("tracer") != "torch.compile"]
+        reference = next((r["compile_cold_s"] for r in rows if r.get("model") == model and r.get("compile_cold_s")), None)
+        captures = {r["tracer"]: r["capture_s"] for r in mine if r.get("backend") == "inductor" and "capture_s" in r}
+        line = [model, f"{sum(map(_passed, mine))}/{len(mine)}",
+                ", ".join(f"{captures[t] / reference:.2f}" if reference and t in captures else "-" for t in ("dynamo", "makefx"))]
+        ratios = []
+        for backend in ("eager", "inductor"):
+            pair = [served(model, tracer, backend) for tracer in ("dynamo", "makefx")]
+            totals = [1000 * (r["load_s"] + r["first_s"]) if r else None for r in pair]
+            line.append(", ".join(f"{t:.0f}" if t is not None else "-" for t in totals))
+            ratios.append(f"{totals[0] / totals[1]:.2f}" if None not in totals else "-")
+        line += [", ".join(ratios), f"{max((r.get('max_diff') or 0) for r in mine):.1e}"]
+        cells.append(line)
+    return _markdown(cells)
 
 
 # Where a capture's time goes: its phases (precompile's own phase log) in buckets, by name prefix.
@@ -245,6 +290,9 @@ def capture_table(rows: list[dict]) -> str:
     seen, lines = set(), []
     for row in rows:
         key = (row.get("model"), row.get("tracer"), row.get("backend"))
+        if row.get("compile_cold_s") is not None:  # the reference, with its C++ builds
+            lines.append([row["model"], row["tracer"], row["backend"], "", f"{row['compile_cold_s']:.1f}", "1.00",
+                          *("" for _ in PHASE_BUCKETS), "", f"{row.get('cpp_builds', 0)}, {row.get('cpp_build_s', 0.0):.1f}"])
         if "capture_phases" not in row or key in seen:
             continue
         seen.add(key)
@@ -256,11 +304,7 @@ def capture_table(rows: list[dict]) -> str:
                       f"{reference:.1f}" if reference else "", ratio, *(f"{b:.2f}" for b in buckets),
                       f"{row['capture_s'] - sum(phases.values()):.2f}",
                       f"{row.get('cpp_builds', 0)}, {row.get('cpp_build_s', 0.0):.1f}"])
-    cells = [header, *lines]
-    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
-    out = ["| " + " | ".join(c.ljust(w) for c, w in zip(line, widths)) + " |" for line in cells]
-    out.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
-    return "\n".join(out)
+    return _markdown([header, *lines])
 
 
 def main(argv=None) -> int:
@@ -276,22 +320,24 @@ def main(argv=None) -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     parser.add_argument("--out", type=Path, default=None, help="where the pairs go (default: a temporary dir)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
+    parser.add_argument("--from-json", type=Path, default=None, help="print the tables of an earlier run's JSON; run nothing")
     options = parser.parse_args(argv)
     split = lambda text: [part for part in text.split(",") if part]  # noqa: E731
     unknown = [m for m in split(options.models) if m not in ZOO]
     if unknown:
         parser.error(f"unknown models {unknown}; the zoo has {list(ZOO)}")
-    with tempfile.TemporaryDirectory() as scratch:
-        out_dir = options.out or Path(scratch)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        rows = run(split(options.models), split(options.tracers), split(options.backends), split(options.orders),
-                   options.compile_ref, options.timeout, out_dir)
-    print(table(rows))
-    print()
-    print(capture_table(rows))
+    if options.from_json:
+        rows = json.loads(options.from_json.read_text())
+    else:
+        with tempfile.TemporaryDirectory() as scratch:
+            out_dir = options.out or Path(scratch)
+            out_dir.mkdir(parents=True, exist_ok=True)
+            rows = run(split(options.models), split(options.tracers), split(options.backends), split(options.orders),
+                       options.compile_ref, options.timeout, out_dir)
+    print(table(rows), summary_table(rows), capture_table(rows), sep="\n\n")
     if options.json:
         options.json.write_text(json.dumps(rows, indent=1) + "\n")
-    failed = [row for row in rows if "error" in row or (row.get("max_diff") or 0) > 1e-3]
+    failed = [row for row in rows if "skipped" not in row and not _passed(row)]
     return 1 if failed else 0
 
 
