@@ -322,7 +322,10 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     parser.add_argument("--from-json", type=Path, default=None, help="print the tables of an earlier run's JSON; run nothing")
     options = parser.parse_args(argv)
-    split = lambda text: [part for part in text.split(",") if part]  # noqa: E731
+
+    def split(text: str) -> list[str]:
+        return [part for part in text.split(",") if part]
+
     unknown = [m for m in split(options.models) if m not in ZOO]
     if unknown:
         parser.error(f"unknown models {unknown}; the zoo has {list(ZOO)}")
