@@ -58,6 +58,8 @@ def captured_graph(arg0_1, arg1_1):
 # It checks a call against the captured calling convention, runs the captured graph on the
 # runtime model's parameters and buffers, scatters parameter gradients like eager .backward(),
 # and rebuilds fn's result.
+import gc as _gc
+
 import torch
 import torch.utils._pytree as _pytree
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
@@ -242,8 +244,17 @@ class _ServedForward:
             if state_tensors is not None and not guards.check(*state_tensors, *tensors):
                 state_tensors = None
         if state_tensors is None:
-            # First call, a changed model or a mismatch: check everything, then trust it again.
-            state_tensors = self.validate(modules, tensors)
+            # First call, a changed model or a mismatch: check everything, then trust it again. The
+            # checks build long-lived objects, a few per parameter and no cycle: as during load, the
+            # cyclic collector waits rather than pay, in the middle of the first call, the full pass
+            # over torch's objects that the process's import and model build have run up.
+            collecting = _gc.isenabled()
+            _gc.disable()
+            try:
+                state_tensors = self.validate(modules, tensors)
+            finally:
+                if collecting:
+                    _gc.enable()
         if self.unbacked:
             self.check_unbacked(tensors)
         return self.run(state_tensors, tensors)
