@@ -400,6 +400,28 @@ def test_a_guard_python_code_cannot_check_refuses_the_capture_naming_it_and_the_
     assert not (tmp_path / "dev.py").exists()
 
 
+def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame(tmp_path, monkeypatch):
+    """torch 2.11 saves a guard on a function's __defaults__ (transformers' masking helpers) in a form
+    its own loader rejects with a TypeError: the capture is refused with what happened and what
+    serves instead, not torch's traceback, and nothing is written."""
+    from precompile import torch_compat
+
+    def rejecting(saved):
+        raise TypeError("DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given")
+
+    monkeypatch.setattr(torch_compat, "load_guards_state", rejecting)
+    with pytest.raises(precompile.CaptureRefused) as refused:
+        with torch.no_grad(), precompile.capture(
+            dynamo_cases.uses_global, artifact_path=tmp_path / "g.py", cache_path=tmp_path / "g.cache",
+            tracer=precompile.DynamoTracer(), backend="eager",
+        ) as cap:
+            cap(torch.ones(3))
+    message = str(refused.value)
+    assert "cannot read back the guard state it saved for uses_global" in message
+    assert "TypeError: DefaultsSource.__init__()" in message and "MakeFxTracer" in message
+    assert not (tmp_path / "g.py").exists() and not (tmp_path / "g.cache").exists()
+
+
 SERVE_REGISTRY = r"""
 import sys, torch, precompile
 import library_cases

@@ -294,13 +294,27 @@ def wont_generalize(guards: list[VariantGuards]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+def _guards_state(saved: bytes, name: str):
+    """The guard state Dynamo saved for a variant of frame `name`, read back as its own loader reads
+    it; a CaptureRefused where this torch cannot (torch 2.11 saves a guard on a function's
+    __defaults__, such as transformers' masking helpers carry, in a form its loader rejects)."""
+    from precompile.torch_compat import load_guards_state
+
+    try:
+        return load_guards_state(saved)
+    except Exception as exc:  # whatever unpickling torch's own state raises
+        raise CaptureRefused(
+            f"torch {torch.__version__} cannot read back the guard state it saved for {name} "
+            f"({type(exc).__name__}: {exc}), so neither precompile nor torch's own package loader could check "
+            "those guards. Capture with MakeFxTracer, or with another torch release"
+        ) from exc
+
+
 def account_frame(code, name: str, ledger: GuardLedger, slots: SlotLists, taken: set) -> list[VariantGuards]:
     """Each captured variant of one package frame (`name`: its qualified name), readably: its kept
     checks (shape guards last), the slots the filter dropped in its compile, and those the
     invariance policy takes out."""
-    from precompile.torch_compat import load_guards_state
-
-    states = [load_guards_state(guarded.guards_state) for guarded in code.guarded_codes]
+    states = [_guards_state(guarded.guards_state, name) for guarded in code.guarded_codes]
     kept = [
         {(g.create_fn_name(), slot_source(g.name)): joined_check(g.code_list) for g in state.output_graph.guards}
         for state in states
