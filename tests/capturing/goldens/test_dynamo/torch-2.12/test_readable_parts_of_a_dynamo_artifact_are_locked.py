@@ -1231,9 +1231,9 @@ def _load_subgraph(subgraph, namespace, state):
 
 def _configure_inductor_for_aotautograd(metadata):
     """Where AOTAutograd serves a subgraph (its output module is written here as a string), Inductor
-    loads the module's kernels: configure it as the capture was. Precompiled headers are part of
-    every kernel's cache key, and artifacts are captured without them. Lowered subgraphs need none
-    of this, so Inductor is not imported for them."""
+    loads the module's kernels: load hands it the bundle's by source, and any it lacks it compiles
+    here, without precompiled headers, as the kernel runtime does. Lowered subgraphs need none of
+    this, so Inductor is not imported for them."""
     if any(isinstance(metadata.get(subgraph["forward"]), str) for subgraph in metadata["SUBGRAPHS"]):
         import torch._inductor.config as inductor_config
 
