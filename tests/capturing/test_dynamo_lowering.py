@@ -13,7 +13,7 @@ import dynamo_cases
 import precompile
 from conftest import dynamo_modules_read, fresh_json
 from precompile.examples.transformer import make_demo, run
-from precompile.artifact.pair import read_python_code
+from precompile.artifact.pair import parse_cache, read_python_code
 
 
 def _mlp():
@@ -153,6 +153,22 @@ def test_the_capture_serves_what_the_artifact_will_run(lowered):
     eager = _mlp()
     eager_loss, eager_picked = dynamo_cases.train_with_break(eager, torch.ones(4, 8))
     assert torch.allclose(loss, eager_loss) and torch.equal(picked, eager_picked)
+
+
+def test_each_kernel_is_built_once_with_the_precompiled_header(lowered):
+    """Lowering builds each kernel with precompiled headers; the capture then runs its sections on
+    those libraries, found by source, rather than asking Inductor again under the served driver's
+    build key (headers off), which would build every kernel a second time into the bundle."""
+    _, artifacts = lowered
+    built = 0
+    for name, (artifact, _) in artifacts.items():
+        cache = artifact.with_suffix(".cache")
+        bundle = parse_cache(cache, cache.read_bytes()).envelope.bundle
+        libraries = [f.path for f in bundle.files if f.kind == "kernel"]
+        assert sorted(set(bundle.kernels.values())) == sorted(libraries), name
+        assert bundle.provenance["precompiled_headers"] == "on", name
+        built += len(libraries)
+    assert built >= 4
 
 
 def test_extract_reads_lowered_output_modules_without_running_them(lowered, tmp_path, capsys):
