@@ -422,6 +422,29 @@ def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame
     assert not (tmp_path / "g.py").exists() and not (tmp_path / "g.cache").exists()
 
 
+def test_a_module_dynamo_bound_by_id_is_checked_by_name_from_the_saved_scope_or_the_live_globals():
+    """Dynamo binds a module its code reaches (transformers' `torch`) under a name minted from its id:
+    torch 2.13 saves it in the guard state's scope, 2.12 and 2.14 leave it only in the frame's live
+    module globals. Either way the guard reads the module by name; a minted global that is not a
+    module, or is nowhere, still refuses."""
+    from types import SimpleNamespace
+
+    from precompile.capturing.dynamo.guard_code import Unrenderable, _Variant
+
+    def variant(saved, live):
+        state = SimpleNamespace(output_graph=SimpleNamespace(global_scope=saved, local_scope={}))
+        return _Variant(0, 0, state, {}, module_globals=live)
+
+    guard = "G['_139811834291808_c0'].Tensor"
+    for saved, live in (({"_139811834291808_c0": torch}, {}), ({}, {"_139811834291808_c0": torch})):
+        rendering = variant(saved, live)
+        assert rendering.expression(guard, "CLASS_MATCH") == "_by_name['torch:'].Tensor"
+        assert rendering.references == {"torch:"}
+    for live in ({"_139811834291808_c0": object()}, {}):
+        with pytest.raises(Unrenderable, match="a global Dynamo bound by id"):
+            variant({}, live).expression(guard, "CLASS_MATCH")
+
+
 SERVE_REGISTRY = r"""
 import sys, torch, precompile
 import library_cases

@@ -110,9 +110,9 @@ def _literal(value, label: str) -> str:
 class _Variant:
     """Collects one variant's checks in order, then writes its function."""
 
-    def __init__(self, frame: int, variant: int, state, renames: dict[str, str], seen: dict | None = None) -> None:
+    def __init__(self, frame: int, variant: int, state, renames: dict[str, str], seen=None, module_globals=None) -> None:
         self.prefix = f"{frame}_{variant}"
-        self.state = state
+        self.state, self.module_globals = state, module_globals or {}
         self.renames = renames
         self.seen = seen or {}
         self.lines: list[tuple[str, str]] = []  # (label, condition that must hold)
@@ -134,9 +134,10 @@ class _Variant:
         return text
 
     def minted_module(self, match: re.Match, label: str) -> str:
-        """A module Dynamo bound in the frame's globals under a name minted from its id (G['_<id>_c0']),
-        which no other process binds: the module itself, by name."""
-        value = self.state.output_graph.global_scope.get(match.group(1))
+        """A module Dynamo bound under a name minted from its id (G['_<id>_c0']), which no other process
+        binds, by name: from the saved scope (torch 2.13), else the frame module's live globals (2.12, 2.14)."""
+        name, scope = match.group(1), self.state.output_graph.global_scope
+        value = scope[name] if name in scope else self.module_globals.get(name)
         if not isinstance(value, types.ModuleType):
             raise Unrenderable(f"{label}: it reads {match.group(0)}, a global Dynamo bound by id, which no other "
                                "process binds")
@@ -481,12 +482,13 @@ _RENDERERS = {
 
 
 def render_variant(frame: int, variant: int, title: str, state, policy: frozenset, by_name: tuple[str, ...],
-                   renames: dict[str, str], skip_hook_guards: bool, seen: dict | None = None) -> RenderedVariant:
+                   renames: dict[str, str], skip_hook_guards: bool, seen=None, module_globals=None) -> RenderedVariant:
     """The rendered check of one variant (its guards state loaded, the invariance policy's slots
-    left out, its by-name identity lines), or Unrenderable naming the first guard it cannot render."""
+    left out, its by-name identity lines; `module_globals` are the frame module's live globals), or
+    Unrenderable naming the first guard it cannot render."""
     if state.output_graph._aotautograd_guards:
         raise Unrenderable("AOTAutograd guards: the variant carries guards AOTAutograd added, not rendered here")
-    rendering = _Variant(frame, variant, state, renames, seen)
+    rendering = _Variant(frame, variant, state, renames, seen, module_globals)
     guards = sorted(state.output_graph.guards, key=lambda g: (g.create_fn_name(), g.name))
     for guard in guards:
         if slot_text((guard.create_fn_name(), slot_source(guard.name))) in policy:

@@ -18,6 +18,7 @@ import dis
 import hashlib
 import marshal
 import pickle
+import sys
 import types
 from dataclasses import dataclass, field
 
@@ -176,7 +177,8 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
                 variant_code = render_variant(index, variant, title, states[(index, variant)],
                                               frozenset(meta.policy_dropped), meta.by_name, renames,
                                               dynamo_config.skip_nnmodule_hook_guards,
-                                              (seen or {}).get((frame.qualname, variant)))
+                                              (seen or {}).get((frame.qualname, variant)),
+                                              getattr(sys.modules.get(code.python_module), "__dict__", None))
             except Exception as exc:  # whatever stops a faithful rendering refuses the capture
                 raise unrenderable_refusal(title, exc) from None
             rendered.append(variant_code)
