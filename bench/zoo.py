@@ -36,12 +36,12 @@ CAPTURE = r"""
 import json, logging, sys, time
 import torch
 import precompile
-from torch._inductor import cpp_builder
-from bench.zoo_models import ZOO
+from bench.zoo_models import ZOO, timed_cpp_builds
+cpp = timed_cpp_builds()
 name, tracer, backend, artifact, cache = sys.argv[1:6]
 zoo = ZOO[name]
 model, args = zoo.instantiate()
-phases, cpp = {}, {"builds": 0, "s": 0.0}
+phases = {}
 
 class Phases(logging.Handler):
     # The capture's own phase log ("capture: %s ..." / "capture: %s done in %.2f s"), as each phase's
@@ -59,15 +59,6 @@ class Phases(logging.Handler):
 
 logging.getLogger("precompile").addHandler(Phases())
 logging.getLogger("precompile").setLevel(logging.INFO)
-build = cpp_builder.CppBuilder.build
-def timed_build(self, *a, **k):  # every C++ compile Inductor runs (kernels and ISA probes)
-    started = time.perf_counter()
-    try:
-        return build(self, *a, **k)
-    finally:
-        cpp["builds"] += 1
-        cpp["s"] += time.perf_counter() - started
-cpp_builder.CppBuilder.build = timed_build
 started = time.perf_counter()
 with zoo.grad_mode(), precompile.capture(
     zoo.step, artifact_path=artifact, cache_path=cache, backend=backend,
@@ -126,20 +117,10 @@ print(json.dumps({"load_s": load_s, "first_s": first_s, "steady_s": statistics.m
 COMPILE_REF = r"""
 import json, sys, time
 import torch
-from torch._inductor import cpp_builder
-from bench.zoo_models import ZOO
+from bench.zoo_models import ZOO, timed_cpp_builds
+cpp = timed_cpp_builds()
 zoo = ZOO[sys.argv[1]]
 model, args = zoo.instantiate()
-cpp = {"builds": 0, "s": 0.0}
-build = cpp_builder.CppBuilder.build
-def timed_build(self, *a, **k):
-    started = time.perf_counter()
-    try:
-        return build(self, *a, **k)
-    finally:
-        cpp["builds"] += 1
-        cpp["s"] += time.perf_counter() - started
-cpp_builder.CppBuilder.build = timed_build
 started = time.perf_counter()  # torch.compile's own imports count, as a capture's do
 compiled = torch.compile(zoo.step)
 with zoo.grad_mode():

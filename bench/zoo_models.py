@@ -46,6 +46,29 @@ def torchvision_ops_or_schemas() -> str:
     return "its C++ ops do not load here: defined torchvision::nms/qnms schemas without kernels"
 
 
+
+def timed_cpp_builds() -> dict:
+    """Count and time every C++ build Inductor runs from now on in this process (kernels, ISA probes,
+    the precompiled header): {"builds": n, "s": seconds summed}, updated as they run. The zoo's
+    capture and torch.compile children both call it, so their build counts compare."""
+    import time
+
+    from torch._inductor import cpp_builder
+
+    cpp = {"builds": 0, "s": 0.0}
+    build = cpp_builder.CppBuilder.build
+
+    def timed_build(self, *args, **kwargs):
+        started = time.perf_counter()
+        try:
+            return build(self, *args, **kwargs)
+        finally:
+            cpp["builds"] += 1
+            cpp["s"] += time.perf_counter() - started
+
+    cpp_builder.CppBuilder.build = timed_build
+    return cpp
+
 _KEEP: list = []
 TORCHVISION = torchvision_ops_or_schemas()
 

@@ -64,6 +64,13 @@ def kernel_texts(source: str) -> dict[str, str]:
     return found
 
 
+def kernels_by_source(modules: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """{sha256 of a kernel's C++ source: (its name, the source)} for every kernel of the Inductor
+    output `modules` (their texts)."""
+    return {hashlib.sha256(text.encode("utf-8")).hexdigest(): (name, text)
+            for module in modules for name, text in kernel_texts(module).items()}
+
+
 def libraries_by_source(sources: dict[str, str], files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
     """{sha256 of a kernel's C++ source: its library's path in `files`} for the kernels `sources`
     ({sha256: C++ source}, from the Inductor output modules), matched by content (see `built_from`)."""
@@ -75,22 +82,21 @@ def libraries_by_source(sources: dict[str, str], files: dict[str, tuple[str, byt
     return _matched(sources, built)
 
 
-def built_so_far(directory: Path, modules: Iterable[str]) -> dict[str, str]:
+def built_so_far(directory: Path, modules: Iterable[str], read: dict[str, str]) -> dict[str, str]:
     """{sha256 of a kernel's C++ source: the absolute path of its library} for the kernels of the
     Inductor output `modules` that the build in `directory` has compiled so far. The capture runs its
     rendered code on these, as load runs python_code on a primed bundle, rather than asking Inductor
     again: Inductor's own lookup keys a kernel on its build command, which differs between lowering
-    (precompiled headers on) and the served driver's fallback (off), so it would compile them twice."""
-    sources = {hashlib.sha256(text.encode("utf-8")).hexdigest(): text
-               for module in modules for text in kernel_texts(module).values()}
+    (precompiled headers on) and the served driver's fallback (off), so it would compile them twice.
+    `read` ({library: the C++ file it was built from}) holds what earlier calls read; this call adds to it."""
+    sources = {digest: text for digest, (_, text) in kernels_by_source(modules).items()}
     if not sources:
         return {}
-    built = {}
     for path in directory.rglob("*.cpp"):
         library = path.with_suffix(".so")
-        if kind_of(path.relative_to(directory).as_posix()) == "kernel-source" and library.is_file():
-            built[str(library)] = path.read_text("utf-8", "replace")
-    return _matched(sources, built)
+        if str(library) not in read and kind_of(path.relative_to(directory).as_posix()) == "kernel-source" and library.is_file():
+            read[str(library)] = path.read_text("utf-8", "replace")
+    return _matched(sources, read)
 
 
 def _matched(sources: dict[str, str], built: dict[str, str]) -> dict[str, str]:

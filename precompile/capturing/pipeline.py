@@ -11,7 +11,6 @@ stages its own way; this module does the rest for both:
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import sys
 from collections.abc import Iterable
@@ -64,13 +63,9 @@ def freeze(kernel_build: kernels.KernelBuild, kernel_modules: Iterable[str]) -> 
     """The bundle of every file the build left that serving needs, with its kernel map: each C++
     kernel of `kernel_modules`, by the sha256 of its source, to the library built from it."""
     files = kernels.collect_files(kernel_build.directory)
-    names, sources = {}, {}  # each kernel by the sha256 of its C++ source: its name, its source
-    for module in kernel_modules:
-        for name, text in kernels.kernel_texts(module).items():
-            digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
-            names[digest], sources[digest] = name, text
-    libraries = kernels.libraries_by_source(sources, files)
-    missing = sorted(name for digest, name in names.items() if digest not in libraries)
+    found = kernels.kernels_by_source(kernel_modules)
+    libraries = kernels.libraries_by_source({digest: text for digest, (_, text) in found.items()}, files)
+    missing = sorted(name for digest, (name, _) in found.items() if digest not in libraries)
     if missing:
         raise CaptureRefused(
             f"could not freeze the compiled kernels {missing}: their libraries are not in the capture's kernel cache"

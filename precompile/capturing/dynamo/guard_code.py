@@ -110,11 +110,11 @@ def _literal(value, label: str) -> str:
 class _Variant:
     """Collects one variant's checks in order, then writes its function."""
 
-    def __init__(self, frame: int, variant: int, state, renames: dict[str, str], seen=None, module_globals=None) -> None:
+    def __init__(self, frame: int, variant: int, state, renames: dict[str, str], seen: dict | None = None,
+                 module_globals: dict | None = None) -> None:
         self.prefix = f"{frame}_{variant}"
         self.state, self.module_globals = state, module_globals or {}
-        self.renames = renames
-        self.seen = seen or {}
+        self.renames, self.seen = renames, seen or {}
         self.lines: list[tuple[str, str]] = []  # (label, condition that must hold)
         self.notes: list[str] = []
         self.tensors: list[tuple] = []
@@ -482,10 +482,10 @@ _RENDERERS = {
 
 
 def render_variant(frame: int, variant: int, title: str, state, policy: frozenset, by_name: tuple[str, ...],
-                   renames: dict[str, str], skip_hook_guards: bool, seen=None, module_globals=None) -> RenderedVariant:
-    """The rendered check of one variant (its guards state loaded, the invariance policy's slots
-    left out, its by-name identity lines; `module_globals` are the frame module's live globals), or
-    Unrenderable naming the first guard it cannot render."""
+                   renames: dict[str, str], skip_hook_guards: bool, seen: dict | None = None,
+                   module_globals: dict | None = None) -> RenderedVariant:
+    """The rendered check of one variant (its guards state loaded, the policy's slots left out, its by-name
+    identity lines; `module_globals`: its module's live globals), or Unrenderable naming the first guard it cannot render."""
     if state.output_graph._aotautograd_guards:
         raise Unrenderable("AOTAutograd guards: the variant carries guards AOTAutograd added, not rendered here")
     rendering = _Variant(frame, variant, state, renames, seen, module_globals)

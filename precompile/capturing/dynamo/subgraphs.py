@@ -148,6 +148,7 @@ class InductorLowerer:
         self._kernel_dir = kernel_dir
         self._kernels: dict[str, str] = {}
         """The kernels built so far, as load primes them: the rendered sections run on these."""
+        self._read: dict[str, str] = {}  # each library's C++ file, read once over the capture's graphs
 
     def __call__(self, graph_module: torch.fx.GraphModule, example_inputs) -> object:
         from precompile.torch_compat import PrecompileContext, compile_fx
@@ -165,7 +166,7 @@ class InductorLowerer:
             return compiled
         texts = {part: adapt_output_code(render_output_constants(result.source_code, getattr(result, "constants", None)))
                  for part, attribute in AOT_PARTS if (result := getattr(getattr(content, attribute, None), "result", None))}
-        self._kernels.update(kernels.built_so_far(self._kernel_dir, texts.values()))
+        self._kernels.update(kernels.built_so_far(self._kernel_dir, texts.values(), self._read))
         plan = autograd_plan(content) if "backward" in texts else None
         detached = () if plan else detached_outputs(content)
         name = f"graph_{len(self.graphs)}"

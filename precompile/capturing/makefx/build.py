@@ -46,7 +46,7 @@ def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_
                 source = _render(fn, traced, backend, graph)
             loading = "load the rendered python_code on its kernels"
         with phase(loading):
-            primed = kernels.built_so_far(kernel_build.directory, [source]) if kernel_build is not None else None
+            primed = kernels.built_so_far(kernel_build.directory, [source], {}) if kernel_build is not None else None
             namespace = execute(source, str(artifact_path.resolve()), primed)
         pair = pipeline.finish(source, backend=backend, tracer="make_fx", kernel_build=kernel_build, kernel_modules=[source])
     return BuiltPair(pair=pair, forward=namespace["forward"])
