@@ -232,9 +232,13 @@ def producer_keys(files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
 
 
 def producer_provenance(commands: list[str], cache_dir: Path) -> dict[str, str]:
-    """Where this build lives and how it compiled: recorded for information, never required of a host."""
+    """Where this build lives and how it compiled: recorded for information, never required of a host.
+    The command hash covers the builds of the capture's own dir (kernels, ISA probes), its paths left
+    out: Inductor's checks of its precompiled header run in a fresh temporary dir, once per process,
+    and would make two captures of one model differ."""
     root = str(cache_dir)
-    normalized = sorted({" ".join(t for t in line.replace(root, "<cache>").split() if "<cache>" not in t) for line in commands})
+    normalized = sorted({" ".join(t for t in line.replace(root, "<cache>").split() if "<cache>" not in t)
+                         for line in commands if root in line})
     compilers = sorted({os.path.basename(line.split()[0]) for line in commands if line.split()})
     return {
         **bundle_keys.host_provenance(),
