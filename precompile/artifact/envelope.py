@@ -4,7 +4,6 @@ Evolution follows msgspec's rules: a new field gets a default; a change that old
 ignore gets a new tagged Struct beside the old one, and `CacheEnvelope` grows into a union of them.
 Every version ever written keeps a fixture in `fixtures/` and stays readable.
 """
-from __future__ import annotations
 
 from typing import Literal
 

@@ -4,7 +4,6 @@ python_code states its own calling convention in `NAME = <literal>` lines at the
 Tools read them with `ast` (see `pycode`), never by executing the file, and convert them into the
 Struct of the artifact's tracer. Field `foo_bar` is the literal `FOO_BAR`.
 """
-from __future__ import annotations
 
 from typing import Literal, Union
 

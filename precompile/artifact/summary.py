@@ -4,7 +4,6 @@ Torch-free, so inspect rebuilds it from an artifact's literals. `str(summary)` i
 digest the spec defines; everything here describes the calls that ran, not every possible input.
 A guard slot is (guard_type, source) with the local scope stripped (L['self'].act -> self.act).
 """
-from __future__ import annotations
 
 from collections import Counter
 

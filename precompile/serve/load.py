@@ -13,7 +13,7 @@ import time
 import types
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 # What load needs is imported with the cyclic collector paused, as load itself runs (see load()):
 # thousands of long-lived objects (modules, classes, functions), nothing for a collection to free.
@@ -23,8 +23,7 @@ from typing import Any
 _collecting = gc.isenabled()
 gc.disable()
 try:
-    from precompile.artifact import bundle_keys, bundle_rules, bytecode, opaque_state
-    from precompile.artifact.codec import CacheFormatError, decode_payload
+    from precompile.artifact import bytecode
     from precompile.artifact.metadata import ArtifactMetadata, DynamoMetadata
     from precompile.artifact.pair import (
         pairing_problem,
@@ -34,13 +33,18 @@ try:
         read_python_code,
     )
     from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused
-    from precompile.artifact.writer import resolve_pending_cache
     from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
-    from precompile.serve import kernels
-    from precompile.signing.pair import TrustedKeys, pins_for, require_trusted
 finally:
     if _collecting:
         gc.enable()
+# Imported where they are needed, so that loading an eager artifact from its cache, unsigned, does
+# not pay for them: the kernel bundle's rules and runtime (an Inductor bundle), signatures (pins
+# set), the opaque-state checks (python_code parsed here), the interrupted-write recovery.
+if TYPE_CHECKING:
+    from precompile.signing.pair import TrustedKeys
+
+_TRUSTED_KEYS_ENV = "PRECOMPILE_TRUSTED_KEYS"
+"""precompile.signing.pair.TRUSTED_KEYS_ENV, named here so that an unpinned load need not import signing."""
 
 log = logging.getLogger("precompile")
 
@@ -94,6 +98,8 @@ def _read_cache_for(python_code: bytes, digest: str, cache_path: Path, signed: b
     if signed is None and cache.envelope is not None and cache.envelope.code_hash != digest:
         # A write interrupted between its renames, or one still renaming (resolving waits for its
         # lock): either way the cache that pairs may be in place now.
+        from precompile.artifact.writer import resolve_pending_cache
+
         resolve_pending_cache(cache_path, python_code)
         cache = read_cache(cache_path, MAX_CACHE_SIZE)
     return cache
@@ -149,6 +155,16 @@ def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
     return code.replace(co_filename=filename, co_consts=consts)
 
 
+def _pins(trusted_keys: TrustedKeys | None):
+    """The keys the pair must be signed by (precompile.signing.pair.pins_for): none, without
+    importing the signing code, when neither `trusted_keys` nor the pinning variable is set."""
+    if trusted_keys is None and _TRUSTED_KEYS_ENV not in os.environ:
+        return []
+    from precompile.signing.pair import pins_for
+
+    return pins_for(trusted_keys)
+
+
 def _read_if_present(cache_path: Path) -> bytes | None:
     try:
         return read_bytes(cache_path, "cache", MAX_CACHE_SIZE)
@@ -183,6 +199,8 @@ def _checked_opaque_parts(tree: ast.Module, source: str, filename: str) -> dict[
     """Refuse a Dynamo python_code whose opaque state or marshalled bytecode is spelled other than
     precompile writes it (inspect scans only that spelling); seed the bytecode's labelled sha256s,
     which the driver checks before marshal.loads."""
+    from precompile.artifact import opaque_state
+
     if opaque_state.STATE not in source and opaque_state.BYTECODE not in source:
         return {}
     problems, digests = opaque_state.load_problems(tree, source)
@@ -237,6 +255,10 @@ def _prime_kernels(cache) -> dict[str, str] | None:
     bundle = cache.envelope.bundle
     if bundle is None or not bundle.files:
         return None
+    from precompile.artifact import bundle_keys, bundle_rules
+    from precompile.artifact.codec import CacheFormatError, decode_payload
+    from precompile.serve import kernels
+
     unserved = bundle_rules.unserved_reason(cache.envelope)
     if unserved is not None:
         warnings.warn(
@@ -299,10 +321,12 @@ def load(
     with contextlib.ExitStack() as collector:
         collector.enter_context(cyclic_gc_paused())
         artifact_path, cache_path = Path(artifact_path), Path(cache_path)
-        pins = pins_for(trusted_keys)
+        pins = _pins(trusted_keys)
         code_data = read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE)
         signed_cache = None
         if pins:  # signed pairs (precompile.signing): checked on the very bytes used below
+            from precompile.signing.pair import require_trusted
+
             signed_cache = _read_if_present(cache_path)
             require_trusted(artifact_path, cache_path, pins, (code_data, signed_cache))
         digest = code_hash(code_data)
@@ -332,6 +356,8 @@ def load(
         with contextlib.ExitStack() as stack:
             if through_inductor:
                 assert primed is not None  # through_inductor is only set when the bundle's kernels were primed
+                from precompile.serve import kernels
+
                 bundle = cache.envelope.bundle
                 stack.enter_context(kernels.producer_vec_isas(bundle.keys))
                 stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
