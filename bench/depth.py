@@ -62,7 +62,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.coldstart import _env
+from bench.coldstart import _env, byte_compile_precompile
 
 PRECOMPILE = ("makefx-eager", "makefx-inductor", "dynamo-eager", "dynamo-inductor")
 SCENARIOS = ("eager", "compile-warm", "compile-mega", "aoti", *PRECOMPILE)
@@ -319,6 +319,7 @@ def main() -> None:
         parser.error(f"unknown scenarios {sorted(unknown)}; choose from {', '.join(SCENARIOS)}")
     scenarios = tuple(s for s in SCENARIOS if s in wanted)
     layer_counts = [int(n) for n in args.layers.split(",")]
+    byte_compile_precompile()
     results, profiles = {}, {}
     for layers in layer_counts:
         results[layers], found = measure(layers, scenarios, args.repeat, args.calls, args.top, layers == max(layer_counts),

@@ -54,6 +54,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.coldstart import byte_compile_precompile
+
 MODES = ("compile-cold", "compile-warm", "precompile")
 # Each rank's timestamps, in order; the phase ending at each is named in PHASE_TITLES.
 PHASES = ("python", "torch", "joined", "built", "ready", "first_done")
@@ -215,7 +219,7 @@ def main() -> None:
     unknown = sorted(set(model_names) - set(MODELS))
     if unknown:
         parser.error(f"--model: unknown {', '.join(unknown)}; choose from {', '.join(MODELS)}")
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "precompile")], check=True, timeout=TIMEOUT_S)
+    byte_compile_precompile()
     for model_name in model_names:
         print(f"\nmodel: {model_name}, {MODELS[model_name]}; host: {os.cpu_count()} CPUs, load average "
               f"{os.getloadavg()[0]:.1f} (other work on the host slows every row alike)")

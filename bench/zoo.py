@@ -7,7 +7,8 @@ serving order loads it under `precompile.no_compilation()` and compares with eag
   load-after  build the model first (its library imported), then load and call
 
 Each serve row records load time, first-call time, steady per-call time (median), the largest
-difference to eager, and which of torch._dynamo / torch._inductor the load and the first call imported
+difference to eager (over `--serve-runs` fresh processes, 3 by default: the median of each time, the
+largest difference), and which of torch._dynamo / torch._inductor the load and the first call imported
 (not those the model's library imports itself when the model is built; `library_imported_by_load`
 says whether loading before the model was built imported the model's library, and what it imports).
 `--compile-ref` adds torch.compile (inductor) cold time per model, in its own fresh process with an
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -151,7 +153,19 @@ def _env(scratch: Path) -> dict:
             "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRANSFORMERS_VERBOSITY": "error"}
 
 
-def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, out_dir: Path) -> list[dict]:
+def _median_run(runs: list[dict]) -> dict:
+    """One serve row of `runs` (fresh processes serving the same pair): the first, with each timing
+    the median over the runs and the largest difference the largest; the first error if any failed."""
+    failed = next((run for run in runs if "error" in run), None)
+    if failed is not None:
+        return failed
+    row = {**runs[0], "serve_runs": len(runs), "max_diff": max(run["max_diff"] for run in runs)}
+    for key in ("load_s", "first_s", "steady_s", "eager_s", "wall_s"):
+        row[key] = statistics.median(run[key] for run in runs)
+    return row
+
+
+def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, out_dir: Path, serve_runs: int = 3) -> list[dict]:
     sys.path.insert(0, str(ROOT))
     from bench.zoo_models import ZOO
 
@@ -181,9 +195,11 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
                     print(_line(row), file=sys.stderr)
                     continue
                 for order in orders:
-                    with tempfile.TemporaryDirectory() as scratch:
-                        served = _child(SERVE, name, order, str(artifact), str(cache), env=_env(Path(scratch)), timeout=timeout)
-                    rows.append({**row, "order": order, **served})
+                    runs = []
+                    for _ in range(serve_runs):
+                        with tempfile.TemporaryDirectory() as scratch:
+                            runs.append(_child(SERVE, name, order, str(artifact), str(cache), env=_env(Path(scratch)), timeout=timeout))
+                    rows.append({**row, "order": order, **_median_run(runs)})
                     print(_line(rows[-1]), file=sys.stderr)
     return rows
 
@@ -298,6 +314,8 @@ def main(argv=None) -> int:
     parser.add_argument("--backends", default="eager,inductor")
     parser.add_argument("--orders", default="load-first,load-after")
     parser.add_argument("--compile-ref", action="store_true", help="also time torch.compile (inductor) cold per model")
+    parser.add_argument("--serve-runs", type=int, default=3,
+                        help="fresh serving processes per pair and order; their timings' medians are reported")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     parser.add_argument("--out", type=Path, default=None, help="where the pairs go (default: a temporary dir)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
@@ -313,11 +331,14 @@ def main(argv=None) -> int:
     if options.from_json:
         rows = json.loads(options.from_json.read_text())
     else:
+        from bench.coldstart import byte_compile_precompile
+
+        byte_compile_precompile()
         with tempfile.TemporaryDirectory() as scratch:
             out_dir = options.out or Path(scratch)
             out_dir.mkdir(parents=True, exist_ok=True)
             rows = run(split(options.models), split(options.tracers), split(options.backends), split(options.orders),
-                       options.compile_ref, options.timeout, out_dir)
+                       options.compile_ref, options.timeout, out_dir, options.serve_runs)
     print(table(rows), summary_table(rows), capture_table(rows), sep="\n\n")
     if options.json:
         options.json.write_text(json.dumps(rows, indent=1) + "\n")
