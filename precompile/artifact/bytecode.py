@@ -78,10 +78,12 @@ def compile_python_code(source: str | ast.Module, filename: str, optimize: int =
 
 
 def embedded_modules(tree: ast.Module) -> dict[str, tuple[str, str]]:
-    """{sha256 of the text: (filename, text)} of every `inductor_subgraph("name", "text", ...)` call
-    in python_code (string literals both), in the order of the tree: the modules its driver compiles."""
+    """{sha256 of the text: (filename, text)} of every top-level `NAME = inductor_subgraph("name",
+    "text", ...)` in python_code (string literals both), in order: the modules its driver compiles,
+    which is where precompile renders them (a module found nowhere else is compiled when it runs)."""
     modules: dict[str, tuple[str, str]] = {}
-    for node in ast.walk(tree):
+    for statement in tree.body:
+        node = statement.value if isinstance(statement, ast.Assign) else None
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "inductor_subgraph"
                 and len(node.args) >= 2):
             continue

@@ -553,3 +553,18 @@ def test_identity_lines_split_at_their_operator_whatever_the_literal_holds(line,
 
     assert driver._identity_parts(line) == parts
     assert CHECK.fullmatch(line.split(" ", 1)[1]).groups() == parts
+
+
+def test_notes_on_many_guards_of_one_kind_and_reason_fold_into_one_counted_line():
+    from precompile.capturing.dynamo.guard_function import FOLDED_NOTES, folded_notes
+
+    hooks = "skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)"
+    many = [(f"EMPTY_NN_MODULE_HOOKS_DICT model._modules['{i}']._forward_hooks", hooks) for i in range(FOLDED_NOTES + 1)]
+    few = [(f"TENSOR_MATCH w{i}", "dimension markings") for i in range(FOLDED_NOTES)]
+    lines = folded_notes([("GRAD_MODE", "checked by GLOBAL_STATE"), *many, *few, ("TENSOR_MATCH x", "another reason")])
+    assert lines == [
+        "GRAD_MODE: checked by GLOBAL_STATE",
+        f"EMPTY_NN_MODULE_HOOKS_DICT on {FOLDED_NOTES + 1} sources (GUARDS lists each): {hooks}",
+        *(f"{label}: dimension markings" for label, _ in few),
+        "TENSOR_MATCH x: another reason",
+    ]

@@ -24,6 +24,7 @@ import torch
 
 from precompile.capturing.dynamo.guard_accounting import UNKEPT as _UNKEPT
 from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
+from precompile.capturing.dynamo.guard_function import guard_function
 from precompile.capturing.dynamo.named_identity import CHECK, reference
 
 # Guard types Dynamo's guard builder adds no check for: GLOBAL_STATE's C++ guard covers them.
@@ -116,7 +117,7 @@ class _Variant:
         self.state, self.module_globals = state, module_globals or {}
         self.renames, self.seen = renames, seen or {}
         self.lines: list[tuple[str, str]] = []  # (label, condition that must hold)
-        self.notes: list[str] = []
+        self.notes: list[tuple[str, str]] = []  # (label, why it adds no check)
         self.tensors: list[tuple] = []
         self.tensor_sources: list[str] = []
         self.aliasing: list[str] = []
@@ -174,9 +175,9 @@ class _Variant:
         kind = guard.create_fn_name()
         label = slot_text((kind, slot_source(guard.name)))
         if kind in _COVERED_BY_GLOBAL_STATE:
-            self.notes.append(f"{label}: checked by GLOBAL_STATE (torch adds no check of its own)")
+            self.notes.append((label, "checked by GLOBAL_STATE (torch adds no check of its own)"))
         elif kind == "EMPTY_NN_MODULE_HOOKS_DICT" and skip_hook_guards:
-            self.notes.append(f"{label}: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)")
+            self.notes.append((label, "skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)"))
         elif kind in _RENDERERS:
             getattr(self, _RENDERERS[kind])(guard, label, kind)
         else:
@@ -232,7 +233,7 @@ class _Variant:
         info = get_opaque_obj_info(seen.type)
         if info is not None and info.guard_fn is not None:
             raise Unrenderable(f"{label}: {seen.type.__qualname__} registers a guard_fn, whose values are not rendered here")
-        self.notes.append(f"{label}: skipped by torch (no guard_fn registered for {seen.type.__qualname__})")
+        self.notes.append((label, f"skipped by torch (no guard_fn registered for {seen.type.__qualname__})"))
 
     def constant_guard(self, guard, label: str, kind: str) -> None:
         seen = self.saw(guard)
@@ -258,7 +259,7 @@ class _Variant:
         if other is None:
             raise Unrenderable(f"{label}: the guard names no second source")
         if not guard.code_list:  # torch skips it for optimizer and skip-guard sources
-            self.notes.append(f"{label}: skipped by torch (a source it does not guard)")
+            self.notes.append((label, "skipped by torch (a source it does not guard)"))
             return
         text = self.expression(other.name, label)
         self.lines.append((f"{label} is {slot_source(other.name)}", f"{text} is {self.source(guard, label)}"))
@@ -293,7 +294,7 @@ class _Variant:
             while type(source).__name__ == "NNModuleSource":
                 source = source.base
             if type(source).__name__ == "CodeSource":
-                self.notes.append(f"{label}: skipped by torch (a function always has __code__)")
+                self.notes.append((label, "skipped by torch (a function always has __code__)"))
                 return
             attr, owner = getattr(source, "member", None), getattr(source, "base", None)
             if owner is None or not isinstance(attr, str):
@@ -384,8 +385,8 @@ class _Variant:
         parts = [rename_sources(part, self.renames) for part in dict.fromkeys(guard.code_list or ())
                  if part.startswith(("hasattr(", "((getattr("))]
         if parts and not marking_guard_enforced():
-            self.notes.append(f"{label}: dimension markings (mark_dynamic and the like): this torch's guard manager "
-                              "lets any markings pass, so they are not checked here either")
+            self.notes.append((label, "dimension markings (mark_dynamic and the like): this torch's guard manager lets "
+                                      "any markings pass, so they are not checked here either"))
             return
         for part in parts:
             _names_in(part, _MARKING_NAMES, frozenset({"hasattr", "getattr", "issubset", "set"}), label)
@@ -412,50 +413,6 @@ class _Variant:
             self.lines.append((label, f"{text} is {value!r}"))
         else:
             self.lines.append((label, f"type({text}) is {type(value).__name__} and {text} == {_literal(value, line)}"))
-
-    # -- the text ---------------------------------------------------------------------------------
-    def render(self, title: str) -> str:
-        out = [f"# {title}"]
-        body = []
-        if self.global_state is not None:
-            out.append(f"_global_state_{self.prefix} = _GlobalState({self.global_state!r})")
-            body += ['    failing = "GLOBAL_STATE"',
-                     f"    if not _global_state_{self.prefix}.check():",
-                     f"        return _global_state_{self.prefix}.reason() if explain else failing"]
-        # Tensors first: the check most calls that miss fail on, in one C++ call.
-        if self.tensors:
-            rows = "".join(f"\n    {row!r}," for row in self.tensors)
-            out.append(f"_tensors_{self.prefix} = _TensorMatch(({rows}\n))")
-            sources = ", ".join(self.tensor_sources) + ("," if len(self.tensor_sources) == 1 else "")
-            body += ['    failing = "TENSOR_MATCH"', f"    tensors = ({sources})",
-                     f"    if not _tensors_{self.prefix}.check(tensors):",
-                     f"        return _tensors_{self.prefix}.reason(tensors) if explain else failing"]
-        for label, condition in dict.fromkeys(self.lines):
-            body += [f"    failing = {label!r}", f"    if not ({condition}):", "        return failing"]
-        if len(self.aliasing) > 1:
-            sources = ", ".join(self.aliasing)
-            body += ['    failing = "NO_TENSOR_ALIASING: " + ' + repr(", ".join(slot_source(s) for s in self.aliasing)),
-                     f"    if len({{id(t) for t in ({sources})}}) != {len(self.aliasing)}:", "        return failing"]
-        for label, condition in self.marking:
-            joined = condition.replace(" and ", " and\n            ")
-            body += [f"    failing = {label!r}", f"    if not ({joined}):", "        return failing"]
-        notes = "".join(f"\n    # {note}" for note in self.notes)
-        out += [
-            "",
-            "",
-            f"def guards_{self.prefix}(L, G, explain=False):",
-            f'    """{title}: the first kept guard that fails, or None when all hold (a source that is not',
-            '    there fails its guard). L: the bound arguments, G: the globals of the frame\'s module;',
-            '    explain: say why the tensor or global-state check failed (torch\'s own words), not only its name."""'
-            + notes,
-            '    failing = "(none yet)"',
-            "    try:",
-            *("    " + line for line in body),
-            "    except Exception:  # noqa: BLE001 - a guard whose source is not there fails",
-            "        return failing",
-            "    return None",
-        ]
-        return "\n".join(out)
 
 
 # Guard type -> the _Variant method that renders it (GRAD_MODE and the like: see _COVERED_BY_GLOBAL_STATE).
@@ -496,5 +453,5 @@ def render_variant(frame: int, variant: int, title: str, state, policy: frozense
         rendering.add(guard, skip_hook_guards)
     for line in by_name:
         rendering.identity_line(line)
-    return RenderedVariant(function=f"guards_{rendering.prefix}", source=rendering.render(title),
+    return RenderedVariant(function=f"guards_{rendering.prefix}", source=guard_function(rendering, title),
                            references=rendering.references)

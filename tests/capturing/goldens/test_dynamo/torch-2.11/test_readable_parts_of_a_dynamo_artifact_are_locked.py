@@ -496,12 +496,7 @@ def guards_0_0(L, G, explain=False):
     there fails its guard). L: the bound arguments, G: the globals of the frame's module;
     explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (GUARDS lists each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     failing = "(none yet)"
     try:
@@ -582,12 +577,7 @@ def guards_0_1(L, G, explain=False):
     there fails its guard). L: the bound arguments, G: the globals of the frame's module;
     explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
-    # EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs: skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (GUARDS lists each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     failing = "(none yet)"
     try:
