@@ -72,3 +72,8 @@ def train_with_break(model, x):
 def weight_and_its_transpose(w, x):
     """A training graph returning a view of an input that requires grad: AOTAutograd regenerates it."""
     return (w * x).sum(), w.t()
+
+
+def raises_its_own(x):
+    y = x * 2
+    raise ValueError(f"fn's own error on a tensor of shape {tuple(y.shape)}")

@@ -9,6 +9,7 @@ import hashlib
 import inspect
 import math
 import sys
+import types
 
 import pytest
 import torch
@@ -420,6 +421,36 @@ def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame
     assert "cannot read back the guard state it saved for uses_global" in message
     assert "TypeError: DefaultsSource.__init__()" in message and "MakeFxTracer" in message
     assert not (tmp_path / "g.py").exists() and not (tmp_path / "g.cache").exists()
+
+
+def test_a_failure_inside_torchs_guard_building_refuses_the_capture_naming_torch_and_the_remedy(tmp_path, monkeypatch):
+    """torch 2.12's guard building asserts on transformers' per-layer config views ("Guarded object
+    must be identical, None or ephemeral", in torch._guards, called from torch._dynamo.guards): the
+    capture is a CaptureRefused saying it is torch's failure and what serves instead, not torch's
+    traceback; an exception fn raises itself still reaches the caller as it is."""
+    import torch._guards
+
+    def asserting(self, *args, **kwargs):
+        raise AssertionError("Guarded object must be identical, None or ephemeral (dead weakref)")
+
+    # Raised from a frame of torch._guards, as torch's own assertion is.
+    asserting = types.FunctionType(asserting.__code__, vars(torch._guards), "set_export_info")
+    monkeypatch.setattr(torch._guards.Guard, "set_export_info", asserting)
+    with pytest.raises(precompile.CaptureRefused) as refused:
+        with torch.no_grad(), precompile.capture(
+            dynamo_cases.uses_global, artifact_path=tmp_path / "g.py", cache_path=tmp_path / "g.cache",
+            tracer=precompile.DynamoTracer(), backend="eager",
+        ) as cap:
+            cap(torch.ones(3))
+    message = str(refused.value)
+    assert "failed inside Dynamo's own guard building" in message and "torch's failure, not fn's" in message
+    assert "AssertionError: Guarded object must be identical" in message and "MakeFxTracer" in message
+    assert not (tmp_path / "g.py").exists() and not (tmp_path / "g.cache").exists()
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="fn's own error"):
+        with precompile.capture(dynamo_cases.raises_its_own, artifact_path=tmp_path / "r.py", cache_path=tmp_path / "r.cache",
+                                tracer=precompile.DynamoTracer(), backend="eager") as cap:
+            cap(torch.ones(3))
 
 
 def test_a_module_dynamo_bound_by_id_is_checked_by_name_from_the_saved_scope_or_the_live_globals():

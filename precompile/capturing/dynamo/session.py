@@ -149,6 +149,17 @@ def _uncovered_frames(entry, frames: list[DynamoFrame]) -> tuple[str, ...]:
     )
 
 
+def _raised_building_guards(exc: BaseException) -> bool:
+    """Whether `exc` came from inside torch while Dynamo built a frame's guards (the traceback runs
+    through torch._dynamo.guards and ends in torch's code), where none of fn's own code runs."""
+    modules = []
+    frame = exc.__traceback__
+    while frame is not None:
+        modules.append(frame.tb_frame.f_globals.get("__name__", ""))
+        frame = frame.tb_next
+    return "torch._dynamo.guards" in modules and modules[-1].startswith("torch.")
+
+
 class DynamoSession:
     """One DynamoTracer capture: calls run compiled and are recorded; `build()` renders the pair."""
 
@@ -228,6 +239,12 @@ class DynamoSession:
                     f"the call compiled a frame the artifact cannot record ({exc}): every compiled frame must be "
                     "found again by module and qualified name; define the functions and classes the call reaches "
                     "in an importable module (not __main__, not exec'd code)"
+                ) from exc
+            if _raised_building_guards(exc):
+                raise CaptureRefused(
+                    f"torch {torch.__version__} failed inside Dynamo's own guard building for a frame of the call "
+                    f"({type(exc).__name__}: {str(exc).strip()}); that is torch's failure, not fn's. Capture with "
+                    "tracer=precompile.MakeFxTracer(), or with another torch (docs/torch-versions.md names what each refuses)"
                 ) from exc
             raise
 
