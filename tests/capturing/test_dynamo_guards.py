@@ -423,6 +423,7 @@ def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame
     assert not (tmp_path / "g.py").exists() and not (tmp_path / "g.cache").exists()
 
 
+@pytest.mark.compat
 def test_a_failure_inside_torchs_guard_building_refuses_the_capture_naming_torch_and_the_remedy(tmp_path, monkeypatch):
     """torch 2.12's guard building asserts on transformers' per-layer config views ("Guarded object
     must be identical, None or ephemeral", in torch._guards, called from torch._dynamo.guards): the
