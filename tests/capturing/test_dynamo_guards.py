@@ -401,6 +401,17 @@ def test_a_guard_python_code_cannot_check_refuses_the_capture_naming_it_and_the_
     assert not (tmp_path / "dev.py").exists()
 
 
+def _refused_uses_global(directory) -> str:
+    """The CaptureRefused message of a Dynamo capture of uses_global into `directory` (g.py, g.cache)."""
+    with pytest.raises(precompile.CaptureRefused) as refused:
+        with torch.no_grad(), precompile.capture(
+            dynamo_cases.uses_global, artifact_path=directory / "g.py", cache_path=directory / "g.cache",
+            tracer=precompile.DynamoTracer(), backend="eager",
+        ) as cap:
+            cap(torch.ones(3))
+    return str(refused.value)
+
+
 def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame(tmp_path, monkeypatch):
     """torch 2.11 saves a guard on a function's __defaults__ (transformers' masking helpers) in a form
     its own loader rejects with a TypeError: the capture is refused with what happened and what
@@ -411,13 +422,7 @@ def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame
         raise TypeError("DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given")
 
     monkeypatch.setattr(torch_compat, "load_guards_state", rejecting)
-    with pytest.raises(precompile.CaptureRefused) as refused:
-        with torch.no_grad(), precompile.capture(
-            dynamo_cases.uses_global, artifact_path=tmp_path / "g.py", cache_path=tmp_path / "g.cache",
-            tracer=precompile.DynamoTracer(), backend="eager",
-        ) as cap:
-            cap(torch.ones(3))
-    message = str(refused.value)
+    message = _refused_uses_global(tmp_path)
     assert "cannot read back the guard state it saved for uses_global" in message
     assert "TypeError: DefaultsSource.__init__()" in message and "MakeFxTracer" in message
     assert not (tmp_path / "g.py").exists() and not (tmp_path / "g.cache").exists()
@@ -437,13 +442,7 @@ def test_a_failure_inside_torchs_guard_building_refuses_the_capture_naming_torch
     # Raised from a frame of torch._guards, as torch's own assertion is.
     asserting = types.FunctionType(asserting.__code__, vars(torch._guards), "set_export_info")
     monkeypatch.setattr(torch._guards.Guard, "set_export_info", asserting)
-    with pytest.raises(precompile.CaptureRefused) as refused:
-        with torch.no_grad(), precompile.capture(
-            dynamo_cases.uses_global, artifact_path=tmp_path / "g.py", cache_path=tmp_path / "g.cache",
-            tracer=precompile.DynamoTracer(), backend="eager",
-        ) as cap:
-            cap(torch.ones(3))
-    message = str(refused.value)
+    message = _refused_uses_global(tmp_path)
     assert "failed inside Dynamo's own guard building" in message and "torch's failure, not fn's" in message
     assert "AssertionError: Guarded object must be identical" in message and "MakeFxTracer" in message
     assert not (tmp_path / "g.py").exists() and not (tmp_path / "g.cache").exists()
