@@ -325,9 +325,11 @@ def main(argv=None) -> int:
     def split(text: str) -> list[str]:
         return [part for part in text.split(",") if part]
 
-    unknown = [m for m in split(options.models) if m not in ZOO]
-    if unknown:
-        parser.error(f"unknown models {unknown}; the zoo has {list(ZOO)}")
+    for option, known in (("models", tuple(ZOO)), ("tracers", ("dynamo", "makefx")), ("backends", ("eager", "inductor")),
+                          ("orders", ("load-first", "load-after"))):
+        unknown = [value for value in split(getattr(options, option)) if value not in known]
+        if unknown:
+            parser.error(f"unknown {option} {unknown}; choose from {list(known)}")
     if options.from_json:
         rows = json.loads(options.from_json.read_text())
     else:
