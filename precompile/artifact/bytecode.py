@@ -10,7 +10,8 @@ Compilation is made reproducible so that `verify` can PROVE the bytecode is pyth
 compiling the source again and comparing bytes, never by loading the stored ones:
 
 - the filename compiled in is `code_filename(code_hash)`, fixed by the content (load renames every
-  code object to the file's real path afterwards, so tracebacks and linecache are as before);
+  code object to the file's real path as it unmarshals them, so tracebacks and linecache are as
+  before: `renamed`);
 - the compiler flags are fixed (`COMPILE_FLAGS`: `from __future__ import annotations`, which load
   always compiled python_code with, inherited from its own module), never inherited;
 - marshal format version 2, which writes no back-references: versions 3 and up mark an object
@@ -70,6 +71,21 @@ def magic() -> str:
 def code_filename(code_hash: str) -> str:
     """The filename python_code is compiled under for its stored bytecode: fixed by its content."""
     return f"<precompile python_code {code_hash[:12]}>"
+
+
+def renamed(data: bytes, code_hash: str, filename: str) -> bytes:
+    """Stored bytecode (decompressed) whose code objects, once unmarshalled, carry `filename` instead
+    of `code_filename(code_hash)`. Marshal format 2 writes every string whole ("u", its UTF-8 length
+    in 4 bytes, its UTF-8) and refers back to none, so each code object's copy of the name is one
+    run of bytes to replace, and unmarshalling builds the code objects renamed (renaming them after
+    with `code.replace` costs a copy of every code object: milliseconds for a large Dynamo guard).
+    A string constant equal to that name would be renamed too: python_code would have to spell out
+    the sha256 of its own text for that."""
+    def token(text: str) -> bytes:
+        encoded = text.encode("utf-8", "surrogatepass")
+        return b"u" + len(encoded).to_bytes(4, "little") + encoded
+
+    return data.replace(token(code_filename(code_hash)), token(filename))
 
 
 def compile_python_code(source: str | ast.Module, filename: str, optimize: int = OPTIMIZE) -> types.CodeType:

@@ -179,6 +179,15 @@ class InlinedSource(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str
 
 
+class InlinedFile(msgspec.Struct, frozen=True, kw_only=True):
+    """The sha256 of the bytes of a module's source file, recorded where every INLINED_SOURCES range of
+    that module hashed as Dynamo recorded it against exactly those bytes: at load a file that still has
+    them passes all its ranges unread; any other file has its ranges hashed one by one."""
+
+    module: str
+    sha256: str
+
+
 class DynamoMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="dynamo", tag_field="TRACER"):
     """What a DynamoTracer artifact captured: its frames, their guards and the capture's summary."""
 
@@ -187,6 +196,8 @@ class DynamoMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="dynamo", ta
     guards: tuple[VariantGuards, ...]
     summary: PrecompileSummary
     inlined_sources: tuple[InlinedSource, ...] = ()
+    inlined_files: tuple[InlinedFile, ...] = ()
+    """Empty in artifacts written before it: every range is hashed at load."""
     subgraphs: tuple[CompiledSubgraph, ...] = ()
     """Empty in artifacts that carried their compiled graphs inside the opaque state."""
 

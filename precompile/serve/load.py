@@ -137,22 +137,17 @@ def _prepared_code(envelope, python_code, filename: str) -> tuple[types.CodeType
         log.debug("compiling python_code %s: not running the bytecode its cache carries, since %s", python_code.path, reason)
         return None
     try:  # load() runs this with the cyclic collector paused: thousands of tuples, no cycle
-        loaded = marshal.loads(bytecode.decompressed(compiled))
+        loaded = marshal.loads(bytecode.renamed(bytecode.decompressed(compiled), python_code.code_hash, filename))
     except (ValueError, EOFError, TypeError) as exc:
         log.debug("compiling python_code %s: its cached bytecode does not load (%s)", python_code.path, exc)
         return None
     if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], types.CodeType)
             and isinstance(loaded[1], dict) and all(isinstance(c, types.CodeType) for c in loaded[1].values())):
         return None
-    return _renamed(loaded[0], filename), loaded[1]
-
-
-def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
-    """`code` and every code object nested in it, with co_filename `filename` (as compiling there would give)."""
-    consts = code.co_consts
-    if any(type(const) is types.CodeType for const in consts):
-        consts = tuple(_renamed(const, filename) if type(const) is types.CodeType else const for const in consts)
-    return code.replace(co_filename=filename, co_consts=consts)
+    if loaded[0].co_filename != filename:
+        log.debug("compiling python_code %s: its cached bytecode names another file (%s)", python_code.path, loaded[0].co_filename)
+        return None
+    return loaded
 
 
 def _pins(trusted_keys: TrustedKeys | None):

@@ -11,6 +11,7 @@ import math
 import sys
 import types
 
+import msgspec
 import pytest
 import torch
 
@@ -326,7 +327,7 @@ def test_the_driver_hashes_inlined_source_exactly_as_dynamo_does():
     from precompile.codegen.drivers import dynamo as driver
 
     def ours(module, first, last):
-        return driver._hash_lines(driver._source_lines(module.__name__, "artifact.py"), first, last)
+        return driver.hash_source_lines(driver._source_lines(module.__name__, "artifact.py"), first, last)
 
     for module, first, last in [(dynamo_cases, 1, 12), (transformer, 10, 40), (dynamo_cases, 5, 5), (math, 1, 2)]:
         try:
@@ -338,6 +339,39 @@ def test_the_driver_hashes_inlined_source_exactly_as_dynamo_does():
         assert ours(module, first, last) == theirs
     assert ours(dynamo_cases, 1, 3) == hashlib.sha256(
         "".join(inspect.getsourcelines(dynamo_cases)[0][0:2]).encode()).hexdigest()
+
+
+def test_a_whole_file_hash_is_recorded_only_where_it_proves_every_range(monkeypatch):
+    from pathlib import Path
+
+    from precompile.artifact.metadata import InlinedFile, InlinedSource
+    from precompile.capturing.dynamo.inlined_files import _decoded_lines, inlined_files
+    from precompile.codegen.drivers import dynamo as driver
+
+    for module in (dynamo_cases, transformer):  # decoded as linecache decodes, so as Dynamo hashed
+        assert _decoded_lines(Path(module.__file__).read_bytes()) == inspect.getsourcelines(module)[0]
+    lines = inspect.getsourcelines(dynamo_cases)[0]
+    right = InlinedSource(module="dynamo_cases", first_line=1, last_line=4, sha256=driver.hash_source_lines(lines, 1, 4))
+    edited = InlinedSource(module="dynamo_cases", first_line=5, last_line=7, sha256="0" * 64)
+    whole = hashlib.sha256(Path(dynamo_cases.__file__).read_bytes()).hexdigest()
+    assert inlined_files([right]) == (InlinedFile(module="dynamo_cases", sha256=whole),)
+    assert inlined_files([right, edited]) == ()
+    assert inlined_files([InlinedSource(module="math", first_line=1, last_line=2, sha256="0" * 64)]) == ()
+
+    files = [{"module": "dynamo_cases", "sha256": whole}]
+    assert driver._unchanged_modules({"INLINED_FILES": files}) == {"dynamo_cases"}
+    assert driver._unchanged_modules({"INLINED_FILES": [{"module": "dynamo_cases", "sha256": "0" * 64},
+                                                        {"module": "math", "sha256": whole},
+                                                        {"module": "__main__", "sha256": whole}]}) == set()
+
+    def unread(name, artifact):
+        raise AssertionError(f"{name}'s lines were read although its file is unchanged")
+
+    monkeypatch.setattr(driver, "_source_lines", unread)
+    sources = [msgspec.to_builtins(right)]
+    driver._check_sources({"INLINED_SOURCES": sources, "INLINED_FILES": files}, "artifact.py")
+    with pytest.raises(AssertionError, match="lines were read"):
+        driver._check_sources({"INLINED_SOURCES": sources}, "artifact.py")  # written before INLINED_FILES
 
 
 def test_the_driver_finds_an_inlined_module_file_without_importing_it():
@@ -364,6 +398,43 @@ def test_the_driver_finds_a_module_file_whose_package_was_never_imported(tmp_pat
     assert driver._unimported_origin("never_imported_pkg.inlined") == str(package / "inlined.py")
     assert driver._unimported_origin("never_imported_pkg.absent") is None
     assert "never_imported_pkg" not in sys.modules and "never_imported_pkg.inlined" not in sys.modules
+
+
+def test_tensor_rows_alike_share_an_example_and_each_keeps_its_own_sizes():
+    """The driver builds one example tensor per (type, dtype, device, requires_grad): rows that share
+    one still check their own sizes, strides and kinds, positionally."""
+    from precompile.codegen.drivers import dynamo_guards
+
+    parameter = "torch.nn.parameter:Parameter"
+    rows = (("a", parameter, "torch.float32", "cpu", True, (2, 3), (3, 1)),
+            ("b", parameter, "torch.float32", "cpu", True, (4,), (1,)),
+            ("c", "torch:Tensor", "torch.float32", "cpu", False, (None,), (1,)))
+    match = dynamo_guards._TensorMatch(rows)
+    a, b = torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.ones(4))
+    assert match.check((a, b, torch.ones(7)))
+    assert not match.check((b, a, torch.ones(7)))
+    assert "'a'" in match.reason((b, a, torch.ones(7)))
+    assert not match.check((a, torch.nn.Parameter(torch.ones(4, dtype=torch.float64)), torch.ones(7)))
+    assert not match.check((a, b, torch.nn.Parameter(torch.ones(7))))
+
+
+def test_a_module_imported_from_a_zip_archive_is_read_through_its_loader(tmp_path, monkeypatch):
+    """Its origin is a path inside the archive, which linecache cannot open: the driver imports the
+    module and reads its source through the zip loader, so an unchanged module passes the check."""
+    import zipfile
+
+    from precompile.codegen.drivers import dynamo as driver
+
+    text = "def inner(x):\n    return x * 2\n"
+    with zipfile.ZipFile(tmp_path / "lib.zip", "w") as archive:
+        archive.writestr("zipped_inlined.py", text)
+    monkeypatch.syspath_prepend(str(tmp_path / "lib.zip"))
+    monkeypatch.delitem(sys.modules, "zipped_inlined", raising=False)
+    assert driver._unimported_origin("zipped_inlined") is None
+    source = {"module": "zipped_inlined", "first_line": 1, "last_line": 3,
+              "sha256": driver.hash_source_lines(text.splitlines(keepends=True), 1, 3)}
+    driver._check_sources({"INLINED_SOURCES": [source]}, "artifact.py")
+    monkeypatch.delitem(sys.modules, "zipped_inlined")
 
 
 def test_the_dynamo_utils_stand_in_does_what_torch_does():

@@ -114,6 +114,24 @@ def test_a_fresh_process_runs_the_cached_bytecode_and_parses_nothing(captured):
     assert report["line"].strip().startswith("def __call__(self, *args, **kwargs):")
 
 
+def test_tracebacks_show_the_loaded_python_code_after_its_file_is_replaced_or_gone(captured, tmp_path):
+    """load registers the lines it ran with linecache: a file overwritten by a later capture, or
+    moved away, does not change what tracebacks of the loaded code show."""
+    import linecache
+
+    artifact, cache = _copy(captured["mlp_batchnorm"], tmp_path)
+    runnable = precompile.load(artifact, cache)
+    code = type(runnable._forward).__call__.__code__
+    line = linecache.getline(code.co_filename, code.co_firstlineno)
+    assert code.co_filename == str(artifact.resolve()) and line.strip().startswith("def __call__(self, *args, **kwargs):")
+    artifact.write_text("\n" * code.co_firstlineno + "# another capture's python_code\n")
+    linecache.checkcache()
+    assert linecache.getline(code.co_filename, code.co_firstlineno) == line
+    artifact.unlink()
+    linecache.checkcache()
+    assert linecache.getline(code.co_filename, code.co_firstlineno) == line
+
+
 def test_a_process_at_another_optimization_level_compiles_python_code(captured):
     artifact, cache = captured["mlp_batchnorm"]
     optimized = run_fresh_optimized(FRESH_LOAD, str(artifact), str(cache))
@@ -263,6 +281,34 @@ def test_capture_compiles_deterministically_whatever_the_process_holds():
     tree = ast.parse(source)
     assert bytecode.compiled_bytes(source, "0" * 64, tree) == bytecode.compiled_bytes(source, "0" * 64, tree)
     assert keep is not None
+
+
+def test_unmarshalling_renames_every_code_object_and_nothing_else():
+    """load unmarshals the stored bytes with the filename replaced (bytecode.renamed): every nested
+    code object carries the real path, any path, and a string constant that holds the compiled-in
+    filename within its text is left as it is."""
+    import marshal
+    import types
+
+    digest = "ab" * 32
+    placeholder = bytecode.code_filename(digest)
+    source = f"MENTION = {'see ' + placeholder!r}\n\nclass C:\n    def m(self):\n        return lambda: 1\n"
+    stored = bytecode.compiled_bytes(source, digest, ast.parse(source))
+    for path in ("/srv/models/m.py", "/tmp/ünïcode ☃/m.py"):
+        code, _ = marshal.loads(bytecode.renamed(stored, digest, path))
+        seen = []
+
+        def walk(code):
+            seen.append(code.co_filename)
+            for const in code.co_consts:
+                if isinstance(const, types.CodeType):
+                    walk(const)
+
+        walk(code)
+        assert len(seen) == 4 and set(seen) == {path}
+        namespace: dict = {}
+        exec(code, namespace)
+        assert namespace["MENTION"] == "see " + placeholder
 
 
 SERVE_INDUCTOR = r"""

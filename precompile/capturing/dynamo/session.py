@@ -26,6 +26,7 @@ from precompile.artifact.metadata import CompiledSubgraph, DynamoFrame, DynamoMe
 from precompile.artifact.summary import PrecompileSummary
 from precompile.capturing import kernels, pipeline
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
+from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
 from precompile.capturing.dynamo.standalone import remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
@@ -313,6 +314,10 @@ class DynamoSession:
         if installed:
             refuse_uninstallable(entry, frames)
         sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
+        inlined = tuple(
+            InlinedSource(module=s.module, first_line=s.firstlineno, last_line=s.lastlineno, sha256=s.checksum)
+            for s in sorted(entry.source_info.inlined_sources, key=lambda s: (s.module, s.firstlineno, s.lastlineno))
+        )
         metadata = DynamoMetadata(
             format_version=FORMAT_VERSION,
             backend=self.backend,
@@ -324,10 +329,8 @@ class DynamoSession:
             frames=tuple(frames),
             guards=tuple(guards),
             summary=summary,
-            inlined_sources=tuple(
-                InlinedSource(module=s.module, first_line=s.firstlineno, last_line=s.lastlineno, sha256=s.checksum)
-                for s in sorted(entry.source_info.inlined_sources, key=lambda s: (s.module, s.firstlineno, s.lastlineno))
-            ),
+            inlined_sources=inlined,
+            inlined_files=inlined_files(inlined),
             subgraphs=tuple(subgraphs),
             world=distributed.captured_world([*(section.source for section in sections), *modules]),
         )

@@ -35,14 +35,20 @@ class _TensorMatch:
 
     def __init__(self, rows):
         self.names = [row[0] for row in rows]
+        # TensorGuards reads only an example's type, dispatch keys, dtype, device and requires_grad (the
+        # sizes and strides are given): rows alike share one example (a model's parameters, mostly).
+        made = {}
         examples = []
         for _, pytype, dtype, device, requires_grad, _, _ in rows:
-            example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
-            if _tensor_type(pytype) is torch.nn.Parameter:
-                example = torch.nn.Parameter(example, requires_grad=requires_grad)
-            else:
-                example.requires_grad_(requires_grad)
-            examples.append(example)
+            kind = (_tensor_type(pytype), dtype, device, requires_grad)
+            if kind not in made:
+                example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
+                if kind[0] is torch.nn.Parameter:
+                    example = torch.nn.Parameter(example, requires_grad=requires_grad)
+                else:
+                    example.requires_grad_(requires_grad)
+                made[kind] = example
+            examples.append(made[kind])
         # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
         self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],  # type: ignore[misc]
                                     dynamic_dims_strides=[list(row[6]) for row in rows])  # type: ignore[misc]

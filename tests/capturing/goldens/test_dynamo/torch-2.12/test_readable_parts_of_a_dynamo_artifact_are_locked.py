@@ -219,6 +219,9 @@ INLINED_SOURCES = ({'module': 'dynamo_cases',
   'first_line': 130,
   'last_line': 135,
   'sha256': 'c0ab8f42cc3bf9489809b19c321cc85f0b1d4eafebacb96bd8e132cb9e95ef76'})
+INLINED_FILES = ({'module': 'dynamo_cases', 'sha256': '<file sha256>'},
+ {'module': 'torch.nn.modules.linear',
+  'sha256': '<file sha256>'})
 SUBGRAPHS = ({'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'break_and_scale',
   'forward': 'graph_0',
@@ -412,14 +415,20 @@ class _TensorMatch:
 
     def __init__(self, rows):
         self.names = [row[0] for row in rows]
+        # TensorGuards reads only an example's type, dispatch keys, dtype, device and requires_grad (the
+        # sizes and strides are given): rows alike share one example (a model's parameters, mostly).
+        made = {}
         examples = []
         for _, pytype, dtype, device, requires_grad, _, _ in rows:
-            example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
-            if _tensor_type(pytype) is torch.nn.Parameter:
-                example = torch.nn.Parameter(example, requires_grad=requires_grad)
-            else:
-                example.requires_grad_(requires_grad)
-            examples.append(example)
+            kind = (_tensor_type(pytype), dtype, device, requires_grad)
+            if kind not in made:
+                example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
+                if kind[0] is torch.nn.Parameter:
+                    example = torch.nn.Parameter(example, requires_grad=requires_grad)
+                else:
+                    example.requires_grad_(requires_grad)
+                made[kind] = example
+            examples.append(made[kind])
         # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
         self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],  # type: ignore[misc]
                                     dynamic_dims_strides=[list(row[6]) for row in rows])  # type: ignore[misc]
@@ -835,13 +844,13 @@ def _check_versions(metadata, artifact):
                         "its guard state is tied to that build", "serve it with that torch, or capture it again here")
 
 
-def _hash_lines(lines, first_line, last_line):
+def hash_source_lines(lines, first_line, last_line):
     return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
 
 
 def _unimported_origin(name):
     """The .py file the import system would load for module `name`, found without executing it or
-    its packages; None where it is not a plain source file."""
+    its packages; None where it is not a plain source file read by the standard source loader."""
     spec, locations = None, None
     parts = name.split(".")
     for depth in range(1, len(parts) + 1):
@@ -853,8 +862,37 @@ def _unimported_origin(name):
         locations = spec.submodule_search_locations
     if spec is None:  # a name with no parts
         return None
+    if not isinstance(spec.loader, _machinery.SourceFileLoader):  # a zip archive's, say: its loader reads it
+        return None
     origin = spec.origin if spec.has_location else None
     return origin if origin and origin.endswith(".py") else None
+
+
+def source_file(name):
+    """The file module `name`'s source is read from: inspect's choice for an imported module, the
+    import system's for one not imported yet (found without executing it); None where there is none."""
+    loaded = _sys.modules.get(name)
+    try:
+        return _inspect.getsourcefile(loaded) if loaded is not None else _unimported_origin(name)
+    except TypeError:  # a built-in module
+        return None
+
+
+def _unchanged_modules(metadata):
+    """The modules whose source file still has the bytes INLINED_FILES recorded: capture checked each of
+    their INLINED_SOURCES ranges against exactly those bytes, so none needs reading again."""
+    unchanged = set()
+    for entry in metadata.get("INLINED_FILES", ()):
+        path = None if entry["module"] == "__main__" else source_file(entry["module"])
+        if path is None:
+            continue
+        try:
+            with open(path, "rb") as file:
+                if _hashlib.sha256(file.read()).hexdigest() == entry["sha256"]:
+                    unchanged.add(entry["module"])
+        except OSError:
+            pass
+    return unchanged
 
 
 def _source_lines(name, artifact):
@@ -870,17 +908,21 @@ def _source_lines(name, artifact):
 
 def _check_sources(metadata, artifact):
     """The code Dynamo inlined must still say what it said at capture: guards do not check it. Each
-    module's source is read once, however many of its functions were inlined."""
+    module's source is read once, however many of its functions were inlined, and not at all where
+    its whole file is unchanged."""
+    unchanged = _unchanged_modules(metadata)
     lines_of = {}
     for source in metadata.get("INLINED_SOURCES", ()):
         name = source["module"]
+        if name in unchanged:
+            continue
         if name not in lines_of:
             try:
                 lines_of[name] = _source_lines(name, artifact)
             except (OSError, TypeError):
                 lines_of[name] = None
         lines = lines_of[name]
-        now = None if lines is None else _hash_lines(lines, source["first_line"], source["last_line"])
+        now = None if lines is None else hash_source_lines(lines, source["first_line"], source["last_line"])
         if now != source["sha256"]:
             _fail(artifact, f"the source of {name} lines {source['first_line']}-{source['last_line']} "
                             "changed since capture (its compiled graphs may no longer match it)",
@@ -923,7 +965,9 @@ def _set_thread_count(guard, threads):
     guard.__setstate__(_json.dumps(state))
 
 
-_LOCAL = _re.compile(r"L\['([^']+)'\]")
+# This driver's regular expressions stay text: `re` compiles (and caches) each on first use, so a load
+# that needs none of them compiles none.
+_LOCAL = r"L\['([^']+)'\]"
 
 
 def _drop_guards(state, slots):
@@ -935,13 +979,13 @@ def _drop_guards(state, slots):
 
 
 def _slot_text(guard):
-    return (guard.create_fn_name() + " " + _LOCAL.sub(r"\1", guard.name)).strip()
+    return (guard.create_fn_name() + " " + _re.sub(_LOCAL, r"\1", guard.name)).strip()
 
 
 # A guard source walked without eval (precompile/capturing/dynamo/named_identity.py SOURCE): a local (x, or
 # L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...).
-_SOURCE_STEP = _re.compile(r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]")
-_SOURCE_ROOT = _re.compile(r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))")
+_SOURCE_STEP = r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]"
+_SOURCE_ROOT = r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))"
 
 
 def _resolve_reference(ref):
@@ -963,7 +1007,7 @@ def _fill_named_locals(state, lines):
     local_scope = state.output_graph.local_scope
     for line in lines:
         source, operator, ref = _identity_parts(line)
-        root = _SOURCE_ROOT.fullmatch(source)
+        root = _re.fullmatch(_SOURCE_ROOT, source)
         if operator != "is" or root is None or root.group(1) == "G":
             continue
         name = root.group(2) or root.group(3)
@@ -990,10 +1034,10 @@ def _check_by_name(manager, line, scope, artifact):
     source, operator, ref = _identity_parts(line)
     of_type = source.startswith("type(")
     walked = source[5:-1] if of_type else source
-    root = _SOURCE_ROOT.match(walked)
+    root = _re.match(_SOURCE_ROOT, walked)
     if root is None:
         _fail(artifact, f"{line}: its source names neither a local, a global nor a name", _RECAPTURE)
-    steps = _SOURCE_STEP.findall(walked[root.end():])
+    steps = _re.findall(_SOURCE_STEP, walked[root.end():])
     try:
         expected = ast.literal_eval(ref) if operator == "==" else _resolve_reference(ref)
     except Exception as exc:  # the named object is not here: the variant cannot serve
@@ -1619,7 +1663,7 @@ class _Installed:
               "capture this call too, or load with allow_serve_time_compiles=True", CallMismatch)
 
 
-_MINTED_NUMBER = _re.compile(r"^__\w*?_(\d+)(?:_[0-9a-f_]{36})?$")
+_MINTED_NUMBER = r"^__\w*?_(\d+)(?:_[0-9a-f_]{36})?$"
 
 
 def _reserve_minted_names(names):
@@ -1628,7 +1672,7 @@ def _reserve_minted_names(names):
     this process never mints a name the artifact holds (Dynamo asserts the name is free)."""
     from torch._dynamo import bytecode_transformation
 
-    numbers = [int(match.group(1)) for match in map(_MINTED_NUMBER.match, names) if match]
+    numbers = [int(match.group(1)) for match in (_re.match(_MINTED_NUMBER, name) for name in names) if match]
     if numbers:
         current = next(bytecode_transformation._unique_id_counter)
         bytecode_transformation._unique_id_counter = _itertools.count(max(current, max(numbers) + 1))
