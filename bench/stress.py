@@ -585,6 +585,10 @@ def main() -> int:
     parser.add_argument("--load-mutations", type=int, default=5_000, help="mutated caches through load (part 4)")
     parser.add_argument("--parts", default="mutations,kills,concurrency,load")
     args = parser.parse_args()
+    known = ("mutations", "kills", "concurrency", "load")
+    unknown = [part for part in args.parts.split(",") if part not in known]
+    if unknown:  # a misspelt part would run nothing and report every figure as required
+        parser.error(f"unknown parts {unknown}; choose from {list(known)}")
     bad = 0
     with tempfile.TemporaryDirectory(prefix="precompile-stress-") as tmp:
         work = Path(tmp) / "work"
