@@ -23,6 +23,12 @@ dynamo_subgraphs driver compiles at load (`inductor_subgraph(name, text)`); thos
 capture too, so the stored bytes are `marshal.dumps((code, modules), 2)` where `modules` maps the
 sha256 of each such text to its code, compiled as the driver names it (`<precompile subgraph NAME>`).
 
+The compiled code leaves out the metadata literals no code in python_code reads (`LEFT_OUT`, recorded
+in the blob's `left_out`): tools read them with ast, and a served artifact's summary comes from the
+typed metadata. Unmarshalling a Dynamo artifact's SUMMARY (a tuple for every guard's verdict) was
+half the cost of unmarshalling its whole bytecode, for nothing. python_code run alone, or compiled
+from its source by load, still binds them.
+
 The metadata is `msgspec.msgpack` of the typed metadata converted from python_code's literals, so
 `verify` can decode it (msgspec decoding runs nothing) and compare it with the literals it parses.
 
@@ -58,6 +64,9 @@ MAX_PREPARED_SIZE = 256 * 1024 * 1024
 MAX_STORED_SIZE = 32 * 1024 * 1024
 """The most both compressed blobs may take of the header (whose limit is 64 MiB)."""
 ZSTD_LEVEL = 3
+LEFT_OUT = ("SUMMARY",)
+"""The metadata literals the stored bytecode may leave out: no code in python_code reads them (a
+test keeps it so). A blob that leaves out any other name is not run (load compiles the source)."""
 
 _metadata_encoder = msgspec.msgpack.Encoder()
 _metadata_decoder = msgspec.msgpack.Decoder(ArtifactMetadata)
@@ -110,17 +119,34 @@ def embedded_modules(tree: ast.Module) -> dict[str, tuple[str, str]]:
     return modules
 
 
-def compiled_bytes(source: str, code_hash: str, tree: ast.Module, optimize: int = OPTIMIZE) -> bytes:
+def left_out_literals(tree: ast.Module) -> tuple[str, ...]:
+    """The names of LEFT_OUT that python_code (`tree`) assigns at top level, in LEFT_OUT's order."""
+    assigned = {name for statement in tree.body if (name := _literal_name(statement)) is not None}
+    return tuple(name for name in LEFT_OUT if name in assigned)
+
+
+def _literal_name(statement: ast.stmt) -> str | None:
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name):
+        return statement.targets[0].id
+    return None
+
+
+def compiled_bytes(source: str, code_hash: str, tree: ast.Module, optimize: int = OPTIMIZE,
+                   left_out: tuple[str, ...] = ()) -> bytes:
     """The bytes capture stores for python_code (`tree`, its parse) and verify recomputes:
-    deterministic for one source."""
-    code = compile_python_code(source, code_filename(code_hash), optimize)
+    deterministic for one source. The top-level assignments to `left_out` are not compiled."""
+    kept: str | ast.Module = source
+    if left_out:
+        kept = ast.Module(body=[s for s in tree.body if _literal_name(s) not in left_out], type_ignores=tree.type_ignores)
+    code = compile_python_code(kept, code_filename(code_hash), optimize)
     modules = {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in embedded_modules(tree).items()}
     return marshal.dumps((code, modules), MARSHAL_VERSION)
 
 
 def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.Module) -> tuple[CompiledCode | None, EncodedMetadata | None]:
     """The bytecode and typed metadata a capture carries in its cache (None for each when too big)."""
-    code = compiled_bytes(source, code_hash, tree)
+    left_out = left_out_literals(tree)
+    code = compiled_bytes(source, code_hash, tree, left_out=left_out)
     encoded = _metadata_encoder.encode(metadata)
     if max(len(code), len(encoded)) > MAX_PREPARED_SIZE:
         return None, None
@@ -131,7 +157,7 @@ def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.M
     compiled = CompiledCode(
         code_hash=code_hash, magic=magic(), filename=code_filename(code_hash), flags=COMPILE_FLAGS, optimize=OPTIMIZE,
         marshal_version=MARSHAL_VERSION, size=len(code), compressed_size=len(stored_code),
-        sha256=hashlib.sha256(stored_code).hexdigest(), data=stored_code,
+        sha256=hashlib.sha256(stored_code).hexdigest(), data=stored_code, left_out=left_out,
     )
     meta = EncodedMetadata(code_hash=code_hash, size=len(encoded), compressed_size=len(stored_meta),
                            sha256=hashlib.sha256(stored_meta).hexdigest(), data=stored_meta)
@@ -182,7 +208,19 @@ def unusable_reason(compiled: CompiledCode, code_hash: str) -> str | None:
         return f"it was compiled at optimization level {compiled.optimize}, this process runs at {sys.flags.optimize}"
     if compiled.filename != code_filename(code_hash):
         return f"it was compiled as {compiled.filename!r}, not {code_filename(code_hash)!r}"
+    problem = _left_out_problem(compiled)
+    if problem is not None:
+        return problem
     return blob_problem(compiled)
+
+
+def _left_out_problem(compiled: CompiledCode) -> str | None:
+    """Why the statements the blob says it left out are not ones it may leave out, or None."""
+    unknown = [name for name in compiled.left_out if name not in LEFT_OUT]
+    if unknown or len(set(compiled.left_out)) != len(compiled.left_out):
+        return (f"it leaves out {', '.join(map(repr, compiled.left_out))}; only {', '.join(map(repr, LEFT_OUT))} "
+                "(literals no code in python_code reads) may be left out, each once")
+    return None
 
 
 def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: ast.Module) -> str | None:
@@ -201,12 +239,15 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
                 f"version {MARSHAL_VERSION} and flags {COMPILE_FLAGS:#x}")
     if compiled.optimize not in (0, 1, 2):
         return f"it records optimization level {compiled.optimize}; Python compiles at 0, 1 or 2"
+    problem = _left_out_problem(compiled)
+    if problem is not None:
+        return problem
     try:
         stored = decompressed(compiled)
     except ValueError as exc:
         return str(exc)
     try:
-        expected = compiled_bytes(source, code_hash, tree, compiled.optimize)
+        expected = compiled_bytes(source, code_hash, tree, compiled.optimize, compiled.left_out)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         return f"python_code does not compile here ({type(exc).__name__})"
     if expected != stored:

@@ -77,6 +77,10 @@ class CompiledCode(msgspec.Struct, frozen=True, kw_only=True):
     """One zstd frame of marshal.dumps((code, modules), marshal_version): python_code's code, and
     {sha256 of the text: code} of the Inductor output modules it carries as strings (see
     artifact/bytecode.py). `precompile verify` compiles python_code again and compares."""
+    left_out: tuple[str, ...] = ()
+    """The top-level metadata literals (`NAME = literal`) left out of the compiled code: only names
+    no code in python_code reads (artifact/bytecode.LEFT_OUT). Caches written before compiled every
+    statement."""
 
 
 class EncodedMetadata(msgspec.Struct, frozen=True, kw_only=True):

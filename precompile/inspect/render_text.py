@@ -161,6 +161,10 @@ def _upstream(upstream: UpstreamCache) -> list[Line]:
     return lines
 
 
+def _left_out(names: tuple[str, ...]) -> str:
+    return f" leaving out the literal{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
+
+
 def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
     size = f"{cache.file.size} bytes" if cache.file else None
     if cache.envelope is not None and cache.header_size is not None and cache.payload is not None:
@@ -187,7 +191,7 @@ def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
         code, meta = env.python_bytecode, env.metadata_msgpack
         if code is not None:
             lines.append((f"  python_code bytecode: {code.size} bytes ({code.compressed_size} compressed, marshal v{code.marshal_version}, Python magic {code.magic}, "
-                          f"optimize {code.optimize}, compiled as {code.filename}, sha256 {code.sha256}): load runs it instead of "
+                          f"optimize {code.optimize}, compiled as {code.filename}{_left_out(code.left_out)}, sha256 {code.sha256}): load runs it instead of "
                           "compiling python_code on a Python with that magic; verify compiles python_code and compares", None))
         if meta is not None:
             lines.append((f"  python_code metadata, typed: {meta.size} bytes msgpack ({meta.compressed_size} compressed, sha256 {meta.sha256}): load decodes it "

@@ -338,3 +338,81 @@ def test_inductor_output_modules_a_dynamo_artifact_carries_as_text_are_not_compi
     assert report == {"close": True, "bytecode": True, "compiled": []}
     rc, checks = _verify(capsys, artifact, cache)
     assert rc == 0 and checks["python_code bytecode"]["status"] == "ok"
+
+
+SERVE_DYNAMO = r"""
+import json, sys, torch
+import precompile, dynamo_cases
+runnable = precompile.load(sys.argv[1], sys.argv[2])
+x = torch.arange(12.0).reshape(3, 4)
+close = torch.allclose(runnable(x), dynamo_cases.uses_global(x))
+print(json.dumps({"close": close, "bytecode": runnable.bytecode_from_cache, "metadata": runnable.metadata_from_cache,
+                  "served_globals_bind_summary": "SUMMARY" in type(runnable._forward).__call__.__globals__,
+                  "summary_frames": runnable.metadata.summary.frames}))
+"""
+
+
+@pytest.fixture(scope="module")
+def dynamo_eager(tmp_path_factory):
+    import dynamo_cases
+    import torch
+
+    directory = tmp_path_factory.mktemp("dynamo-eager")
+    artifact, cache = directory / "d.py", directory / "d.cache"
+    with precompile.capture(dynamo_cases.uses_global, artifact_path=artifact, cache_path=cache, backend="eager") as cap:
+        cap(torch.ones(3, 4))
+    return artifact, cache
+
+
+def test_the_stored_bytecode_leaves_out_the_summary_no_code_reads(dynamo_eager, capsys):
+    """A Dynamo artifact's SUMMARY (a tuple per guard verdict) was half of what load unmarshalled:
+    the stored bytecode leaves it out (python_code run alone, or compiled by load, still binds it); the
+    runnable's summary comes from the typed metadata. verify compiles python_code without SUMMARY and
+    finds the same bytes."""
+    artifact, cache = dynamo_eager
+    fields, _ = _fields(cache)
+    assert fields["python_bytecode"]["left_out"] == ["SUMMARY"]
+    report = fresh_json(SERVE_DYNAMO, str(artifact), str(cache))
+    assert report["close"] and report["bytecode"] and report["metadata"]
+    assert not report["served_globals_bind_summary"]
+    assert report["summary_frames"] >= 1
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 0 and checks["python_code bytecode"]["status"] == "ok"
+    assert main(["show", str(artifact), str(cache)]) == 0
+    assert "leaving out the literal SUMMARY," in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("pair", ["dynamo", "makefx"])
+def test_no_code_in_python_code_reads_a_literal_the_bytecode_leaves_out(pair, dynamo_eager, captured):
+    """What bytecode.LEFT_OUT may hold: a name python_code's code never reads, by name or as a
+    globals() key (the Dynamo driver reads its metadata literals through globals())."""
+    artifact, _ = dynamo_eager if pair == "dynamo" else captured["mlp_batchnorm"]
+    tree = ast.parse(artifact.read_text(encoding="utf-8"))
+    for name in bytecode.LEFT_OUT:
+        assigned = [s for s in tree.body if isinstance(s, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in s.targets)]
+        read = [node for node in ast.walk(ast.Module(body=[s for s in tree.body if s not in assigned], type_ignores=[]))
+                if (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Constant) and node.value == name)]
+        assert read == [], f"python_code's code reads {name}, which its stored bytecode leaves out"
+        assert len(assigned) <= 1
+
+
+def test_bytecode_that_leaves_out_other_statements_is_never_run(dynamo_eager, tmp_path, capsys):
+    """A cache that says it left out a statement other than LEFT_OUT's (its bytes compiled to match,
+    every hash sealed) is not run: load compiles python_code, verify names what was left out."""
+    import marshal
+
+    artifact, cache = _copy(dynamo_eager, tmp_path)
+    fields, _ = _fields(cache)
+    source = artifact.read_text(encoding="utf-8")
+    digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    tree = ast.parse(source)
+    for left_out in (["FRAMES"], ["SUMMARY", "SUMMARY"]):
+        kept = ast.Module(body=[s for s in tree.body if not (isinstance(s, ast.Assign) and getattr(s.targets[0], "id", None) in left_out)],
+                          type_ignores=[])
+        code = bytecode.compile_python_code(kept, bytecode.code_filename(digest))
+        forged = marshal.dumps((code, {}), bytecode.MARSHAL_VERSION)
+        _forge(cache, bytecode_fields={**_sealed(forged), "left_out": left_out})
+        runnable = precompile.load(artifact, cache)
+        assert runnable.cache_used and runnable.metadata_from_cache and not runnable.bytecode_from_cache
+        rc, checks = _verify(capsys, artifact, cache)
+        assert rc == 1 and "only 'SUMMARY'" in checks["python_code bytecode"]["message"]
