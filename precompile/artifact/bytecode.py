@@ -120,9 +120,25 @@ def embedded_modules(tree: ast.Module) -> dict[str, tuple[str, str]]:
 
 
 def left_out_literals(tree: ast.Module) -> tuple[str, ...]:
-    """The names of LEFT_OUT that python_code (`tree`) assigns at top level, in LEFT_OUT's order."""
-    assigned = {name for statement in tree.body if (name := _literal_name(statement)) is not None}
-    return tuple(name for name in LEFT_OUT if name in assigned)
+    """The names of LEFT_OUT that python_code (`tree`) may be compiled without, in LEFT_OUT's order:
+    each assigned by exactly one top-level statement and named nowhere else, not as a name, an
+    attribute or within any string (a `globals()` key, an output module's text). A read the text
+    does not spell out (a key computed at run time) is beyond this proof; precompile writes none."""
+    return tuple(name for name in LEFT_OUT if _only_assigned(tree, name))
+
+
+def _only_assigned(tree: ast.Module, name: str) -> bool:
+    assignments = [statement for statement in tree.body if _literal_name(statement) == name]
+    if len(assignments) != 1:
+        return False
+    for statement in tree.body:
+        if statement is assignments[0]:
+            continue
+        for node in ast.walk(statement):
+            if ((isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
+                    or (isinstance(node, ast.Constant) and isinstance(node.value, str) and name in node.value)):
+                return False
+    return True
 
 
 def _literal_name(statement: ast.stmt) -> str | None:
@@ -208,19 +224,25 @@ def unusable_reason(compiled: CompiledCode, code_hash: str) -> str | None:
         return f"it was compiled at optimization level {compiled.optimize}, this process runs at {sys.flags.optimize}"
     if compiled.filename != code_filename(code_hash):
         return f"it was compiled as {compiled.filename!r}, not {code_filename(code_hash)!r}"
-    problem = _left_out_problem(compiled)
+    problem = left_out_problem(compiled)
     if problem is not None:
         return problem
     return blob_problem(compiled)
 
 
-def _left_out_problem(compiled: CompiledCode) -> str | None:
+def left_out_problem(compiled: CompiledCode) -> str | None:
     """Why the statements the blob says it left out are not ones it may leave out, or None."""
     unknown = [name for name in compiled.left_out if name not in LEFT_OUT]
     if unknown or len(set(compiled.left_out)) != len(compiled.left_out):
-        return (f"it leaves out {', '.join(map(repr, compiled.left_out))}; only {', '.join(map(repr, LEFT_OUT))} "
+        return (f"it leaves out {_names(compiled.left_out)}; only {_names(LEFT_OUT)} "
                 "(literals no code in python_code reads) may be left out, each once")
     return None
+
+
+def _names(names: tuple[str, ...], most: int = 5) -> str:
+    """Names for a message: each quoted as repr quotes it, the first `most` of them."""
+    shown = ", ".join(repr(name[:80]) for name in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: ast.Module) -> str | None:
@@ -239,13 +261,17 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
                 f"version {MARSHAL_VERSION} and flags {COMPILE_FLAGS:#x}")
     if compiled.optimize not in (0, 1, 2):
         return f"it records optimization level {compiled.optimize}; Python compiles at 0, 1 or 2"
-    problem = _left_out_problem(compiled)
+    problem = left_out_problem(compiled)
     if problem is not None:
         return problem
     try:
         stored = decompressed(compiled)
     except ValueError as exc:
         return str(exc)
+    readable = [name for name in compiled.left_out if name not in left_out_literals(tree)]
+    if readable:
+        return (f"it leaves out {_names(tuple(readable))}, which python_code does not assign once as a literal or names "
+                "elsewhere: what load would run differs from python_code")
     try:
         expected = compiled_bytes(source, code_hash, tree, compiled.optimize, compiled.left_out)
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:

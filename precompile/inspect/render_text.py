@@ -5,6 +5,7 @@ only when the console has colour. The text itself never depends on terminal widt
 """
 from __future__ import annotations
 
+from precompile.artifact import bytecode
 from precompile.artifact.bundle_keys import provenance, requirements
 from precompile.artifact.bundle_rules import unserved_reason
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
@@ -161,8 +162,13 @@ def _upstream(upstream: UpstreamCache) -> list[Line]:
     return lines
 
 
-def _left_out(names: tuple[str, ...]) -> str:
-    return f" leaving out the literal{'s' if len(names) > 1 else ''} {', '.join(names)}" if names else ""
+def _left_out(code) -> str:
+    if not code.left_out:
+        return ""
+    refused = bytecode.left_out_problem(code)
+    if refused is not None:
+        return f" ({refused}: load compiles python_code instead)"
+    return f" leaving out the literal{'s' if len(code.left_out) > 1 else ''} {', '.join(code.left_out)}"
 
 
 def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
@@ -191,7 +197,7 @@ def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
         code, meta = env.python_bytecode, env.metadata_msgpack
         if code is not None:
             lines.append((f"  python_code bytecode: {code.size} bytes ({code.compressed_size} compressed, marshal v{code.marshal_version}, Python magic {code.magic}, "
-                          f"optimize {code.optimize}, compiled as {code.filename}{_left_out(code.left_out)}, sha256 {code.sha256}): load runs it instead of "
+                          f"optimize {code.optimize}, compiled as {code.filename}{_left_out(code)}, sha256 {code.sha256}): load runs it instead of "
                           "compiling python_code on a Python with that magic; verify compiles python_code and compares", None))
         if meta is not None:
             lines.append((f"  python_code metadata, typed: {meta.size} bytes msgpack ({meta.compressed_size} compressed, sha256 {meta.sha256}): load decodes it "

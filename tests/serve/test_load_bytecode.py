@@ -416,3 +416,44 @@ def test_bytecode_that_leaves_out_other_statements_is_never_run(dynamo_eager, tm
         assert runnable.cache_used and runnable.metadata_from_cache and not runnable.bytecode_from_cache
         rc, checks = _verify(capsys, artifact, cache)
         assert rc == 1 and "only 'SUMMARY'" in checks["python_code bytecode"]["message"]
+        assert main(["show", str(artifact), str(cache)]) == 0
+        assert "may be left out, each once: load compiles python_code instead" in capsys.readouterr().out
+
+
+def _compiled_blob(source: str, left_out: tuple[str, ...]):
+    """A CompiledCode entry as capture seals one, for `source` compiled without `left_out`."""
+    from precompile.artifact.envelope import CompiledCode
+
+    digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    data = bytecode.compiled_bytes(source, digest, ast.parse(source), left_out=left_out)
+    sealed = _sealed(data)
+    return digest, CompiledCode(code_hash=digest, magic=bytecode.magic(), filename=bytecode.code_filename(digest),
+                                flags=bytecode.COMPILE_FLAGS, optimize=bytecode.OPTIMIZE, marshal_version=bytecode.MARSHAL_VERSION,
+                                left_out=left_out, **sealed)
+
+
+@pytest.mark.parametrize("reader", [
+    "print(SUMMARY)", "x = globals()['SUMMARY']", "x = sys.modules[__name__].SUMMARY", "T = 'module text that says SUMMARY'",
+    "SUMMARY = {'b': 2}", "def f():\n    global SUMMARY\n    return SUMMARY",
+])
+def test_verify_refuses_bytecode_without_a_literal_python_code_names_elsewhere(reader):
+    """Leaving SUMMARY out is only python_code compiled if nothing else in it names SUMMARY: capture
+    then compiles it whole, and verify refuses bytecode that left it out anyway (load would run code
+    that behaves otherwise than python_code)."""
+    source = "import sys\nSUMMARY = {'a': 1}\n" + reader + "\n"
+    tree = ast.parse(source)
+    assert bytecode.left_out_literals(tree) == ()
+    digest, compiled = _compiled_blob(source, ("SUMMARY",))
+    assert "which python_code does not assign once as a literal or names elsewhere" in bytecode.bytecode_problem(source, digest, compiled, tree)
+    digest, whole = _compiled_blob(source, ())
+    assert bytecode.bytecode_problem(source, digest, whole, tree) is None
+
+
+def test_verify_proves_bytecode_that_left_out_a_literal_nothing_names():
+    source = "SUMMARY = {'frames': 1, 'kept': ('a', 'b')}\nFORWARD_NOTE = 'summary, lowercase, is another word'\n"
+    tree = ast.parse(source)
+    assert bytecode.left_out_literals(tree) == ("SUMMARY",)
+    digest, compiled = _compiled_blob(source, ("SUMMARY",))
+    assert bytecode.bytecode_problem(source, digest, compiled, tree) is None
+    digest, whole = _compiled_blob(source, ())  # a cache written before left_out existed
+    assert bytecode.bytecode_problem(source, digest, whole, tree) is None
