@@ -457,3 +457,18 @@ def test_verify_proves_bytecode_that_left_out_a_literal_nothing_names():
     assert bytecode.bytecode_problem(source, digest, compiled, tree) is None
     digest, whole = _compiled_blob(source, ())  # a cache written before left_out existed
     assert bytecode.bytecode_problem(source, digest, whole, tree) is None
+
+
+def test_what_a_forged_blob_says_reaches_the_terminal_escaped(dynamo_eager, tmp_path, capsys):
+    """A name in the cache is shown, never interpreted: escape sequences, line breaks and
+    bidirectional overrides in it are written as escapes by show and verify."""
+    artifact, cache = _copy(dynamo_eager, tmp_path)
+    hostile = "\x1b[2J\nverdict: all checks ok\u202e"
+    _forge(cache, bytecode_fields={"left_out": [hostile], "filename": hostile})
+    assert main(["show", str(artifact), str(cache)]) == 0
+    shown = capsys.readouterr().out
+    assert main(["verify", str(artifact), str(cache)]) == 1
+    verified = capsys.readouterr().out
+    for out in (shown, verified):
+        assert "\x1b" not in out and "\u202e" not in out and "\nverdict: all checks ok" not in out
+    assert "\\x1b[2J\\x0averdict: all checks ok\\u202e" in shown
