@@ -268,7 +268,8 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
         stored = decompressed(compiled)
     except ValueError as exc:
         return str(exc)
-    readable = [name for name in compiled.left_out if name not in left_out_literals(tree)]
+    allowed = left_out_literals(tree) if compiled.left_out else ()
+    readable = [name for name in compiled.left_out if name not in allowed]
     if readable:
         return (f"it leaves out {_names(tuple(readable))}, which python_code does not assign once as a literal or names "
                 "elsewhere: what load would run differs from python_code")

@@ -162,13 +162,14 @@ def _upstream(upstream: UpstreamCache) -> list[Line]:
     return lines
 
 
-def _left_out(code) -> str:
-    if not code.left_out:
-        return ""
+def _bytecode_line(code) -> str:
     refused = bytecode.left_out_problem(code)
-    if refused is not None:
-        return f" ({refused}: load compiles python_code instead)"
-    return f" leaving out the literal{'s' if len(code.left_out) > 1 else ''} {', '.join(code.left_out)}"
+    left_out = f" leaving out the literal{'s' if len(code.left_out) > 1 else ''} {', '.join(code.left_out)}" if code.left_out else ""
+    use = ("load runs it instead of compiling python_code on a Python with that magic" if refused is None
+           else f"{refused}: load compiles python_code instead")
+    return (f"  python_code bytecode: {code.size} bytes ({code.compressed_size} compressed, marshal v{code.marshal_version}, "
+            f"Python magic {code.magic}, optimize {code.optimize}, compiled as {code.filename}{left_out if refused is None else ''}, "
+            f"sha256 {code.sha256}): {use}; verify compiles python_code and compares")
 
 
 def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
@@ -196,9 +197,7 @@ def _cache(cache: CacheInfo, artifact: Artifact) -> list[Line]:
             lines.extend((f"    {f.path}  {f.kind} {f.size} bytes sha256 {f.sha256}", None) for f in bundle.files)
         code, meta = env.python_bytecode, env.metadata_msgpack
         if code is not None:
-            lines.append((f"  python_code bytecode: {code.size} bytes ({code.compressed_size} compressed, marshal v{code.marshal_version}, Python magic {code.magic}, "
-                          f"optimize {code.optimize}, compiled as {code.filename}{_left_out(code)}, sha256 {code.sha256}): load runs it instead of "
-                          "compiling python_code on a Python with that magic; verify compiles python_code and compares", None))
+            lines.append((_bytecode_line(code), None))
         if meta is not None:
             lines.append((f"  python_code metadata, typed: {meta.size} bytes msgpack ({meta.compressed_size} compressed, sha256 {meta.sha256}): load decodes it "
                           "instead of parsing python_code; verify compares it with the literals", None))
