@@ -47,6 +47,7 @@ import importlib.util
 import marshal
 import sys
 import types
+import unicodedata
 
 import msgspec
 import zstandard
@@ -119,26 +120,48 @@ def embedded_modules(tree: ast.Module) -> dict[str, tuple[str, str]]:
     return modules
 
 
-def left_out_literals(tree: ast.Module) -> tuple[str, ...]:
-    """The names of LEFT_OUT that python_code (`tree`) may be compiled without, in LEFT_OUT's order:
-    each assigned by exactly one top-level statement and named nowhere else, not as a name, an
-    attribute or within any string (a `globals()` key, an output module's text). A read the text
-    does not spell out (a key computed at run time) is beyond this proof; precompile writes none."""
-    return tuple(name for name in LEFT_OUT if _only_assigned(tree, name))
+def left_out_literals(source: str, tree: ast.Module) -> tuple[str, ...]:
+    """The names of LEFT_OUT that python_code (`source`, parsed as `tree`) may be compiled without, in
+    LEFT_OUT's order: each bound by exactly one top-level statement whose value is a plain literal
+    (leaving it out skips no side effect), and spelled nowhere else in the text, nor in any string or
+    bytes constant, compared after NFKC folding (as identifiers are). A name computed at run time
+    (`vars()["SUMM" + "ARY"]`) is beyond this proof; precompile writes none."""
+    return tuple(name for name in LEFT_OUT if _only_bound_as_literal(source, tree, name))
 
 
-def _only_assigned(tree: ast.Module, name: str) -> bool:
-    assignments = [statement for statement in tree.body if _literal_name(statement) == name]
-    if len(assignments) != 1:
+def _only_bound_as_literal(source: str, tree: ast.Module, name: str) -> bool:
+    assignments = [statement for statement in tree.body if isinstance(statement, ast.Assign) and _literal_name(statement) == name]
+    if len(assignments) != 1 or not _is_literal(assignments[0].value):
+        return False
+    lines = source.splitlines(keepends=True)
+    first, last = assignments[0].lineno - 1, assignments[0].end_lineno or assignments[0].lineno
+    elsewhere = "".join(lines[:first] + lines[last:])
+    if name in unicodedata.normalize("NFKC", elsewhere):
         return False
     for statement in tree.body:
         if statement is assignments[0]:
             continue
         for node in ast.walk(statement):
-            if ((isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name)
-                    or (isinstance(node, ast.Constant) and isinstance(node.value, str) and name in node.value)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
+                text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
+                if name in unicodedata.normalize("NFKC", text):
+                    return False
+            elif (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name):
                 return False
     return True
+
+
+def _is_literal(node: ast.expr) -> bool:
+    """Whether `node` is built of constants (signed numbers too), tuples, lists, sets and dicts only."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return isinstance(node.operand, ast.Constant)
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return all(_is_literal(item) for item in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(key is not None and _is_literal(key) for key in node.keys) and all(_is_literal(v) for v in node.values)
+    return False
 
 
 def _literal_name(statement: ast.stmt) -> str | None:
@@ -161,7 +184,7 @@ def compiled_bytes(source: str, code_hash: str, tree: ast.Module, optimize: int 
 
 def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.Module) -> tuple[CompiledCode | None, EncodedMetadata | None]:
     """The bytecode and typed metadata a capture carries in its cache (None for each when too big)."""
-    left_out = left_out_literals(tree)
+    left_out = left_out_literals(source, tree)
     code = compiled_bytes(source, code_hash, tree, left_out=left_out)
     encoded = _metadata_encoder.encode(metadata)
     if max(len(code), len(encoded)) > MAX_PREPARED_SIZE:
@@ -268,7 +291,7 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
         stored = decompressed(compiled)
     except ValueError as exc:
         return str(exc)
-    allowed = left_out_literals(tree) if compiled.left_out else ()
+    allowed = left_out_literals(source, tree) if compiled.left_out else ()
     readable = [name for name in compiled.left_out if name not in allowed]
     if readable:
         return (f"it leaves out {_names(tuple(readable))}, which python_code does not assign once as a literal or names "

@@ -13,6 +13,7 @@ from precompile._version import __version__
 from precompile.cli.signing import register as register_signing_verbs
 from precompile.errors import PrecompileError
 from precompile.inspect.commands import register as register_inspect_verbs
+from precompile.inspect.terminal_text import printable
 
 
 def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args, out, err)
     except PrecompileError as exc:
-        err.print(f"precompile: error: {exc}", markup=False)
+        err.print(printable(f"precompile: error: {exc}"), markup=False)
         return 2
 
 

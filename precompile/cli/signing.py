@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 
 from precompile.inspect.commands import ARTIFACT_HELP, guarded
+from precompile.inspect.terminal_text import printable
 
 __all__ = ["register"]
 
@@ -35,7 +36,7 @@ def _sign(args, out, err) -> int:
     failed = [c for c in verify(open_artifact(python_code, cache, deep=True), host=False).checks if c.status == "fail"]
     if failed:
         for check in failed:
-            err.print(f"precompile: error: {check.name}: {check.message}", markup=False, highlight=False)
+            err.print(printable(f"precompile: error: {check.name}: {check.message}"), markup=False, highlight=False)
         err.print(f"precompile: error: not signing ({python_code}, {cache}): it fails verify (above); a signature vouches for a "
                   f"pair, so sign only one that verifies: `precompile verify {python_code} {cache}`", markup=False, highlight=False)
         return 1

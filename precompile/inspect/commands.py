@@ -21,6 +21,7 @@ from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import open_artifact, open_given, resolve_pair
+from precompile.inspect.terminal_text import printable
 
 ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
 ONE_FILE_HELP = (f"{ARTIFACT_HELP}; or one file alone of any kind known (told by content): a precompile or upstream "
@@ -42,38 +43,24 @@ def _emit(args, out, report, lines) -> None:
     if not lines:
         return
     if out.no_color or not out.is_terminal:
-        out.file.write("".join(f"{_printable(text)}\n" for text, _ in lines))
+        out.file.write("".join(f"{printable(text)}\n" for text, _ in lines))
         out.file.flush()
         return
     from rich.text import Text
 
     block = Text()
     for text, style in lines:
-        block.append(_printable(text), style=style)
+        block.append(printable(text), style=style)
         block.append("\n")
     block.rstrip()
     out.print(block, markup=False, highlight=False, emoji=False)
 
 
-# What an artifact says (names, paths, messages quoting its fields) reaches the terminal as text:
-# control characters (escape sequences, carriage returns, line breaks within a line) and the
-# invisible bidirectional overrides are written as escapes, never interpreted.
-_UNPRINTABLE = {
-    **{code: f"\\x{code:02x}" for code in (*range(0x00, 0x09), *range(0x0A, 0x20), 0x7F, *range(0x80, 0xA0))},
-    **{code: f"\\u{code:04x}" for code in (0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A))},
-}
-
-
-def _printable(text: str) -> str:
-    """One line of output as a terminal must show it: literally (see _UNPRINTABLE)."""
-    return text.translate(_UNPRINTABLE)
-
-
 def _diagnose(err, problems, warnings=()) -> None:
     for problem in problems:
-        err.print(_printable(f"precompile: error: {problem}"), markup=False, highlight=False, emoji=False)
+        err.print(printable(f"precompile: error: {problem}"), markup=False, highlight=False, emoji=False)
     for warning in warnings:
-        err.print(_printable(f"precompile: warning: {warning}"), markup=False, highlight=False, emoji=False)
+        err.print(printable(f"precompile: warning: {warning}"), markup=False, highlight=False, emoji=False)
 
 
 def _problems(artifact: Artifact) -> tuple[str, ...]:

@@ -435,6 +435,8 @@ def _compiled_blob(source: str, left_out: tuple[str, ...]):
 @pytest.mark.parametrize("reader", [
     "print(SUMMARY)", "x = globals()['SUMMARY']", "x = sys.modules[__name__].SUMMARY", "T = 'module text that says SUMMARY'",
     "SUMMARY = {'b': 2}", "def f():\n    global SUMMARY\n    return SUMMARY",
+    "exec(b'print(SUMMARY)')", "exec('print(\\uff33UMMARY)')", "def f(*, SUMMARY=None, **k):\n    return SUMMARY\nf(**globals())",
+    "match sys:\n    case object(SUMMARY=s):\n        pass",
 ])
 def test_verify_refuses_bytecode_without_a_literal_python_code_names_elsewhere(reader):
     """Leaving SUMMARY out is only python_code compiled if nothing else in it names SUMMARY: capture
@@ -442,7 +444,7 @@ def test_verify_refuses_bytecode_without_a_literal_python_code_names_elsewhere(r
     that behaves otherwise than python_code)."""
     source = "import sys\nSUMMARY = {'a': 1}\n" + reader + "\n"
     tree = ast.parse(source)
-    assert bytecode.left_out_literals(tree) == ()
+    assert bytecode.left_out_literals(source, tree) == ()
     digest, compiled = _compiled_blob(source, ("SUMMARY",))
     assert "which python_code does not assign once as a literal or names elsewhere" in bytecode.bytecode_problem(source, digest, compiled, tree)
     digest, whole = _compiled_blob(source, ())
@@ -452,7 +454,7 @@ def test_verify_refuses_bytecode_without_a_literal_python_code_names_elsewhere(r
 def test_verify_proves_bytecode_that_left_out_a_literal_nothing_names():
     source = "SUMMARY = {'frames': 1, 'kept': ('a', 'b')}\nFORWARD_NOTE = 'summary, lowercase, is another word'\n"
     tree = ast.parse(source)
-    assert bytecode.left_out_literals(tree) == ("SUMMARY",)
+    assert bytecode.left_out_literals(source, tree) == ("SUMMARY",)
     digest, compiled = _compiled_blob(source, ("SUMMARY",))
     assert bytecode.bytecode_problem(source, digest, compiled, tree) is None
     digest, whole = _compiled_blob(source, ())  # a cache written before left_out existed
@@ -472,3 +474,25 @@ def test_what_a_forged_blob_says_reaches_the_terminal_escaped(dynamo_eager, tmp_
     for out in (shown, verified):
         assert "\x1b" not in out and "\u202e" not in out and "\nverdict: all checks ok" not in out
     assert "\\x1b[2J\\x0averdict: all checks ok\\u202e" in shown
+
+
+@pytest.mark.parametrize("value", ["{'a': (X := 5)}", "{'a': 1 / 0}", "{'a': print('side effect')}", "{'a': globals().update(Y=7)}"])
+def test_a_summary_whose_value_is_not_a_plain_literal_is_compiled(value):
+    """Leaving the statement out must skip nothing but binding the name: a value with a call, an
+    operator or an assignment in it is compiled with the rest."""
+    source = f"SUMMARY = {value}\nNOTE = 1\n"
+    assert bytecode.left_out_literals(source, ast.parse(source)) == ()
+    plain = "SUMMARY = {'frames': -1, 'kept': (('a', 2.5), None, True), 'set': {1}}\n"
+    assert bytecode.left_out_literals(plain, ast.parse(plain)) == ("SUMMARY",)
+
+
+def test_the_cli_escapes_artifact_text_in_its_errors_and_what_a_terminal_would_hide(capsys, tmp_path):
+    """Errors the CLI prints quote files (a path here), and separators or invisible characters in
+    what an artifact says are shown as escapes, not acted on or hidden."""
+    from precompile.inspect.terminal_text import printable
+
+    assert printable("a\u2028b\u200bc\ufeffd\u061ce\x9bf") == "a\\u2028b\\u200bc\\ufeffd\\u061ce\\x9bf"
+    hostile = tmp_path / "m\x1b]0;pwned\x07.py"
+    assert main(["verify", str(hostile), str(tmp_path / "m.cache")]) == 2
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "\\x1b]0;pwned\\x07" in err
