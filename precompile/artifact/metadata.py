@@ -179,13 +179,18 @@ class InlinedSource(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str
 
 
-class InlinedFile(msgspec.Struct, frozen=True, kw_only=True):
-    """The sha256 of the bytes of a module's source file, recorded where every INLINED_SOURCES range of
-    that module hashed as Dynamo recorded it against exactly those bytes: at load a file that still has
-    them passes all its ranges unread; any other file has its ranges hashed one by one."""
+class InlinedFile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A sha256 of a module's source file bytes, recorded where every INLINED_SOURCES range of that
+    module hashed as Dynamo recorded it against exactly those bytes: at load a file that still has them
+    passes all its ranges without reading its lines; any other file has its ranges hashed one by one."""
 
     module: str
     sha256: str
+    """Of the bytes `spans` cover, joined in their order; of the whole file where `spans` is empty."""
+    spans: tuple[tuple[int, int], ...] = ()
+    """The [start, end) byte offsets of each inlined line range in the file (each begins a line and ends
+    one, or ends the file), sorted; empty in artifacts written before it and for a file whose lines are
+    not its bytes decoded as UTF-8 (another encoding, a byte-order mark, carriage returns)."""
 
 
 class DynamoMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="dynamo", tag_field="TRACER"):

@@ -390,8 +390,9 @@ except precompile.PrecompileError as exc:
 
 
 def test_an_inlined_source_that_changed_since_capture_is_refused_at_load(tmp_path, monkeypatch):
-    """An unchanged file passes by its whole-file hash; an edited one has its inlined ranges hashed
-    one by one, so an edit elsewhere in the file still serves and an edit inside a range refuses."""
+    """A file whose inlined spans are unchanged passes by their hash; any other file has its inlined
+    ranges hashed line by line, so an edit elsewhere in the file still serves, even one that moves the
+    spans, and an edit inside a range, or one that moves its lines, refuses."""
     import hashlib
     import importlib
 
@@ -403,16 +404,18 @@ def test_an_inlined_source_that_changed_since_capture_is_refused_at_load(tmp_pat
     module = importlib.import_module("edited_module")
     artifact, _, _ = _capture(tmp_path, "edited", module.step, [((torch.ones(3),), {})])
     captured_bytes = (tmp_path / "edited_module.py").read_bytes()
-    assert InlinedFile(module="edited_module", sha256=hashlib.sha256(captured_bytes).hexdigest()) in (
+    span = (0, len(captured_bytes))  # the two lines of step are the whole file
+    assert InlinedFile(module="edited_module", sha256=hashlib.sha256(captured_bytes).hexdigest(), spans=(span,)) in (
         read_python_code(artifact).metadata.inlined_files)
     proc = run_fresh(LOAD_EDITED, str(tmp_path))
     assert proc.stdout.strip() == "loaded", proc.stderr
     (tmp_path / "edited_module.py").write_text(EDITED_MODULE.format(factor=2) + "# edited after capture\n")
     proc = run_fresh(LOAD_EDITED, str(tmp_path))
     assert proc.stdout.strip() == "loaded", proc.stderr
-    (tmp_path / "edited_module.py").write_text(EDITED_MODULE.format(factor=3))
-    proc = run_fresh(LOAD_EDITED, str(tmp_path))
-    assert "refused:" in proc.stdout and "edited_module lines 1-3 changed since capture" in proc.stdout, proc.stderr
+    for edit in (EDITED_MODULE.format(factor=3), "# a line above moves step's lines\n" + EDITED_MODULE.format(factor=2)):
+        (tmp_path / "edited_module.py").write_text(edit)
+        proc = run_fresh(LOAD_EDITED, str(tmp_path))
+        assert "refused:" in proc.stdout and "edited_module lines 1-3 changed since capture" in proc.stdout, proc.stderr
 
 
 TRAIN = r"""
@@ -518,10 +521,11 @@ def test_readable_parts_of_a_dynamo_artifact_are_locked(dynamo_pairs, snapshot):
     readable = re.sub(r"(\n    # [^\n]*\n    '[0-9.]+': \()\n(?:        '[^']*'\n)+    \),", r"\1<marshalled code elided>),", source)
     readable = mask_process_ids(readable)  # the one mask `precompile diff` uses too
     readable = re.sub(r"(\d+ bytes, sha256 )[0-9a-f]{64}", r"\1<sha256>", readable)
-    # Whole-file hashes change with any edit anywhere in dynamo_cases.py; the modules listed stay locked.
+    # File hashes and span offsets change with edits to dynamo_cases.py; the modules and span counts stay locked.
     readable = re.sub(r"^INLINED_FILES = .*?\n(?=[A-Z_]+ = )",
-                      lambda block: re.sub(r"[0-9a-f]{64}", "<file sha256>", block.group(0)), readable, flags=re.S | re.M)
-    assert "INLINED_FILES = ({'module': 'dynamo_cases', 'sha256': '<file sha256>'}" in readable
+                      lambda block: re.sub(r"\(\d+, \d+\)", "(<start>, <end>)", re.sub(r"[0-9a-f]{64}", "<file sha256>", block.group(0))),
+                      readable, flags=re.S | re.M)
+    assert "INLINED_FILES = ({'module': 'dynamo_cases',\n  'sha256': '<file sha256>',\n  'spans': ((<start>, <end>),)}" in readable
     assert "\n_dynamo_state = None\n" in readable  # nothing is pickled: every guard rendered, code marshalled
     assert readable == snapshot.use_extension(TorchVersionedSource)
 

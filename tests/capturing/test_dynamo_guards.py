@@ -353,8 +353,11 @@ def test_a_whole_file_hash_is_recorded_only_where_it_proves_every_range(monkeypa
     lines = inspect.getsourcelines(dynamo_cases)[0]
     right = InlinedSource(module="dynamo_cases", first_line=1, last_line=4, sha256=driver.hash_source_lines(lines, 1, 4))
     edited = InlinedSource(module="dynamo_cases", first_line=5, last_line=7, sha256="0" * 64)
-    whole = hashlib.sha256(Path(dynamo_cases.__file__).read_bytes()).hexdigest()
-    assert inlined_files([right]) == (InlinedFile(module="dynamo_cases", sha256=whole),)
+    data = Path(dynamo_cases.__file__).read_bytes()
+    whole = hashlib.sha256(data).hexdigest()
+    span = (0, len("".join(lines[:3]).encode()))  # lines 1-3: Dynamo's ranges end before last_line
+    assert inlined_files([right]) == (InlinedFile(module="dynamo_cases", sha256=hashlib.sha256(data[:span[1]]).hexdigest(),
+                                                  spans=(span,)),)
     assert inlined_files([right, edited]) == ()
     assert inlined_files([InlinedSource(module="math", first_line=1, last_line=2, sha256="0" * 64)]) == ()
 
@@ -372,6 +375,32 @@ def test_a_whole_file_hash_is_recorded_only_where_it_proves_every_range(monkeypa
     driver._check_sources({"INLINED_SOURCES": sources, "INLINED_FILES": files}, "artifact.py")
     with pytest.raises(AssertionError, match="lines were read"):
         driver._check_sources({"INLINED_SOURCES": sources}, "artifact.py")  # written before INLINED_FILES
+
+
+def test_inlined_spans_pass_only_as_the_same_whole_lines(tmp_path):
+    """The spans InlinedFile hashes pass only while each still holds the same bytes and begins and ends
+    a line: a newline removed before one, or a last line extended past the end of the file, fails."""
+    from precompile.codegen.drivers import dynamo as driver
+
+    captured = b"a = 1\ndef f():\n    return 2\nb = f()"
+    spans = ((6, 28), (28, len(captured)))
+    entry = {"module": "m", "sha256": driver.hash_spans(captured, spans), "spans": [list(span) for span in spans]}
+    path = tmp_path / "m.py"
+    for now, unchanged in ((captured, True),
+                           (captured.replace(b"a = 1", b"a = 9"), True),  # outside the spans
+                           (captured.replace(b"1\n", b"1 "), False),  # same bytes, no longer a line of their own
+                           (captured + b" + 1\n", False),  # the last line goes on past the span
+                           (captured[:-1], False)):
+        path.write_bytes(now)
+        assert driver._file_unchanged(str(path), entry) is unchanged, now
+    path.write_bytes(captured)
+    for forged in ([[-1, 6]], [[28, 6]], [[6, 28], [28, len(captured) + 1]]):
+        assert not driver._file_unchanged(str(path), {**entry, "spans": forged})
+    empty = {"module": "m", "sha256": hashlib.sha256(b"").hexdigest(), "spans": [[6, 6]]}
+    assert driver._file_unchanged(str(path), empty) and not driver._file_unchanged(str(path), {**empty, "spans": [[7, 7]]})
+    # an entry written before spans hashes the whole file
+    assert driver._file_unchanged(str(path), {"module": "m", "sha256": hashlib.sha256(captured).hexdigest()})
+    assert not driver._file_unchanged(str(path), {"module": "m", "sha256": entry["sha256"]})
 
 
 def test_the_driver_finds_an_inlined_module_file_without_importing_it():

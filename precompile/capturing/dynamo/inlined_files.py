@@ -1,18 +1,23 @@
-"""The whole-file hashes that let load pass a module's inlined ranges without reading its lines.
+"""The file hashes that let load pass a module's inlined ranges without reading its lines.
 
 Dynamo records a sha256 per inlined function's line range; load used to read and hash every range
-of every module (20-odd library files for a transformers model). Capture adds the sha256 of each
-module's source file bytes, but only after hashing every recorded range against exactly those
-bytes, decoded as `linecache` decodes them: a file that still has them at load needs no range read.
+of every module (20-odd library files for a transformers model). Capture adds, per module, a sha256
+of its source file's bytes, but only after hashing every recorded range against exactly those bytes,
+decoded as `linecache` decodes them: a file that still has them at load needs no range read.
+
+Where the file's lines are its bytes decoded as UTF-8, the hash covers only the byte spans of the
+inlined ranges (a transformers model inlines a tenth of the 1 MB its 20-odd files hold), so load
+hashes those spans instead of whole files; an edit outside them passes as well.
 """
 
 import hashlib
 import io
+import itertools
 import tokenize
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from precompile.artifact.metadata import InlinedFile, InlinedSource
-from precompile.codegen.drivers.dynamo import hash_source_lines, source_file
+from precompile.codegen.drivers.dynamo import hash_source_lines, hash_spans, source_file
 
 
 def _decoded_lines(data: bytes) -> list[str]:
@@ -40,5 +45,16 @@ def inlined_files(sources: Iterable[InlinedSource]) -> tuple[InlinedFile, ...]:
         except (OSError, SyntaxError, UnicodeDecodeError):
             continue
         if all(hash_source_lines(lines, s.first_line, s.last_line) == s.sha256 for s in recorded):
-            files.append(InlinedFile(module=module, sha256=hashlib.sha256(data).hexdigest()))
+            files.append(_proof(module, data, lines, recorded))
     return tuple(files)
+
+
+def _proof(module: str, data: bytes, lines: list[str], recorded: Sequence[InlinedSource]) -> InlinedFile:
+    """The hash of the ranges' byte spans where lines and bytes agree (UTF-8 throughout, every range
+    within the file), else of the whole file."""
+    if "".join(lines).encode() != data or not all(
+            1 <= s.first_line <= s.last_line <= len(lines) + 1 for s in recorded):
+        return InlinedFile(module=module, sha256=hashlib.sha256(data).hexdigest())
+    starts = list(itertools.accumulate((len(line.encode()) for line in lines), initial=0))
+    spans = tuple(sorted({(starts[s.first_line - 1], starts[s.last_line - 1]) for s in recorded}))
+    return InlinedFile(module=module, sha256=hash_spans(data, spans), spans=spans)

@@ -219,9 +219,12 @@ INLINED_SOURCES = ({'module': 'dynamo_cases',
   'first_line': 130,
   'last_line': 135,
   'sha256': 'c0ab8f42cc3bf9489809b19c321cc85f0b1d4eafebacb96bd8e132cb9e95ef76'})
-INLINED_FILES = ({'module': 'dynamo_cases', 'sha256': '<file sha256>'},
+INLINED_FILES = ({'module': 'dynamo_cases',
+  'sha256': '<file sha256>',
+  'spans': ((<start>, <end>),)},
  {'module': 'torch.nn.modules.linear',
-  'sha256': '<file sha256>'})
+  'sha256': '<file sha256>',
+  'spans': ((<start>, <end>),)})
 SUBGRAPHS = ({'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'break_and_scale',
   'forward': 'graph_0',
@@ -866,10 +869,53 @@ def source_file(name):
     """The file module `name`'s source is read from: inspect's choice for an imported module, the
     import system's for one not imported yet (found without executing it); None where there is none."""
     loaded = _sys.modules.get(name)
+    if loaded is None:
+        return _unimported_origin(name)
+    path = getattr(loaded, "__file__", None)
+    if type(path) is str and path.endswith(".py") and isinstance(getattr(loaded, "__loader__", None), _machinery.SourceFileLoader):
+        return path  # what inspect.getsourcefile answers for it, without its lookups
     try:
-        return _inspect.getsourcefile(loaded) if loaded is not None else _unimported_origin(name)
+        return _inspect.getsourcefile(loaded)
     except TypeError:  # a built-in module
         return None
+
+
+def hash_spans(data, spans):
+    """The sha256 of the bytes each [start, end) span of `data` holds, in order (InlinedFile.sha256)."""
+    digest = _hashlib.sha256()
+    for start, end in spans:
+        digest.update(data[start:end])
+    return digest.hexdigest()
+
+
+def _span_bytes(file, start, end):
+    """The bytes [start, end) of a file opened unbuffered where they still begin a line and end one (or
+    end the file); None otherwise (a short read included: the ranges are then hashed line by line)."""
+    before = 1 if start > 0 else 0
+    file.seek(start - before)
+    chunk = file.read(end - start + before + 1)
+    span = chunk[before : before + end - start]
+    if len(span) != end - start or (before and chunk[0] != 10):
+        return None
+    if span and span[-1] != 10 and len(chunk) > before + len(span):  # the span's last line goes on
+        return None
+    return span
+
+
+def _file_unchanged(path, entry):
+    """Whether the file at `path` still has the bytes an INLINED_FILES entry hashed: the spans of its
+    inlined ranges (read alone), or the whole file for an entry written before spans."""
+    spans = entry.get("spans", ())
+    with open(path, "rb", buffering=0) as file:
+        if not spans:
+            return _hashlib.sha256(file.readall()).hexdigest() == entry["sha256"]
+        digest = _hashlib.sha256()
+        for start, end in spans:
+            span = _span_bytes(file, start, end) if 0 <= start <= end else None
+            if span is None:
+                return False
+            digest.update(span)
+    return digest.hexdigest() == entry["sha256"]
 
 
 def _unchanged_modules(metadata):
@@ -881,9 +927,8 @@ def _unchanged_modules(metadata):
         if path is None:
             continue
         try:
-            with open(path, "rb") as file:
-                if _hashlib.sha256(file.read()).hexdigest() == entry["sha256"]:
-                    unchanged.add(entry["module"])
+            if _file_unchanged(path, entry):
+                unchanged.add(entry["module"])
         except OSError:
             pass
     return unchanged
