@@ -53,7 +53,7 @@ import msgspec
 import zstandard
 
 from precompile.artifact.envelope import CompiledCode, EncodedMetadata
-from precompile.artifact.metadata import ArtifactMetadata
+from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader
 
 MARSHAL_VERSION = 2
 COMPILE_FLAGS = __future__.annotations.compiler_flag
@@ -71,6 +71,7 @@ test keeps it so). A blob that leaves out any other name is not run (load compil
 
 _metadata_encoder = msgspec.msgpack.Encoder()
 _metadata_decoder = msgspec.msgpack.Decoder(ArtifactMetadata)
+_header_decoder = msgspec.msgpack.Decoder(MetadataHeader)
 
 
 def magic() -> str:
@@ -308,10 +309,20 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
 def decode_metadata(encoded: EncodedMetadata, code_hash: str) -> ArtifactMetadata | None:
     """The typed metadata of an encoded blob made from the python_code with sha256 `code_hash`, whose
     bytes match its entry; None otherwise."""
+    return _decoded(_metadata_decoder, encoded, code_hash)
+
+
+def decode_metadata_header(encoded: EncodedMetadata, code_hash: str) -> MetadataHeader | None:
+    """decode_metadata's MetadataHeader alone (its other fields are skipped, not built); None where
+    decode_metadata would give None for want of these fields."""
+    return _decoded(_header_decoder, encoded, code_hash)
+
+
+def _decoded(decoder: msgspec.msgpack.Decoder, encoded: EncodedMetadata, code_hash: str):
     if encoded.code_hash != code_hash or blob_problem(encoded) is not None:
         return None
     try:
-        return _metadata_decoder.decode(decompressed(encoded))
+        return decoder.decode(decompressed(encoded))
     except (ValueError, msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return None
 

@@ -209,3 +209,22 @@ class DynamoMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="dynamo", ta
 
 # Every metadata layout a reader understands, told apart by the TRACER literal.
 ArtifactMetadata = Union[MakeFxMetadata, DynamoMetadata]
+
+
+class MetadataHeader(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
+    """What load acts on before python_code runs, decoded alone from a cache's typed metadata: the
+    whole (a Dynamo artifact's guards and summary, most of its bytes) is decoded when first read."""
+
+    format_version: int
+    tracer: Literal["make_fx", "dynamo"]
+    backend: Backend
+    serving_mode: Literal["standalone", "installed"] = "standalone"
+    fn_name: str
+    subgraphs: tuple[CompiledSubgraph, ...] = ()
+
+
+def header_of(metadata: ArtifactMetadata) -> MetadataHeader:
+    """The MetadataHeader of metadata at hand."""
+    return MetadataHeader(format_version=metadata.format_version, tracer="dynamo" if isinstance(metadata, DynamoMetadata) else "make_fx",
+                          backend=metadata.backend, serving_mode=metadata.serving_mode, fn_name=metadata.fn_name,
+                          subgraphs=metadata.subgraphs if isinstance(metadata, DynamoMetadata) else ())

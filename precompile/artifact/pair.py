@@ -9,10 +9,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from precompile.artifact.bytecode import decode_metadata
+from precompile.artifact.bytecode import decode_metadata, decode_metadata_header
 from precompile.artifact.codec import CacheFormatError, decode_header, decode_payload
-from precompile.artifact.envelope import FORMAT_VERSION, CacheEnvelope
-from precompile.artifact.metadata import ArtifactMetadata
+from precompile.artifact.envelope import FORMAT_VERSION, CacheEnvelope, EncodedMetadata
+from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader, header_of
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source, parse_metadata, parse_source
 from precompile.errors import PrecompileError
 
@@ -30,16 +30,45 @@ class PythonCode:
     path: Path
     data: bytes
     source: str
-    metadata: ArtifactMetadata
+    header: MetadataHeader
+    """What load acts on before python_code runs (tracer, backend, serving mode, format version, subgraphs)."""
     tree: ast.Module | None = None
     """The syntax tree the metadata was read from, which load compiles (None where only the metadata
-    was wanted, or where it came typed from the cache)."""
-    metadata_from_cache: bool = False
-    """Whether `metadata` was decoded from the paired cache's typed copy rather than parsed."""
+    was wanted, or where it comes typed from the cache)."""
+    encoded: EncodedMetadata | None = None
+    """The paired cache's typed copy of the metadata, decoded when `metadata` is first read (a Dynamo
+    artifact's guards and summary take most of its decoding, and serving reads none of them)."""
+
+    @classmethod
+    def parsed(cls, path: Path, data: bytes, source: str, metadata: ArtifactMetadata, tree: ast.Module | None = None) -> PythonCode:
+        """A python_code whose metadata literals were parsed."""
+        code = cls(path=path, data=data, source=source, header=header_of(metadata), tree=tree)
+        code.__dict__["_typed"] = (metadata, False)
+        return code
 
     @functools.cached_property
     def code_hash(self) -> str:
         return code_hash(self.data)
+
+    @property
+    def metadata(self) -> ArtifactMetadata:
+        return self._typed[0]
+
+    @property
+    def metadata_from_cache(self) -> bool:
+        """Whether `metadata` was decoded from the paired cache's typed copy rather than parsed."""
+        return self._typed[1]
+
+    @functools.cached_property
+    def _typed(self) -> tuple[ArtifactMetadata, bool]:
+        """The metadata decoded from the cache's copy; parsed from the literals where the copy's header
+        decoded but the whole does not."""
+        if self.encoded is not None:
+            decoded = decode_metadata(self.encoded, self.code_hash)
+            if decoded is not None and decoded.format_version <= FORMAT_VERSION:
+                return decoded, True
+        tree = self.tree if self.tree is not None else parse_source(self.source, filename=str(self.path))
+        return parse_metadata(tree, filename=str(self.path)), False
 
 
 @dataclass(frozen=True)
@@ -109,13 +138,13 @@ def read_python_code(path: Path, data: bytes | None = None, *, envelope: CacheEn
     source = decode_source(data, filename=str(path))
     if envelope is not None and envelope.metadata_msgpack is not None:
         digest = digest or code_hash(data)
-        metadata = decode_metadata(envelope.metadata_msgpack, digest) if envelope.code_hash == digest else None
-        if metadata is not None and metadata.format_version <= FORMAT_VERSION:
-            code = PythonCode(path=path, data=data, source=source, metadata=metadata, metadata_from_cache=True)
+        header = decode_metadata_header(envelope.metadata_msgpack, digest) if envelope.code_hash == digest else None
+        if header is not None and header.format_version <= FORMAT_VERSION:
+            code = PythonCode(path=path, data=data, source=source, header=header, encoded=envelope.metadata_msgpack)
             code.__dict__["code_hash"] = digest
             return code
     tree = parse_source(source, filename=str(path))
-    return PythonCode(path=path, data=data, source=source, metadata=parse_metadata(tree, filename=str(path)), tree=tree)
+    return PythonCode.parsed(path, data, source, parse_metadata(tree, filename=str(path)), tree)
 
 
 def parse_cache(path: Path, data: bytes) -> CacheFile:
@@ -163,12 +192,11 @@ def cache_problem(data: bytes, python_code: bytes, *, source: str) -> str | None
 
 def pairing_problem(python_code: PythonCode, envelope: CacheEnvelope) -> str | None:
     """Why this cache does not belong to this python_code (fatal at load), or None."""
-    meta = python_code.metadata
-    if envelope.backend != meta.backend:
-        return f"the cache's backend {envelope.backend!r} does not match the python_code BACKEND {meta.backend!r}"
-    tracer = type(meta).__struct_config__.tag
-    if envelope.tracer != tracer:
-        return f"the cache's tracer {envelope.tracer!r} does not match the python_code TRACER {tracer!r}"
+    header = python_code.header
+    if envelope.backend != header.backend:
+        return f"the cache's backend {envelope.backend!r} does not match the python_code BACKEND {header.backend!r}"
+    if envelope.tracer != header.tracer:
+        return f"the cache's tracer {envelope.tracer!r} does not match the python_code TRACER {header.tracer!r}"
     if envelope.code_hash != python_code.code_hash:
         return f"the cache's code_hash {envelope.code_hash} does not match sha256(python_code) {python_code.code_hash}"
     return None

@@ -92,7 +92,7 @@ def read_python_code(path: str) -> tuple[PythonCodeInfo, PythonCode | None]:
     info, metadata = _parse_python_code(data, path)
     if metadata is None:
         return info, None
-    return info, PythonCode(path=Path(path), data=data, source=data.decode("utf-8"), metadata=metadata)
+    return info, PythonCode.parsed(Path(path), data, data.decode("utf-8"), metadata)
 
 
 @functools.lru_cache(maxsize=4)

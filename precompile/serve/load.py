@@ -24,8 +24,9 @@ _collecting = gc.isenabled()
 gc.disable()
 try:
     from precompile.artifact import bytecode
-    from precompile.artifact.metadata import ArtifactMetadata, DynamoMetadata
+    from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader
     from precompile.artifact.pair import (
+        PythonCode,
         pairing_problem,
         parse_cache,
         read_bytes,
@@ -59,20 +60,28 @@ class PrecompiledRunnable:
     objects until the process exits (removing them is not implemented), so for it too they are no-ops.
     """
 
-    def __init__(self, forward, metadata: ArtifactMetadata, artifact_path: Path, *, cache_used: bool,
-                 bytecode_from_cache: bool = False, metadata_from_cache: bool = False) -> None:
+    def __init__(self, forward, python_code: PythonCode, artifact_path: Path, *, cache_used: bool,
+                 bytecode_from_cache: bool = False) -> None:
         self._forward = forward
-        self.metadata = metadata
+        self._python_code = python_code
         self.artifact_path = artifact_path
         self.cache_used = cache_used
         self.bytecode_from_cache = bytecode_from_cache
         """Whether python_code ran as the bytecode its cache carries (else it was compiled here)."""
-        self.metadata_from_cache = metadata_from_cache
+
+    @property
+    def metadata(self) -> ArtifactMetadata:
+        """The artifact's typed metadata (decoded on first read, when it came from the cache)."""
+        return self._python_code.metadata
+
+    @property
+    def metadata_from_cache(self) -> bool:
         """Whether the metadata came typed from the cache (else python_code's literals were parsed)."""
+        return self._python_code.metadata_from_cache
 
     @property
     def installed(self) -> bool:
-        return self.metadata.serving_mode == "installed"
+        return self._python_code.header.serving_mode == "installed"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._forward(*args, **kwargs)
@@ -87,7 +96,7 @@ class PrecompiledRunnable:
         """Remove whatever loading installed; nothing, for a standalone artifact."""
 
     def __repr__(self) -> str:
-        meta = self.metadata
+        meta = self._python_code.header
         return f"<PrecompiledRunnable {meta.fn_name} from {self.artifact_path.name} (backend={meta.backend!r}, {meta.serving_mode})>"
 
 
@@ -284,12 +293,12 @@ def _prime_kernels(cache) -> dict[str, str] | None:
         return None
 
 
-def served_by_aotautograd(metadata) -> bool:
+def served_by_aotautograd(header: MetadataHeader) -> bool:
     """Whether a Dynamo artifact has a subgraph AOTAutograd serves (every inductor subgraph of one
     written before subgraphs were lowered)."""
-    if not isinstance(metadata, DynamoMetadata) or metadata.backend != "inductor":
+    if header.tracer != "dynamo" or header.backend != "inductor":
         return False
-    return any(graph.served_by in ("", "aotautograd") for graph in metadata.subgraphs) or not metadata.subgraphs
+    return any(graph.served_by in ("", "aotautograd") for graph in header.subgraphs) or not header.subgraphs
 
 
 def load(
@@ -328,9 +337,9 @@ def load(
         cache_file = _read_cache_for(code_data, digest, cache_path, signed_cache)
         paired = cache_file.envelope if cache_file.envelope is not None and cache_file.envelope.code_hash == digest else None
         python_code = read_python_code(artifact_path, code_data, envelope=paired, digest=digest)
-        if allow_serve_time_compiles and python_code.metadata.serving_mode != "installed":
+        if allow_serve_time_compiles and python_code.header.serving_mode != "installed":
             raise PrecompileError(
-                f"load(allow_serve_time_compiles=True): {artifact_path} is a {python_code.metadata.serving_mode} "
+                f"load(allow_serve_time_compiles=True): {artifact_path} is a {python_code.header.serving_mode} "
                 "artifact, which has no compiler behind it (only an installed Dynamo artifact can compile a call its "
                 "variants miss); load it without the flag, and capture the calls it misses"
             )
@@ -343,10 +352,10 @@ def load(
         # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the
         # kernel runtime (MakeFx artifacts, lowered Dynamo subgraphs) does neither.
         # A bundle written before it mapped kernel sources to libraries is served through Inductor too.
-        through_inductor = primed is not None and isinstance(python_code.metadata, DynamoMetadata) and (
-            served_by_aotautograd(python_code.metadata) or not cache.envelope.bundle.kernels
+        through_inductor = primed is not None and python_code.header.tracer == "dynamo" and (
+            served_by_aotautograd(python_code.header) or not cache.envelope.bundle.kernels
         )
-        if code is None or (primed is None and python_code.metadata.backend != "eager"):
+        if code is None or (primed is None and python_code.header.backend != "eager"):
             collector.close()  # the collector runs as usual while python_code compiles
         with contextlib.ExitStack() as stack:
             if through_inductor:
@@ -361,7 +370,7 @@ def load(
             "loaded %s in %.3f s (cache %s, %d kernels primed, bytecode %s, metadata %s)",
             artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),
             "from the cache" if code is not None else "compiled here",
-            "from the cache" if python_code.metadata_from_cache else "parsed here",
+            "from the cache" if python_code.encoded is not None else "parsed here",
         )
-        return PrecompiledRunnable(namespace["forward"], python_code.metadata, artifact_path, cache_used=cache is not None,
-                                   bytecode_from_cache=code is not None, metadata_from_cache=python_code.metadata_from_cache)
+        return PrecompiledRunnable(namespace["forward"], python_code, artifact_path, cache_used=cache is not None,
+                                   bytecode_from_cache=code is not None)

@@ -255,6 +255,29 @@ def test_swapped_metadata_falls_back_to_parsing_and_fails_verify(captured, tmp_p
     assert rc == 1 and "differs from the metadata literals" in checks["python_code typed metadata"]["message"]
 
 
+def test_served_metadata_is_decoded_whole_only_when_read(captured, tmp_path, monkeypatch):
+    """load decodes the typed metadata's header alone (what it acts on); the whole (a Dynamo
+    artifact's guards and summary) is decoded when first read. A copy whose header decodes but whose
+    whole does not is read from python_code's literals instead."""
+    from precompile.artifact import pair
+    from precompile.artifact.pair import read_python_code
+
+    decoded = []
+    decode = pair.decode_metadata
+    monkeypatch.setattr(pair, "decode_metadata", lambda *args: decoded.append(1) or decode(*args))
+    artifact, cache = _copy(captured["mlp_batchnorm"], tmp_path)
+    parsed = read_python_code(artifact).metadata
+    runnable = precompile.load(artifact, cache)
+    assert runnable.bytecode_from_cache and "mlp" in repr(runnable).lower() and decoded == []
+    assert runnable.metadata == parsed and runnable.metadata_from_cache and decoded == [1]
+    fields, _ = _fields(cache)
+    meta = msgspec.msgpack.decode(_stored(fields["metadata_msgpack"]))
+    meta["INPUTS"] = "not a tuple of leaves"
+    _forge(cache, metadata_fields=_sealed(msgspec.msgpack.encode(meta)))
+    runnable = precompile.load(artifact, cache)
+    assert runnable.bytecode_from_cache and runnable.metadata == parsed and not runnable.metadata_from_cache
+
+
 @pytest.mark.parametrize("name", ["mlp", "dynamo_break_eager"])
 def test_caches_written_before_load_as_before(name, tmp_path, capsys, monkeypatch):
     """Format-1 caches without the blobs: load compiles and parses python_code; verify adds no line."""
