@@ -188,9 +188,10 @@ class InlinedFile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     sha256: str
     """Of the bytes `spans` cover, joined in their order; of the whole file where `spans` is empty."""
     spans: tuple[tuple[int, int], ...] = ()
-    """The [start, end) byte offsets of each inlined line range in the file (each begins a line and ends
-    one, or ends the file), sorted; empty in artifacts written before it and for a file whose lines are
-    not its bytes decoded as UTF-8 (another encoding, a byte-order mark, carriage returns)."""
+    """The [start, end) byte offsets of each inlined line range in the file and of its first two lines
+    (where an encoding is declared), each beginning a line and ending one (or the file), sorted; empty
+    in artifacts written before it and for a file whose lines are not its bytes decoded as UTF-8
+    (another encoding, a byte-order mark, carriage returns)."""
 
 
 class DynamoMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="dynamo", tag_field="TRACER"):

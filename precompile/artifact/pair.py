@@ -6,6 +6,7 @@ import ast
 import functools
 import os
 import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from precompile.artifact.codec import CacheFormatError, decode_header, decode_pa
 from precompile.artifact.envelope import FORMAT_VERSION, CacheEnvelope, EncodedMetadata
 from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader, header_of
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source, parse_metadata, parse_source
-from precompile.errors import PrecompileError
+from precompile.errors import PrecompileError, PrecompileWarning
 
 PENDING_SUFFIX = ".pending"
 """`<cache>.pending`: a writer's new cache between its two commit renames (see runtime/writer.py),
@@ -62,13 +63,28 @@ class PythonCode:
     @functools.cached_property
     def _typed(self) -> tuple[ArtifactMetadata, bool]:
         """The metadata decoded from the cache's copy; parsed from the literals where the copy's header
-        decoded but the whole does not."""
+        decoded but the whole does not (with a warning where that header said otherwise)."""
         if self.encoded is not None:
             decoded = decode_metadata(self.encoded, self.code_hash)
             if decoded is not None and decoded.format_version <= FORMAT_VERSION:
                 return decoded, True
         tree = self.tree if self.tree is not None else parse_source(self.source, filename=str(self.path))
-        return parse_metadata(tree, filename=str(self.path)), False
+        parsed = parse_metadata(tree, filename=str(self.path))
+        if header_of(parsed) != self.header:
+            warnings.warn(
+                f"the cache paired with python_code {self.path} carries typed metadata that does not decode whole, and "
+                f"its header ({_header_text(self.header)}) differs from python_code's literals ({_header_text(header_of(parsed))}), "
+                "which `metadata` now holds; load acted on the cache's header. Run `precompile verify` on the pair and "
+                "capture it again",
+                PrecompileWarning,
+                stacklevel=2,
+            )
+        return parsed, False
+
+
+def _header_text(header: MetadataHeader) -> str:
+    return (f"tracer {header.tracer!r}, backend {header.backend!r}, serving mode {header.serving_mode!r}, "
+            f"fn {header.fn_name[:80]!r}, format version {header.format_version}, {len(header.subgraphs)} subgraphs")
 
 
 @dataclass(frozen=True)

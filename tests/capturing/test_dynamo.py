@@ -392,7 +392,7 @@ except precompile.PrecompileError as exc:
 def test_an_inlined_source_that_changed_since_capture_is_refused_at_load(tmp_path, monkeypatch):
     """A file whose inlined spans are unchanged passes by their hash; any other file has its inlined
     ranges hashed line by line, so an edit elsewhere in the file still serves, even one that moves the
-    spans, and an edit inside a range, or one that moves its lines, refuses."""
+    spans, and an edit inside a range, or one that shifts its bytes to other lines, refuses."""
     import hashlib
     import importlib
 
@@ -525,7 +525,7 @@ def test_readable_parts_of_a_dynamo_artifact_are_locked(dynamo_pairs, snapshot):
     readable = re.sub(r"^INLINED_FILES = .*?\n(?=[A-Z_]+ = )",
                       lambda block: re.sub(r"\(\d+, \d+\)", "(<start>, <end>)", re.sub(r"[0-9a-f]{64}", "<file sha256>", block.group(0))),
                       readable, flags=re.S | re.M)
-    assert "INLINED_FILES = ({'module': 'dynamo_cases',\n  'sha256': '<file sha256>',\n  'spans': ((<start>, <end>),)}" in readable
+    assert "INLINED_FILES = ({'module': 'dynamo_cases',\n  'sha256': '<file sha256>',\n  'spans': ((<start>, <end>), (<start>, <end>))}" in readable
     assert "\n_dynamo_state = None\n" in readable  # nothing is pickled: every guard rendered, code marshalled
     assert readable == snapshot.use_extension(TorchVersionedSource)
 

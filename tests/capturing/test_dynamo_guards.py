@@ -355,9 +355,9 @@ def test_a_whole_file_hash_is_recorded_only_where_it_proves_every_range(monkeypa
     edited = InlinedSource(module="dynamo_cases", first_line=5, last_line=7, sha256="0" * 64)
     data = Path(dynamo_cases.__file__).read_bytes()
     whole = hashlib.sha256(data).hexdigest()
-    span = (0, len("".join(lines[:3]).encode()))  # lines 1-3: Dynamo's ranges end before last_line
-    assert inlined_files([right]) == (InlinedFile(module="dynamo_cases", sha256=hashlib.sha256(data[:span[1]]).hexdigest(),
-                                                  spans=(span,)),)
+    head, span = (0, len("".join(lines[:2]).encode())), (0, len("".join(lines[:3]).encode()))  # Dynamo's ranges end before last_line
+    assert inlined_files([right]) == (InlinedFile(module="dynamo_cases", spans=(head, span),
+                                                  sha256=hashlib.sha256(data[:head[1]] + data[:span[1]]).hexdigest()),)
     assert inlined_files([right, edited]) == ()
     assert inlined_files([InlinedSource(module="math", first_line=1, last_line=2, sha256="0" * 64)]) == ()
 
@@ -394,13 +394,37 @@ def test_inlined_spans_pass_only_as_the_same_whole_lines(tmp_path):
         path.write_bytes(now)
         assert driver._file_unchanged(str(path), entry) is unchanged, now
     path.write_bytes(captured)
-    for forged in ([[-1, 6]], [[28, 6]], [[6, 28], [28, len(captured) + 1]]):
+    for forged in ([[-1, 6]], [[28, 6]], [[6, 28], [28, len(captured) + 1]], [[0, 2**40]], [[1.5, 3]], ["ab"], [[0, 10, 3]]):
         assert not driver._file_unchanged(str(path), {**entry, "spans": forged})
     empty = {"module": "m", "sha256": hashlib.sha256(b"").hexdigest(), "spans": [[6, 6]]}
     assert driver._file_unchanged(str(path), empty) and not driver._file_unchanged(str(path), {**empty, "spans": [[7, 7]]})
     # an entry written before spans hashes the whole file
     assert driver._file_unchanged(str(path), {"module": "m", "sha256": hashlib.sha256(captured).hexdigest()})
     assert not driver._file_unchanged(str(path), {"module": "m", "sha256": entry["sha256"]})
+
+
+def test_inlined_spans_pin_the_encoding_declaration(tmp_path, monkeypatch):
+    """Capture always hashes a file's first two lines with its spans: a coding cookie written there
+    (same length, outside every range) changes what the range's bytes mean, and fails the spans. An
+    edit that moves the range to other line numbers without moving its bytes passes: same text."""
+    from precompile.artifact.metadata import InlinedSource
+    from precompile.capturing.dynamo.inlined_files import inlined_files
+    from precompile.codegen.drivers import dynamo as driver
+
+    captured = '# padding comment line one x\nimport torch\n# xx\ndef step(x):\n    return x.sin() * len("+AGE-")\n'
+    (tmp_path / "cookie_module.py").write_text(captured)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lines = captured.splitlines(keepends=True)
+    recorded = InlinedSource(module="cookie_module", first_line=4, last_line=6, sha256=driver.hash_source_lines(lines, 4, 6))
+    (entry,) = inlined_files([recorded])
+    assert entry.spans == ((0, len("".join(lines[:2]))), (len("".join(lines[:3])), len(captured)))
+    path, as_written = str(tmp_path / "cookie_module.py"), msgspec.to_builtins(entry)
+    for now, unchanged in ((captured, True),
+                           (captured.replace("# padding comment line one x", "# coding: utf-7 xxxxxxxxxxxx"), False),
+                           (captured.replace("import torch\n", "import\ttorch\n"), False),
+                           (captured.replace("# xx\n", "#\n#x\n"), True)):  # step moves to line 5, its bytes stay
+        (tmp_path / "cookie_module.py").write_text(now)
+        assert driver._file_unchanged(path, as_written) is unchanged, now
 
 
 def test_the_driver_finds_an_inlined_module_file_without_importing_it():

@@ -276,6 +276,12 @@ def test_served_metadata_is_decoded_whole_only_when_read(captured, tmp_path, mon
     _forge(cache, metadata_fields=_sealed(msgspec.msgpack.encode(meta)))
     runnable = precompile.load(artifact, cache)
     assert runnable.bytecode_from_cache and runnable.metadata == parsed and not runnable.metadata_from_cache
+    # A forged header it acted on: said when the whole is read (verify refuses the blob outright).
+    meta["SERVING_MODE"] = "installed"
+    _forge(cache, metadata_fields=_sealed(msgspec.msgpack.encode(meta)))
+    runnable = precompile.load(artifact, cache)
+    with pytest.warns(precompile.PrecompileWarning, match=r"serving mode 'installed'.*serving mode 'standalone'.*verify"):
+        assert runnable.metadata == parsed
 
 
 @pytest.mark.parametrize("name", ["mlp", "dynamo_break_eager"])

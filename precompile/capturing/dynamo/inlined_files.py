@@ -6,8 +6,11 @@ of its source file's bytes, but only after hashing every recorded range against 
 decoded as `linecache` decodes them: a file that still has them at load needs no range read.
 
 Where the file's lines are its bytes decoded as UTF-8, the hash covers only the byte spans of the
-inlined ranges (a transformers model inlines a tenth of the 1 MB its 20-odd files hold), so load
-hashes those spans instead of whole files; an edit outside them passes as well.
+inlined ranges and of the first two lines, where an encoding declaration would be (a transformers
+model inlines a tenth of the 1 MB its 20-odd files hold), so load reads and hashes those spans
+instead of whole files. An edit outside them passes as well, including one that moves the inlined
+lines to other line numbers while leaving their bytes where they were: the code is the same text,
+and its line numbers show only in tracebacks. Any other edit hashes the ranges line by line.
 """
 
 import hashlib
@@ -51,10 +54,11 @@ def inlined_files(sources: Iterable[InlinedSource]) -> tuple[InlinedFile, ...]:
 
 def _proof(module: str, data: bytes, lines: list[str], recorded: Sequence[InlinedSource]) -> InlinedFile:
     """The hash of the ranges' byte spans where lines and bytes agree (UTF-8 throughout, every range
-    within the file), else of the whole file."""
+    within the file), else of the whole file. The first two lines are always a span: an encoding
+    declaration there decides what every other byte means."""
     if "".join(lines).encode() != data or not all(
             1 <= s.first_line <= s.last_line <= len(lines) + 1 for s in recorded):
         return InlinedFile(module=module, sha256=hashlib.sha256(data).hexdigest())
     starts = list(itertools.accumulate((len(line.encode()) for line in lines), initial=0))
-    spans = tuple(sorted({(starts[s.first_line - 1], starts[s.last_line - 1]) for s in recorded}))
-    return InlinedFile(module=module, sha256=hash_spans(data, spans), spans=spans)
+    spans = {(0, starts[min(2, len(lines))])} | {(starts[s.first_line - 1], starts[s.last_line - 1]) for s in recorded}
+    return InlinedFile(module=module, sha256=hash_spans(data, sorted(spans)), spans=tuple(sorted(spans)))

@@ -221,10 +221,10 @@ INLINED_SOURCES = ({'module': 'dynamo_cases',
   'sha256': 'c0ab8f42cc3bf9489809b19c321cc85f0b1d4eafebacb96bd8e132cb9e95ef76'})
 INLINED_FILES = ({'module': 'dynamo_cases',
   'sha256': '<file sha256>',
-  'spans': ((<start>, <end>),)},
+  'spans': ((<start>, <end>), (<start>, <end>))},
  {'module': 'torch.nn.modules.linear',
   'sha256': '<file sha256>',
-  'spans': ((<start>, <end>),)})
+  'spans': ((<start>, <end>), (<start>, <end>))})
 SUBGRAPHS = ({'backend_id': '__compiled_fn_<n>_<uuid>',
   'frame': 'break_and_scale',
   'forward': 'graph_0',
@@ -902,19 +902,27 @@ def _span_bytes(file, start, end):
     return span
 
 
+def _is_span(span, size):
+    return (type(span) in (list, tuple) and len(span) == 2 and all(type(offset) is int for offset in span)
+            and 0 <= span[0] <= span[1] <= size)
+
+
 def _file_unchanged(path, entry):
     """Whether the file at `path` still has the bytes an INLINED_FILES entry hashed: the spans of its
-    inlined ranges (read alone), or the whole file for an entry written before spans."""
+    inlined ranges and its first two lines (read alone), or the whole file for an entry written before
+    spans. The spans' line numbers are not checked: text that moved without changing its bytes or
+    offsets is the same code (capture's inlined_files.py says more)."""
     spans = entry.get("spans", ())
     with open(path, "rb", buffering=0) as file:
         if not spans:
             return _hashlib.sha256(file.readall()).hexdigest() == entry["sha256"]
+        size = file.seek(0, 2)
         digest = _hashlib.sha256()
-        for start, end in spans:
-            span = _span_bytes(file, start, end) if 0 <= start <= end else None
-            if span is None:
+        for span in spans:
+            data = _span_bytes(file, *span) if _is_span(span, size) else None
+            if data is None:
                 return False
-            digest.update(span)
+            digest.update(data)
     return digest.hexdigest() == entry["sha256"]
 
 
