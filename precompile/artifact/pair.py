@@ -70,10 +70,11 @@ class PythonCode:
                 return decoded, True
         tree = self.tree if self.tree is not None else parse_source(self.source, filename=str(self.path))
         parsed = parse_metadata(tree, filename=str(self.path))
-        if header_of(parsed) != self.header:
+        literal = header_of(parsed)
+        if literal != self.header:
             warnings.warn(
                 f"the cache paired with python_code {self.path} carries typed metadata that does not decode whole, and "
-                f"its header ({_header_text(self.header)}) differs from python_code's literals ({_header_text(header_of(parsed))}), "
+                f"its header ({_header_text(self.header)}) differs from python_code's literals ({_header_text(literal)}), "
                 "which `metadata` now holds; load acted on the cache's header. Run `precompile verify` on the pair and "
                 "capture it again",
                 PrecompileWarning,

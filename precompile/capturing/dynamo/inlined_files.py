@@ -60,5 +60,5 @@ def _proof(module: str, data: bytes, lines: list[str], recorded: Sequence[Inline
             1 <= s.first_line <= s.last_line <= len(lines) + 1 for s in recorded):
         return InlinedFile(module=module, sha256=hashlib.sha256(data).hexdigest())
     starts = list(itertools.accumulate((len(line.encode()) for line in lines), initial=0))
-    spans = {(0, starts[min(2, len(lines))])} | {(starts[s.first_line - 1], starts[s.last_line - 1]) for s in recorded}
-    return InlinedFile(module=module, sha256=hash_spans(data, sorted(spans)), spans=tuple(sorted(spans)))
+    spans = tuple(sorted({(0, starts[min(2, len(lines))])} | {(starts[s.first_line - 1], starts[s.last_line - 1]) for s in recorded}))
+    return InlinedFile(module=module, sha256=hash_spans(data, spans), spans=spans)
