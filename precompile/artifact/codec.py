@@ -58,6 +58,26 @@ def header_digest(header: bytes | memoryview) -> str:
     return hashlib.sha256(_encoder.encode(fields)).hexdigest()
 
 
+def _sealed_as_encoded(data: bytes, start: int, end: int, digest: str) -> bool:
+    """Whether the header `data[start:end]`, less its `header_sha256` entry, hashes to `digest` as it
+    is: true of a header as msgspec (this precompile's encoder) writes it, whose fields a generic
+    decode re-encodes to the same bytes, so that `header_digest` need not decode and re-encode them
+    (a copy of the bytecode and metadata blobs each). Anything else (another encoder's spelling,
+    more than 15 fields, a changed byte) is left to `header_digest`, which defines the digest."""
+    first = data[start] if end > start else 0
+    if first & 0xF0 != 0x80 or first == 0x80:  # a msgpack fixmap of at least one field
+        return False
+    entry = _encoder.encode(HEADER_DIGEST_FIELD) + _encoder.encode(digest)
+    at = data.find(entry, start + 1, end)
+    if at < 0:
+        return False
+    view = memoryview(data)
+    hashed = hashlib.sha256(bytes([first - 1]))
+    hashed.update(view[start + 1:at])
+    hashed.update(view[at + len(entry):end])
+    return hashed.hexdigest() == digest
+
+
 def encode_cache(envelope: CacheEnvelope, payload: bytes = b"") -> bytes:
     """Frame `envelope`, sealed with its header digest, and its compressed bundle payload (from
     `build_bundle`) into cache bytes."""
@@ -124,7 +144,8 @@ def decode_header(data: bytes, *, source: str = "cache") -> tuple[CacheEnvelope,
         )
     try:
         envelope = _decoder.decode(header)
-        recorded = envelope.header_sha256 and header_digest(header)
+        sealed = envelope.header_sha256
+        recorded = sealed and (sealed if _sealed_as_encoded(data, PREFIX_SIZE, end, sealed) else header_digest(header))
     except msgspec.ValidationError as exc:
         raise CacheFormatError(f"{source} has an invalid header: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:

@@ -76,6 +76,28 @@ def test_bundle_file_whose_sha256_differs_is_never_used():
         codec.decode_payload(decoded.bundle, data, offset)
 
 
+def _respelled(data: bytes, old: bytes, new: bytes) -> bytes:
+    """Cache bytes whose header has `old` replaced by `new` (its length prefix updated)."""
+    header = data[codec.PREFIX_SIZE:]
+    assert header.count(old) == 1
+    header = header.replace(old, new)
+    return codec.MAGIC + len(header).to_bytes(4, "little") + header
+
+
+def test_a_header_digest_holds_whatever_encoder_spelled_the_header():
+    """A header as this precompile writes it is checked on its bytes as they are; one that another
+    encoder spelled otherwise (a 64-character str as str16 rather than str8) is checked on its fields
+    re-encoded, as header_digest defines the digest; a changed byte fails either way."""
+    data = codec.encode_cache(envelope(code_hash="cd" * 32))
+    str8, str16 = b"\xd9\x40" + b"cd" * 32, b"\xda\x00\x40" + b"cd" * 32
+    assert codec.decode_header(data)[0].code_hash == "cd" * 32
+    respelled = _respelled(data, str8, str16)
+    assert codec.decode_header(respelled)[0] == codec.decode_header(data)[0]
+    for changed in (_respelled(data, str8, str8.replace(b"cd", b"ce", 1)), _respelled(respelled, str16, str16.replace(b"cd", b"ce", 1))):
+        with pytest.raises(codec.CacheFormatError, match="does not match its header_sha256"):
+            codec.decode_header(changed)
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
