@@ -26,8 +26,10 @@ sha256 of each such text to its code, compiled as the driver names it (`<precomp
 The compiled code leaves out the metadata literals no code in python_code reads (`LEFT_OUT`, recorded
 in the blob's `left_out`): tools read them with ast, and a served artifact's summary comes from the
 typed metadata. Unmarshalling a Dynamo artifact's SUMMARY (a tuple for every guard's verdict) was
-half the cost of unmarshalling its whole bytecode, for nothing. python_code run alone, or compiled
-from its source by load, still binds them.
+half the cost of unmarshalling its whole bytecode, for nothing; its GUARDS (every variant's guard
+list) a fifth of the rest, read only by an installed artifact's driver, whose python_code passes it
+to the driver by name and so keeps it. python_code run alone, or compiled from its source by load,
+still binds them.
 
 The metadata is `msgspec.msgpack` of the typed metadata converted from python_code's literals, so
 `verify` can decode it (msgspec decoding runs nothing) and compare it with the literals it parses.
@@ -65,7 +67,7 @@ MAX_PREPARED_SIZE = 256 * 1024 * 1024
 MAX_STORED_SIZE = 32 * 1024 * 1024
 """The most both compressed blobs may take of the header (whose limit is 64 MiB)."""
 ZSTD_LEVEL = 3
-LEFT_OUT = ("SUMMARY",)
+LEFT_OUT = ("SUMMARY", "GUARDS")
 """The metadata literals the stored bytecode may leave out: no code in python_code reads them (a
 test keeps it so). A blob that leaves out any other name is not run (load compiles the source)."""
 

@@ -108,6 +108,7 @@ def render_dynamo(
         "dynamo.py.j2",
         what=f"DynamoTracer, backend={metadata.backend!r}",
         sections=sections,
+        guard_lists=True,
     )
 
 
@@ -166,4 +167,4 @@ def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, 
         _Section("driver", "Seeds the minted names, dispatches each call to the first variant whose guards hold.",
                  source_of("dynamo").rstrip("\n")),
     ]
-    return render("dynamo.py.j2", what=f"DynamoTracer, backend={metadata.backend!r}", sections=sections)
+    return render("dynamo.py.j2", what=f"DynamoTracer, backend={metadata.backend!r}", sections=sections, guard_lists=False)

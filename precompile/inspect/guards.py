@@ -8,6 +8,7 @@ their guard slots (kept, dropped, risky, policy-dropped) keyed by (guard_type, s
 from __future__ import annotations
 
 import ast
+import copy
 import re
 
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata, NamedTensor
@@ -74,6 +75,7 @@ DROPPED_FRAME = "(every frame)"
 
 _FUNCTION = re.compile(r"guards_(\d+)_(\d+)")
 _TENSORS = re.compile(r"_tensors_(\d+)_(\d+)")
+_SOURCE_LOCAL = re.compile(r"s\d+")
 # What a --type filter names beyond a guard type itself: the part of a tensor's guard it checks.
 TYPE_ALIASES = {
     "shape": {"SHAPE_ENV", "TENSOR_MATCH", "shape"},
@@ -142,16 +144,80 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
                 label, _, why = note[2:].partition(": ")
                 checks.setdefault(label, f"not checked: {why}")
         failing: str | None = None  # the label the rendered guard assigns before its `if`
+        spelled = _SpelledOut()
         for statement in ast.walk(node):
-            if isinstance(statement, ast.Assign) and [getattr(t, "id", None) for t in statement.targets] == ["failing"]:
+            targets = [getattr(t, "id", None) for t in statement.targets] if isinstance(statement, ast.Assign) else []
+            if isinstance(statement, ast.Assign) and targets == ["failing"]:
                 value = statement.value.value if isinstance(statement.value, ast.Constant) else None
                 failing = value if isinstance(value, str) else None
+            elif isinstance(statement, ast.Assign) and len(targets) == 1 and _SOURCE_LOCAL.fullmatch(targets[0] or ""):
+                spelled.bind(str(targets[0]), statement.value)
             elif isinstance(statement, ast.If) and failing is not None:
                 test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
-                checks[failing] = " ".join((ast.get_source_segment(text, test) or "").split())
+                checks[failing] = spelled.text(test) or " ".join((ast.get_source_segment(text, test) or "").split())
                 failing = None
         found[key] = checks
     return found
+
+
+class _SpelledOut(ast.NodeTransformer):
+    """The rendered checks with the sources their guard function reads into locals (`sN = path`,
+    see precompile.capturing.dynamo.shared_sources) spelled out again, as the guards name them.
+    Only a local bound to an access path is spelled out, up to MAX_SPELLED_OUT characters, in a
+    check of up to MAX_CHECK characters of them (a hostile file could chain locals into text of any
+    length); others stay as written."""
+
+    MAX_SPELLED_OUT = 4096
+    MAX_CHECK = 65536
+
+    def __init__(self) -> None:
+        self.paths: dict[str, tuple[ast.expr, int]] = {}  # local: (its path spelled out, its length)
+        self.replaced = False
+
+    def bind(self, name: str, value: ast.expr) -> None:
+        self.paths.pop(name, None)
+        steps: list[ast.Attribute | ast.Subscript] = []
+        node = value
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            if isinstance(node, ast.Subscript) and not _plain_key(node.slice):
+                return
+            steps.append(node)
+            node = node.value
+        if not steps or not isinstance(node, ast.Name):
+            return
+        base, length = self.paths.get(node.id, (node, len(node.id)))
+        for step in reversed(steps):
+            length += len(step.attr) + 1 if isinstance(step, ast.Attribute) else len(repr(step.slice.value)) + 2  # type: ignore[attr-defined]
+            if length > self.MAX_SPELLED_OUT:
+                return
+            base = type(step)(**{**{f: getattr(step, f) for f in step._fields}, "value": base})
+        self.paths[name] = (base, length)
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        spelled = self.paths.get(node.id)
+        if spelled is None:
+            return node
+        self.replaced = True
+        return spelled[0]
+
+    def text(self, test: ast.AST) -> str | None:
+        """The check spelled out, or None where it reads no local this knows."""
+        if not self.paths:
+            return None
+        names = [node.id for node in ast.walk(test) if isinstance(node, ast.Name) and node.id in self.paths]
+        if sum(self.paths[name][1] for name in names) > self.MAX_CHECK:
+            return None
+        self.replaced = False
+        try:
+            spelled = self.visit(copy.deepcopy(test))
+            return ast.unparse(spelled) if self.replaced else None
+        except (RecursionError, ValueError, MemoryError):  # nested past the stack, an int past str()'s digits
+            return None
+
+
+def _plain_key(node: ast.expr) -> bool:
+    """A subscript a guard source uses: a string, or an int that prints in a few digits."""
+    return isinstance(node, ast.Constant) and (type(node.value) is str or (type(node.value) is int and abs(node.value) < 2**63))
 
 
 def _kept_check(slot_label: str, checks: dict[str, str]) -> str:

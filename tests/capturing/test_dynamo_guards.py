@@ -8,6 +8,7 @@ import copy
 import hashlib
 import inspect
 import math
+import re
 import sys
 import types
 
@@ -620,9 +621,21 @@ def test_a_global_dict_subclass_whose_setitem_refiles_keys_is_guarded_by_its_liv
                                              cache_path=cache, backend="eager") as cap:
         cap(torch.ones(3))
     text = artifact.read_text(encoding="utf-8")
-    assert "list(dict.keys(G['REGISTRY'])) == ['scale']" in text
+    assert "list(dict.keys(G['REGISTRY'])) == ['scale']" in spelled_out(text)
     assert "\n_dynamo_state = None\n" in text
     assert fresh_json(SERVE_REGISTRY, str(artifact), str(cache)) == [3.0, 3.0, 3.0]
+
+
+def spelled_out(text: str) -> str:
+    """python_code with each guard function's source locals (`sN = path`) replaced by their paths, by
+    plain text substitution (the latest bound first, as each local is bound from earlier ones)."""
+    spelled = []
+    for part in re.split(r"(?=^def )", text, flags=re.MULTILINE):  # each function numbers its own
+        bound = dict(re.findall(r"^ +(s\d+) = (.+)$", part, flags=re.MULTILINE))
+        for name in sorted(bound, key=lambda local: -int(local[1:])):
+            part = re.sub(rf"\b{name}\b(?! =)", lambda _, path=bound[name]: path, part)
+        spelled.append(part)
+    return "".join(spelled)
 
 
 def test_precompile_guards_prints_for_each_kept_guard_the_condition_that_runs(captured, capsys):
@@ -633,7 +646,7 @@ def test_precompile_guards_prints_for_each_kept_guard_the_condition_that_runs(ca
     from test_inspect_helpers import run_cli
 
     path = captured["keywords"]["artifact"]
-    text = path.read_text(encoding="utf-8")
+    text = spelled_out(path.read_text(encoding="utf-8"))
     rc, out, _ = run_cli(capsys, ["guards", "--json", str(path)])
     assert rc == 0
     frames = json.loads(out)["guards"]["frames"]
@@ -719,7 +732,7 @@ def test_notes_on_many_guards_of_one_kind_and_reason_fold_into_one_counted_line(
     lines = folded_notes([("GRAD_MODE", "checked by GLOBAL_STATE"), *many, *few, ("TENSOR_MATCH x", "another reason")])
     assert lines == [
         "GRAD_MODE: checked by GLOBAL_STATE",
-        f"EMPTY_NN_MODULE_HOOKS_DICT on {FOLDED_NOTES + 1} sources (GUARDS lists each): {hooks}",
+        f"EMPTY_NN_MODULE_HOOKS_DICT on {FOLDED_NOTES + 1} sources (the metadata's guard list names each): {hooks}",
         *(f"{label}: dimension markings" for label, _ in few),
         "TENSOR_MATCH x: another reason",
     ]

@@ -705,10 +705,11 @@ def test_the_driver_and_template_never_spell_the_opaque_names_but_as_reads():
     import ast
 
     from precompile.codegen.drivers import source_of
+    from precompile.codegen.environment import render
     from precompile.artifact.opaque_state import BYTECODE, STATE, mentions
 
-    template = (ROOT / "precompile/codegen/templates/dynamo.py.j2").read_text().splitlines()[-1]
-    for source in (source_of("dynamo"), source_of("dynamo_guards"), source_of("dynamo_subgraphs"), template):
+    calls = [render("dynamo.py.j2", what="", sections=[], guard_lists=flag).splitlines()[-1] for flag in (True, False)]
+    for source in (source_of("dynamo"), source_of("dynamo_guards"), source_of("dynamo_subgraphs"), *calls):
         assert mentions(ast.parse(source), (STATE, BYTECODE)) == {STATE: [], BYTECODE: []}
 
 

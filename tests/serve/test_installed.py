@@ -55,7 +55,21 @@ def test_a_child_module_graph_break_captures_an_installed_artifact_that_lists_it
     assert any(resume for installed, resume in roles.values())  # the child's continuation after the print
     child = next(frame for frame in meta.frames if frame.qualname == "PrintingChild.forward")
     assert child.module == "installed_cases" and child.first_line == ic.PrintingChild.forward.__code__.co_firstlineno
-    assert "SERVING_MODE = 'installed'" in pairs["print"][0].read_text(encoding="utf-8")
+    text = pairs["print"][0].read_text(encoding="utf-8")
+    assert "SERVING_MODE = 'installed'" in text
+
+
+def test_an_installed_artifact_hands_its_guard_lists_to_the_driver_and_its_bytecode_keeps_them(installed):
+    """The pickled guard state is filtered by each variant's policy, read from GUARDS: python_code
+    passes GUARDS to its driver by name, so the stored bytecode (which leaves out what no code reads)
+    keeps it, where a standalone artifact's leaves it out."""
+    from precompile.artifact.pair import read_cache
+
+    _, pairs = installed
+    artifact, cache, _ = pairs["print"]
+    last = artifact.read_text(encoding="utf-8").rstrip().splitlines()[-1]
+    assert last.startswith("forward = build_forward(") and last.endswith(", variant_guards=GUARDS)")
+    assert read_cache(cache, 1 << 30).envelope.python_bytecode.left_out == ("SUMMARY",)
 
 
 SERVE = r"""

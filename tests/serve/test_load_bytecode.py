@@ -376,7 +376,7 @@ runnable = precompile.load(sys.argv[1], sys.argv[2])
 x = torch.arange(12.0).reshape(3, 4)
 close = torch.allclose(runnable(x), dynamo_cases.uses_global(x))
 print(json.dumps({"close": close, "bytecode": runnable.bytecode_from_cache, "metadata": runnable.metadata_from_cache,
-                  "served_globals_bind_summary": "SUMMARY" in type(runnable._forward).__call__.__globals__,
+                  "served_globals_bind": sorted({"SUMMARY", "GUARDS"} & set(type(runnable._forward).__call__.__globals__)),
                   "summary_frames": runnable.metadata.summary.frames}))
 """
 
@@ -393,22 +393,22 @@ def dynamo_eager(tmp_path_factory):
     return artifact, cache
 
 
-def test_the_stored_bytecode_leaves_out_the_summary_no_code_reads(dynamo_eager, capsys):
-    """A Dynamo artifact's SUMMARY (a tuple per guard verdict) was half of what load unmarshalled:
-    the stored bytecode leaves it out (python_code run alone, or compiled by load, still binds it); the
-    runnable's summary comes from the typed metadata. verify compiles python_code without SUMMARY and
-    finds the same bytes."""
+def test_the_stored_bytecode_leaves_out_the_summary_and_guards_no_code_reads(dynamo_eager, capsys):
+    """A Dynamo artifact's SUMMARY (a tuple per guard verdict) was half of what load unmarshalled, its
+    GUARDS a fifth of the rest: the stored bytecode of a standalone artifact leaves both out (python_code
+    run alone, or compiled by load, still binds them); the runnable's summary comes from the typed
+    metadata. verify compiles python_code without them and finds the same bytes."""
     artifact, cache = dynamo_eager
     fields, _ = _fields(cache)
-    assert fields["python_bytecode"]["left_out"] == ["SUMMARY"]
+    assert fields["python_bytecode"]["left_out"] == ["SUMMARY", "GUARDS"]
     report = fresh_json(SERVE_DYNAMO, str(artifact), str(cache))
     assert report["close"] and report["bytecode"] and report["metadata"]
-    assert not report["served_globals_bind_summary"]
+    assert report["served_globals_bind"] == []
     assert report["summary_frames"] >= 1
     rc, checks = _verify(capsys, artifact, cache)
     assert rc == 0 and checks["python_code bytecode"]["status"] == "ok"
     assert main(["show", str(artifact), str(cache)]) == 0
-    assert "leaving out the literal SUMMARY," in capsys.readouterr().out
+    assert "leaving out the literals SUMMARY, GUARDS," in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("pair", ["dynamo", "makefx"])
@@ -444,7 +444,7 @@ def test_bytecode_that_leaves_out_other_statements_is_never_run(dynamo_eager, tm
         runnable = precompile.load(artifact, cache)
         assert runnable.cache_used and runnable.metadata_from_cache and not runnable.bytecode_from_cache
         rc, checks = _verify(capsys, artifact, cache)
-        assert rc == 1 and "only 'SUMMARY'" in checks["python_code bytecode"]["message"]
+        assert rc == 1 and "only 'SUMMARY', 'GUARDS'" in checks["python_code bytecode"]["message"]
         assert main(["show", str(artifact), str(cache)]) == 0
         assert "may be left out, each once: load compiles python_code instead" in capsys.readouterr().out
 

@@ -3,13 +3,16 @@
 The order is the order calls that miss fail in: global state, then tensors (one C++ call), then each
 check as collected, aliasing, dimension markings. The kept guards that add no check of their own are
 named in comments at the top, with the reason; where many guards of one kind share a reason (every
-module's hook dicts, say), the comment says it once, with their count: GUARDS lists each of them.
+module's hook dicts, say), the comment says it once, with their count: the GUARDS literal lists each
+of them (the comment does not name it, so that the bytecode may leave it out: artifact/bytecode.py).
+A source the checks read more than once is read once into a local `sN` (see shared_sources).
 """
 from __future__ import annotations
 
 from typing import Any
 
 from precompile.capturing.dynamo.guard_accounting import slot_source
+from precompile.capturing.dynamo.shared_sources import shared_sources
 
 FOLDED_NOTES = 3
 """More guards than this of one kind with one reason are noted in one comment line."""
@@ -25,7 +28,7 @@ def folded_notes(notes: list[tuple[str, str]]) -> list[str]:
     lines = []
     for (kind, reason), labels in groups.items():
         if len(labels) > FOLDED_NOTES:
-            lines.append(f"{kind} on {len(labels)} sources (GUARDS lists each): {reason}")
+            lines.append(f"{kind} on {len(labels)} sources (the metadata's guard list names each): {reason}")
         else:
             lines += [f"{label}: {reason}" for label in labels]
     return lines
@@ -42,23 +45,28 @@ def guard_function(variant: Any, title: str) -> str:
         body += ['    failing = "GLOBAL_STATE"',
                  f"    if not _global_state_{prefix}.check():",
                  f"        return _global_state_{prefix}.reason() if explain else failing"]
+    checks: list[tuple[str, str, str]] = []  # (label, expression, how the function uses it)
     # Tensors first: the check most calls that miss fail on, in one C++ call.
     if variant.tensors:
         rows = "".join(f"\n    {row!r}," for row in variant.tensors)
         out.append(f"_tensors_{prefix} = _TensorMatch(({rows}\n))")
         sources = ", ".join(variant.tensor_sources) + ("," if len(variant.tensor_sources) == 1 else "")
-        body += ['    failing = "TENSOR_MATCH"', f"    tensors = ({sources})",
-                 f"    if not _tensors_{prefix}.check(tensors):",
-                 f"        return _tensors_{prefix}.reason(tensors) if explain else failing"]
-    for label, condition in dict.fromkeys(variant.lines):
-        body += [f"    failing = {label!r}", f"    if not ({condition}):", "        return failing"]
+        checks.append(("TENSOR_MATCH", f"({sources})", "tensors"))
+    checks += [(label, condition, "holds") for label, condition in dict.fromkeys(variant.lines)]
     if len(variant.aliasing) > 1:
-        sources = ", ".join(variant.aliasing)
-        body += ['    failing = "NO_TENSOR_ALIASING: " + ' + repr(", ".join(slot_source(s) for s in variant.aliasing)),
-                 f"    if len({{id(t) for t in ({sources})}}) != {len(variant.aliasing)}:", "        return failing"]
-    for label, condition in variant.marking:
-        joined = condition.replace(" and ", " and\n            ")
-        body += [f"    failing = {label!r}", f"    if not ({joined}):", "        return failing"]
+        checks.append(('"NO_TENSOR_ALIASING: " + ' + repr(", ".join(slot_source(s) for s in variant.aliasing)),
+                       f"len({{id(t) for t in ({', '.join(variant.aliasing)})}}) != {len(variant.aliasing)}", "fails"))
+    checks += [(label, condition, "marking") for label, condition in variant.marking]
+    for (label, _, use), (bindings, expression) in zip(checks, shared_sources([c for _, c, _ in checks])):
+        body.append(f"    failing = {label if use == 'fails' else repr(label)}")
+        body += [f"    {binding}" for binding in bindings]
+        if use == "tensors":
+            body += [f"    tensors = {expression}", f"    if not _tensors_{prefix}.check(tensors):",
+                     f"        return _tensors_{prefix}.reason(tensors) if explain else failing"]
+            continue
+        if use == "marking":
+            expression = expression.replace(" and ", " and\n            ")
+        body += [f"    if {expression}:" if use == "fails" else f"    if not ({expression}):", "        return failing"]
     notes = "".join(f"\n    # {line}" for line in folded_notes(variant.notes))
     out += [
         "",

@@ -230,7 +230,7 @@ _LOCAL = r"L\['([^']+)'\]"
 
 
 def _drop_guards(state, slots):
-    """Take the invariance policy's slots ("GUARD_TYPE source", listed in GUARDS) out of a variant."""
+    """Take the invariance policy's slots ("GUARD_TYPE source", listed in the variant's guard list) out of a variant."""
     if not slots:
         return
     guards = state.output_graph._guards
@@ -566,8 +566,10 @@ def _state_bytes(state_blob, artifact, optional):
         _fail(artifact, f"its opaque state is not strict base64 ({exc})", _RECAPTURE)
 
 
-def build_forward(metadata, state_blob, artifact="this artifact"):
-    """The served entry of a Dynamo artifact, from its metadata literals, subgraphs and opaque state."""
+def build_forward(metadata, state_blob, artifact="this artifact", variant_guards=()):
+    """The served entry of a Dynamo artifact, from its metadata literals, subgraphs and opaque state.
+    `variant_guards`: each variant's guard list, whose policy the pickled guard state is filtered by
+    (python_code passes it where it has pickled guards; a standalone artifact's guards are rendered)."""
     _check_versions(metadata, artifact)
     if "_dynamo_frames" in metadata:
         return _build_standalone(metadata, state_blob, artifact)
@@ -600,7 +602,7 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
             _seed(scope, alias, _importlib.import_module(module_name), tag, artifact, module.__name__)
         for backend_id in code.backend_ids:
             _seed(scope, backend_id, backends[backend_id], tag, artifact, module.__name__)
-        variants = [v for v in metadata["GUARDS"] if v["frame"] == described.get("qualname", code.python_code.co_name)]
+        variants = [v for v in variant_guards if v["frame"] == described.get("qualname", code.python_code.co_name)]
         policy_dropped = {variant["variant"]: frozenset(variant.get("policy_dropped", ())) for variant in variants}
         by_name = {variant["variant"]: variant.get("by_name", ()) for variant in variants}
         frame = _pickled_frame(code, scope, state["defaults"] if is_entry else None,

@@ -506,7 +506,7 @@ def guards_0_0(L, G, explain=False):
     there fails its guard). L: the bound arguments, G: the globals of the frame's module;
     explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
-    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (GUARDS lists each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (the metadata's guard list names each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH model._parameters['bias']: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
     # TENSOR_MATCH model._parameters['weight']: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -516,57 +516,64 @@ def guards_0_0(L, G, explain=False):
         failing = "GLOBAL_STATE"
         if not _global_state_0_0.check():
             return _global_state_0_0.reason() if explain else failing
-        failing = "TENSOR_MATCH"
-        tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
+        failing = 'TENSOR_MATCH'
+        s1 = L['model']
+        s2 = s1._parameters
+        tensors = (s2['bias'], s2['weight'], L['x'])
         if not _tensors_0_0.check(tensors):
             return _tensors_0_0.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
         failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
-        if not ('forward' not in L['model'].__dict__):
+        if not ('forward' not in s1.__dict__):
             return failing
         failing = 'TORCH_FUNCTION_STATE'
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"
-        if not (type(G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks) is _by_name['collections:OrderedDict']):
+        s3 = G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']
+        if not (type(s3._global_backward_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"
-        if not (type(G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
+        if not (type(s3._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"
-        if not (type(G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks) is _by_name['collections:OrderedDict']):
+        if not (type(s3._global_forward_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"
-        if not (type(G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
+        if not (type(s3._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = 'TYPE_MATCH model'
-        if not (type(L['model']) is _by_name['torch.nn.modules.linear:Linear']):
+        if not (type(s1) is _by_name['torch.nn.modules.linear:Linear']):
             return failing
         failing = 'TYPE_MATCH model._parameters'
-        if not (type(L['model']._parameters) is _by_name['builtins:dict']):
+        if not (type(s2) is _by_name['builtins:dict']):
             return failing
         failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
-        if not (G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_linear'].F.linear is _by_name['torch._C._nn:linear']):
+        s4 = G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_linear']
+        s5 = s4.F
+        if not (s5.linear is _by_name['torch._C._nn:linear']):
             return failing
         failing = "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break"
-        if not (G['torch']._dynamo.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
+        s6 = G['torch']
+        s7 = s6._dynamo
+        if not (s7.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
-        if not (G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_linear'] is _by_name['torch.nn.modules.linear:']):
+        if not (s4 is _by_name['torch.nn.modules.linear:']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F is torch.nn.functional:"
-        if not (G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_linear'].F is _by_name['torch.nn.functional:']):
+        if not (s5 is _by_name['torch.nn.functional:']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module'] is torch.nn.modules.module:"
-        if not (G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module'] is _by_name['torch.nn.modules.module:']):
+        if not (s3 is _by_name['torch.nn.modules.module:']):
             return failing
         failing = "MODULE_MATCH G['torch'] is torch:"
-        if not (G['torch'] is _by_name['torch:']):
+        if not (s6 is _by_name['torch:']):
             return failing
         failing = "MODULE_MATCH G['torch']._dynamo is torch._dynamo:"
-        if not (G['torch']._dynamo is _by_name['torch._dynamo:']):
+        if not (s7 is _by_name['torch._dynamo:']):
             return failing
     except Exception:  # noqa: BLE001 - a guard whose source is not there fails
         return failing
@@ -587,7 +594,7 @@ def guards_0_1(L, G, explain=False):
     there fails its guard). L: the bound arguments, G: the globals of the frame's module;
     explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
-    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (GUARDS lists each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
+    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (the metadata's guard list names each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH model._parameters['bias']: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
     # TENSOR_MATCH model._parameters['weight']: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -597,60 +604,68 @@ def guards_0_1(L, G, explain=False):
         failing = "GLOBAL_STATE"
         if not _global_state_0_1.check():
             return _global_state_0_1.reason() if explain else failing
-        failing = "TENSOR_MATCH"
-        tensors = (L['model']._parameters['bias'], L['model']._parameters['weight'], L['x'])
+        failing = 'TENSOR_MATCH'
+        s1 = L['model']
+        s2 = s1._parameters
+        s3 = L['x']
+        tensors = (s2['bias'], s2['weight'], s3)
         if not _tensors_0_1.check(tensors):
             return _tensors_0_1.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
         failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
-        if not ('forward' not in L['model'].__dict__):
+        if not ('forward' not in s1.__dict__):
             return failing
         failing = 'SHAPE_ENV: 2 <= x.size()[0]'
-        if not (2 <= L['x'].size()[0]):
+        if not (2 <= s3.size()[0]):
             return failing
         failing = 'TORCH_FUNCTION_STATE'
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"
-        if not (type(G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks) is _by_name['collections:OrderedDict']):
+        s4 = G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']
+        if not (type(s4._global_backward_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"
-        if not (type(G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
+        if not (type(s4._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"
-        if not (type(G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks) is _by_name['collections:OrderedDict']):
+        if not (type(s4._global_forward_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"
-        if not (type(G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
+        if not (type(s4._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = 'TYPE_MATCH model'
-        if not (type(L['model']) is _by_name['torch.nn.modules.linear:Linear']):
+        if not (type(s1) is _by_name['torch.nn.modules.linear:Linear']):
             return failing
         failing = 'TYPE_MATCH model._parameters'
-        if not (type(L['model']._parameters) is _by_name['builtins:dict']):
+        if not (type(s2) is _by_name['builtins:dict']):
             return failing
         failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
-        if not (G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_linear'].F.linear is _by_name['torch._C._nn:linear']):
+        s5 = G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_linear']
+        s6 = s5.F
+        if not (s6.linear is _by_name['torch._C._nn:linear']):
             return failing
         failing = "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break"
-        if not (G['torch']._dynamo.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
+        s7 = G['torch']
+        s8 = s7._dynamo
+        if not (s8.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
-        if not (G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_linear'] is _by_name['torch.nn.modules.linear:']):
+        if not (s5 is _by_name['torch.nn.modules.linear:']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F is torch.nn.functional:"
-        if not (G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_linear'].F is _by_name['torch.nn.functional:']):
+        if not (s6 is _by_name['torch.nn.functional:']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module'] is torch.nn.modules.module:"
-        if not (G['__precompile_678b4b992041_import_torch_dot_nn_dot_modules_dot_module'] is _by_name['torch.nn.modules.module:']):
+        if not (s4 is _by_name['torch.nn.modules.module:']):
             return failing
         failing = "MODULE_MATCH G['torch'] is torch:"
-        if not (G['torch'] is _by_name['torch:']):
+        if not (s7 is _by_name['torch:']):
             return failing
         failing = "MODULE_MATCH G['torch']._dynamo is torch._dynamo:"
-        if not (G['torch']._dynamo is _by_name['torch._dynamo:']):
+        if not (s8 is _by_name['torch._dynamo:']):
             return failing
     except Exception:  # noqa: BLE001 - a guard whose source is not there fails
         return failing
@@ -676,7 +691,7 @@ def guards_1_0(L, G, explain=False):
         failing = "GLOBAL_STATE"
         if not _global_state_1_0.check():
             return _global_state_1_0.reason() if explain else failing
-        failing = "TENSOR_MATCH"
+        failing = 'TENSOR_MATCH'
         tensors = (L['y'],)
         if not _tensors_1_0.check(tensors):
             return _tensors_1_0.reason(tensors) if explain else failing
@@ -713,7 +728,7 @@ def guards_1_1(L, G, explain=False):
         failing = "GLOBAL_STATE"
         if not _global_state_1_1.check():
             return _global_state_1_1.reason() if explain else failing
-        failing = "TENSOR_MATCH"
+        failing = 'TENSOR_MATCH'
         tensors = (L['y'],)
         if not _tensors_1_1.check(tensors):
             return _tensors_1_1.reason(tensors) if explain else failing
@@ -721,13 +736,14 @@ def guards_1_1(L, G, explain=False):
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
         failing = 'SHAPE_ENV: not math.isnan(scale)'
-        if not (not math.isnan(L['scale'])):
+        s1 = L['scale']
+        if not (not math.isnan(s1)):
             return failing
         failing = 'TORCH_FUNCTION_STATE'
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
         failing = 'TYPE_MATCH scale'
-        if not (type(L['scale']) is _by_name['builtins:float']):
+        if not (type(s1) is _by_name['builtins:float']):
             return failing
     except Exception:  # noqa: BLE001 - a guard whose source is not there fails
         return failing
@@ -753,24 +769,26 @@ def guards_1_2(L, G, explain=False):
         failing = "GLOBAL_STATE"
         if not _global_state_1_2.check():
             return _global_state_1_2.reason() if explain else failing
-        failing = "TENSOR_MATCH"
-        tensors = (L['y'],)
+        failing = 'TENSOR_MATCH'
+        s1 = L['y']
+        tensors = (s1,)
         if not _tensors_1_2.check(tensors):
             return _tensors_1_2.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
         failing = 'SHAPE_ENV: 2 <= y.size()[0]'
-        if not (2 <= L['y'].size()[0]):
+        if not (2 <= s1.size()[0]):
             return failing
         failing = 'SHAPE_ENV: not math.isnan(scale)'
-        if not (not math.isnan(L['scale'])):
+        s2 = L['scale']
+        if not (not math.isnan(s2)):
             return failing
         failing = 'TORCH_FUNCTION_STATE'
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
         failing = 'TYPE_MATCH scale'
-        if not (type(L['scale']) is _by_name['builtins:float']):
+        if not (type(s2) is _by_name['builtins:float']):
             return failing
     except Exception:  # noqa: BLE001 - a guard whose source is not there fails
         return failing
@@ -1018,7 +1036,7 @@ _LOCAL = r"L\['([^']+)'\]"
 
 
 def _drop_guards(state, slots):
-    """Take the invariance policy's slots ("GUARD_TYPE source", listed in GUARDS) out of a variant."""
+    """Take the invariance policy's slots ("GUARD_TYPE source", listed in the variant's guard list) out of a variant."""
     if not slots:
         return
     guards = state.output_graph._guards
@@ -1354,8 +1372,10 @@ def _state_bytes(state_blob, artifact, optional):
         _fail(artifact, f"its opaque state is not strict base64 ({exc})", _RECAPTURE)
 
 
-def build_forward(metadata, state_blob, artifact="this artifact"):
-    """The served entry of a Dynamo artifact, from its metadata literals, subgraphs and opaque state."""
+def build_forward(metadata, state_blob, artifact="this artifact", variant_guards=()):
+    """The served entry of a Dynamo artifact, from its metadata literals, subgraphs and opaque state.
+    `variant_guards`: each variant's guard list, whose policy the pickled guard state is filtered by
+    (python_code passes it where it has pickled guards; a standalone artifact's guards are rendered)."""
     _check_versions(metadata, artifact)
     if "_dynamo_frames" in metadata:
         return _build_standalone(metadata, state_blob, artifact)
@@ -1388,7 +1408,7 @@ def build_forward(metadata, state_blob, artifact="this artifact"):
             _seed(scope, alias, _importlib.import_module(module_name), tag, artifact, module.__name__)
         for backend_id in code.backend_ids:
             _seed(scope, backend_id, backends[backend_id], tag, artifact, module.__name__)
-        variants = [v for v in metadata["GUARDS"] if v["frame"] == described.get("qualname", code.python_code.co_name)]
+        variants = [v for v in variant_guards if v["frame"] == described.get("qualname", code.python_code.co_name)]
         policy_dropped = {variant["variant"]: frozenset(variant.get("policy_dropped", ())) for variant in variants}
         by_name = {variant["variant"]: variant.get("by_name", ()) for variant in variants}
         frame = _pickled_frame(code, scope, state["defaults"] if is_entry else None,
