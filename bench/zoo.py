@@ -1,7 +1,8 @@
 """The model zoo: real models, both tracers, both backends, captured then served in a fresh process.
 
-Per model x tracer x backend: one process captures the pair (capture time); then a fresh process per
-serving order loads it under `precompile.no_compilation()` and compares with eager:
+Per model x tracer x backend: one process captures the pair (capture time); then, once every pair of
+the model is captured, a fresh process per serving order loads it under `precompile.no_compilation()`
+and compares with eager (the tracers' pairs of one backend and order served in turn, side by side):
 
   load-first  load the pair before the model's library is imported, then build the model and call
   load-after  build the model first (its library imported), then load and call
@@ -155,11 +156,13 @@ def _env(scratch: Path) -> dict:
 
 def _median_run(runs: list[dict]) -> dict:
     """One serve row of `runs` (fresh processes serving the same pair): the first, with each timing
-    the median over the runs and the largest difference the largest; the first error if any failed."""
+    the median over the runs, the largest difference the largest, and every run's load + first call
+    (ms, sorted); the first error if any failed."""
     failed = next((run for run in runs if "error" in run), None)
     if failed is not None:
         return failed
-    row = {**runs[0], "serve_runs": len(runs), "max_diff": max(run["max_diff"] for run in runs)}
+    row = {**runs[0], "serve_runs": len(runs), "max_diff": max(run["max_diff"] for run in runs),
+           "load_first_ms": sorted(1000 * (run["load_s"] + run["first_s"]) for run in runs)}
     for key in ("load_s", "first_s", "steady_s", "eager_s", "wall_s"):
         row[key] = statistics.median(run[key] for run in runs)
     return row
@@ -182,24 +185,32 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
                 ref = _child(COMPILE_REF, name, env=_env(Path(scratch)), timeout=timeout)
             rows.append({"model": name, "tracer": "torch.compile", "backend": "inductor", **ref})
             print(_line(rows[-1]), file=sys.stderr)
+        captured = {}
         for tracer in tracers:
             for backend in backends:
                 artifact, cache = out_dir / f"{name}-{tracer}-{backend}.py", out_dir / f"{name}-{tracer}-{backend}.cache"
                 with tempfile.TemporaryDirectory() as scratch:
-                    captured = _child(CAPTURE, name, tracer, backend, str(artifact), str(cache), env=_env(Path(scratch)),
-                                      timeout=timeout)
-                row = {"model": name, "tracer": tracer, "backend": backend,
-                       **{("capture_wall_s" if k == "wall_s" else k): v for k, v in captured.items()}}
-                if "error" in captured:
-                    rows.append(row)
-                    print(_line(row), file=sys.stderr)
-                    continue
-                for order in orders:
-                    runs = []
-                    for _ in range(serve_runs):
+                    result = _child(CAPTURE, name, tracer, backend, str(artifact), str(cache), env=_env(Path(scratch)),
+                                    timeout=timeout)
+                captured[tracer, backend] = ({"model": name, "tracer": tracer, "backend": backend,
+                                              **{("capture_wall_s" if k == "wall_s" else k): v for k, v in result.items()}},
+                                             artifact, cache)
+                if "error" in result:
+                    rows.append(captured[tracer, backend][0])
+                    print(_line(rows[-1]), file=sys.stderr)
+        # Served side by side: for each backend and order, one fresh process per tracer in turn, so that
+        # the host's drift over a run (page cache, background work) weighs on both tracers alike.
+        for backend in backends:
+            for order in orders:
+                pairs = [captured[tracer, backend] for tracer in tracers if "error" not in captured[tracer, backend][0]]
+                runs: dict[str, list[dict]] = {row["tracer"]: [] for row, _, _ in pairs}
+                for _ in range(serve_runs):
+                    for row, artifact, cache in pairs:
                         with tempfile.TemporaryDirectory() as scratch:
-                            runs.append(_child(SERVE, name, order, str(artifact), str(cache), env=_env(Path(scratch)), timeout=timeout))
-                    rows.append({**row, "order": order, **_median_run(runs)})
+                            runs[row["tracer"]].append(_child(SERVE, name, order, str(artifact), str(cache),
+                                                              env=_env(Path(scratch)), timeout=timeout))
+                for row, _, _ in pairs:
+                    rows.append({**row, "order": order, **_median_run(runs[row["tracer"]])})
                     print(_line(rows[-1]), file=sys.stderr)
     return rows
 
@@ -245,7 +256,8 @@ def _passed(row: dict) -> bool:
 def summary_table(rows: list[dict]) -> str:
     """One line per model: how many cells (tracer x backend x order) served and matched eager; each
     tracer's Inductor capture time over torch.compile's cold time; load-after (load + first call) of
-    each tracer, eager and Inductor backends, and Dynamo's over MakeFx's; the largest difference."""
+    each tracer, eager and Inductor backends (the median over the fresh serving processes, their range
+    in brackets), and Dynamo's median over MakeFx's; the largest difference."""
     def served(model, tracer, backend, order="load-after"):
         return next((r for r in rows if (r.get("model"), r.get("tracer"), r.get("backend"), r.get("order"))
                      == (model, tracer, backend, order) and _passed(r)), None)
@@ -261,12 +273,23 @@ def summary_table(rows: list[dict]) -> str:
         ratios = []
         for backend in ("eager", "inductor"):
             pair = [served(model, tracer, backend) for tracer in ("dynamo", "makefx")]
-            totals = [1000 * (r["load_s"] + r["first_s"]) if r else None for r in pair]
-            line.append(", ".join(f"{t:.0f}" if t is not None else "-" for t in totals))
+            totals = [_load_first(r) if r else None for r in pair]
+            line.append(", ".join(_spread(r) if r else "-" for r in pair))
             ratios.append(f"{totals[0] / totals[1]:.2f}" if None not in totals else "-")
         line += [", ".join(ratios), f"{max((r.get('max_diff') or 0) for r in mine):.1e}"]
         cells.append(line)
     return _markdown(cells)
+
+
+def _load_first(row: dict) -> float:
+    """A serve row's load + first call, ms: the median over its runs (older rows: of the medians)."""
+    runs = row.get("load_first_ms")
+    return statistics.median(runs) if runs else 1000 * (row["load_s"] + row["first_s"])
+
+
+def _spread(row: dict) -> str:
+    runs = row.get("load_first_ms")
+    return f"{_load_first(row):.0f} ({runs[0]:.0f}-{runs[-1]:.0f})" if runs and len(runs) > 1 else f"{_load_first(row):.0f}"
 
 
 # Where a capture's time goes: its phases (precompile's own phase log) in buckets, by name prefix.
