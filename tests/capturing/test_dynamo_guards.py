@@ -633,7 +633,7 @@ def spelled_out(text: str) -> str:
     for part in re.split(r"(?=^def )", text, flags=re.MULTILINE):  # each function numbers its own
         bound = dict(re.findall(r"^ +(s\d+) = (.+)$", part, flags=re.MULTILINE))
         for name in sorted(bound, key=lambda local: -int(local[1:])):
-            part = re.sub(rf"\b{name}\b(?! =)", lambda _, path=bound[name]: path, part)
+            part = re.sub(rf"\b{name}\b(?! =(?!=))", lambda _, path=bound[name]: path, part)
         spelled.append(part)
     return "".join(spelled)
 
