@@ -172,7 +172,6 @@ class _SpelledOut(ast.NodeTransformer):
 
     def __init__(self) -> None:
         self.paths: dict[str, tuple[ast.expr, int]] = {}  # local: (its path spelled out, its length)
-        self.replaced = False
 
     def bind(self, name: str, value: ast.expr) -> None:
         self.paths.pop(name, None)
@@ -195,22 +194,15 @@ class _SpelledOut(ast.NodeTransformer):
 
     def visit_Name(self, node: ast.Name) -> ast.AST:
         spelled = self.paths.get(node.id)
-        if spelled is None:
-            return node
-        self.replaced = True
-        return spelled[0]
+        return node if spelled is None else spelled[0]
 
     def text(self, test: ast.AST) -> str | None:
         """The check spelled out, or None where it reads no local this knows."""
-        if not self.paths:
-            return None
         names = [node.id for node in ast.walk(test) if isinstance(node, ast.Name) and node.id in self.paths]
-        if sum(self.paths[name][1] for name in names) > self.MAX_CHECK:
+        if not names or sum(self.paths[name][1] for name in names) > self.MAX_CHECK:
             return None
-        self.replaced = False
         try:
-            spelled = self.visit(copy.deepcopy(test))
-            return ast.unparse(spelled) if self.replaced else None
+            return ast.unparse(self.visit(copy.deepcopy(test)))
         except (RecursionError, ValueError, MemoryError):  # nested past the stack, an int past str()'s digits
             return None
 
