@@ -58,23 +58,21 @@ def header_digest(header: bytes | memoryview) -> str:
     return hashlib.sha256(_encoder.encode(fields)).hexdigest()
 
 
-def _sealed_as_encoded(data: bytes, start: int, end: int, digest: str) -> bool:
-    """Whether the header `data[start:end]`, less its `header_sha256` entry, hashes to `digest` as it
-    is: true of a header as msgspec (this precompile's encoder) writes it, whose fields a generic
-    decode re-encodes to the same bytes, so that `header_digest` need not decode and re-encode them
-    (a copy of the bytecode and metadata blobs each). Anything else (another encoder's spelling,
-    more than 15 fields, a changed byte) is left to `header_digest`, which defines the digest."""
-    first = data[start] if end > start else 0
-    if first & 0xF0 != 0x80 or first == 0x80:  # a msgpack fixmap of at least one field
-        return False
+def _sealed_as_encoded(envelope: CacheEnvelope, data: bytes, end: int, digest: str) -> bool:
+    """Whether the header `data[PREFIX_SIZE:end]`, less its `header_sha256` entry, hashes to `digest`
+    as it is, where the header is exactly what this precompile's encoder writes for `envelope` (no unknown, duplicate or
+    otherwise spelled field): a generic decode would re-encode it to the same bytes, so that
+    `header_digest` need not decode and re-encode the fields (a copy of the bytecode and metadata
+    blobs each). Any other header is left to `header_digest`, which defines the digest."""
+    encoded = _encoder.encode(envelope)
     entry = _encoder.encode(HEADER_DIGEST_FIELD) + _encoder.encode(digest)
-    at = data.find(entry, start + 1, end)
-    if at < 0:
+    at = encoded.find(entry)
+    written = len(encoded) == end - PREFIX_SIZE and data.startswith(encoded, PREFIX_SIZE)  # compared as bytes: memcmp
+    if not written or at <= 0 or encoded[0] & 0xF0 != 0x80:  # a msgpack fixmap, the entry inside it
         return False
-    view = memoryview(data)
-    hashed = hashlib.sha256(bytes([first - 1]))
-    hashed.update(view[start + 1:at])
-    hashed.update(view[at + len(entry):end])
+    hashed = hashlib.sha256(bytes([encoded[0] - 1]))
+    hashed.update(memoryview(encoded)[1:at])
+    hashed.update(memoryview(encoded)[at + len(entry):])
     return hashed.hexdigest() == digest
 
 
@@ -145,7 +143,7 @@ def decode_header(data: bytes, *, source: str = "cache") -> tuple[CacheEnvelope,
     try:
         envelope = _decoder.decode(header)
         sealed = envelope.header_sha256
-        recorded = sealed and (sealed if _sealed_as_encoded(data, PREFIX_SIZE, end, sealed) else header_digest(header))
+        recorded = sealed and (sealed if _sealed_as_encoded(envelope, data, end, sealed) else header_digest(header))
     except msgspec.ValidationError as exc:
         raise CacheFormatError(f"{source} has an invalid header: {exc}") from None
     except (msgspec.DecodeError, RecursionError) as exc:
