@@ -174,7 +174,7 @@ class _SpelledOut(ast.NodeTransformer):
         self.paths: dict[str, tuple[ast.expr, int]] = {}  # local: (its path spelled out, its length)
 
     def bind(self, name: str, value: ast.expr) -> None:
-        self.paths.pop(name, None)
+        before = self.paths.pop(name, None)  # `s1 = s1.a` reads the s1 bound before
         steps: list[ast.Attribute | ast.Subscript] = []
         node = value
         while isinstance(node, (ast.Attribute, ast.Subscript)):
@@ -184,7 +184,7 @@ class _SpelledOut(ast.NodeTransformer):
             node = node.value
         if not steps or not isinstance(node, ast.Name):
             return
-        base, length = self.paths.get(node.id, (node, len(node.id)))
+        base, length = (before if node.id == name else self.paths.get(node.id)) or (node, len(node.id))
         for step in reversed(steps):
             length += len(step.attr) + 1 if isinstance(step, ast.Attribute) else len(repr(step.slice.value)) + 2  # type: ignore[attr-defined]
             if length > self.MAX_SPELLED_OUT:
@@ -199,12 +199,27 @@ class _SpelledOut(ast.NodeTransformer):
     def text(self, test: ast.AST) -> str | None:
         """The check spelled out, or None where it reads no local this knows."""
         names = [node.id for node in ast.walk(test) if isinstance(node, ast.Name) and node.id in self.paths]
+        if not _bound_within(test).isdisjoint(names):
+            return None  # a name the check binds itself shadows the local there: as written
         if not names or sum(self.paths[name][1] for name in names) > self.MAX_CHECK:
             return None
         try:
             return ast.unparse(self.visit(copy.deepcopy(test)))
         except (RecursionError, ValueError, MemoryError):  # nested past the stack, an int past str()'s digits
             return None
+
+
+def _bound_within(test: ast.AST) -> set[str]:
+    """The names a check binds itself: comprehension targets, lambda parameters, `:=` targets."""
+    bound = set()
+    for node in ast.walk(test):
+        if isinstance(node, ast.comprehension):
+            bound |= {name.id for name in ast.walk(node.target) if isinstance(name, ast.Name)}
+        elif isinstance(node, ast.Lambda):
+            bound |= {arg.arg for arg in ast.walk(node.args) if isinstance(arg, ast.arg)}
+        elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
+            bound.add(node.target.id)
+    return bound
 
 
 def _plain_key(node: ast.expr) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import random
 import types
 
+import pytest
+
 from precompile.capturing.dynamo.guard_function import guard_function
 from precompile.capturing.dynamo.shared_sources import shared_sources
 from precompile.inspect.guards import _SpelledOut, rendered_checks
@@ -91,8 +93,14 @@ def test_reads_within_one_check_alone_stay_spelled_out():
     assert shared_sources([condition, "L['beta'] is None"]) == [([], condition), ([], "L['beta'] is None")]
 
 
-def test_expressions_that_already_name_a_local_are_left_as_written():
-    checks = ["s1(L['m'].a) is None", "L['m'].a.b == 1"]
+@pytest.mark.parametrize("other", [
+    "s1(L['m'].a) is None",  # names a would-be local
+    "all(L['m'].a == 2 for L in [L['o']])",  # a comprehension rebinding L (helper-19)
+    "L['m'].a == 1 and (lambda L: L['m'].a == 2)(L['o'])",  # a lambda's parameter shadowing L
+    "(x := L['m'].a) == 1",
+])
+def test_expressions_that_name_a_local_or_bind_a_name_are_left_as_written(other):
+    checks = ["L['m'].a == 1", other, "L['m'].a.b == 1"]
     assert shared_sources(checks) == [([], text) for text in checks]
 
 
@@ -113,6 +121,9 @@ def test_spelling_out_a_hostile_chain_of_locals_stays_bounded():
                         "        failing = 'DEEP'", "        if not (s2999 is None):", "            return failing",
                         "        failing = 'WIDE'", "        if not ((" + ", ".join(["s20"] * 20000) + ")):", "            return failing",
                         "        failing = 'SHORT'", "        if not (s3.x == 1):", "            return failing",
+                        "        s3 = s3.y",  # rebound from itself (helper-19)
+                        "        failing = 'REBOUND'", "        if not (s3 == 2):", "            return failing",
+                        "        failing = 'SHADOWED'", "        if not ((lambda s3: s3)(2) and [s3 for s3 in s2]):", "            return failing",
                         "        s3000 = L[0x" + "f" * 5000 + "]",  # no str() of it: past the int digits limit
                         "        failing = 'HUGE KEY'", "        if not (s3000 is None):", "            return failing",
                         "        failing = 'HUGE INT'", "        if not (s3.x == 0x" + "f" * 5000 + "):", "            return failing",
@@ -122,6 +133,8 @@ def test_spelling_out_a_hostile_chain_of_locals_stays_bounded():
     meta = types.SimpleNamespace(frames=(DynamoFrame(name="fn", module="m", variants=1),))
     checks = rendered_checks(source, meta)[("fn", 0)]
     assert checks["SHORT"] == "L['m'].attribute_2.attribute_3.x == 1"
+    assert checks["REBOUND"] == "L['m'].attribute_2.attribute_3.y == 2"
+    assert checks["SHADOWED"] == "(lambda s3: s3)(2) and [s3 for s3 in s2]"  # as written
     assert checks["HUGE KEY"] == "s3000 is None" and checks["HUGE INT"].startswith("s3.x == 0xfff")
     # past MAX_SPELLED_OUT characters, a local is named as written, and those bound from it from there
     assert checks["DEEP"].endswith(".attribute_2999 is None") and len(checks["DEEP"]) <= _SpelledOut.MAX_SPELLED_OUT + 20

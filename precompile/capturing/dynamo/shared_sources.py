@@ -11,7 +11,10 @@ A local is bound where the path is first read for certain: in check order, the f
 reads it outside the right operand of `and`/`or`, an if-expression's branches, a comprehension's
 element and conditions, and the comparisons after the first of a chained comparison. It is bound
 right after that check's label, so a source that is not there fails the same check as when spelled
-out. Reads before that point (only conditional ones) stay spelled out.
+out. Reads before that point (only conditional ones) stay spelled out. Each source is read once per
+call, as torch's own guard manager reads each accessor once: the checks have no side effects, and a
+property that answers differently on a second read is read once. Expressions that bind a name of
+their own (a lambda, `:=`, a comprehension over L or G) are left as they are, all of them.
 """
 from __future__ import annotations
 
@@ -133,11 +136,20 @@ def _shared(reads: list[list[tuple[ast.AST, bool]]]) -> tuple[dict[str, int], se
     return first_certain, {key for key, used in uses.items() if len(used) >= 2}
 
 
+def _names_or_rebinds(node: ast.AST) -> bool:
+    """Whether `node` names a would-be local (`s1`), or binds a name inside the expression (a
+    comprehension's target, a lambda's parameter, `:=`), which could shadow L, G or a local."""
+    if isinstance(node, ast.Name):
+        return bool(_TAKEN.fullmatch(node.id)) or isinstance(node.ctx, ast.Store) and node.id in _ROOTS
+    return isinstance(node, (ast.Lambda, ast.NamedExpr)) or isinstance(node, ast.comprehension) and any(
+        isinstance(target, ast.Name) and target.id in _ROOTS for target in ast.walk(node.target))
+
+
 def shared_sources(expressions: list[str]) -> list[tuple[list[str], str]]:
     """For each expression of a guard function, in the order they run: the `sN = path` lines to run
     just before it, and its text reading each bound path from its local (unchanged where none is)."""
     trees = [ast.parse(text, mode="eval").body for text in expressions]
-    if any(isinstance(node, ast.Name) and _TAKEN.fullmatch(node.id) for tree in trees for node in ast.walk(tree)):
+    if any(_names_or_rebinds(node) for tree in trees for node in ast.walk(tree)):
         return [([], text) for text in expressions]
     reads = []
     for tree in trees:
