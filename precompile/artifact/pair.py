@@ -30,7 +30,6 @@ def pending_path(cache_path: Path) -> Path:
 class PythonCode:
     path: Path
     data: bytes
-    source: str
     header: MetadataHeader
     """What load acts on before python_code runs (tracer, backend, serving mode, format version, subgraphs)."""
     tree: ast.Module | None = None
@@ -43,9 +42,16 @@ class PythonCode:
     @classmethod
     def parsed(cls, path: Path, data: bytes, source: str, metadata: ArtifactMetadata, tree: ast.Module | None = None) -> PythonCode:
         """A python_code whose metadata literals were parsed."""
-        code = cls(path=path, data=data, source=source, header=header_of(metadata), tree=tree)
+        code = cls(path=path, data=data, header=header_of(metadata), tree=tree)
+        code.__dict__["source"] = source
         code.__dict__["_typed"] = (metadata, False)
         return code
+
+    @functools.cached_property
+    def source(self) -> str:
+        """The text: decoded when first read where the metadata came from the cache (load then runs
+        the cache's bytecode, and only a traceback or debugger reads the text)."""
+        return decode_source(self.data, filename=str(self.path))
 
     @functools.cached_property
     def code_hash(self) -> str:
@@ -152,14 +158,16 @@ def read_python_code(path: Path, data: bytes | None = None, *, envelope: CacheEn
     recorded sha256, that metadata is taken instead and nothing is parsed."""
     if data is None:
         data = read_bytes(path, "python_code", MAX_PYTHON_CODE_SIZE)
-    source = decode_source(data, filename=str(path))
     if envelope is not None and envelope.metadata_msgpack is not None:
         digest = digest or code_hash(data)
         header = decode_metadata_header(envelope.metadata_msgpack, digest) if envelope.code_hash == digest else None
         if header is not None and header.format_version <= FORMAT_VERSION:
-            code = PythonCode(path=path, data=data, source=source, header=header, encoded=envelope.metadata_msgpack)
+            code = PythonCode(path=path, data=data, header=header, encoded=envelope.metadata_msgpack)
             code.__dict__["code_hash"] = digest
+            if not data.isascii():  # text that is not UTF-8 is refused here, as when it is parsed
+                code.__dict__["source"] = decode_source(data, filename=str(path))
             return code
+    source = decode_source(data, filename=str(path))
     tree = parse_source(source, filename=str(path))
     return PythonCode.parsed(path, data, source, parse_metadata(tree, filename=str(path)), tree)
 
