@@ -13,12 +13,15 @@ largest difference), and which of torch._dynamo / torch._inductor the load and t
 (not those the model's library imports itself when the model is built; `library_imported_by_load`
 says whether loading before the model was built imported the model's library, and what it imports).
 `--compile-ref` adds torch.compile (inductor) cold time per model, in its own fresh process with an
-empty Inductor cache, as the reference a precompiled load is measured against. Models come from
-`bench/zoo_models.py` (tiny configs, random weights, nothing downloaded); a model whose library does
-not import is skipped with the reason.
+empty Inductor cache, as the reference a precompiled load is measured against. `--capture-runs N`
+captures in N rounds, each torch.compile's cold run and then every capture in turn: a capture's ratio
+to torch.compile is the median of its rounds' ratios, each over the reference run of its own round.
+Models come from `bench/zoo_models.py` (tiny configs, random weights, nothing downloaded); a model
+whose library does not import is skipped with the reason.
 
     python bench/zoo.py [--models bert,gpt2] [--tracers dynamo,makefx] [--backends eager,inductor]
-                        [--orders load-first,load-after] [--compile-ref] [--json zoo.json]
+                        [--orders load-first,load-after] [--compile-ref] [--capture-runs 2]
+                        [--serve-runs 3] [--json zoo.json]
 """
 from __future__ import annotations
 
@@ -154,6 +157,30 @@ def _env(scratch: Path) -> dict:
             "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRANSFORMERS_VERBOSITY": "error"}
 
 
+def _median_reference(refs: list[dict]) -> dict:
+    """The torch.compile row of a model's rounds: the median cold time, every round's time; the first
+    error if any failed."""
+    failed = next((ref for ref in refs if "error" in ref), None)
+    if failed is not None:
+        return failed
+    return {**refs[-1], "compile_cold_s": statistics.median(ref["compile_cold_s"] for ref in refs),
+            "compile_runs_s": [ref["compile_cold_s"] for ref in refs]}
+
+
+def _median_capture(results: list[dict], refs: list[dict]) -> dict:
+    """A capture row of a model's rounds: the last round's (whose pair is served), with the median
+    capture time, every round's, and the median of each round's capture time over the torch.compile
+    run of the same round (`capture_ratio`); the first error if any failed."""
+    failed = next((result for result in results if "error" in result), None)
+    if failed is not None:
+        return failed
+    row = {**results[-1], "capture_s": statistics.median(r["capture_s"] for r in results),
+           "capture_runs_s": [r["capture_s"] for r in results]}
+    if refs and all("error" not in ref for ref in refs):
+        row["capture_ratio"] = statistics.median(r["capture_s"] / ref["compile_cold_s"] for r, ref in zip(results, refs))
+    return row
+
+
 def _median_run(runs: list[dict]) -> dict:
     """One serve row of `runs` (fresh processes serving the same pair): the first, with each timing
     the median over the runs, the largest difference the largest, and every run's load + first call
@@ -168,7 +195,8 @@ def _median_run(runs: list[dict]) -> dict:
     return row
 
 
-def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, out_dir: Path, serve_runs: int = 3) -> list[dict]:
+def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, out_dir: Path, serve_runs: int = 3,
+        capture_runs: int = 1) -> list[dict]:
     sys.path.insert(0, str(ROOT))
     from bench.zoo_models import ZOO
 
@@ -180,24 +208,35 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
             print(f"skip {name}: {missing}", file=sys.stderr)
             rows.append({"model": name, "skipped": missing})
             continue
-        if compile_ref:
-            with tempfile.TemporaryDirectory() as scratch:
-                ref = _child(COMPILE_REF, name, env=_env(Path(scratch)), timeout=timeout)
-            rows.append({"model": name, "tracer": "torch.compile", "backend": "inductor", **ref})
-            print(_line(rows[-1]), file=sys.stderr)
-        captured = {}
-        for tracer in tracers:
-            for backend in backends:
+        # Captured in rounds: torch.compile's cold run, then every capture, in turn, so that each capture
+        # has a reference run next to it (C++ builds vary by a fifth between runs on a shared host).
+        # The last round's pairs are the ones served.
+        refs: list[dict] = []
+        rounds: dict[tuple[str, str], list[dict]] = {(t, b): [] for t in tracers for b in backends}
+        for _ in range(capture_runs):
+            if compile_ref:
+                with tempfile.TemporaryDirectory() as scratch:
+                    refs.append(_child(COMPILE_REF, name, env=_env(Path(scratch)), timeout=timeout))
+            for (tracer, backend), results in rounds.items():
+                if results and "error" in results[-1]:
+                    continue
                 artifact, cache = out_dir / f"{name}-{tracer}-{backend}.py", out_dir / f"{name}-{tracer}-{backend}.cache"
                 with tempfile.TemporaryDirectory() as scratch:
-                    result = _child(CAPTURE, name, tracer, backend, str(artifact), str(cache), env=_env(Path(scratch)),
-                                    timeout=timeout)
-                captured[tracer, backend] = ({"model": name, "tracer": tracer, "backend": backend,
-                                              **{("capture_wall_s" if k == "wall_s" else k): v for k, v in result.items()}},
-                                             artifact, cache)
-                if "error" in result:
-                    rows.append(captured[tracer, backend][0])
-                    print(_line(rows[-1]), file=sys.stderr)
+                    results.append(_child(CAPTURE, name, tracer, backend, str(artifact), str(cache), env=_env(Path(scratch)),
+                                          timeout=timeout))
+        if refs:
+            rows.append({"model": name, "tracer": "torch.compile", "backend": "inductor", **_median_reference(refs)})
+            print(_line(rows[-1]), file=sys.stderr)
+        captured = {}
+        for (tracer, backend), results in rounds.items():
+            artifact, cache = out_dir / f"{name}-{tracer}-{backend}.py", out_dir / f"{name}-{tracer}-{backend}.cache"
+            result = _median_capture(results, refs)
+            captured[tracer, backend] = ({"model": name, "tracer": tracer, "backend": backend,
+                                          **{("capture_wall_s" if k == "wall_s" else k): v for k, v in result.items()}},
+                                         artifact, cache)
+            if "error" in result:
+                rows.append(captured[tracer, backend][0])
+                print(_line(rows[-1]), file=sys.stderr)
         # Served side by side: for each backend and order, one fresh process per tracer in turn, so that
         # the host's drift over a run (page cache, background work) weighs on both tracers alike.
         for backend in backends:
@@ -267,9 +306,9 @@ def summary_table(rows: list[dict]) -> str:
     for model in dict.fromkeys(r["model"] for r in rows if "skipped" not in r):
         mine = [r for r in rows if r.get("model") == model and r.get("tracer") != "torch.compile"]
         reference = next((r["compile_cold_s"] for r in rows if r.get("model") == model and r.get("compile_cold_s")), None)
-        captures = {r["tracer"]: r["capture_s"] for r in mine if r.get("backend") == "inductor" and "capture_s" in r}
+        captures = {r["tracer"]: _capture_ratio(r, reference) for r in mine if r.get("backend") == "inductor" and "capture_s" in r}
         line = [model, f"{sum(map(_passed, mine))}/{len(mine)}",
-                ", ".join(f"{captures[t] / reference:.2f}" if reference and t in captures else "-" for t in ("dynamo", "makefx"))]
+                ", ".join(f"{captures[t]:.2f}" if captures.get(t) is not None else "-" for t in ("dynamo", "makefx"))]
         ratios = []
         for backend in ("eager", "inductor"):
             pair = [served(model, tracer, backend) for tracer in ("dynamo", "makefx")]
@@ -279,6 +318,14 @@ def summary_table(rows: list[dict]) -> str:
         line += [", ".join(ratios), f"{max((r.get('max_diff') or 0) for r in mine):.1e}"]
         cells.append(line)
     return _markdown(cells)
+
+
+def _capture_ratio(row: dict, reference: float | None) -> float | None:
+    """A capture's time over torch.compile's cold time: the median of the rounds' ratios (each capture
+    over the reference run of its round); older rows: the capture over the reference."""
+    if "capture_ratio" in row:
+        return row["capture_ratio"]
+    return row["capture_s"] / reference if reference else None
 
 
 def _load_first(row: dict) -> float:
@@ -301,9 +348,10 @@ PHASE_BUCKETS = (("trace+lower", ("call ", "trace with make_fx", "lower with Ind
 
 
 def capture_table(rows: list[dict]) -> str:
-    """One line per capture: its time beside torch.compile's cold time on the same model, and where
-    it went (seconds per bucket; `C++ builds` is the summed time of every compile Inductor ran, which
-    overlap on a host with more than one core; `other` is what no phase covers: imports, setup)."""
+    """One line per capture: its time beside torch.compile's cold time on the same model (medians over
+    the rounds, the ratio the median of the rounds' own), and where the last round's went (seconds per
+    bucket; `C++ builds` is the summed time of every compile Inductor ran, which overlap on a host with
+    more than one core; `other` is what no phase covers: imports, setup)."""
     compiled = {row["model"]: row["compile_cold_s"] for row in rows if row.get("compile_cold_s") is not None}
     header = ["model", "tracer", "backend", "capture_s", "compile_cold_s", "ratio",
               *(name for name, _ in PHASE_BUCKETS), "other", "C++ builds (n, s)"]
@@ -319,10 +367,11 @@ def capture_table(rows: list[dict]) -> str:
         phases = row["capture_phases"]
         buckets = [sum(v for k, v in phases.items() if k.startswith(prefixes)) for _, prefixes in PHASE_BUCKETS]
         reference = compiled.get(row["model"])
-        ratio = f"{row['capture_s'] / reference:.2f}" if reference else ""
+        ratio = _capture_ratio(row, reference)
+        ratio = f"{ratio:.2f}" if ratio is not None else ""
         lines.append([row["model"], row["tracer"], row["backend"], f"{row['capture_s']:.1f}",
                       f"{reference:.1f}" if reference else "", ratio, *(f"{b:.2f}" for b in buckets),
-                      f"{row['capture_s'] - sum(phases.values()):.2f}",
+                      f"{row.get('capture_runs_s', [row['capture_s']])[-1] - sum(phases.values()):.2f}",
                       f"{row.get('cpp_builds', 0)}, {row.get('cpp_build_s', 0.0):.1f}"])
     return _markdown([header, *lines])
 
@@ -339,6 +388,8 @@ def main(argv=None) -> int:
     parser.add_argument("--compile-ref", action="store_true", help="also time torch.compile (inductor) cold per model")
     parser.add_argument("--serve-runs", type=int, default=3,
                         help="fresh serving processes per pair and order; their timings' medians are reported")
+    parser.add_argument("--capture-runs", type=int, default=1,
+                        help="rounds of torch.compile's cold run and every capture, in turn; medians are reported")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per child process")
     parser.add_argument("--out", type=Path, default=None, help="where the pairs go (default: a temporary dir)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
@@ -363,7 +414,7 @@ def main(argv=None) -> int:
             out_dir = options.out or Path(scratch)
             out_dir.mkdir(parents=True, exist_ok=True)
             rows = run(split(options.models), split(options.tracers), split(options.backends), split(options.orders),
-                       options.compile_ref, options.timeout, out_dir, options.serve_runs)
+                       options.compile_ref, options.timeout, out_dir, options.serve_runs, options.capture_runs)
     print(table(rows), summary_table(rows), capture_table(rows), sep="\n\n")
     if options.json:
         options.json.write_text(json.dumps(rows, indent=1) + "\n")
