@@ -23,6 +23,7 @@ import torch
 
 from precompile.artifact.envelope import FORMAT_VERSION, Backend
 from precompile.artifact.metadata import CompiledSubgraph, DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
+from precompile.artifact.pycode import cyclic_gc_paused
 from precompile.artifact.summary import PrecompileSummary
 from precompile.capturing import kernels, pipeline
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
@@ -302,7 +303,10 @@ class DynamoSession:
         return {"qualname": qualname, "first_line": code.python_code.co_firstlineno, "installed": installed}
 
     def build(self) -> pipeline.Pair:
-        with phase("render the Dynamo artifact"):
+        # Rendering builds hundreds of thousands of short-lived objects (syntax trees of every guard,
+        # the text): with the collector paused they are freed by refcounting alone, where they would
+        # set off full collections over all of torch's objects (see cyclic_gc_paused).
+        with phase("render the Dynamo artifact"), cyclic_gc_paused():
             return self._build()
 
     def _build(self) -> pipeline.Pair:

@@ -24,6 +24,9 @@ import re
 _ROOTS = frozenset({"L", "G"})
 _LOCAL = "s{}"
 _TAKEN = re.compile(r"s\d+")
+_MAY_REBIND = re.compile(r"\bs\d+\b|\blambda\b|:=|\bfor\b")
+"""Text that may name a would-be local or bind a name (what _names_or_rebinds looks for in the tree);
+an expression without any is not walked."""
 
 
 def _is_path(node: ast.AST) -> bool:
@@ -116,7 +119,7 @@ def _rebased(node: ast.AST, prefix: ast.AST, name: ast.Name) -> ast.AST:
     return type(node)(**{**{field: getattr(node, field) for field in node._fields}, "value": _rebased(node.value, prefix, name)})
 
 
-def _shared(reads: list[list[tuple[ast.AST, bool]]]) -> tuple[dict[str, int], set[str]]:
+def _shared(reads: list[list[tuple[ast.AST, bool]]], keys_of: dict[int, list[str]]) -> tuple[dict[str, int], set[str]]:
     """Per path prefix (its text), the first check that reads it for certain, where it would be bound;
     and the prefixes worth binding: from there on read whole by two checks or more, or the start of
     two longer paths or more. Reads within one check alone stay spelled out (`type(L['x']) is float
@@ -124,12 +127,12 @@ def _shared(reads: list[list[tuple[ast.AST, bool]]]) -> tuple[dict[str, int], se
     first_certain: dict[str, int] = {}
     for index, found in enumerate(reads):
         for path, certain in found:
-            for key in _keys(path) if certain else ():
+            for key in keys_of[id(path)] if certain else ():
                 first_certain.setdefault(key, index)
     uses: dict[str, set] = {}
     for index, found in enumerate(reads):
         for path, _ in found:
-            keys = _keys(path)
+            keys = keys_of[id(path)]
             for key, extended in zip(keys, [*keys[1:], index]):
                 if first_certain.get(key, index + 1) <= index:
                     uses.setdefault(key, set()).add(extended)
@@ -149,25 +152,27 @@ def shared_sources(expressions: list[str]) -> list[tuple[list[str], str]]:
     """For each expression of a guard function, in the order they run: the `sN = path` lines to run
     just before it, and its text reading each bound path from its local (unchanged where none is)."""
     trees = [ast.parse(text, mode="eval").body for text in expressions]
-    if any(_names_or_rebinds(node) for tree in trees for node in ast.walk(tree)):
+    if any(_names_or_rebinds(node) for text, tree in zip(expressions, trees) if _MAY_REBIND.search(text)
+           for node in ast.walk(tree)):
         return [([], text) for text in expressions]
     reads = []
     for tree in trees:
         found: list[tuple[ast.AST, bool]] = []
         _reads(tree, True, found)
         reads.append(found)
-    first_certain, shared = _shared(reads)
+    keys_of = {id(path): _keys(path) for found in reads for path, _ in found}
+    first_certain, shared = _shared(reads, keys_of)
     bound: dict[str, str] = {}
     rendered = []
     for index, (text, tree, found) in enumerate(zip(expressions, trees, reads)):
         binding = _FromLocals(bound)
         lines = []
         for path, _ in found:
-            for node, key in zip(_prefixes(path), _keys(path)):
+            for node, key in zip(_prefixes(path), keys_of[id(path)]):
                 if key in shared and key not in bound and first_certain[key] == index:
                     value = ast.unparse(binding.replaced(node, proper=True))
                     bound[key] = _LOCAL.format(len(bound) + 1)
                     lines.append(f"{bound[key]} = {value}")
-        uses_locals = any(key in bound for path, _ in found for key in _keys(path))
+        uses_locals = any(key in bound for path, _ in found for key in keys_of[id(path)])
         rendered.append((lines, ast.unparse(binding.visit(tree)) if uses_locals else text))
     return rendered
