@@ -129,29 +129,38 @@ def left_out_literals(source: str, tree: ast.Module) -> tuple[str, ...]:
     (leaving it out skips no side effect), and spelled nowhere else in the text, nor in any string or
     bytes constant, compared after NFKC folding (as identifiers are). A name computed at run time
     (`vars()["SUMM" + "ARY"]`) is beyond this proof; precompile writes none."""
-    return tuple(name for name in LEFT_OUT if _only_bound_as_literal(source, tree, name))
-
-
-def _only_bound_as_literal(source: str, tree: ast.Module, name: str) -> bool:
-    assignments = [statement for statement in tree.body if isinstance(statement, ast.Assign) and _literal_name(statement) == name]
-    if len(assignments) != 1 or not _is_literal(assignments[0].value):
-        return False
-    lines = source.splitlines(keepends=True)
-    first, last = assignments[0].lineno - 1, assignments[0].end_lineno or assignments[0].lineno
-    elsewhere = "".join(lines[:first] + lines[last:])
-    if name in unicodedata.normalize("NFKC", elsewhere):
-        return False
+    bound = {}
+    for name in LEFT_OUT:
+        assignments = [statement for statement in tree.body if isinstance(statement, ast.Assign) and _literal_name(statement) == name]
+        if len(assignments) == 1 and _is_literal(assignments[0].value):
+            bound[name] = assignments[0]
+    lines = source.splitlines(keepends=True) if bound else []
+    for name, assignment in list(bound.items()):
+        first, last = assignment.lineno - 1, assignment.end_lineno or assignment.lineno
+        if name in _folded("".join(lines[:first] + lines[last:])):
+            del bound[name]
+    # One walk of the module for every name still in question, each skipping its own assignment.
     for statement in tree.body:
-        if statement is assignments[0]:
-            continue
-        for node in ast.walk(statement):
+        names = [name for name, assignment in bound.items() if assignment is not statement]
+        for node in ast.walk(statement) if names else ():
             if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
-                text = node.value if isinstance(node.value, str) else node.value.decode("latin-1")
-                if name in unicodedata.normalize("NFKC", text):
-                    return False
-            elif (isinstance(node, ast.Name) and node.id == name) or (isinstance(node, ast.Attribute) and node.attr == name):
-                return False
-    return True
+                text = _folded(node.value if isinstance(node.value, str) else node.value.decode("latin-1"))
+                spelled = [name for name in names if name in text]
+            elif isinstance(node, (ast.Name, ast.Attribute)):
+                spelled = [name for name in names if name == (node.id if isinstance(node, ast.Name) else node.attr)]
+            else:
+                continue
+            for name in spelled:
+                del bound[name]
+                names.remove(name)
+            if not names:
+                break
+    return tuple(name for name in LEFT_OUT if name in bound)
+
+
+def _folded(text: str) -> str:
+    """`text` after NFKC folding, as identifiers are compared (ASCII text folds to itself)."""
+    return text if text.isascii() else unicodedata.normalize("NFKC", text)
 
 
 def _is_literal(node: ast.expr) -> bool:
