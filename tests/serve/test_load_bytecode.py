@@ -505,6 +505,20 @@ def test_what_a_forged_blob_says_reaches_the_terminal_escaped(dynamo_eager, tmp_
     assert "\\x1b[2J\\x0averdict: all checks ok\\u202e" in shown
 
 
+@pytest.mark.parametrize(("source", "left_out"), [
+    ("SUMMARY = {'a': 1}\nGUARDS = ({'checks': ('x',)},)\n", ("SUMMARY", "GUARDS")),
+    ("SUMMARY = {'note': 'see GUARDS'}\nGUARDS = ({'checks': ('x',)},)\n", ("SUMMARY",)),
+    ("SUMMARY = {'note': '\\x47UARDS'}\nGUARDS = ({'checks': ('x',)},)\n", ("SUMMARY",)),
+    ("SUMMARY = {'a': 1}\nGUARDS = ({'checks': ('\\x53UMMARY',)},)\n", ("GUARDS",)),
+    ("SUMMARY = {'note': '\\uff27UARDS'}\nGUARDS = ({'checks': (b'\\x53UMMARY',)},)\n", ()),
+])
+def test_each_literal_left_out_is_proved_on_its_own(source, left_out):
+    """SUMMARY and GUARDS are proved in one walk of python_code: a literal that names the other (in its
+    text or only in a constant's value: an escape, a bytes constant, a character NFKC folds to ASCII)
+    keeps the other in the bytecode, and leaves itself out if nothing else names it."""
+    assert bytecode.left_out_literals(source, ast.parse(source)) == left_out
+
+
 @pytest.mark.parametrize("value", ["{'a': (X := 5)}", "{'a': 1 / 0}", "{'a': print('side effect')}", "{'a': globals().update(Y=7)}"])
 def test_a_summary_whose_value_is_not_a_plain_literal_is_compiled(value):
     """Leaving the statement out must skip nothing but binding the name: a value with a call, an
