@@ -25,8 +25,8 @@ _ROOTS = frozenset({"L", "G"})
 _LOCAL = "s{}"
 _TAKEN = re.compile(r"s\d+")
 _MAY_REBIND = re.compile(r"\bs\d+\b|\blambda\b|:=|\bfor\b")
-"""Text that may name a would-be local or bind a name (what _names_or_rebinds looks for in the tree);
-an expression without any is not walked."""
+"""ASCII text that may name a would-be local or bind a name (what _names_or_rebinds looks for in the
+tree); an ASCII expression without any is not walked (identifiers in other text may fold to one)."""
 
 
 def _is_path(node: ast.AST) -> bool:
@@ -152,8 +152,8 @@ def shared_sources(expressions: list[str]) -> list[tuple[list[str], str]]:
     """For each expression of a guard function, in the order they run: the `sN = path` lines to run
     just before it, and its text reading each bound path from its local (unchanged where none is)."""
     trees = [ast.parse(text, mode="eval").body for text in expressions]
-    if any(_names_or_rebinds(node) for text, tree in zip(expressions, trees) if _MAY_REBIND.search(text)
-           for node in ast.walk(tree)):
+    if any(_names_or_rebinds(node) for text, tree in zip(expressions, trees)
+           if not text.isascii() or _MAY_REBIND.search(text) for node in ast.walk(tree)):
         return [([], text) for text in expressions]
     reads = []
     for tree in trees:
