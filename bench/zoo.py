@@ -157,6 +157,10 @@ def _env(scratch: Path) -> dict:
             "TORCHINDUCTOR_CACHE_DIR": str(cache), "TRANSFORMERS_VERBOSITY": "error"}
 
 
+def _pair_paths(out_dir: Path, name: str, tracer: str, backend: str) -> tuple[Path, Path]:
+    return out_dir / f"{name}-{tracer}-{backend}.py", out_dir / f"{name}-{tracer}-{backend}.cache"
+
+
 def _median_reference(refs: list[dict]) -> dict:
     """The torch.compile row of a model's rounds: the median cold time, every round's time; the first
     error if any failed."""
@@ -220,7 +224,7 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
             for (tracer, backend), results in rounds.items():
                 if results and "error" in results[-1]:
                     continue
-                artifact, cache = out_dir / f"{name}-{tracer}-{backend}.py", out_dir / f"{name}-{tracer}-{backend}.cache"
+                artifact, cache = _pair_paths(out_dir, name, tracer, backend)
                 with tempfile.TemporaryDirectory() as scratch:
                     results.append(_child(CAPTURE, name, tracer, backend, str(artifact), str(cache), env=_env(Path(scratch)),
                                           timeout=timeout))
@@ -229,11 +233,10 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
             print(_line(rows[-1]), file=sys.stderr)
         captured = {}
         for (tracer, backend), results in rounds.items():
-            artifact, cache = out_dir / f"{name}-{tracer}-{backend}.py", out_dir / f"{name}-{tracer}-{backend}.cache"
             result = _median_capture(results, refs)
             captured[tracer, backend] = ({"model": name, "tracer": tracer, "backend": backend,
                                           **{("capture_wall_s" if k == "wall_s" else k): v for k, v in result.items()}},
-                                         artifact, cache)
+                                         *_pair_paths(out_dir, name, tracer, backend))
             if "error" in result:
                 rows.append(captured[tracer, backend][0])
                 print(_line(rows[-1]), file=sys.stderr)

@@ -192,10 +192,10 @@ def exec_registered(source: source_lines.Text, filename: str, namespace: dict[st
     """Exec source we rendered into `namespace` as file `filename`, registered in linecache so
     tracebacks and debuggers show its lines (attrs does the same for the code it generates).
     `tree`, the source already parsed, is compiled instead of parsing the source again; `code`, the
-    source already compiled (as `filename`), is run as it is, and `source` may then be a function
-    that returns the text, called when a traceback or debugger first reads a line of it."""
+    source already compiled (as `filename`), is run as it is. `source` may be a function that returns
+    the text: called to compile it, else when a traceback or debugger first reads a line of it."""
     if code is None:
-        source = source if isinstance(source, str) else source()
+        source = source_lines.text_of(source)
         code = bytecode.compile_python_code(source if tree is None else tree, filename, optimize=-1)
     source_lines.register(filename, source)
     exec(code, namespace)
@@ -225,7 +225,7 @@ def execute(
     modules: dict[str, types.CodeType] | None = None,
 ) -> dict[str, Any]:
     """Exec python_code as its own namespace (see exec_registered: `source` is its text, or a function
-    that returns it where `code` is given and `tree` is not; `tree` is its parse, if made,
+    that returns it, called where it is needed; `tree` is its parse, if made,
     `code` its compiled bytecode, if at hand, `modules` the code of the output modules it carries as
     text, by the sha256 of the text, which its dynamo_subgraphs driver then runs instead of compiling).
 
@@ -235,7 +235,7 @@ def execute(
     """
     namespace: dict[str, Any] = {"__name__": "precompile_artifact", "__file__": filename, "__builtins__": builtins}
     if tree is not None:
-        source = source if isinstance(source, str) else source()
+        source = source_lines.text_of(source)
         namespace.update(_checked_opaque_parts(tree, source, filename))
     if primed_kernels:
         namespace["__precompile_kernels__"] = dict(primed_kernels)
@@ -370,8 +370,8 @@ def load(
                 stack.enter_context(kernels.producer_vec_isas(bundle.keys))
                 stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
             # The text is decoded where it is parsed or compiled here, else when a traceback first reads it.
-            source = python_code.source if python_code.tree is not None or code is None else (lambda: python_code.source)
-            namespace = execute(source, filename, primed, allow_serve_time_compiles, python_code.tree, code, modules)
+            namespace = execute(lambda: python_code.source, filename, primed, allow_serve_time_compiles, python_code.tree,
+                                code, modules)
         log.info(
             "loaded %s in %.3f s (cache %s, %d kernels primed, bytecode %s, metadata %s)",
             artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),

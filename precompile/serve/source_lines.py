@@ -6,7 +6,7 @@ debuggers keep showing the text that ran after its file is overwritten or remove
 the code it generates the same way). Splitting a Dynamo artifact's python_code (1.4 MB, 18,000
 lines for a diffusers UNet) into that list costs milliseconds of every load, and most serving
 processes never print a line of it. The entry registered here is that same tuple, whose lines are
-split from the text when the entry is first read: indexed, unpacked, iterated or measured.
+split from the text when the entry is first read: indexed, unpacked or iterated.
 """
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ from typing import Any
 
 Text = str | Callable[[], str]
 """The text, or a function returning it (called once, when the lines are first read)."""
+
+
+def text_of(text: Text) -> str:
+    return text if isinstance(text, str) else text()
 
 
 class _LinesWhenRead(tuple):
@@ -40,7 +44,7 @@ class _LinesWhenRead(tuple):
     def _items(self) -> tuple[Any, ...]:
         lines = super().__getitem__(2)
         if self._text is not None:
-            text = self._text if isinstance(self._text, str) else self._text()
+            text = text_of(self._text)
             lines[:] = text.splitlines(keepends=True)
             self._size, self._text = len(text), None
         return (self._size, None, lines, super().__getitem__(3))
