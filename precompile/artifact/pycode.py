@@ -10,6 +10,7 @@ import ast
 import contextlib
 import gc
 import hashlib
+import io
 from collections.abc import Iterator
 from typing import Any
 
@@ -95,6 +96,13 @@ def literal_assignments(source: str | ast.Module, *, filename: str = "python_cod
 class NotALiteral:
     def __init__(self, lineno: int) -> None:
         self.lineno = lineno
+
+
+def code_lines(text: str) -> list[str]:
+    """`text`'s lines as the compiler numbers them, each with its ending: a line ends at \\n, \\r\\n
+    or \\r only (`str.splitlines` also breaks at a form feed, \\x1c-\\x1e, \\x85, \\u2028 and
+    \\u2029, which would shift every line number after one)."""
+    return io.StringIO(text, newline="").readlines()
 
 
 def decode_source(python_code: bytes, *, filename: str = "python_code") -> str:

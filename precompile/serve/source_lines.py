@@ -3,7 +3,7 @@
 `linecache` serves a file's lines from `linecache.cache[filename]`, an entry `(size, mtime, lines,
 fullname)`; an entry whose mtime is None is never checked against the disk, so tracebacks and
 debuggers keep showing the text that ran after its file is overwritten or removed (attrs registers
-the code it generates the same way). Splitting a Dynamo artifact's python_code (1.4 MB, 18,000
+the code it generates the same way). Lines are split where the compiler numbers them (code_lines). Splitting a Dynamo artifact's python_code (1.4 MB, 18,000
 lines for a diffusers UNet) into that list costs milliseconds of every load, and most serving
 processes never print a line of it. The entry registered here is that same tuple, whose lines are
 split from the text when the entry is first read: indexed, unpacked or iterated.
@@ -13,6 +13,8 @@ from __future__ import annotations
 import linecache
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from precompile.artifact.pycode import code_lines
 
 Text = str | Callable[[], str]
 """The text, or a function returning it (called once, when the lines are first read)."""
@@ -42,12 +44,16 @@ class _LinesWhenRead(tuple):
         return entry
 
     def _items(self) -> tuple[Any, ...]:
-        lines = super().__getitem__(2)
-        if self._text is not None:
-            text = text_of(self._text)
-            lines[:] = text.splitlines(keepends=True)
+        lines, given = super().__getitem__(2), self._text  # read once: another thread may split meanwhile
+        if given is not None:
+            text = text_of(given)
+            lines[:] = code_lines(text)
             self._size, self._text = len(text), None
         return (self._size, None, lines, super().__getitem__(3))
+
+    def __reduce__(self):
+        """Copied or pickled (`copy.deepcopy(linecache.cache)`) as the plain entry it reads as."""
+        return (tuple, (self._items(),))
 
     def __getitem__(self, index):
         return self._items()[index]

@@ -70,3 +70,31 @@ def test_the_text_is_fetched_and_split_only_when_first_read(registered):
     linecache.getline(str(path), 2)
     assert tuple.__getitem__(entry, 2) == TEXT.splitlines(keepends=True)  # filled in place, for C readers
     assert calls == ([1] if given == "function" else [])
+
+
+def test_the_entry_copies_and_pickles_as_the_plain_entry_it_reads_as(registered):
+    """`copy.deepcopy(linecache.cache)` or a pickle of it works as with attrs-style plain tuples (helper-20)."""
+    import copy
+    import pickle
+
+    path, _, _ = registered
+    entry = linecache.cache[str(path)]
+    plain = (len(TEXT), None, TEXT.splitlines(keepends=True), str(path))
+    assert copy.deepcopy(entry) == copy.copy(entry) == pickle.loads(pickle.dumps(entry)) == plain
+
+
+def test_lines_are_numbered_as_the_compiler_numbers_them(tmp_path):
+    """A form feed or a line separator inside a line is no line break to the compiler, nor to the
+    registered lines: the line a traceback names is the line that ran (str.splitlines would shift it)."""
+    text = "x = '\f\x1c\x85\u2028'\r\ny = 2\rdef fail():\n    raise ValueError('the line that ran')\n"
+    filename = str(tmp_path / "separators.py")
+    source_lines.register(filename, text)
+    try:
+        namespace: dict = {}
+        exec(compile(text, filename, "exec"), namespace)
+        with pytest.raises(ValueError) as raised:
+            namespace["fail"]()
+        lineno = raised.value.__traceback__.tb_next.tb_lineno
+        assert linecache.getline(filename, lineno).strip() == "raise ValueError('the line that ran')"
+    finally:
+        linecache.cache.pop(filename, None)
