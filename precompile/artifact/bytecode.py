@@ -56,6 +56,7 @@ import zstandard
 
 from precompile.artifact.envelope import CompiledCode, EncodedMetadata
 from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader
+from precompile.artifact.pycode import code_lines
 
 MARSHAL_VERSION = 2
 COMPILE_FLAGS = __future__.annotations.compiler_flag
@@ -128,13 +129,14 @@ def left_out_literals(source: str, tree: ast.Module) -> tuple[str, ...]:
     LEFT_OUT's order: each bound by exactly one top-level statement whose value is a plain literal
     (leaving it out skips no side effect), and spelled nowhere else in the text, nor in any string or
     bytes constant, compared after NFKC folding (as identifiers are). A name computed at run time
-    (`vars()["SUMM" + "ARY"]`) is beyond this proof; precompile writes none."""
+    (`vars()["SUMM" + "ARY"]`, bytes decoded by another codec) is beyond this proof; precompile
+    writes none."""
     bound = {}
     for name in LEFT_OUT:
         assignments = [statement for statement in tree.body if isinstance(statement, ast.Assign) and _literal_name(statement) == name]
         if len(assignments) == 1 and _is_literal(assignments[0].value):
             bound[name] = assignments[0]
-    lines = source.splitlines(keepends=True) if bound else []
+    lines = code_lines(source) if bound else []
     for name, assignment in list(bound.items()):
         first, last = assignment.lineno - 1, assignment.end_lineno or assignment.lineno
         if name in _folded("".join(lines[:first] + lines[last:])):
@@ -143,19 +145,47 @@ def left_out_literals(source: str, tree: ast.Module) -> tuple[str, ...]:
     for statement in tree.body:
         names = [name for name, assignment in bound.items() if assignment is not statement]
         for node in ast.walk(statement) if names else ():
-            if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)):
-                text = _folded(node.value if isinstance(node.value, str) else node.value.decode("latin-1"))
-                spelled = [name for name in names if name in text]
-            elif isinstance(node, (ast.Name, ast.Attribute)):
-                spelled = [name for name in names if name == (node.id if isinstance(node, ast.Name) else node.attr)]
-            else:
+            if isinstance(node, _NO_IDENTIFIERS):
                 continue
+            if isinstance(node, ast.Constant):
+                texts = _constant_texts(node.value)
+                spelled = [name for name in names if any(name in text for text in texts)]
+            else:
+                identifiers = _identifiers(node)
+                spelled = [name for name in names if name in identifiers]
             for name in spelled:
                 del bound[name]
                 names.remove(name)
             if not names:
                 break
     return tuple(name for name in LEFT_OUT if name in bound)
+
+
+_NO_IDENTIFIERS = (ast.Tuple, ast.List, ast.Set, ast.Dict, ast.expr_context)
+"""Nodes with no string field, most of a listing literal's nodes: skipped without looking."""
+
+
+def _constant_texts(value: object) -> list[str]:
+    """What a constant could spell, folded: a string's text; a bytes constant read as Latin-1 and as
+    UTF-8 (source compiled from bytes is UTF-8 by default). Other constants spell no name."""
+    if isinstance(value, str):
+        return [_folded(value)]
+    if isinstance(value, bytes):
+        return [_folded(value.decode("latin-1")), _folded(value.decode("utf-8", "replace"))]
+    return []
+
+
+def _identifiers(node: ast.AST) -> set[str]:
+    """The identifiers a node spells (the parser folded them already): a name, an attribute, and also
+    a keyword argument, a parameter, an imported name or alias, a def or class, a global: every
+    string field of the node, and every string in its list fields."""
+    found = set()
+    for _, value in ast.iter_fields(node):
+        if isinstance(value, str):
+            found.add(value)
+        elif isinstance(value, list):
+            found.update(item for item in value if isinstance(item, str))
+    return found
 
 
 def _folded(text: str) -> str:

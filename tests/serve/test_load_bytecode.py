@@ -519,6 +519,28 @@ def test_each_literal_left_out_is_proved_on_its_own(source, left_out):
     assert bytecode.left_out_literals(source, ast.parse(source)) == left_out
 
 
+@pytest.mark.parametrize("source", [
+    "SUMMARY = {'a': 1}; x = [*(lambda **k: k)(SUMMARY=0)][0]\n",  # a keyword argument, on the literal's line
+    "SUMMARY = {'a': 1}; from os import SUMMARY as path\n",  # an imported name, on the literal's line
+    "SUMMARY = {'a': 1}; import os as SUMMARY\n",  # an alias
+    "SUMMARY = {'a': 1}\nx = eval(b'\\xef\\xbc\\xb3UMMARY')\n",  # UTF-8 bytes that fold to the name
+])
+def test_verify_refuses_a_literal_read_by_any_identifier_or_utf8_bytes(source):
+    """Every identifier a statement spells counts, not only names and attributes, and a bytes constant
+    is read as UTF-8 too (helper-20: each of these loaded the cache's bytecode, which lacks SUMMARY)."""
+    tree = ast.parse(source)
+    assert bytecode.left_out_literals(source, tree) == ()
+    digest, compiled = _compiled_blob(source, ("SUMMARY",))
+    assert "which python_code does not assign once as a literal or names elsewhere" in bytecode.bytecode_problem(source, digest, compiled, tree)
+
+
+def test_the_literal_s_lines_are_the_compiler_s():
+    """A line separator that is no line break to the compiler (\\x85 here) does not shift which lines
+    hold the literal: the literal is left out, nothing else named it."""
+    source = "x = '\x85'\nSUMMARY = {'a': 1}\n"
+    assert bytecode.left_out_literals(source, ast.parse(source)) == ("SUMMARY",)
+
+
 @pytest.mark.parametrize("value", ["{'a': (X := 5)}", "{'a': 1 / 0}", "{'a': print('side effect')}", "{'a': globals().update(Y=7)}"])
 def test_a_summary_whose_value_is_not_a_plain_literal_is_compiled(value):
     """Leaving the statement out must skip nothing but binding the name: a value with a call, an
