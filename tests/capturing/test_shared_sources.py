@@ -99,6 +99,7 @@ def test_reads_within_one_check_alone_stay_spelled_out():
     "L['m'].a == 1 and (lambda L: L['m'].a == 2)(L['o'])",  # a lambda's parameter shadowing L
     "(x := L['m'].a) == 1",
     "\uff53\uff11(L['m'].a) is None",  # fullwidth s1: the parser folds it (NFKC) to the name s1
+    "all([L['m'].a == 7for L in [L['o']]])",  # `7for` tokenizes as `7 for` (helper-20)
 ])
 def test_expressions_that_name_a_local_or_bind_a_name_are_left_as_written(other):
     checks = ["L['m'].a == 1", other, "L['m'].a.b == 1"]

@@ -24,7 +24,7 @@ import re
 _ROOTS = frozenset({"L", "G"})
 _LOCAL = "s{}"
 _TAKEN = re.compile(r"s\d+")
-_MAY_REBIND = re.compile(r"\bs\d+\b|\blambda\b|:=|\bfor\b")
+_MAY_REBIND = re.compile(r"(?<![A-Za-z_])(?:s\d+|lambda|for)\b|:=")  # a digit may come first: `7for` is `7 for`
 """ASCII text that may name a would-be local or bind a name (what _names_or_rebinds looks for in the
 tree); an ASCII expression without any is not walked (identifiers in other text may fold to one)."""
 
