@@ -101,6 +101,7 @@ def test_reads_within_one_check_alone_stay_spelled_out():
     "\uff53\uff11(L['m'].a) is None",  # fullwidth s1: the parser folds it (NFKC) to the name s1
     "all([L['m'].a == 7for L in [L['o']]])",  # `7for` tokenizes as `7 for` (helper-20)
 ])
+@pytest.mark.filterwarnings("ignore:invalid decimal literal:SyntaxWarning")  # `7for`, as written on purpose
 def test_expressions_that_name_a_local_or_bind_a_name_are_left_as_written(other):
     checks = ["L['m'].a == 1", other, "L['m'].a.b == 1"]
     assert shared_sources(checks) == [([], text) for text in checks]
