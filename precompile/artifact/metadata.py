@@ -94,6 +94,37 @@ class ArtifactHeader(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     """Set when the graphs call collectives: python_code refuses to run in any other world."""
 
 
+class SpecializedValue(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A Python value a MakeFx trace read besides its tensors: its graph is specialized on it, and
+    the driver refuses a call where it spells otherwise (unless `checked` is False)."""
+
+    kind: Literal["global_state", "attribute", "global", "closure"]
+    name: str
+    """global_state: grad_mode, default_dtype, ...; otherwise the attribute, global or free variable."""
+    value: str
+    """Its spelling: repr of None, bool, int, float, str, a dtype or device; an enum member's qualified
+    name; tuples and lists of those."""
+    module: str = ""
+    """attribute: the submodule's name under module argument `arg` ("" for the argument itself);
+    global: the Python module; closure: the qualified name of the function that reads the cell."""
+    arg: int | None = None
+    chain: tuple[str, ...] = ()
+    """attribute: the attributes of plain objects between the submodule and `name` (config, ...)."""
+    checked: bool = True
+    """False where a served call cannot reach the value (a closure cell, a global of __main__)."""
+
+
+def specialized_source(record: SpecializedValue) -> str:
+    """Where a specialized value is read, as the user would spell it (the driver has a twin)."""
+    if record.kind == "global_state":
+        return f"torch global state {record.name}"
+    if record.kind == "attribute":
+        return ".".join([f"args[{record.arg}]", *([record.module] if record.module else []), *record.chain, record.name])
+    if record.kind == "global":
+        return f"global {record.module}.{record.name}"
+    return f"closure cell {record.name} of {record.module}"
+
+
 class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", tag_field="TRACER"):
     """The calling convention of a MakeFxTracer artifact."""
 
@@ -109,6 +140,8 @@ class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", t
     outputs: tuple[Leaf, ...]
     grad_param_indices: tuple[int, ...]
     """Indices into `params` whose gradients the graph returns after fn's outputs."""
+    specialized: tuple[SpecializedValue, ...] = ()
+    """What the trace read besides tensors (absent in artifacts written before it was recorded)."""
 
 
 class DynamoFrame(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,12 +1,15 @@
-"""Small tensor constants a traced graph holds, rendered into python_code as literals.
+"""Tensor constants a traced graph holds: rendered into python_code as literals, or refused.
 
-A tensor created from data inside fn (`torch.tensor([1., 2.])`, transformers' `torch.tensor([])`)
-traces as a get_attr constant. A small one is code, not a weight: `inline_small_constants` replaces
-each such node with a `torch.tensor(<nested list literal>, dtype=..., device=...)` call (a zero-size
-one with `torch.empty(shape, ...)`), which the eager backend renders as source and Inductor traces as
-a factory call. What would bake real data into the artifact is refused before any lowering: a
-parameter, a tensor over `MAX_CONSTANT_NUMEL` elements (a global, a closed-over tensor, a table
-built from data), a tensor subclass, a non-contiguous or complex constant.
+A tensor fn creates from data during the call (`torch.tensor([1., 2.])`, transformers'
+`torch.tensor([])`) traces as a get_attr constant; a small one is code, not a weight:
+`inline_small_constants` replaces each such node with a `torch.tensor(<nested list literal>,
+dtype=..., device=...)` call (a zero-size one with `torch.empty(shape, ...)`), which the eager
+backend renders as source and Inductor traces as a factory call. A make_fx graph tells such a
+constant from a tensor that existed before the call (a global, a closed-over tensor, a plain
+attribute), which `inline_fresh_constants` refuses whatever its size: the artifact would serve its
+captured value after it changes. What would bake real data into the artifact is refused before any
+lowering: a parameter, a tensor over `MAX_CONSTANT_NUMEL` elements, a tensor subclass, a
+non-contiguous or complex constant.
 """
 from __future__ import annotations
 
@@ -46,6 +49,62 @@ def constant_refusal(name: str, value: torch.Tensor) -> str:
     if not value.is_contiguous():
         return f"fn reads a non-contiguous tensor constant {name} {described}, which renders as no literal. {remedy}"
     return ""
+
+
+FRESH_LIFTS = (torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift_fresh.default)
+
+
+def created_in_call(node: torch.fx.Node) -> bool:
+    """Whether a get_attr tensor constant of a make_fx graph is one fn created from data during the
+    call (`torch.tensor([...])` traces as the constant lifted fresh, and only used so), rather than
+    a tensor that existed before it (a global, a closed-over tensor, an attribute of an object)."""
+    return bool(node.users) and all(user.target in FRESH_LIFTS for user in node.users)
+
+
+class Namer:
+    """Names a tensor that existed before the call, as the user would find it: an attribute of a
+    module argument, a global of the code the trace ran, a cell of fn's closure."""
+
+    def __init__(self, fn, modules: list[torch.nn.Module], read) -> None:
+        self.fn = fn
+        self.modules = modules
+        self.read = read
+
+    def __call__(self, value: torch.Tensor) -> str | None:
+        for position, module in enumerate(self.modules):
+            for path, submodule in module.named_modules():
+                for name, attribute in vars(submodule).items():
+                    if attribute is value:
+                        return f"attribute {'.'.join(filter(None, (f'model {position}', path, name)))} (not a registered buffer)"
+        spaces = dict(self.read.globals_of)
+        spaces.setdefault(getattr(self.fn, "__module__", "?") or "?", getattr(self.fn, "__globals__", {}))
+        for module, space in sorted(spaces.items()):
+            for name, attribute in space.items():
+                if attribute is value:
+                    return f"global {module}.{name}"
+        for name, cell in zip(getattr(getattr(self.fn, "__code__", None), "co_freevars", ()), getattr(self.fn, "__closure__", None) or ()):
+            if cell.cell_contents is value:
+                return f"closure cell {name} of {getattr(self.fn, '__qualname__', 'fn')}"
+        return None
+
+
+def inline_fresh_constants(graph_module: torch.fx.GraphModule, namer: Namer) -> int:
+    """A make_fx graph's tensor constants: each one fn created from data during the call becomes a
+    literal (as `inline_small_constants` renders it); one that existed before the call is refused,
+    whatever its size, since the artifact would serve its captured value after it changes."""
+    for node in graph_module.graph.find_nodes(op="get_attr"):
+        value = getattr(graph_module, str(node.target), None)
+        if isinstance(value, torch.nn.Parameter):
+            raise CaptureRefused(constant_refusal(repr(node.target), value))
+        if isinstance(value, torch.Tensor) and not created_in_call(node):
+            described = f"shape {tuple(value.shape)}, dtype {value.dtype}"
+            raise CaptureRefused(
+                f"fn reads the tensor {namer(value) or repr(node.target)} ({described}), which existed before the call "
+                "and is neither an argument nor a parameter or buffer of a module argument (a global, a closed-over "
+                "tensor, a plain attribute): the artifact would keep its value at capture and serve that after it "
+                "changes. Pass it as an argument, or register it as a buffer of a module argument (register_buffer)"
+            )
+    return inline_small_constants(graph_module)
 
 
 def refuse_large_constants(graph_module: torch.fx.GraphModule) -> None:

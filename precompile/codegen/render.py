@@ -31,6 +31,8 @@ def _ordered_literals(metadata) -> list[tuple[str, object]]:
     values = msgspec.to_builtins(metadata)
     if values.get("WORLD", 0) is None:
         del values["WORLD"]  # only an artifact whose graphs call collectives states its world
+    if "SPECIALIZED" in values and not values["SPECIALIZED"]:
+        del values["SPECIALIZED"]  # a MakeFx artifact captured before its reads were recorded states none
     head = [(name, values.pop(name)) for name in _HEADER_ORDER]
     return head + list(values.items())
 

@@ -305,7 +305,8 @@ def register(verbs: argparse._SubParsersAction) -> None:
     add("show", "show tags, versions, calling convention, hashes, pairing and bundle contents of an artifact", _show, one_file=True)
     guards = add("guards", "show what an artifact checks before serving a call, and what it does not", _guards)
     guards.add_argument("--frame", help="only this frame (name or variant number)")
-    guards.add_argument("--type", help="only this guard type or specialization kind (shape, dtype, device, constant, param, buffer)")
+    guards.add_argument("--type", help=("only this guard type or specialization kind (shape, dtype, device, constant, param, buffer, "
+                                       "global_state, attribute, global, closure)"))
     guards.add_argument("--risky", action="store_true", help="only risky slots")
     diff = add("diff", "semantic diff of two artifacts; exit 0 equal, 1 different, 2 trouble", _diff, artifact=False)
     diff.add_argument("paths", nargs="+", metavar="PATH", help=(

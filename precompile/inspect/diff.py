@@ -29,6 +29,7 @@ CATEGORIES = ("guards", "calling-convention", "params", "kernels", "versions", "
 _VERSION_KEYS = ("FORMAT_VERSION", "TORCH_VERSION", "PYTHON_VERSION", "format_version", "producer.")
 _CALLING_CONVENTION_KEYS = ("FN_NAME", "NUM_POSITIONAL_ARGS", "MODULE_POSITIONS", "IN_SPEC", "OUT_SPEC", "GRAD_PARAMS", "FRAMES ")
 _BINARY_KINDS = {"kernel": "kernel-source", "isa-probe": "isa-probe-source"}
+_READ_KINDS = ("global_state", "attribute", "global", "closure")
 MAX_CHANGED_LINES = 2000
 """Changed lines shown of the python_code diff, all sections together; the rest are counted."""
 
@@ -94,7 +95,11 @@ def _guards(artifact: Artifact, code: bytes | None) -> dict[str, str]:
             if slot.status == "kept" and slot.guard_type == "TENSOR_MATCH" and slot.check:
                 verdict += f": {slot.check}"
             verdicts.setdefault(f"{slot.guard_type} {slot.source}".strip(), set()).add(verdict)
-    return {key: ", ".join(sorted(values)) for key, values in verdicts.items()}
+    values = {key: ", ".join(sorted(values)) for key, values in verdicts.items()}
+    for spec in guards.specializations:  # a MakeFx trace's reads: what its driver checks besides the call
+        if spec.kind in _READ_KINDS:
+            values[f"{spec.kind} {spec.path}"] = spec.value + (" (not checked)" if spec.risky else "")
+    return values
 
 
 def _header(meta: DynamoMetadata | MakeFxMetadata, tracer: str) -> dict[str, str]:

@@ -11,7 +11,14 @@ import ast
 import copy
 import re
 
-from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata, NamedTensor
+from precompile.artifact.metadata import (
+    ConstantLeaf,
+    DynamoMetadata,
+    MakeFxMetadata,
+    NamedTensor,
+    SpecializedValue,
+    specialized_source,
+)
 from precompile.inspect.model import (
     Artifact,
     FrameGuards,
@@ -26,6 +33,12 @@ from precompile.inspect.model import (
 _NOT_CHECKED_ALWAYS = (
     "tensor values: control flow that depended on them was fixed at capture",
     "Python state fn reads besides its arguments (globals, closures, module attributes other than parameters and buffers)",
+)
+_NOT_CHECKED_READS = (
+    "tensor values: control flow that depended on them was fixed at capture",
+    "Python state read other than by a plain attribute, global or closure load of the code the trace ran (getattr "
+    "with a computed name, items of dicts and lists, what a C extension reads)",
+    "Python state fn sets: a served call does not set it",
 )
 
 
@@ -50,8 +63,12 @@ def makefx_guards(meta: MakeFxMetadata) -> Guards:
         for tensor in tensors:
             layout = f" stride {shape_text(tensor.stride)}" if tensor.stride is not None else ""
             specs.append(Specialization(kind=kind, path=tensor.name, value=f"{shape_text(tensor.shape)} {tensor.dtype} {tensor.device}{layout}"))
+    for record in meta.specialized:
+        specs.append(Specialization(kind=record.kind, path=_reads_path(record), value=record.value, risky=not record.checked))
+    unchecked = tuple(f"{specialized_source(r)} = {r.value}: a served call cannot reach it, so the captured value is used"
+                      for r in meta.specialized if not r.checked)
     strides_checked = any(getattr(t, "stride", None) is not None for t in (*meta.inputs, *meta.params, *meta.buffers))
-    not_checked = _NOT_CHECKED_ALWAYS + (
+    not_checked = (_NOT_CHECKED_READS + unchecked if meta.specialized else _NOT_CHECKED_ALWAYS) + (
         ("requires_grad of the inputs (the artifact returns results without autograd history)",)
         if strides_checked
         else ("strides and memory format of the inputs (the eager backend accepts any layout)",
@@ -62,12 +79,26 @@ def makefx_guards(meta: MakeFxMetadata) -> Guards:
         has_guards=False,
         headline=(
             "no guards: a MakeFx artifact is specialized on the calling convention (shapes, dtypes, devices, "
-            "constants, parameters and buffers) and its driver refuses any call that differs"
+            "constants, parameters and buffers)"
+            + (", torch's global state and the Python values its trace read (model attributes, module globals)"
+               if meta.specialized else "")
+            + " and its driver refuses any call that differs"
         ),
         not_checked=not_checked,
         frames=(FrameGuards(frame=meta.fn_name, variant=0, slots=()),),
         specializations=tuple(specs),
     )
+
+
+def _reads_path(record: SpecializedValue) -> str:
+    """A specialized value's path in the guard table (its kind says what it is)."""
+    if record.kind == "global_state":
+        return record.name
+    if record.kind == "global":
+        return f"{record.module}.{record.name}"
+    if record.kind == "closure":
+        return f"{record.module}: {record.name}"
+    return specialized_source(record)
 
 
 DROPPED_FRAME = "(every frame)"

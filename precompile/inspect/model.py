@@ -274,11 +274,13 @@ class FrameGuards(msgspec.Struct, frozen=True, kw_only=True):
     slots: tuple[GuardSlot, ...] = ()
 
 
-SpecializationKind = Literal["shape", "dtype", "device", "stride", "constant", "param", "buffer"]
+SpecializationKind = Literal["shape", "dtype", "device", "stride", "constant", "param", "buffer",
+                             "global_state", "attribute", "global", "closure"]
 
 
 class Specialization(msgspec.Struct, frozen=True, kw_only=True):
-    """Something a MakeFx trace is specialized on; the driver refuses a call that differs."""
+    """Something a MakeFx trace is specialized on; the driver refuses a call that differs (risky: one
+    it cannot check, such as a closure cell, whose captured value a served call keeps)."""
 
     kind: SpecializationKind
     path: str

@@ -269,7 +269,10 @@ def render_guards(report: GuardsReport) -> list[Line]:
             lines.append((f"  {slot.status:<14} {slot.guard_type:<16} {slot.source}{'  [risky]' if slot.risky else ''}  {slot.check}".rstrip(), BAD if slot.risky else None))
     lines.append((f"specializations ({len(guards.specializations)}), checked on every call:", HEAD))
     width = max((len(s.path) for s in guards.specializations), default=0)
-    lines.extend((f"  {s.kind:<8} {s.path:<{width}}  {s.value}", None) for s in guards.specializations)
+    kind = max((len(s.kind) for s in guards.specializations), default=8)
+    kind = max(kind, 8)
+    lines.extend((f"  {s.kind:<{kind}} {s.path:<{width}}  {s.value}{'  (not checked)' if s.risky else ''}", None)
+                 for s in guards.specializations)
     for scan in report.pickles:
         imports = len({(imp.module, imp.name) for imp in scan.imports})
         lines.append((f"opaque state {scan.member}: {scan.blob.size} bytes, never unpickled; would import {imports} names, "

@@ -83,7 +83,7 @@ def capture_once(tmp_path, fn, *args, grad=False):
 
 
 CASES = [
-    (reads_global, lambda: (torch.ones(100),), "neither an argument nor a parameter/buffer.*shape \\(100,\\).*baked into the artifact as a constant"),
+    (reads_global, lambda: (torch.ones(100),), "the tensor global test_makefx_refusals.GLOBAL_TENSOR \\(shape \\(100,\\).*existed before the call"),
     (makes_constant, lambda: (torch.ones(100),), "baked into the artifact as a constant"),
     (calls_item, lambda: (torch.ones(4),), "calls aten._local_scalar_dense.default, whose result depends on tensor data"),
     (calls_nonzero, lambda: (torch.ones(4),), r"returns result, whose shape depends on tensor data"),

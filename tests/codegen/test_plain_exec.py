@@ -15,13 +15,13 @@ from cases import CASES
 ns = {}
 exec(open(sys.argv[1]).read(), ns)
 case = CASES["mlp_batchnorm"]
-served = ns["forward"](*case.args())
-with torch.no_grad():
+with torch.set_grad_enabled(case.grad):  # the grad mode it was captured in
+    served = ns["forward"](*case.args())
     eager = case.fn(*case.args())
-try:
-    ns["forward"](case.args()[0], torch.ones(1, 8, dtype=torch.float64))
-except RuntimeError as exc:
-    error = [[c.__name__ for c in type(exc).__mro__[:3]], type(exc).__module__, str(exc)]
+    try:
+        ns["forward"](case.args()[0], torch.ones(1, 8, dtype=torch.float64))
+    except RuntimeError as exc:
+        error = [[c.__name__ for c in type(exc).__mro__[:3]], type(exc).__module__, str(exc)]
 print(json.dumps({"close": torch.allclose(served, eager), "error": error,
                   "precompile_imported": any(m.startswith("precompile") for m in sys.modules)}))
 """

@@ -22,7 +22,7 @@ def forward(model, x, scale):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     directory = tmp_path_factory.mktemp("pair")
-    with torch.no_grad(), precompile.capture(
+    with precompile.capture(  # grad enabled, as the tests serve it
         forward, artifact_path=directory / "m.py", cache_path=directory / "m.cache",
         tracer=precompile.MakeFxTracer(), backend="eager",
     ) as cap:
@@ -185,7 +185,7 @@ def test_the_fast_path_notices_every_change_to_the_model_between_calls(pair):
     any change to the model must still be served correctly or refused with the precise message."""
     runnable = precompile.load(*pair)
     model, x = nn.Linear(4, 3), torch.ones(2, 4)
-    with torch.no_grad():
+    with torch.enable_grad():  # the grad mode the pair was captured in
         assert torch.allclose(runnable(model, x, 0.5), forward(model, x, 0.5))
         model.weight = nn.Parameter(torch.full((3, 4), 2.0))  # a new tensor, same structure: served
         assert torch.allclose(runnable(model, x, 0.5), forward(model, x, 0.5))

@@ -71,8 +71,9 @@ def test_dynamo_compiles_and_make_fx_traces_are_refused(tmp_path):
 def test_an_eager_artifact_loads_and_serves_under_the_policy(captured):
     from cases import CASES
 
-    with precompile.no_compilation():
-        served = precompile.load(*captured["mlp_batchnorm"])(*CASES["mlp_batchnorm"].args())
+    case = CASES["mlp_batchnorm"]
+    with precompile.no_compilation(), torch.set_grad_enabled(case.grad):  # served under the grad mode it was captured in
+        served = precompile.load(*captured["mlp_batchnorm"])(*case.args())
     assert served.shape == (6, 4)
 
 

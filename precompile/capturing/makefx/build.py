@@ -68,6 +68,7 @@ def _render(fn, traced: makefx.MakeFxTrace, backend: Backend, graph) -> str:
         out_spec=traced.out_spec,
         outputs=traced.outputs,
         grad_param_indices=traced.grad_param_indices,
+        specialized=traced.specialized,
         world=distributed.captured_world([graph.source]),
     )
     return render_makefx(MakeFxArtifact(metadata=metadata, graph=graph))

@@ -20,9 +20,9 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.utils import stateless
 
-from precompile.artifact.metadata import ConstantLeaf, NamedTensor, TensorLeaf
+from precompile.artifact.metadata import ConstantLeaf, NamedTensor, SpecializedValue, TensorLeaf
 from precompile.capturing import constants
-from precompile.capturing.makefx import unbacked
+from precompile.capturing.makefx import reads, specialized, unbacked
 from precompile.codegen.drivers.makefx import collect_params_and_buffers
 from precompile.errors import CaptureRefused, PrecompileError
 from precompile.serve.ranks import traceable_collectives
@@ -49,6 +49,8 @@ class MakeFxTrace:
     out_spec: str
     outputs: tuple[TensorLeaf | ConstantLeaf, ...]
     grad_param_indices: tuple[int, ...]
+    specialized: tuple[SpecializedValue, ...]
+    """The Python values the trace read besides tensors (torch's global state first)."""
     fake_mode: Any = None
     """The FakeTensorMode `example_inputs` live in when dims were marked unbacked (they are fakes then)."""
 
@@ -172,6 +174,7 @@ class _TracedFn:
         self.out_spec: Any = None
         self.outputs: list[TensorLeaf | ConstantLeaf] = []
         self.grad_param_indices: tuple[int, ...] = ()
+        self.read = reads.ReadLog()
 
     def __call__(self, *flat_inputs):
         call = self.call
@@ -186,7 +189,8 @@ class _TracedFn:
                 stack.enter_context(
                     stateless._reparametrize_module(module, {name: state[slot] for name, slot in names}, tie_weights=True)
                 )
-            result = self.fn(*[by_position[i] for i in range(len(call.args))])
+            with reads.recording(dict(zip(call.module_positions, call.modules))) as self.read:
+                result = self.fn(*[by_position[i] for i in range(len(call.args))])
         self._refuse_stray_gradients(state, flat[n_state:])
         graph_outputs = self._record_outputs(result)
         grads = [(i, state[i].grad) for i in range(len(call.params)) if state[i].grad is not None]
@@ -239,12 +243,15 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
     described = iter(zip(call.tensor_inputs, trace_inputs[len(call.state):]))
     inputs = [_input_leaf(leaf, *next(described), layout) if isinstance(leaf, str) else leaf for leaf in call.inputs]
     allowed_symbols = set().union(*(free_unbacked_symbols(t) for t in trace_inputs)) if fake_mode else set()
+    state = specialized.global_state(grad_matters=any(t.requires_grad for t in example_inputs))
     traced = _TracedFn(fn, call, inputs, allowed_symbols)
     log.info("tracing %s with make_fx (%d params, %d buffers, %d tensor inputs)",
              _name(fn), len(call.params), len(call.buffers), len(call.tensor_inputs))
     graph_module = _make_fx(traced, decompositions, trace_inputs, marked=fake_mode is not None)
     _refuse_forbidden_nodes(graph_module, [name for name, _ in call.params], allowed_symbols)
-    rendered = constants.inline_small_constants(graph_module)  # small ones become literals in python_code
+    read = specialized.records(traced.read, getattr(fn, "__module__", None) or "__main__")
+    rendered = constants.inline_fresh_constants(graph_module, constants.Namer(fn, call.modules, traced.read))
+    # small ones fn created become literals in python_code
     if rendered:
         log.info("rendered %d small tensor constants as literals", rendered)
     log.info("traced %d graph nodes in %.2f s", len(graph_module.graph.nodes), time.perf_counter() - started)
@@ -260,12 +267,17 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
         out_spec=_spec_text(traced.out_spec, "output"),
         outputs=tuple(traced.outputs),
         grad_param_indices=traced.grad_param_indices,
+        specialized=(*state, *read),
         fake_mode=fake_mode,
     )
 
 
 def _make_fx(traced: _TracedFn, decompositions, trace_inputs: list, *, marked: bool) -> torch.fx.GraphModule:
-    """make_fx's non-strict fake trace, with a data-dependent guard translated into a refusal."""
+    """make_fx's non-strict fake trace, with a data-dependent guard translated into a refusal. The
+    lift of a tensor fn creates from data stays in the graph (it tells that constant from one that
+    existed before the call), whatever the decompositions say."""
+    if decompositions:
+        decompositions = {op: rule for op, rule in decompositions.items() if op not in constants.FRESH_LIFTS}
     try:
         with traceable_collectives():  # dist.all_reduce and friends trace as functional collectives
             return make_fx(traced, decomposition_table=decompositions, tracing_mode="fake", _allow_non_fake_inputs=True)(*trace_inputs)
@@ -325,17 +337,13 @@ def _refuse_forbidden_nodes(graph_module: torch.fx.GraphModule, param_names: lis
 
 
 def _refuse_attribute(graph_module: torch.fx.GraphModule, node: torch.fx.Node) -> None:
-    """A subgraph (control flow) or a constant too large to render, read with get_attr."""
+    """A subgraph (control flow) read with get_attr (tensor constants: constants.inline_fresh_constants)."""
     value = getattr(graph_module, str(node.target))
     if isinstance(value, torch.fx.GraphModule):
         raise CaptureRefused(
             f"fn uses a control-flow operator (subgraph {node.target!r}, e.g. torch.cond or while_loop), "
             "which a MakeFx artifact cannot hold; capture without it"
         )
-    if isinstance(value, torch.Tensor):
-        reason = constants.constant_refusal(repr(node.target), value)
-        if reason:
-            raise CaptureRefused(reason)
 
 
 def _refuse_parameter_write(node: torch.fx.Node, param_storages: dict, param_names: list[str]) -> None:

@@ -35,6 +35,10 @@ OUTPUTS = ({'kind': 'tensor', 'path': "result['sum']", 'shape': (3, 5), 'dtype':
  {'kind': 'tensor', 'path': "result['parts'][1]", 'shape': (3, 5), 'dtype': 'torch.float32', 'device': 'cpu'},
  {'kind': 'constant', 'path': "result['label']", 'value': 'ok'})
 GRAD_PARAM_INDICES = ()
+SPECIALIZED = ({'kind': 'global_state', 'name': 'default_dtype', 'value': 'torch.float32'},
+ {'kind': 'global_state', 'name': 'deterministic_algorithms', 'value': 'False'},
+ {'kind': 'global_state', 'name': 'autocast_cpu', 'value': 'False'},
+ {'kind': 'global_state', 'name': 'autocast_cuda', 'value': 'False'})
 
 # ======================================================================================
 # 2. graph: The captured graph as ATen ops, run as they are (eager backend)
@@ -57,8 +61,14 @@ def captured_graph(arg0_1, arg1_1):
 # Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
 # It checks a call against the captured calling convention, runs the captured graph on the
 # runtime model's parameters and buffers, scatters parameter gradients like eager .backward(),
-# and rebuilds fn's result.
+# and rebuilds fn's result. It also checks the Python values the trace read besides tensors
+# (SPECIALIZED): torch's global state, attributes of the model, module globals.
+import copy as _copy
+import enum as _enum
 import gc as _gc
+import importlib as _importlib
+import sys as _sys
+from operator import is_ as _is
 
 import torch
 import torch.utils._pytree as _pytree
@@ -73,6 +83,161 @@ except ImportError:  # served where only torch is installed: twins of the same n
 
     class CallMismatch(PrecompileError):
         pass
+
+
+def spelled(value):
+    """The spelling a specialized value is recorded and compared by (None: not comparable). Two
+    values that spell alike behave alike where a trace could have read them: 1, 1.0 and True differ;
+    tuples, lists and dicts of such values spell by their items, in order."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str, torch.dtype, torch.device):
+        return repr(value)
+    if isinstance(value, _enum.Enum):
+        return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
+    if kind in (tuple, list, torch.Size) and len(value) <= 64:
+        items = [spelled(item) for item in value]
+        if None in items:
+            return None
+        inner = ", ".join(items)
+        if kind is list:
+            return f"[{inner}]"
+        if kind is torch.Size:
+            return f"torch.Size([{inner}])"
+        return f"({inner},)" if len(items) == 1 else f"({inner})"
+    if kind is dict and len(value) <= 64:
+        pairs = [(spelled(key), spelled(item)) for key, item in value.items()]
+        if any(key is None or item is None for key, item in pairs):
+            return None
+        return "{" + ", ".join(f"{key}: {item}" for key, item in pairs) + "}"
+    return None
+
+
+def _plainly_there(owner, name):
+    """Whether getattr(owner, name) reads owner's instance dict: the value is the very object stored
+    there under that name (a transformers config, whose __getattribute__ maps some names to others,
+    maps none of these), and no data descriptor of the class could take the read over."""
+    try:
+        instance = vars(owner)
+    except TypeError:
+        return False
+    if name not in instance or instance[name] is not getattr(owner, name, _ABSENT):
+        return False
+    return not any(hasattr(type(klass.__dict__[name]), "__set__") for klass in type(owner).__mro__ if name in klass.__dict__)
+
+
+def _autocast(device):
+    return lambda: torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else False
+
+
+# torch's global state a trace is specialized on, by the name SPECIALIZED records it under.
+GLOBAL_STATE = {
+    "grad_mode": torch.is_grad_enabled,
+    "default_dtype": torch.get_default_dtype,
+    "deterministic_algorithms": torch.are_deterministic_algorithms_enabled,
+    "autocast_cpu": _autocast("cpu"),
+    "autocast_cuda": _autocast("cuda"),
+}
+
+_ABSENT = object()
+
+
+def specialized_source(record):
+    """Where a SPECIALIZED value is read, as the user would spell it."""
+    kind = record["kind"]
+    if kind == "global_state":
+        return f"torch global state {record['name']}"
+    if kind == "attribute":
+        return ".".join([f"args[{record['arg']}]", *([record["module"]] if record.get("module") else []),
+                         *record.get("chain", ()), record["name"]])
+    if kind == "global":
+        return f"global {record['module']}.{record['name']}"
+    return f"closure cell {record['name']} of {record['module']}"
+
+
+class _Specialized:
+    """The Python values the trace read besides tensors, checked before each call. A full check
+    finds where each lives and compares its spelling, naming what differs; until the model changes,
+    later calls compare the values themselves with the ones the full check saw."""
+
+    def __init__(self, records, module_positions):
+        self.records = [r for r in records if r.get("checked", True)]
+        self.module_positions = list(module_positions)
+        self.state = [GLOBAL_STATE[r["name"]] for r in self.records if r["kind"] == "global_state"]
+        self.state_seen = None
+        # As the last full check resolved them: where each attribute and global lives (an instance
+        # dict where the value is plainly there, read with .get; else the object, read with getattr),
+        # the very objects found there, and copies of the lists and dicts among them.
+        self.in_dicts = []  # (dict, key)
+        self.by_getattr = []  # (object, attribute)
+        self.seen = None
+        self.mutable = []  # (index into the values, a copy)
+
+    def unchanged(self):
+        """Whether every checked value is still the very object the last full check saw (a list or
+        dict: still equal to its copy). A value set again, even to an equal one, takes the full check."""
+        if self.seen is None or [get() for get in self.state] != self.state_seen:
+            return False
+        values = [d.get(k, _ABSENT) for d, k in self.in_dicts]
+        values += [getattr(owner, name, _ABSENT) for owner, name in self.by_getattr]
+        return all(map(_is, values, self.seen)) and all(values[i] == copy for i, copy in self.mutable)
+
+    def check(self, modules, fail):
+        """Compare every checked value with its captured spelling; remember where they live."""
+        places: list = []
+        for record in self.records:
+            where = specialized_source(record)
+            if record["kind"] == "global_state":
+                value = GLOBAL_STATE[record["name"]]()
+            elif record["kind"] == "global":
+                owner = self.module_of(record, fail)
+                value = getattr(owner, record["name"], _ABSENT)
+                places.append((owner, record["name"]))
+            else:
+                owner = self.owner_of(record, modules, places)
+                value = _ABSENT if owner is _ABSENT else getattr(owner, record["name"], _ABSENT)
+                if owner is not _ABSENT:
+                    places.append((owner, record["name"]))
+            now = "missing" if value is _ABSENT else spelled(value) or f"a {type(value).__name__}"
+            if now == record["value"]:
+                continue
+            if record["kind"] == "global_state":
+                fail(f"{where} is {now} but the artifact was captured under {record['value']} (its graph is specialized "
+                     "on it)", "serve it under the captured state (e.g. torch.no_grad() for grad_mode False), or capture again")
+            fail(f"{where} is {now} but the artifact was captured with {record['value']} (the trace read it, so its "
+                 "graph is specialized on that value)", "set it back, or capture again with this value")
+        plain = [(vars(owner), name) for owner, name in places if _plainly_there(owner, name)]
+        self.in_dicts = plain
+        self.by_getattr = [(owner, name) for owner, name in places if not _plainly_there(owner, name)]
+        self.seen = [d.get(k, _ABSENT) for d, k in self.in_dicts] + [getattr(o, n, _ABSENT) for o, n in self.by_getattr]
+        self.mutable = [(i, _copy.deepcopy(value)) for i, value in enumerate(self.seen) if isinstance(value, (list, dict))]
+        self.state_seen = [get() for get in self.state]
+
+    def owner_of(self, record, modules, places):
+        try:
+            owner = modules[self.module_positions.index(record["arg"])]
+            if record.get("module"):
+                owner = owner.get_submodule(record["module"])
+        except (ValueError, AttributeError):
+            return _ABSENT
+        for name in record.get("chain", ()):
+            found = getattr(owner, name, _ABSENT)
+            if found is _ABSENT:
+                return _ABSENT
+            places.append((owner, name))  # the object itself is checked too: a new config is checked in full
+            owner = found
+        return owner
+
+    @staticmethod
+    def module_of(record, fail):
+        name = record["module"]
+        module = _sys.modules.get(name)
+        if module is None:
+            try:
+                module = _importlib.import_module(name)
+            except Exception as exc:  # any failure of the user's module to import
+                fail(f"cannot check {specialized_source(record)} (captured {record['value']}): importing {name} failed "
+                     f"({type(exc).__name__}: {exc})", "make that module importable where the artifact serves")
+        return module
 
 
 def _dtype(name):
@@ -230,6 +395,7 @@ class _ServedForward:
                          for index, leaf in enumerate(leaf for leaf in metadata["INPUTS"] if leaf["kind"] == "tensor")
                          for dim, spec in (leaf.get("unbacked") or {}).items()]
         self.dynamic_sizes = [list(c.shape) for c in (*self.state_checks, *self.tensor_checks)]
+        self.specialized = _Specialized(metadata.get("SPECIALIZED", ()), self.module_positions)
         self.trusted = None  # (the model's _StatePlan, the C++ guards) of the last call that passed every check
 
     def fail(self, message, remedy):
@@ -241,7 +407,7 @@ class _ServedForward:
         if self.trusted is not None:
             plan, guards = self.trusted
             state_tensors = plan.gather(modules)
-            if state_tensors is not None and not guards.check(*state_tensors, *tensors):
+            if state_tensors is not None and not (guards.check(*state_tensors, *tensors) and self.specialized.unchanged()):
                 state_tensors = None
         if state_tensors is None:
             # First call, a changed model or a mismatch: check everything, then trust it again. The
@@ -307,6 +473,7 @@ class _ServedForward:
             problem = check.problem(tensor)
             if problem is not None:
                 self.fail(f"model tensor {check.path}: {problem}", "pass a model with the captured structure")
+        self.specialized.check(modules, self.fail)
         state_tensors = [t for _, t in state]
         flat_tensors = [*state_tensors, *tensors]
         # The C++ check of exactly these tensors' metadata, with the dims that may vary left free.

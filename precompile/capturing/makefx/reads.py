@@ -1,0 +1,247 @@
+"""What a MakeFx trace read besides its tensors, noted while it runs, so the artifact can check it.
+
+A make_fx trace runs fn's Python once and keeps only the tensor ops: every Python value that code
+read along the way (a module's `self.scale`, `self.training`, `self.mode` behind an `if`, a module
+global `FLAG`, a config object's flag) is frozen into the graph. `recording()` notes those reads
+with a call-only `sys.settrace` hook (no line events; a trace function installed before, such as
+coverage's, keeps running): on each call of a code object outside torch, precompile and the
+standard library, it reads what that code loads, statically, from the frame's arguments:
+
+- attribute chains rooted at an argument (`self.scale`, `self.config.use_cache`, `model.mode`) whose
+  root is a module argument, one of its submodules, or a plain object reached from one, looked up
+  as plain data (instance dicts and class attributes; a property is not run here: its own frame is
+  noted when the trace runs it);
+- the globals (`LOAD_GLOBAL`) and closure cells (`LOAD_DEREF`) it loads.
+
+Only values `spelled` can compare are kept. Every loading instruction of a code object that ran
+counts, taken branches or not: a check too many refuses a call only when that value changed.
+"""
+from __future__ import annotations
+
+import contextlib
+import dis
+import enum
+import gc
+import sys
+import sysconfig
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from precompile.codegen.drivers.makefx import spelled
+
+# torch's and precompile's own code, and code that is no file (<frozen ...>, <string>), are not fn's
+# reads; torch's layers are (Dropout's forward reads self.p and self.training), its Module machinery not.
+_PRECOMPILE = str(Path(__file__).parent.parent.parent) + "/"
+_SKIPPED_ROOTS = (str(Path(torch.__file__).parent) + "/", _PRECOMPILE, "<")
+_LAYERS = str(Path(torch.__file__).parent / "nn" / "modules") + "/"
+_MACHINERY = _LAYERS + "module.py"
+_STDLIB = sysconfig.get_paths()["stdlib"] + "/"
+_SITE = tuple({sysconfig.get_paths()[key] + "/" for key in ("purelib", "platlib")})
+
+
+def _stdlib(filename: str) -> bool:
+    return filename.startswith(_STDLIB) and not filename.startswith(_SITE)
+
+
+def _in_trace(frame) -> bool:
+    """Whether a frame runs for fn's call: up its stack, precompile's trace (which calls fn) comes
+    before any frame of the standard library or the import system. Code those call back (a logging
+    handler, an import hook, a module's body as it is imported) runs beside the trace, not in it."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(_PRECOMPILE):
+            return True
+        if _stdlib(filename) or filename.startswith("<frozen"):
+            return False
+        frame = frame.f_back
+    return False
+
+
+def _skipped(filename: str) -> bool:
+    """Code whose reads are not fn's: torch but its layers, precompile, the standard library."""
+    if filename.startswith(_LAYERS):
+        return filename == _MACHINERY
+    return filename.startswith(_SKIPPED_ROOTS) or _stdlib(filename)
+_MAX_CHAIN = 4
+"""How many attributes one chain is followed through (self.config.text_config.flag)."""
+_MISSING = object()
+
+
+@dataclass(frozen=True, order=True)
+class Owner:
+    """Where an object sits: the position of the module argument, the submodule's name, then the
+    attributes of plain objects below it."""
+
+    arg: int
+    module: str
+    chain: tuple[str, ...] = ()
+
+    def source(self, name: str) -> str:
+        return ".".join([f"args[{self.arg}]", *([self.module] if self.module else []), *self.chain, name])
+
+
+@dataclass
+class ReadLog:
+    attributes: dict[tuple[Owner, str], object] = field(default_factory=dict)
+    """(owner, attribute) -> the value the first call that loaded it saw."""
+    globals: dict[tuple[str, str], object] = field(default_factory=dict)
+    """(module name, global name) -> value, for globals of the code that ran."""
+    globals_of: dict[str, dict] = field(default_factory=dict)
+    """module name -> its globals dict (to read the values again once the trace is done)."""
+    closures: dict[tuple[str, str], tuple[types.CodeType, object]] = field(default_factory=dict)
+    """(function's qualified name, free variable) -> (its code, the value its first call saw)."""
+    owners: dict[int, tuple[Owner, object]] = field(default_factory=dict)
+    """id -> (owner, the object itself) of every object attributes were noted on."""
+
+
+@dataclass(frozen=True)
+class _Loads:
+    """What one code object loads: attribute chains rooted at an argument, globals, free variables."""
+
+    chains: tuple[tuple[str, tuple[str, ...]], ...]
+    globals: tuple[str, ...]
+    free: tuple[str, ...]
+
+
+def _loads(code: types.CodeType) -> _Loads:
+    arguments = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    chains: set[tuple[str, tuple[str, ...]]] = set()
+    global_names: set[str] = set()
+    free: set[str] = set()
+    root: str | None = None
+    path: list[str] = []
+
+    def close() -> None:
+        if root is not None and path:
+            chains.add((root, tuple(path[:_MAX_CHAIN])))
+
+    for instruction in dis.get_instructions(code):
+        name = instruction.opname
+        if name in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
+            path.append(instruction.argval)
+            continue
+        close()
+        root, path = None, []
+        if name.startswith("LOAD_FAST"):
+            local = instruction.argval[-1] if isinstance(instruction.argval, tuple) else instruction.argval
+            root = local if local in arguments else None
+        elif name in ("LOAD_GLOBAL", "LOAD_NAME"):
+            global_names.add(instruction.argval)
+        elif name in ("LOAD_DEREF", "LOAD_CLASSDEREF") and instruction.argval in code.co_freevars:
+            free.add(instruction.argval)
+    close()
+    return _Loads(tuple(sorted(chains)), tuple(sorted(global_names)), tuple(sorted(free)))
+
+
+def _followable(value: object) -> bool:
+    """A plain Python object whose attributes code may read as settings (a config, a namespace)."""
+    kind = type(value)
+    return (hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type, types.ModuleType, enum.Enum))
+            and not callable(value) and kind.__module__ != "builtins" and not kind.__module__.startswith("torch"))
+
+
+def plain_attribute(obj: object, name: str) -> object:
+    """obj.name where it is plain data (the instance's dict, a module's submodule, or a class
+    attribute that is no descriptor); _MISSING otherwise. Runs no code of obj's."""
+    try:
+        instance = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return _MISSING
+    for klass in type(obj).__mro__:
+        found = klass.__dict__.get(name, _MISSING)
+        if found is not _MISSING:
+            if hasattr(type(found), "__set__") or hasattr(type(found), "__delete__"):
+                return _MISSING  # a property or another data descriptor: its own frame is noted if it runs
+            break
+    if name in instance:
+        return instance[name]
+    if isinstance(obj, torch.nn.Module) and name in instance.get("_modules", {}):
+        return instance["_modules"][name]
+    if found is _MISSING or hasattr(type(found), "__get__"):
+        return _MISSING  # not there, or a method
+    return found
+
+
+class _FrameHook:
+    """The call-only trace function: notes what each user code object loads, then lets the frame
+    run untraced (or hands it to the trace function that was installed before)."""
+
+    def __init__(self, log: ReadLog, previous) -> None:
+        self.log = log
+        self.previous = previous
+        self.loads: dict[types.CodeType, _Loads | None] = {}
+
+    def __call__(self, frame, event, arg):
+        if event == "call":
+            code = frame.f_code
+            loads = self.loads.get(code, _MISSING)
+            if loads is _MISSING:
+                loads = self.loads[code] = None if _skipped(code.co_filename) else _loads(code)
+            if loads is not None and _in_trace(frame.f_back):
+                self.note(frame, loads)
+        return self.previous(frame, event, arg) if self.previous is not None else None
+
+    def note(self, frame, loads) -> None:
+        log = self.log
+        if loads.chains:
+            local = frame.f_locals
+            for root, path in loads.chains:
+                self.note_chain(local.get(root, _MISSING), path)
+        if loads.globals:
+            module = frame.f_globals.get("__name__", "?")
+            log.globals_of.setdefault(module, frame.f_globals)
+            for name in loads.globals:
+                value = frame.f_globals.get(name, _MISSING)
+                if value is not _MISSING and spelled(value) is not None:
+                    log.globals.setdefault((module, name), value)
+        if loads.free:
+            local = frame.f_locals
+            where = frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name
+            for name in loads.free:
+                value = local.get(name, _MISSING)
+                if value is not _MISSING and spelled(value) is not None:
+                    log.closures.setdefault((f"{frame.f_globals.get('__name__', '?')}.{where}", name), (frame.f_code, value))
+
+    def note_chain(self, obj: object, path: tuple[str, ...]) -> None:
+        log = self.log
+        for name in path:
+            known = log.owners.get(id(obj))
+            if known is None or known[1] is not obj:
+                return
+            owner = known[0]
+            value = plain_attribute(obj, name)
+            if value is _MISSING:
+                return
+            if spelled(value) is not None:
+                log.attributes.setdefault((owner, name), value)
+                return
+            if isinstance(value, torch.nn.Module):
+                obj = value  # a submodule: its own owner is known
+                continue
+            if not _followable(value):
+                return
+            log.owners.setdefault(id(value), (Owner(owner.arg, owner.module, (*owner.chain, name)), value))
+            obj = value
+
+
+@contextlib.contextmanager
+def recording(modules: dict[int, torch.nn.Module]):
+    """Note what the code run inside loads; `modules` maps each module argument's position to it."""
+    log = ReadLog()
+    for position, module in modules.items():
+        for name, submodule in module.named_modules(remove_duplicate=False):
+            log.owners.setdefault(id(submodule), (Owner(position, name), submodule))
+    previous = sys.gettrace()
+    # The cyclic collector's callbacks (a profiler's, hypothesis') would run inside the trace's frames.
+    collecting = gc.isenabled()
+    gc.disable()
+    sys.settrace(_FrameHook(log, previous))
+    try:
+        yield log
+    finally:
+        sys.settrace(previous)
+        if collecting:
+            gc.enable()

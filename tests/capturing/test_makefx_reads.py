@@ -1,0 +1,145 @@
+"""A MakeFx artifact serves what fn computes or refuses: a tensor that existed before the call is
+refused at capture whatever its size, and every Python value the trace read (torch's global state,
+model attributes down to plain objects, module globals) is checked on each served call, naming both
+values; what a served call cannot reach (a closure cell) is warned about and listed, not checked."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import state_cases as sc
+import torch
+
+import precompile
+from precompile import CallMismatch, CaptureRefused
+from precompile.cli.main import main
+
+
+def _capture(directory, fn, *args, grad=False, name="m"):
+    artifact, cache = directory / f"{name}.py", directory / f"{name}.cache"
+    with torch.set_grad_enabled(grad), precompile.capture(
+        fn, artifact_path=artifact, cache_path=cache, tracer=precompile.MakeFxTracer(), backend="eager"
+    ) as cap:
+        cap(*args)
+    return artifact, cache
+
+
+@pytest.mark.parametrize(("fn", "args", "named"), [
+    (sc.adds_global, lambda: (torch.ones(3),), r"global state_cases\.G \(shape \(3,\)"),
+    (sc.closes_over_tensor(torch.ones(3)), lambda: (torch.ones(3),), r"closure cell t of .*closes_over_tensor.*closed \(shape \(3,\)"),
+    (sc.reads_table, lambda: (sc.Block(), torch.ones(2, 4)), r"attribute model 0\.table \(not a registered buffer\) \(shape \(4,\)"),
+])
+def test_a_small_tensor_that_existed_before_the_call_is_refused(tmp_path, fn, args, named):
+    with pytest.raises(CaptureRefused, match=named + r".*existed before the call.*register_buffer"):
+        _capture(tmp_path, fn, *args())
+    assert not (tmp_path / "m.py").exists()
+
+
+def test_a_tensor_fn_creates_from_data_is_rendered_and_served(tmp_path):
+    artifact, cache = _capture(tmp_path, sc.adds_fresh, torch.zeros(3))
+    assert "torch.tensor([1.0, 2.0, 3.0]" in artifact.read_text()
+    assert torch.equal(precompile.load(artifact, cache)(torch.zeros(3)), torch.tensor([1.0, 2.0, 3.0]))
+
+
+@pytest.fixture(scope="module")
+def block_pair(tmp_path_factory):
+    return _capture(tmp_path_factory.mktemp("block"), sc.step, sc.Block(), torch.ones(2, 4))
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda m: setattr(m, "scale", 0.5), r"args\[0\]\.scale is 0\.5 but the artifact was captured with 1\.0"),
+    (lambda m: setattr(m, "mode", "b"), r"args\[0\]\.mode is 'b' but the artifact was captured with 'a'"),
+    (lambda m: setattr(m, "kind", sc.Mode.B), r"args\[0\]\.kind is state_cases\.Mode\.B but .* state_cases\.Mode\.A"),
+    (lambda m: setattr(m, "repeats", 2), r"args\[0\]\.repeats is 2 but .* with 1"),
+    (lambda m: setattr(m, "scale", 1), r"args\[0\]\.scale is 1 but .* with 1\.0"),  # an int is not the float
+    (lambda m: m.train(False), r"args\[0\]\.drop\.training is False but .* with True"),
+    (lambda m: setattr(m.settings, "shift", 0.5), r"args\[0\]\.settings\.shift is 0\.5 but .* with 0\.25"),
+    (lambda m: setattr(m, "settings", sc.Settings()) or setattr(m.settings, "use_shift", False),
+     r"args\[0\]\.settings\.use_shift is False but .* with True"),
+    (lambda m: setattr(sc, "FLAG", False), r"global state_cases\.FLAG is False but .* with True"),
+    (lambda m: setattr(sc, "K", 5), r"global state_cases\.K is 5 but .* with 3"),
+    (lambda m: setattr(sc, "DTYPE", torch.float64), r"global state_cases\.DTYPE is torch\.float64 but .* torch\.float32"),
+    (lambda m: torch.set_grad_enabled(True), r"grad_mode is True but the artifact was captured under False.*torch\.no_grad\(\)"),
+])
+def test_a_served_call_refuses_state_its_trace_read_once_it_changed(block_pair, monkeypatch, change, message):
+    monkeypatch.setattr(sc, "FLAG", sc.FLAG)
+    monkeypatch.setattr(sc, "K", sc.K)
+    monkeypatch.setattr(sc, "DTYPE", sc.DTYPE)
+    served = precompile.load(*block_pair)
+    model, x = sc.Block(), torch.ones(2, 4)
+    with torch.no_grad():
+        assert torch.allclose(served(model, x), sc.step(model, x))  # validated: later calls take the fast path
+        change(model)
+        with pytest.raises(CallMismatch, match=message):
+            served(model, x)
+
+
+def test_state_set_back_serves_again_and_a_new_model_is_checked_in_full(block_pair):
+    served = precompile.load(*block_pair)
+    model, x = sc.Block(), torch.ones(2, 4)
+    with torch.no_grad():
+        served(model, x)
+        model.scale = 2.0
+        with pytest.raises(CallMismatch):
+            served(model, x)
+        model.scale = 1.0
+        assert torch.allclose(served(model, x), sc.step(model, x))
+        other = sc.Block()
+        other.mode = "b"
+        with pytest.raises(CallMismatch, match=r"args\[0\]\.mode is 'b'"):
+            served(other, x)
+
+
+def test_a_dict_or_list_attribute_changed_in_place_is_refused(tmp_path):
+    served = precompile.load(*_capture(tmp_path, sc.step, sc.Table(), torch.ones(2)))
+    model = sc.Table()
+    assert torch.equal(served(model, torch.ones(2)), sc.step(model, torch.ones(2)))  # validated: the fast path next
+    model.weights["a"] = 3.0
+    with pytest.raises(CallMismatch, match=r"args\[0\]\.weights is \{'a': 3\.0\} but .* with \{'a': 2\.0\}"):
+        served(model, torch.ones(2))
+    model.weights["a"] = 2.0
+    model.offsets.append(5.0)
+    with pytest.raises(CallMismatch, match=r"args\[0\]\.offsets is \[1\.0, 5\.0\] but .* with \[1\.0\]"):
+        served(model, torch.ones(2))
+
+
+def test_a_call_that_changes_state_it_read_is_refused_at_capture(tmp_path):
+    with pytest.raises(CaptureRefused, match=r"fn changed args\[0\]\.calls during the captured call \(0 -> 1\)"):
+        _capture(tmp_path, sc.step, sc.Counter(), torch.ones(2))
+
+
+def test_a_closure_cell_is_warned_about_listed_and_kept(tmp_path, capsys):
+    with pytest.warns(precompile.PrecompileWarning, match=r"closure cell k of state_cases\.make_closure\.<locals>\.closed = 2.*cannot check"):
+        artifact, cache = _capture(tmp_path, sc.make_closure(2), sc.Block(), torch.ones(2, 4))
+    assert main(["guards", "--json", str(artifact), str(cache)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    closure = [s for s in report["guards"]["specializations"] if s["kind"] == "closure"]
+    assert closure == [{"kind": "closure", "path": "state_cases.make_closure.<locals>.closed: k", "value": "2", "risky": True}]
+    assert any("closure cell k" in item for item in report["guards"]["not_checked"])
+
+
+def test_guards_lists_and_diff_compares_what_the_trace_read(tmp_path, capsys):
+    first = _capture(tmp_path, sc.step, sc.Block(), torch.ones(2, 4), name="a")
+    model = sc.Block()
+    model.scale = 0.5
+    second = _capture(tmp_path, sc.step, model, torch.ones(2, 4), name="b")
+    assert main(["guards", *map(str, first)]) == 0
+    out = capsys.readouterr().out
+    for line in ("global_state grad_mode", "attribute    args[0].scale", "attribute    args[0].drop.training",
+                 "attribute    args[0].settings.shift", "global       state_cases.FLAG"):
+        assert line in out, out
+    assert main(["diff", "--stat", "--fail-on", "guards", *map(str, first), *map(str, second)]) == 1
+    out = capsys.readouterr().out
+    assert "guards" in out
+    assert main(["diff", "--json", *map(str, first), *map(str, second)]) == 1
+    report = json.loads(capsys.readouterr().out)
+    changed = {(e["section"], e["key"]): e for e in report["entries"]}
+    entry = changed[("guards", "attribute args[0].scale")]
+    assert (entry.get("a"), entry.get("b")) == ("1.0", "0.5"), entry
+
+
+def test_nothing_is_warned_for_a_function_that_reads_only_its_arguments(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _capture(tmp_path, sc.step, sc.Block(), torch.ones(2, 4))

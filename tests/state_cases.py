@@ -1,0 +1,105 @@
+"""Functions and a module whose result depends on Python state besides their arguments: module
+attributes, globals, a closure, torch's global state (tests/capturing/test_makefx_reads.py, the
+differential suite). An importable module, so a fresh process reads the same globals by name."""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+G = torch.ones(3)  # a global tensor: a MakeFx artifact must not bake it
+FLAG = True
+K = 3
+DTYPE = torch.float32
+
+
+class Mode(enum.Enum):
+    A = "a"
+    B = "b"
+
+
+class Settings:
+    """A plain object hanging off the module, as a transformers config does."""
+
+    def __init__(self) -> None:
+        self.shift = 0.25
+        self.use_shift = True
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.drop = torch.nn.Dropout(0.0)
+        self.scale = 1.0
+        self.mode = "a"
+        self.kind = Mode.A
+        self.repeats = 1
+        self.settings = Settings()
+        self.table = torch.arange(4.0)  # a plain tensor attribute, not a registered buffer
+
+    def forward(self, x):
+        y = self.drop(self.lin(x)) * self.scale
+        if self.mode == "a" and FLAG:
+            y = y + K
+        if self.kind is Mode.B:
+            y = -y
+        for _ in range(self.repeats):
+            y = y.tanh()
+        if self.settings.use_shift:
+            y = y + self.settings.shift
+        return y.to(DTYPE)
+
+
+def step(model, x):
+    return model(x)
+
+
+def adds_global(x):
+    return x + G
+
+
+def adds_fresh(x):
+    return x + torch.tensor([1.0, 2.0, 3.0])
+
+
+def reads_table(model, x):
+    return model(x) + model.table
+
+
+def make_closure(k):
+    def closed(model, x):
+        return model(x) * k
+
+    return closed
+
+
+def closes_over_tensor(t):
+    def closed(x):
+        return x + t
+
+    return closed
+
+
+class Counter(torch.nn.Module):
+    """Counts its calls in a Python attribute the forward reads: state the call itself changes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * self.calls
+
+
+class Table(torch.nn.Module):
+    """Reads a dict and a list attribute, which can change in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weights = {"a": 2.0}
+        self.offsets = [1.0]
+
+    def forward(self, x):
+        return x * self.weights["a"] + self.offsets[0]
