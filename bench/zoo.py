@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 CAPTURE = r"""
-import json, logging, sys, time
+import json, logging, re, sys, time
 import torch
 import precompile
 from bench.zoo_models import ZOO, timed_cpp_builds
@@ -66,11 +66,18 @@ class Phases(logging.Handler):
 logging.getLogger("precompile").addHandler(Phases())
 logging.getLogger("precompile").setLevel(logging.INFO)
 started = time.perf_counter()
-with zoo.grad_mode(), precompile.capture(
-    zoo.step, artifact_path=artifact, cache_path=cache, backend=backend,
-    tracer=precompile.MakeFxTracer() if tracer == "makefx" else precompile.DynamoTracer(),
-) as cap:
-    out = cap(model, *args)
+try:
+    with zoo.grad_mode(), precompile.capture(
+        zoo.step, artifact_path=artifact, cache_path=cache, backend=backend,
+        tracer=precompile.MakeFxTracer() if tracer == "makefx" else precompile.DynamoTracer(),
+    ) as cap:
+        for _ in range(zoo.capture_calls if tracer == "dynamo" else 1):
+            out = cap(model, *args)
+except precompile.CaptureRefused as exc:  # a refusal the zoo documents for this model is its outcome
+    if not any(t == tracer and re.search(pattern, str(exc)) for t, pattern in zoo.refused):
+        raise
+    print(json.dumps({"refused": str(exc)[:300]}))
+    sys.exit(0)
 capture_s = time.perf_counter() - started
 with zoo.grad_mode():
     expected = zoo.step(model, *args)
@@ -175,7 +182,7 @@ def _median_capture(results: list[dict], refs: list[dict]) -> dict:
     """A capture row of a model's rounds: the last round's (whose pair is served), with the median
     capture time, every round's, and the median of each round's capture time over the torch.compile
     run of the same round (`capture_ratio`); the first error if any failed."""
-    failed = next((result for result in results if "error" in result), None)
+    failed = next((result for result in results if "error" in result or "refused" in result), None)
     if failed is not None:
         return failed
     row = {**results[-1], "capture_s": statistics.median(r["capture_s"] for r in results),
@@ -222,7 +229,7 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
                 with tempfile.TemporaryDirectory() as scratch:
                     refs.append(_child(COMPILE_REF, name, env=_env(Path(scratch)), timeout=timeout))
             for (tracer, backend), results in rounds.items():
-                if results and "error" in results[-1]:
+                if results and {"error", "refused"} & set(results[-1]):
                     continue
                 artifact, cache = _pair_paths(out_dir, name, tracer, backend)
                 with tempfile.TemporaryDirectory() as scratch:
@@ -237,14 +244,15 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
             captured[tracer, backend] = ({"model": name, "tracer": tracer, "backend": backend,
                                           **{("capture_wall_s" if k == "wall_s" else k): v for k, v in result.items()}},
                                          *_pair_paths(out_dir, name, tracer, backend))
-            if "error" in result:
+            if "error" in result or "refused" in result:
                 rows.append(captured[tracer, backend][0])
                 print(_line(rows[-1]), file=sys.stderr)
         # Served side by side: for each backend and order, one fresh process per tracer in turn, so that
         # the host's drift over a run (page cache, background work) weighs on both tracers alike.
         for backend in backends:
             for order in orders:
-                pairs = [captured[tracer, backend] for tracer in tracers if "error" not in captured[tracer, backend][0]]
+                pairs = [captured[tracer, backend] for tracer in tracers
+                         if not {"error", "refused"} & set(captured[tracer, backend][0])]
                 runs: dict[str, list[dict]] = {row["tracer"]: [] for row, _, _ in pairs}
                 for _ in range(serve_runs):
                     for row, artifact, cache in pairs:
@@ -259,7 +267,8 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
 
 COLUMNS = (("model", "{}"), ("tracer", "{}"), ("backend", "{}"), ("order", "{}"), ("capture_s", "{:.1f}"),
            ("compile_cold_s", "{:.1f}"), ("load_s", "{:.3f}"), ("first_s", "{:.3f}"), ("steady_s", "{:.4f}"),
-           ("eager_s", "{:.4f}"), ("max_diff", "{:.1e}"), ("imported", "{}"), ("library_imported_by_load", "{}"), ("error", "{}"))
+           ("eager_s", "{:.4f}"), ("max_diff", "{:.1e}"), ("imported", "{}"), ("library_imported_by_load", "{}"), ("error", "{}"),
+           ("refused", "{}"))
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:
@@ -292,6 +301,7 @@ def table(rows: list[dict]) -> str:
 
 
 def _passed(row: dict) -> bool:
+    """Served and matching eager, or refused as the zoo documents for that model and tracer."""
     return "error" not in row and (row.get("max_diff") or 0) <= 1e-3
 
 

@@ -89,6 +89,10 @@ def whisper_step(model, input_features, decoder_input_ids):
     return model(input_features=input_features, decoder_input_ids=decoder_input_ids).last_hidden_state
 
 
+def audio_step(model, input_values):
+    return model(input_values).last_hidden_state
+
+
 def vision_step(model, images):
     return model(images)
 
@@ -164,6 +168,36 @@ def whisper():
     return _hf("WhisperModel", config), (_randn(1, 16, 60), _ids(1, 5))
 
 
+def wav2vec2():
+    """An audio encoder: its positional convolution is weight_norm-parametrized."""
+    config = _tiny("Wav2Vec2Config", vocab_size=32, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                   intermediate_size=37, conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2),
+                   num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2, feat_extract_norm="layer")
+    return _hf("Wav2Vec2Model", config), (_randn(1, 400),)
+
+
+def mamba():
+    """A state-space model (its layers import their scan kernels inside forward)."""
+    config = _tiny("MambaConfig", vocab_size=99, hidden_size=16, state_size=4, num_hidden_layers=2,
+                   intermediate_size=32, conv_kernel=4, time_step_rank=4)
+    return _hf("MambaModel", config), (_ids(1, 8),)
+
+
+def qwen3_moe():
+    """A mixture of experts: transformers runs its experts through torch._grouped_mm."""
+    config = _tiny("Qwen3MoeConfig", vocab_size=99, hidden_size=16, intermediate_size=32, moe_intermediate_size=16,
+                   num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_experts=4,
+                   num_experts_per_tok=2, decoder_sparse_step=1)
+    return _hf("Qwen3MoeModel", config), (_ids(1, 8),)
+
+
+def levit():
+    """A vision model whose eval-mode forward fills a dict cache of attention biases on its first call."""
+    config = _tiny("LevitConfig", image_size=32, hidden_sizes=[16, 32, 48], num_attention_heads=[1, 2, 3],
+                   depths=[1, 1, 1], key_dim=[8, 8, 8], mlp_ratio=[2, 2, 2], attention_ratio=[2, 2, 2])
+    return _hf("LevitModel", config), (_randn(1, 3, 32, 32),)
+
+
 def tv_resnet18():
     import torchvision
 
@@ -213,6 +247,10 @@ class ZooModel:
     step: Callable[..., Any]
     train: bool = False
     """A training step: the model in train mode (batch norm on batch statistics) and grad enabled."""
+    capture_calls: int = 1
+    """How many calls a Dynamo capture makes (a forward that fills a cache needs the second one recorded)."""
+    refused: tuple[tuple[str, str], ...] = ()
+    """(tracer, pattern of the CaptureRefused message) where the zoo expects a documented refusal."""
 
     def available(self) -> str:
         """"" when the library imports here, else why not."""
@@ -247,4 +285,11 @@ ZOO = {m.name: m for m in (
     ZooModel("timm_resnet18d", "timm", timm_resnet18d, vision_step),
     ZooModel("timm_vit_tiny", "timm", timm_vit_tiny, vision_step),
     ZooModel("unet2d", "diffusers", unet2d, unet_step),
+    # The model families outside the first zoo: each serves, or is refused naming why and the way out.
+    ZooModel("wav2vec2", "transformers", wav2vec2, audio_step, refused=(("dynamo", "parametrized modules"),)),
+    ZooModel("mamba", "transformers", mamba, encoder_step),
+    ZooModel("qwen3_moe", "transformers", qwen3_moe, encoder_step,
+             refused=(("makefx", r"at the op aten\._grouped_mm"),)),
+    ZooModel("levit", "transformers", levit, encoder_step, capture_calls=2,
+             refused=(("makefx", "attention_bias_cache during the captured call"),)),
 )}

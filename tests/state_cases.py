@@ -7,6 +7,8 @@ import enum
 
 import torch
 
+import state_settings as settings_module
+
 G = torch.ones(3)  # a global tensor: a MakeFx artifact must not bake it
 FLAG = True
 K = 3
@@ -103,3 +105,50 @@ class Table(torch.nn.Module):
 
     def forward(self, x):
         return x * self.weights["a"] + self.offsets[0]
+
+
+class ViaGetattr(torch.nn.Module):
+    """Reads its setting with getattr and a constant name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = 2.0
+
+    def forward(self, x):
+        return x * getattr(self, "gain", 1.0)
+
+
+class ViaComprehension(torch.nn.Module):
+    """Reads its setting inside a comprehension, whose code sees `self` as a free variable."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain = 2.0
+
+    def forward(self, x):
+        return torch.stack([x * self.gain for _ in range(2)]).sum(0)
+
+
+class ViaModule(torch.nn.Module):
+    """Reads an attribute of an imported module, and runs a submodule that reads nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.act = torch.nn.Tanh()
+
+    def forward(self, x):
+        return self.act(x) * settings_module.SCALE
+
+
+class Odd(torch.nn.Module):
+    """Values of kinds a spelling must survive: a list holding itself, an int of thousands of digits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = [1.0]
+        self.loop.append(self.loop)
+        self.huge = 10**5000
+        self.order = {"a": 1.0, "b": 2.0}
+
+    def forward(self, x):
+        return x * len(self.loop) + (self.huge % 7) + torch.tensor(list(self.order.values()))[0]

@@ -83,8 +83,20 @@ class Namer:
                 if attribute is value:
                     return f"global {module}.{name}"
         for name, cell in zip(getattr(getattr(self.fn, "__code__", None), "co_freevars", ()), getattr(self.fn, "__closure__", None) or ()):
-            if cell.cell_contents is value:
+            if getattr(cell, "cell_contents", None) is value:  # an empty cell has no contents at all
                 return f"closure cell {name} of {getattr(self.fn, '__qualname__', 'fn')}"
+        return self.in_collection(value)
+
+    def in_collection(self, value: torch.Tensor) -> str | None:
+        """A tensor kept in a dict or list attribute of a submodule (a cache a forward fills)."""
+        for position, module in enumerate(self.modules):
+            for path, submodule in module.named_modules():
+                for name, attribute in vars(submodule).items():
+                    items = attribute.items() if isinstance(attribute, dict) else enumerate(attribute) if isinstance(attribute, list) else ()
+                    for key, item in items:
+                        if item is value:
+                            where = ".".join(filter(None, (f"model {position}", path, name)))
+                            return f"{where}[{key!r}] (a tensor kept in a {type(attribute).__name__} attribute, e.g. a cache)"
         return None
 
 

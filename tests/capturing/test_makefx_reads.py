@@ -104,6 +104,26 @@ def test_a_dict_or_list_attribute_changed_in_place_is_refused(tmp_path):
         served(model, torch.ones(2))
 
 
+@pytest.mark.parametrize(("model", "change", "message"), [
+    (sc.ViaGetattr, lambda m: setattr(m, "gain", 3.0), r"args\[0\]\.gain is 3\.0"),
+    (sc.ViaComprehension, lambda m: setattr(m, "gain", 3.0), r"args\[0\]\.gain is 3\.0"),
+    (sc.ViaModule, lambda m: setattr(sc.settings_module, "SCALE", 3.0), r"global state_settings\.SCALE is 3\.0"),
+    (sc.ViaModule, lambda m: setattr(m, "act", torch.nn.Sigmoid()),
+     r"args\[0\]\.act\.__class__ is class torch\.nn\.modules\.activation\.Sigmoid but .*activation\.Tanh"),
+    (sc.Odd, lambda m: m.order.update({"a": m.order.pop("a")}), r"args\[0\]\.order is \{'b': 2\.0, 'a': 1\.0\}"),
+    (sc.Odd, lambda m: m.order.update({"a": 1}), r"args\[0\]\.order is \{'a': 1, 'b': 2\.0\}"),  # an int for the float
+    (sc.Odd, lambda m: setattr(m, "huge", 10**5000 + 1), r"args\[0\]\.huge is <4155 characters, sha256 [0-9a-f]{64}> but"),
+])
+def test_state_read_other_than_by_a_plain_attribute_load_is_checked(tmp_path, monkeypatch, model, change, message):
+    monkeypatch.setattr(sc.settings_module, "SCALE", sc.settings_module.SCALE)
+    served = precompile.load(*_capture(tmp_path, sc.step, model(), torch.ones(2)))
+    instance = model()
+    assert torch.allclose(served(instance, torch.ones(2)), sc.step(instance, torch.ones(2)))  # the fast path next
+    change(instance)
+    with pytest.raises(CallMismatch, match=message):
+        served(instance, torch.ones(2))
+
+
 def test_a_call_that_changes_state_it_read_is_refused_at_capture(tmp_path):
     with pytest.raises(CaptureRefused, match=r"fn changed args\[0\]\.calls during the captured call \(0 -> 1\)"):
         _capture(tmp_path, sc.step, sc.Counter(), torch.ones(2))

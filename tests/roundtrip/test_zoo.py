@@ -145,3 +145,42 @@ def test_group_norm_after_a_transposed_add_is_served_as_eager(tracer, tmp_path):
         got = cap(*args)
     with torch.no_grad():
         assert torch.allclose(got, library_cases.group_norm_after_a_transposed_add(*args))
+
+
+FAMILIES = ("wav2vec2", "mamba", "qwen3_moe", "levit")
+
+FAMILY_CAPTURE = r"""
+import json, re, sys, torch, precompile
+from bench.zoo_models import ZOO
+TRACERS = {"makefx": precompile.MakeFxTracer, "dynamo": precompile.DynamoTracer}
+outcomes = {}
+for key, (name, tracer, artifact, cache) in json.loads(sys.argv[1]).items():
+    zoo = ZOO[name]
+    model, args = zoo.instantiate()
+    try:
+        with torch.no_grad(), precompile.capture(zoo.step, artifact_path=artifact, cache_path=cache,
+                                                 tracer=TRACERS[tracer](), backend="eager") as cap:
+            for _ in range(zoo.capture_calls if tracer == "dynamo" else 1):
+                cap(model, *args)
+        outcomes[key] = "captured"
+    except precompile.CaptureRefused as exc:
+        documented = any(t == tracer and re.search(p, str(exc)) for t, p in zoo.refused)
+        outcomes[key] = ("refused as documented: " if documented else "REFUSED: ") + str(exc)[:300]
+print(json.dumps(outcomes))
+"""
+
+
+def test_the_model_families_serve_fresh_or_are_refused_as_documented(tmp_path):
+    """A weight_norm audio encoder, a state-space model, a mixture of experts through grouped_mm, and a
+    vision model whose forward fills a cache on its first call: each cell is served in a fresh process
+    under no_compilation() (twice: the second call sees the filled cache) like eager, or is refused at
+    capture with the reason and the way out the zoo documents."""
+    cells = {f"{name}-{tracer}": (name, tracer, str(tmp_path / f"{name}-{tracer}.py"), str(tmp_path / f"{name}-{tracer}.cache"))
+             for name in FAMILIES for tracer in TRACERS}
+    outcomes = fresh_json(FAMILY_CAPTURE, json.dumps(cells))
+    assert {k: v for k, v in outcomes.items() if v != "captured" and not v.startswith("refused as documented")} == {}
+    assert sorted(k for k, v in outcomes.items() if v != "captured") == [
+        "levit-makefx", "qwen3_moe-makefx", "wav2vec2-dynamo"]
+    captured = {key: (name, artifact, cache) for key, (name, _, artifact, cache) in cells.items() if outcomes[key] == "captured"}
+    results = fresh_json(SERVE, "load-after", json.dumps(captured))
+    assert {key: value for key, value in results.items() if not isinstance(value, float) or value > 1e-5} == {}

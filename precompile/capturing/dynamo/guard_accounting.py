@@ -294,14 +294,27 @@ def wont_generalize(guards: list[VariantGuards]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def _guards_state(saved: bytes, name: str):
-    """The guard state Dynamo saved for a variant of frame `name`, read back as its own loader reads
-    it; a CaptureRefused where this torch cannot (torch 2.11 saves a guard on a function's
-    __defaults__, such as transformers' masking helpers carry, in a form its loader rejects)."""
-    from precompile.torch_compat import load_guards_state
+def read_guards_state(saved: bytes):
+    """A variant's saved guard state, read back as Dynamo's own loader reads it, except that a source
+    for a module a frame imports (ImportSource: a state-space model's layers import their kernels
+    inside forward) does not install its guard again as it is rebuilt: that needs a running trace,
+    and the guard it would install is in the saved state already."""
+    from precompile.torch_compat import ImportSource, load_guards_state
 
+    rebuild = ImportSource.__post_init__
+    ImportSource.__post_init__ = lambda self: None
     try:
         return load_guards_state(saved)
+    finally:
+        ImportSource.__post_init__ = rebuild
+
+
+def _guards_state(saved: bytes, name: str):
+    """The guard state Dynamo saved for a variant of frame `name`, read back (`read_guards_state`);
+    a CaptureRefused where this torch cannot (torch 2.11 saves a guard on a function's __defaults__,
+    such as transformers' masking helpers carry, in a form its loader rejects)."""
+    try:
+        return read_guards_state(saved)
     except Exception as exc:  # whatever unpickling torch's own state raises
         raise CaptureRefused(
             f"torch {torch.__version__} cannot read back the guard state it saved for {name} "

@@ -24,6 +24,7 @@ import torch
 
 from precompile.capturing.dynamo.guard_accounting import UNKEPT as _UNKEPT
 from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
+from precompile.capturing.dynamo.guard_expressions import Unrenderable, literal, names_in, reads_back
 from precompile.capturing.dynamo.guard_function import guard_function
 from precompile.capturing.dynamo.named_identity import CHECK, reference
 
@@ -45,10 +46,6 @@ _BARE_LOCAL = re.compile(r"^(type\()?(?!type\()(?![LG]\[)([A-Za-z_]\w*)")
 _SOURCE_BUILTINS = frozenset({"dict", "type", "list", "object"})
 _SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "__getitem__", "__getattribute__"})
 _EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object}
-
-class Unrenderable(Exception):
-    """A kept guard with no faithful rendering here: `str()` names it and says why."""
-
 
 @dataclass
 class RenderedVariant:
@@ -82,32 +79,6 @@ def rename_sources(text: str, renames: dict[str, str]) -> str:
     return text
 
 
-def _names_in(expr: str, allowed: frozenset, calls: frozenset | None, label: str) -> None:
-    try:
-        tree = ast.parse(expr, mode="eval")
-    except SyntaxError as exc:
-        raise Unrenderable(f"{label}: {expr!r} is not a Python expression ({exc.msg})") from None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Name) and node.id not in allowed:
-            raise Unrenderable(f"{label}: {expr!r} uses {node.id!r}, which the serving process does not define")
-        if isinstance(node, ast.Call) and calls is not None:
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
-            if name not in calls:
-                raise Unrenderable(f"{label}: {expr!r} calls {name!r}")
-
-
-def _literal(value, label: str) -> str:
-    text = repr(value)
-    try:
-        same = ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        same = False
-    if not same:
-        raise Unrenderable(f"{label}: its value {text[:80]} has no literal that reads back equal")
-    return text
-
-
 class _Variant:
     """Collects one variant's checks in order, then writes its function."""
 
@@ -131,7 +102,7 @@ class _Variant:
 
     def expression(self, name: str, label: str) -> str:
         text = _MINTED_GLOBAL.sub(lambda match: self.minted_module(match, label), rename_sources(name, self.renames))
-        _names_in(text, _SOURCE_NAMES | _SOURCE_BUILTINS | {"_by_name"}, _SOURCE_CALLS, label)
+        names_in(text, _SOURCE_NAMES | _SOURCE_BUILTINS | {"_by_name"}, _SOURCE_CALLS, label)
         return text
 
     def minted_module(self, match: re.Match, label: str) -> str:
@@ -165,6 +136,18 @@ class _Variant:
             raise Unrenderable(f"{label}: {obj!r} has no module and qualified name another process can resolve")
         self.references.add(ref)
         return f"_by_name[{ref!r}]"
+
+    def spelled(self, value, label: str) -> str:
+        """An expression equal to `value`: a literal, a class or function by name, or a tuple or
+        frozenset of those (in a stable order: a frozenset's items sorted by their spelling)."""
+        if type(value) in (tuple, frozenset):
+            items = [self.spelled(item, label) for item in value]
+            if type(value) is tuple:
+                return "(" + "".join(f"{item}, " for item in items) + ")"
+            return "frozenset({" + ", ".join(sorted(items)) + "})" if items else "frozenset()"
+        if isinstance(value, type) or callable(value):
+            return self.named(value, label)
+        return literal(value, label)
 
     @staticmethod
     def keyword(guard, name: str):
@@ -251,8 +234,18 @@ class _Variant:
         """DICT_CONTAINS / DICT_NOT_CONTAINS: whether the dict holds a key, by dict's own lookup (a
         subclass's __contains__ is not called, as torch's check calls none)."""
         key = self.keyword(guard, "key")
-        text = f"dict.__contains__({self.source(guard, label)}, {_literal(key, label)})"
+        # A key that is a class (pytree's SUPPORTED_NODES is keyed by node types) is named, resolved at load.
+        text = f"dict.__contains__({self.source(guard, label)}, {self.spelled(key, label)})"
         self.lines.append((f"{label} ({key!r})", text if kind == "DICT_CONTAINS" else f"not {text}"))
+
+    def set_contains(self, guard, label: str, kind: str) -> None:
+        """SET_CONTAINS / SET_NOT_CONTAINS: whether the set holds an item, by the set type's own lookup."""
+        key = self.keyword(guard, "key")
+        held = self.value(guard, label)
+        if type(held) not in (set, frozenset):
+            raise Unrenderable(f"{label}: the guarded value is a {type(held).__name__}, not a set")
+        text = f"{type(held).__name__}.__contains__({self.source(guard, label)}, {self.spelled(key, label)})"
+        self.lines.append((f"{label} ({key!r})", text if kind == "SET_CONTAINS" else f"not {text}"))
 
     def duplicate_input(self, guard, label: str, kind: str) -> None:
         other = self.keyword(guard, "source_b")
@@ -315,6 +308,10 @@ class _Variant:
         if type(value) is torch.dtype and getattr(torch, str(value).removeprefix("torch."), None) is value:
             self.lines.append((label, f"type({source}) is torch.dtype and {source} == {value}"))
             return
+        if type(value) in (tuple, frozenset) and not reads_back(value):
+            # A collection of classes and functions (torch's pytree keeps BUILTIN_TYPES so): each by name.
+            self.lines.append((label, f"type({source}) is {type(value).__name__} and {source} == {self.spelled(value, label)}"))
+            return
         if type(value) not in _LITERAL_TYPES:
             raise Unrenderable(f"{label}: a {type(value).__name__} value is not rendered as a literal here")
         if type(value) is float and math.isnan(value):
@@ -322,7 +319,7 @@ class _Variant:
             return
         if type(value) is complex and value != value:
             raise Unrenderable(f"{label}: a complex NaN")
-        self.lines.append((label, f"type({source}) is {type(value).__name__} and {source} == {_literal(value, label)}"))
+        self.lines.append((label, f"type({source}) is {type(value).__name__} and {source} == {literal(value, label)}"))
 
     def dict_keys(self, guard, label: str, kind: str = "DICT_KEYS_MATCH") -> None:
         """Dynamo's DICT_KEYS_MATCH: the dict's length, then its keys, in order where the capture relied
@@ -341,10 +338,10 @@ class _Variant:
         self.lines.append((label, f"len({source}) == {len(keys)}"))
         ordered = {s.name for s in self.state.output_graph.guard_on_key_order}
         if guard.name in ordered:
-            self.lines.append((f"{label} (in order)", f"list(dict.keys({source})) == {_literal(keys, label)}"))
+            self.lines.append((f"{label} (in order)", f"list(dict.keys({source})) == {literal(keys, label)}"))
         else:
             for key in keys:
-                _literal(key, label)
+                literal(key, label)
             members = "{" + ", ".join(sorted(map(repr, keys))) + "}" if keys else "set()"
             self.lines.append((label, f"dict.keys({source}) == {members}"))
 
@@ -354,7 +351,7 @@ class _Variant:
             raise Unrenderable(f"{label}: the saved state holds no shape-guard expressions (torch would rebuild them)")
         for expr in dict.fromkeys(parts.python_code_parts.exprs):
             text = rename_sources(expr, self.renames)
-            _names_in(text, _SHAPE_NAMES, _SHAPE_CALLS, label)
+            names_in(text, _SHAPE_NAMES, _SHAPE_CALLS, label)
             self.lines.append((f"{label}: {slot_source(expr)}", text))
 
     def tensor(self, guard, label: str, kind: str = "TENSOR_MATCH") -> None:
@@ -389,7 +386,7 @@ class _Variant:
                                       "any markings pass, so they are not checked here either"))
             return
         for part in parts:
-            _names_in(part, _MARKING_NAMES, frozenset({"hasattr", "getattr", "issubset", "set"}), label)
+            names_in(part, _MARKING_NAMES, frozenset({"hasattr", "getattr", "issubset", "set"}), label)
         if parts:
             self.marking.append((f"{label}: dimension markings (mark_dynamic and the like)", " and ".join(parts)))
 
@@ -412,7 +409,7 @@ class _Variant:
         if value is None or type(value) is bool:
             self.lines.append((label, f"{text} is {value!r}"))
         else:
-            self.lines.append((label, f"type({text}) is {type(value).__name__} and {text} == {_literal(value, line)}"))
+            self.lines.append((label, f"type({text}) is {type(value).__name__} and {text} == {literal(value, line)}"))
 
 
 # Guard type -> the _Variant method that renders it (GRAD_MODE and the like: see _COVERED_BY_GLOBAL_STATE).
@@ -430,6 +427,8 @@ _RENDERERS = {
     "NOT_PRESENT_IN_GENERIC_DICT": "not_present_in_generic_dict",
     "DICT_CONTAINS": "dict_contains",
     "DICT_NOT_CONTAINS": "dict_contains",
+    "SET_CONTAINS": "set_contains",
+    "SET_NOT_CONTAINS": "set_contains",
     "DUPLICATE_INPUT": "duplicate_input",
     "DICT_KEYS_MATCH": "dict_keys",
     "HASATTR": "has_attribute",

@@ -29,6 +29,8 @@ from precompile.capturing import kernels, pipeline
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
+from precompile.capturing.dynamo.next_call import served_again
+from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
 from precompile.capturing.dynamo.standalone import remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
 from precompile.capturing.lowering import lower_eager
@@ -178,6 +180,9 @@ class DynamoSession:
         self._truncation = TruncationLog()
         self._fallbacks = BackendFallbackLog()
         self.kernel_build: kernels.KernelBuild | None = None
+        self._served_calls: list[tuple[tuple, dict]] = []
+        """Each call that ran, to check at build whether the artifact would serve it again."""
+        self._warned: set[int] = set()
 
     def __enter__(self) -> DynamoSession:
         if not _active.acquire(blocking=False):
@@ -220,10 +225,13 @@ class DynamoSession:
         self._stack.close()
 
     def __call__(self, *args, **kwargs):
+        refuse_parametrized_modules(args, kwargs)
         self.calls += 1
         try:
             with phase(f"call {self.calls}: compile what Dynamo has not yet, and run"):
-                return self.compiled(*args, **kwargs)
+                result = self.compiled(*args, **kwargs)
+            self._served_calls.append((args, kwargs))
+            return result
         except Exception as exc:
             # A refusal of ours from inside the backend reaches the caller as itself, not wrapped
             # in Dynamo's BackendCompilerFailed.
@@ -303,6 +311,9 @@ class DynamoSession:
         return {"qualname": qualname, "first_line": code.python_code.co_firstlineno, "installed": installed}
 
     def build(self) -> pipeline.Pair:
+        for call, (args, kwargs) in enumerate(self._served_calls, 1):
+            if call not in self._warned and not served_again(self.fn, args, kwargs, call):
+                self._warned.add(call)
         # Rendering builds hundreds of thousands of short-lived objects (syntax trees of every guard,
         # the text): with the collector paused they are freed by refcounting alone, where they would
         # set off full collections over all of torch's objects (see cyclic_gc_paused).

@@ -23,6 +23,7 @@ import types
 from dataclasses import dataclass, field
 
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
+from precompile.capturing.dynamo.guard_accounting import read_guards_state
 from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
 from precompile.errors import CaptureRefused
 
@@ -136,10 +137,10 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
                      subgraph_sources: list[str], seen: dict | None = None) -> StandaloneParts:
     """`seen`: {(frame qualname, variant): what its kept guards' sources held as Dynamo built them}
     (GuardLedger.seen), which the rendered checks compare with."""
-    from precompile.torch_compat import SerializedCode, dynamo_config, load_guards_state
+    from precompile.torch_compat import SerializedCode, dynamo_config
 
     states = {
-        (index, variant): load_guards_state(guarded.guards_state)
+        (index, variant): read_guards_state(guarded.guards_state)
         for index, code in enumerate(entry.codes) for variant, guarded in enumerate(code.guarded_codes)
         if not frames[index].runs_as_python
     }

@@ -85,14 +85,14 @@ class Owner:
 
 @dataclass
 class ReadLog:
-    attributes: dict[tuple[Owner, str], object] = field(default_factory=dict)
-    """(owner, attribute) -> the value the first call that loaded it saw."""
-    globals: dict[tuple[str, str], object] = field(default_factory=dict)
-    """(module name, global name) -> value, for globals of the code that ran."""
+    attributes: dict[tuple[Owner, str], str] = field(default_factory=dict)
+    """(owner, attribute) -> the spelling of the value the first call that loaded it saw."""
+    globals: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(module name, global name) -> the spelling of its value, for globals of the code that ran."""
     globals_of: dict[str, dict] = field(default_factory=dict)
     """module name -> its globals dict (to read the values again once the trace is done)."""
-    closures: dict[tuple[str, str], tuple[types.CodeType, object]] = field(default_factory=dict)
-    """(function's qualified name, free variable) -> (its code, the value its first call saw)."""
+    closures: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(function's qualified name, free variable) -> the spelling of the value its first call saw."""
     owners: dict[int, tuple[Owner, object]] = field(default_factory=dict)
     """id -> (owner, the object itself) of every object attributes were noted on."""
 
@@ -107,33 +107,55 @@ class _Loads:
 
 
 def _loads(code: types.CodeType) -> _Loads:
-    arguments = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])
+    """Roots are the frame's arguments and free variables (a comprehension's or a nested function's
+    `self`), and globals (a module's attribute: `cfg.SCALE`); `getattr(root, "name")` with a constant
+    name reads as `root.name`."""
+    roots = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]) | set(code.co_freevars)
     chains: set[tuple[str, tuple[str, ...]]] = set()
     global_names: set[str] = set()
     free: set[str] = set()
     root: str | None = None
     path: list[str] = []
+    instructions = [i for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG", "CACHE")]
 
     def close() -> None:
         if root is not None and path:
             chains.add((root, tuple(path[:_MAX_CHAIN])))
 
-    for instruction in dis.get_instructions(code):
+    for index, instruction in enumerate(instructions):
         name = instruction.opname
         if name in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
             path.append(instruction.argval)
             continue
         close()
         root, path = None, []
-        if name.startswith("LOAD_FAST"):
+        if name.startswith("LOAD_FAST") or name == "LOAD_DEREF":
             local = instruction.argval[-1] if isinstance(instruction.argval, tuple) else instruction.argval
-            root = local if local in arguments else None
+            root = local if local in roots else None
+            following = instructions[index + 1] if index + 1 < len(instructions) else None
+            if root is not None and _getattr_call(instructions, index) and following is not None:
+                chains.add((root, (following.argval,)))
+            if name == "LOAD_DEREF" and instruction.argval in code.co_freevars:
+                free.add(instruction.argval)
         elif name in ("LOAD_GLOBAL", "LOAD_NAME"):
             global_names.add(instruction.argval)
-        elif name in ("LOAD_DEREF", "LOAD_CLASSDEREF") and instruction.argval in code.co_freevars:
+            root = f"{_GLOBAL}{instruction.argval}"
+        elif name == "LOAD_CLASSDEREF" and instruction.argval in code.co_freevars:
             free.add(instruction.argval)
     close()
     return _Loads(tuple(sorted(chains)), tuple(sorted(global_names)), tuple(sorted(free)))
+
+
+_GLOBAL = "global:"
+"""How a chain rooted at a global names its root (`cfg.SCALE` where cfg is a module global)."""
+
+
+def _getattr_call(instructions: list, index: int) -> bool:
+    """Whether the load at `index` is getattr's first argument with a constant string name after it."""
+    before = instructions[index - 1] if index else None
+    after = instructions[index + 1] if index + 1 < len(instructions) else None
+    return (before is not None and before.opname in ("LOAD_GLOBAL", "LOAD_NAME") and before.argval == "getattr"
+            and after is not None and after.opname == "LOAD_CONST" and isinstance(after.argval, str))
 
 
 def _followable(value: object) -> bool:
@@ -146,6 +168,8 @@ def _followable(value: object) -> bool:
 def plain_attribute(obj: object, name: str) -> object:
     """obj.name where it is plain data (the instance's dict, a module's submodule, or a class
     attribute that is no descriptor); _MISSING otherwise. Runs no code of obj's."""
+    if name == "__class__":
+        return type(obj)
     try:
         instance = object.__getattribute__(obj, "__dict__")
     except AttributeError:
@@ -189,21 +213,38 @@ class _FrameHook:
         if loads.chains:
             local = frame.f_locals
             for root, path in loads.chains:
-                self.note_chain(local.get(root, _MISSING), path)
+                if root.startswith(_GLOBAL):
+                    self.note_module_attribute(frame.f_globals.get(root[len(_GLOBAL):]), path[0])
+                else:
+                    self.note_chain(local.get(root, _MISSING), path)
         if loads.globals:
             module = frame.f_globals.get("__name__", "?")
             log.globals_of.setdefault(module, frame.f_globals)
             for name in loads.globals:
                 value = frame.f_globals.get(name, _MISSING)
-                if value is not _MISSING and spelled(value) is not None:
-                    log.globals.setdefault((module, name), value)
+                spelling = None if value is _MISSING or (module, name) in log.globals else spelled(value)
+                if spelling is not None:
+                    log.globals[module, name] = spelling
         if loads.free:
             local = frame.f_locals
             where = frame.f_code.co_qualname if hasattr(frame.f_code, "co_qualname") else frame.f_code.co_name
             for name in loads.free:
                 value = local.get(name, _MISSING)
-                if value is not _MISSING and spelled(value) is not None:
-                    log.closures.setdefault((f"{frame.f_globals.get('__name__', '?')}.{where}", name), (frame.f_code, value))
+                key = (f"{frame.f_globals.get('__name__', '?')}.{where}", name)
+                spelling = None if value is _MISSING or key in log.closures else spelled(value)
+                if spelling is not None:
+                    log.closures[key] = spelling
+
+    def note_module_attribute(self, module: object, name: str) -> None:
+        """`cfg.SCALE` where cfg is a module: a global of that module."""
+        if not isinstance(module, types.ModuleType) or _skipped(getattr(module, "__file__", None) or "<"):
+            return
+        key = (module.__name__, name)
+        value = vars(module).get(name, _MISSING)
+        spelling = None if value is _MISSING or key in self.log.globals else spelled(value)
+        if spelling is not None:
+            self.log.globals[key] = spelling
+            self.log.globals_of.setdefault(module.__name__, vars(module))
 
     def note_chain(self, obj: object, path: tuple[str, ...]) -> None:
         log = self.log
@@ -215,8 +256,9 @@ class _FrameHook:
             value = plain_attribute(obj, name)
             if value is _MISSING:
                 return
-            if spelled(value) is not None:
-                log.attributes.setdefault((owner, name), value)
+            spelling = spelled(value)
+            if spelling is not None:
+                log.attributes.setdefault((owner, name), spelling)  # as first read: a list or dict may change after
                 return
             if isinstance(value, torch.nn.Module):
                 obj = value  # a submodule: its own owner is known
@@ -233,7 +275,11 @@ def recording(modules: dict[int, torch.nn.Module]):
     log = ReadLog()
     for position, module in modules.items():
         for name, submodule in module.named_modules(remove_duplicate=False):
-            log.owners.setdefault(id(submodule), (Owner(position, name), submodule))
+            if id(submodule) not in log.owners:
+                log.owners[id(submodule)] = (Owner(position, name), submodule)
+                # What each submodule is: a module replaced by one of another class (Tanh by Sigmoid)
+                # changes what runs while every parameter and attribute read may stay the same.
+                log.attributes[Owner(position, name), "__class__"] = str(spelled(type(submodule)))
     previous = sys.gettrace()
     # The cyclic collector's callbacks (a profiler's, hypothesis') would run inside the trace's frames.
     collecting = gc.isenabled()

@@ -38,17 +38,17 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
     out: list[SpecializedValue] = []
     objects = {owner: obj for owner, obj in read.owners.values()}
     for (owner, name), value in sorted(read.attributes.items(), key=lambda item: (item[0][0], item[0][1])):
-        record = SpecializedValue(kind="attribute", name=name, value=str(spelled(value)), module=owner.module,
+        record = SpecializedValue(kind="attribute", name=name, value=value, module=owner.module,
                                   arg=owner.arg, chain=owner.chain)
         _refuse_changed(record, spelled(plain_attribute(objects[owner], name)))
         out.append(record)
     for (module, name), value in sorted(read.globals.items()):
-        record = SpecializedValue(kind="global", name=name, value=str(spelled(value)), module=module,
+        record = SpecializedValue(kind="global", name=name, value=value, module=module,
                                   checked=_importable(module))
         _refuse_changed(record, spelled(read.globals_of[module].get(name)))
         out.append(record)
-    for (function, name), (_, value) in sorted(read.closures.items(), key=lambda item: item[0]):
-        out.append(SpecializedValue(kind="closure", name=name, value=str(spelled(value)), module=function, checked=False))
+    for (function, name), value in sorted(read.closures.items()):
+        out.append(SpecializedValue(kind="closure", name=name, value=value, module=function, checked=False))
     unchecked = [r for r in out if not r.checked and (r.module == fn_module or r.module.startswith(fn_module + "."))]
     if unchecked:
         listed = ", ".join(f"{specialized_source(r)} = {r.value}" for r in unchecked[:8])
@@ -69,6 +69,7 @@ def _refuse_changed(record: SpecializedValue, now: str | None) -> None:
         raise CaptureRefused(
             f"fn changed {where} during the captured call ({record.value} -> {now if now is not None else 'a value of another kind'}), "
             "after its trace read it: the artifact, specialized on the value it read, would refuse every call after "
-            "this one. Keep such state outside fn (pass it in, or update it after the call), or capture with "
-            "DynamoTracer, which replays the update"
+            "this one. Keep such state outside fn (pass it in, or update it after the call; a flag fn sets on its "
+            "first call, such as a warn-once flag, can be set before capturing), or capture with DynamoTracer, "
+            "which replays the update"
         )

@@ -11,6 +11,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import msgspec
@@ -29,6 +30,8 @@ from precompile.serve.ranks import traceable_collectives
 from precompile.torch_compat import pytree
 
 log = logging.getLogger("precompile")
+# Where torch dispatches ops under make_fx: a failure there is the op's, not fn's own code's.
+_TORCH_DISPATCH = (str(Path(torch.__file__).parent / "_subclasses"), str(Path(torch.__file__).parent / "fx" / "experimental"))
 
 _CONSTANT_TYPES = (type(None), bool, int, float, str)
 
@@ -295,6 +298,30 @@ def _make_fx(traced: _TracedFn, decompositions, trace_inputs: list, *, marked: b
             "a MakeFx capture specializes control flow to one call and cannot record that: keep it in tensor ops "
             "(e.g. torch.where)"
         ) from None
+    except Exception as exc:
+        op = _failing_op(exc.__traceback__)
+        if op is None:
+            raise  # what fn's own code raised, as it raised it
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise CaptureRefused(
+            f"tracing fn failed inside torch at the op {op} ({type(exc).__name__}: {first}): torch's fake-tensor "
+            "implementation of that op refuses a call eager may run (transformers' grouped_mm experts on float32 "
+            "weights on the CPU, say). Capture with DynamoTracer (code that checks torch.compiler.is_compiling() "
+            "then takes its compile path), or call that op with what its fake implementation takes (e.g. bfloat16)"
+        ) from exc
+
+
+def _failing_op(tb) -> str | None:
+    """The ATen op being dispatched (fake or proxy mode) where an exception was raised, if any."""
+    from precompile.torch_compat import OpOverload
+
+    found = None
+    while tb is not None:
+        func = tb.tb_frame.f_locals.get("func") if tb.tb_frame.f_code.co_filename.startswith(_TORCH_DISPATCH) else None
+        if isinstance(func, OpOverload):
+            found = str(func)
+        tb = tb.tb_next
+    return found
 
 
 def _data_dependent(what: str) -> str:

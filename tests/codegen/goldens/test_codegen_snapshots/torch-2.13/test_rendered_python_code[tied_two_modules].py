@@ -36,7 +36,9 @@ SPECIALIZED = ({'kind': 'global_state', 'name': 'grad_mode', 'value': 'False'},
  {'kind': 'global_state', 'name': 'default_dtype', 'value': 'torch.float32'},
  {'kind': 'global_state', 'name': 'deterministic_algorithms', 'value': 'False'},
  {'kind': 'global_state', 'name': 'autocast_cpu', 'value': 'False'},
- {'kind': 'global_state', 'name': 'autocast_cuda', 'value': 'False'})
+ {'kind': 'global_state', 'name': 'autocast_cuda', 'value': 'False'},
+ {'kind': 'attribute', 'name': '__class__', 'value': 'class torch.nn.modules.linear.Linear', 'arg': 0},
+ {'kind': 'attribute', 'name': '__class__', 'value': 'class torch.nn.modules.linear.Linear', 'arg': 1})
 
 # ======================================================================================
 # 2. graph: The captured graph as ATen ops, run as they are (eager backend)
@@ -66,9 +68,9 @@ def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1):
 # runtime model's parameters and buffers, scatters parameter gradients like eager .backward(),
 # and rebuilds fn's result. It also checks the Python values the trace read besides tensors
 # (SPECIALIZED): torch's global state, attributes of the model, module globals.
-import copy as _copy
 import enum as _enum
 import gc as _gc
+import hashlib as _hashlib
 import importlib as _importlib
 import sys as _sys
 from operator import is_ as _is
@@ -91,28 +93,52 @@ except ImportError:  # served where only torch is installed: twins of the same n
 def spelled(value):
     """The spelling a specialized value is recorded and compared by (None: not comparable). Two
     values that spell alike behave alike where a trace could have read them: 1, 1.0 and True differ;
-    tuples, lists and dicts of such values spell by their items, in order."""
+    tuples, lists and dicts of such values spell by their items, in order; a class by its qualified
+    name; a numpy scalar by its type and value. A spelling over 256 characters is kept as its length
+    and sha256 (python_code stays readable; the comparison stays exact)."""
+    text = _spelled(value, 0)
+    if text is not None and len(text) > 256:
+        return f"<{len(text)} characters, sha256 {_hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}>"
+    return text
+
+
+def _spelled(value, depth):
     kind = type(value)
-    if value is None or kind in (bool, int, float, str, torch.dtype, torch.device):
+    if value is None or kind in (bool, float, str, torch.dtype, torch.device):
         return repr(value)
+    if kind is int:
+        return repr(value) if -(10**300) < value < 10**300 else hex(value)  # repr refuses 4,300+ digits
     if isinstance(value, _enum.Enum):
         return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
-    if kind in (tuple, list, torch.Size) and len(value) <= 64:
-        items = [spelled(item) for item in value]
-        if None in items:
-            return None
-        inner = ", ".join(items)
-        if kind is list:
-            return f"[{inner}]"
-        if kind is torch.Size:
-            return f"torch.Size([{inner}])"
-        return f"({inner},)" if len(items) == 1 else f"({inner})"
-    if kind is dict and len(value) <= 64:
-        pairs = [(spelled(key), spelled(item)) for key, item in value.items()]
+    if isinstance(value, type):
+        return f"class {value.__module__}.{value.__qualname__}"
+    if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return f"numpy.{kind.__name__}({value.item()!r})"
+    if depth > 8 or kind not in (tuple, list, torch.Size, dict) or len(value) > 10_000:
+        return None  # not a collection of settings: a list holding itself, or nesting deeper than one goes
+    return _collection(value, kind, depth)
+
+
+def _collection(value, kind, depth):
+    if kind is dict:
+        pairs = [(_spelled(key, depth + 1), _spelled(item, depth + 1)) for key, item in value.items()]
         if any(key is None or item is None for key, item in pairs):
             return None
         return "{" + ", ".join(f"{key}: {item}" for key, item in pairs) + "}"
-    return None
+    items = [_spelled(item, depth + 1) for item in value]
+    if None in items:
+        return None
+    inner = ", ".join(items)
+    if kind is list:
+        return f"[{inner}]"
+    if kind is torch.Size:
+        return f"torch.Size([{inner}])"
+    return f"({inner},)" if len(items) == 1 else f"({inner})"
+
+
+def _holds_mutable(value):
+    """Whether a value may change in place: a list or dict, or a tuple holding one."""
+    return isinstance(value, (list, dict)) or (isinstance(value, tuple) and any(map(_holds_mutable, value)))
 
 
 def _plainly_there(owner, name):
@@ -169,7 +195,7 @@ class _Specialized:
         self.state_seen = None
         # As the last full check resolved them: where each attribute and global lives (an instance
         # dict where the value is plainly there, read with .get; else the object, read with getattr),
-        # the very objects found there, and copies of the lists and dicts among them.
+        # the very objects found there, and the spellings of the lists and dicts among them.
         self.in_dicts = []  # (dict, key)
         self.by_getattr = []  # (object, attribute)
         self.seen = None
@@ -177,12 +203,13 @@ class _Specialized:
 
     def unchanged(self):
         """Whether every checked value is still the very object the last full check saw (a list or
-        dict: still equal to its copy). A value set again, even to an equal one, takes the full check."""
+        dict, which may change in place: still spelled alike). A value set again, even to an equal
+        one, takes the full check."""
         if self.seen is None or [get() for get in self.state] != self.state_seen:
             return False
         values = [d.get(k, _ABSENT) for d, k in self.in_dicts]
         values += [getattr(owner, name, _ABSENT) for owner, name in self.by_getattr]
-        return all(map(_is, values, self.seen)) and all(values[i] == copy for i, copy in self.mutable)
+        return all(map(_is, values, self.seen)) and all(spelled(values[i]) == spelling for i, spelling in self.mutable)
 
     def check(self, modules, fail):
         """Compare every checked value with its captured spelling; remember where they live."""
@@ -212,7 +239,7 @@ class _Specialized:
         self.in_dicts = plain
         self.by_getattr = [(owner, name) for owner, name in places if not _plainly_there(owner, name)]
         self.seen = [d.get(k, _ABSENT) for d, k in self.in_dicts] + [getattr(o, n, _ABSENT) for o, n in self.by_getattr]
-        self.mutable = [(i, _copy.deepcopy(value)) for i, value in enumerate(self.seen) if isinstance(value, (list, dict))]
+        self.mutable = [(i, spelled(value)) for i, value in enumerate(self.seen) if _holds_mutable(value)]
         self.state_seen = [get() for get in self.state]
 
     def owner_of(self, record, modules, places):

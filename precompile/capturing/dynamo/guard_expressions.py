@@ -1,0 +1,57 @@
+"""What a rendered guard may say: the checks on a guard's source text (which names it reads, which
+functions it calls, a module imported by name) and the literals its values are written as."""
+from __future__ import annotations
+
+import ast
+
+
+class Unrenderable(Exception):
+    """A kept guard with no faithful rendering here: `str()` names it and says why."""
+
+
+
+def names_in(expr: str, allowed: frozenset, calls: frozenset | None, label: str) -> None:
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError as exc:
+        raise Unrenderable(f"{label}: {expr!r} is not a Python expression ({exc.msg})") from None
+    # A module a frame imports by name (Dynamo's ImportSource): __import__ of one string literal.
+    imports = {id(node) for node in ast.walk(tree) if isinstance(node, ast.Call) and _imports_by_name(node)}
+    for node in ast.walk(tree):
+        if id(node) in imports:
+            continue
+        if isinstance(node, ast.Name) and node.id not in allowed and not (node.id == "__import__" and _import_name_of(node, tree, imports)):
+            raise Unrenderable(f"{label}: {expr!r} uses {node.id!r}, which the serving process does not define")
+        if isinstance(node, ast.Call) and calls is not None:
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            if name not in calls:
+                raise Unrenderable(f"{label}: {expr!r} calls {name!r}")
+
+
+def _imports_by_name(call: ast.Call) -> bool:
+    return (isinstance(call.func, ast.Name) and call.func.id == "__import__" and not call.keywords
+            and len(call.args) == 1 and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str))
+
+
+def _import_name_of(name: ast.Name, tree: ast.AST, imports: set) -> bool:
+    """Whether `name` (__import__) is the function of one of the by-name imports."""
+    return any(isinstance(node, ast.Call) and id(node) in imports and node.func is name for node in ast.walk(tree))
+
+
+def reads_back(value) -> bool:
+    try:
+        return ast.literal_eval(repr(value)) == value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return False
+
+
+def literal(value, label: str) -> str:
+    text = repr(value)
+    try:
+        same = ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        same = False
+    if not same:
+        raise Unrenderable(f"{label}: its value {text[:80]} has no literal that reads back equal")
+    return text
