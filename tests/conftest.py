@@ -102,7 +102,7 @@ SLOW_TESTS = {
     "test_load_fuzz.py::test_mutated_caches_are_served_degraded_or_refused",
     "test_no_compilation.py::test_the_variable_set_to_exactly_1_at_startup_turns_the_policy_on",
     "test_progress.py::test_doctor_says_what_it_is_probing_when_piped",
-    "test_progress.py::test_verbose_on_a_terminal_shows_a_live_line_with_the_elapsed_time",
+    "test_progress.py::test_on_a_terminal_a_capture_shows_a_live_line_with_the_elapsed_time_by_default",
     "test_progress.py::test_verbose_shows_plain_lines_when_piped_and_nothing_otherwise",
     "test_readme.py::test_the_quickstart_runs_as_written_and_leaves_a_pair_that_verifies",
     "test_relocation.py::test_a_different_torch_build_is_still_refused_with_a_warning_naming_both_values",

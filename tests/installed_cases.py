@@ -102,3 +102,53 @@ def tiny_llama():
 
 def llama_logits(model, ids):
     return model(input_ids=ids, use_cache=False).logits
+
+
+def scaled(x, factor=2.0):
+    return x * factor
+
+
+def _function_module(func, reduces_itself: bool):
+    """A module class made inside a function that wraps `func`, as kernels' use_kernel_forward_from_hub
+    makes one per function (transformers 5.25's Llama keeps one per attention layer); with
+    `reduces_itself`, its __reduce__ rebuilds an instance by an importable name, as kernels' does."""
+
+    class FunctionModule(torch.nn.Module):
+        def forward(self, *args):
+            return func(*args)
+
+        if reduces_itself:
+            def __reduce__(self):
+                return rebuild_function_module, (func.__name__,), self.__dict__.copy()
+
+    return FunctionModule
+
+
+PicklingFunctionModule = _function_module(scaled, reduces_itself=True)
+BareFunctionModule = _function_module(scaled, reduces_itself=False)
+
+
+def rebuild_function_module(name):
+    assert name == "scaled"
+    return PicklingFunctionModule()
+
+
+class FunctionModuleChild(torch.nn.Module):
+    """Keeps a function module in a plain dict attribute (not a submodule), as kernels'
+    use_kernelized_func does (`_kernel_funcs`), calls it, and graph-breaks on a print."""
+
+    def __init__(self, function_module):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.__dict__["_funcs"] = {"scaled": function_module}
+
+    def forward(self, x):
+        y = self._funcs["scaled"](self.linear(x))
+        print("child saw", tuple(y.shape))
+        return torch.relu(y)
+
+
+def make_function_module(reduces_itself: bool) -> Parent:
+    torch.manual_seed(0)
+    module = PicklingFunctionModule() if reduces_itself else BareFunctionModule()
+    return Parent(FunctionModuleChild(module))

@@ -64,8 +64,9 @@ def capture(
 
     In a torch.distributed world every rank runs the block (so collectives complete) and only
     `writer_rank` writes the pair; on exit every rank learns whether the capture succeeded on all.
-    Each phase is logged (logger `precompile`, INFO) as it starts and ends; `verbose=True` (or
-    PRECOMPILE_VERBOSE=1 when `verbose` is not given) also shows them on stderr while they run.
+    Each phase is logged (logger `precompile`, INFO) as it starts and ends, and shown on stderr while
+    it runs where stderr is a terminal; `verbose=True`/`False` (or PRECOMPILE_VERBOSE=1/0 when
+    `verbose` is not given) shows or hides them anywhere.
     """
     if not callable(fn):
         raise CaptureRefused(f"capture() takes the function to capture, got {type(fn).__name__}")

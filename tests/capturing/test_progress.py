@@ -53,9 +53,9 @@ def test_every_phase_is_logged_when_it_starts_and_when_it_ends(tmp_path, caplog)
 
 
 def test_verbose_shows_plain_lines_when_piped_and_nothing_otherwise(tmp_path):
-    quiet = _run(tmp_path)
-    assert quiet.returncode == 0, quiet.stderr
-    assert "precompile:" not in quiet.stderr
+    for quiet in (_run(tmp_path), _run(tmp_path, env={"PRECOMPILE_VERBOSE": "0"})):
+        assert quiet.returncode == 0, quiet.stderr
+        assert "precompile:" not in quiet.stderr
     for run in (_run(tmp_path, ", verbose=True"), _run(tmp_path, env={"PRECOMPILE_VERBOSE": "1"})):
         assert run.returncode == 0, run.stderr
         lines = [line for line in run.stderr.splitlines() if line.startswith("precompile: ")]
@@ -64,9 +64,9 @@ def test_verbose_shows_plain_lines_when_piped_and_nothing_otherwise(tmp_path):
             assert any(line.startswith(f"precompile: {name} done in ") and line.endswith(" s") for line in lines)
 
 
-def test_verbose_on_a_terminal_shows_a_live_line_with_the_elapsed_time(tmp_path):
+def _on_a_terminal(tmp_path, verbose: str) -> str:
     leader, follower = pty.openpty()
-    process = subprocess.Popen(_command(", verbose=True"), cwd=tmp_path, env=_environment(), stdout=subprocess.DEVNULL,
+    process = subprocess.Popen(_command(verbose), cwd=tmp_path, env=_environment(), stdout=subprocess.DEVNULL,
                                stderr=follower)
     os.close(follower)
     shown = b""
@@ -76,8 +76,25 @@ def test_verbose_on_a_terminal_shows_a_live_line_with_the_elapsed_time(tmp_path)
     finally:
         os.close(leader)
     assert process.wait(timeout=300) == 0
-    text = shown.decode("utf-8", "replace")
-    assert "precompile: trace with make_fx done in" in text and "0:00:" in text  # rich's elapsed-time column
+    return shown.decode("utf-8", "replace")
+
+
+def test_on_a_terminal_a_capture_shows_a_live_line_with_the_elapsed_time_by_default(tmp_path):
+    for verbose in ("", ", verbose=True"):
+        text = _on_a_terminal(tmp_path, verbose)
+        assert "precompile: trace with make_fx done in" in text and "0:00:" in text  # rich's elapsed-time column
+    assert "precompile:" not in _on_a_terminal(tmp_path, ", verbose=False")
+
+
+def test_a_compile_phase_counts_the_kernel_libraries_built_so_far(tmp_path):
+    from precompile.capturing import progress
+
+    (tmp_path / "ab").mkdir()
+    counted = progress.libraries_in(tmp_path)
+    assert counted() == 0
+    (tmp_path / "ab" / "k.main.so").write_bytes(b"")
+    (tmp_path / "ab" / "k.main.cpp").write_bytes(b"")
+    assert counted() == 1
 
 
 def _read(descriptor: int) -> bytes:

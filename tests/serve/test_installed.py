@@ -335,3 +335,39 @@ def test_a_transformers_model_with_a_graph_break_in_a_layer_serves_installed(tmp
     assert summary.complete and not summary.risky_dropped_guards
     report = fresh_json(HF, str(tmp_path))
     assert report == {"installed": True, "equal": True, "compiles": {}}
+
+
+FUNCTION_MODULE = r"""
+import json, sys
+import torch, precompile, installed_cases as ic
+from torch._dynamo.utils import counters
+directory = sys.argv[1]
+x = torch.ones(4, 8)
+model = ic.make_function_module(reduces_itself=True)
+with precompile.no_compilation(), torch.no_grad():
+    served = precompile.load(f"{directory}/function_module.py", f"{directory}/function_module.cache")
+    equal = torch.equal(served(model, x), ic.run(model, x))
+print(json.dumps({"installed": served.installed, "equal": equal, "compiles": dict(counters["stats"])}))
+"""
+
+
+def test_a_module_of_a_local_class_that_pickles_itself_reads_back_as_its_class_and_serves_installed(tmp_path):
+    """kernels' use_kernelized_func (a dependency of transformers from 5.25.0: Llama's attention) keeps
+    a module of a class made inside a function in a plain attribute; Dynamo guards what its forward
+    closes over through its type. Dynamo's guard pickler writes such a module as a bare nn.Module,
+    whose forward closes over nothing: the capture has it written by the class's own __reduce__."""
+    with torch.no_grad():
+        _, _, summary = _capture(tmp_path, "function_module", ic.run, [(ic.make_function_module(reduces_itself=True), torch.ones(4, 8))])
+    assert summary.complete and not summary.risky_dropped_guards
+    assert fresh_json(FUNCTION_MODULE, str(tmp_path)) == {"installed": True, "equal": True, "compiles": {}}
+
+
+def test_a_kept_guard_the_pickled_guard_state_cannot_read_back_refuses_the_installed_capture_naming_it(tmp_path):
+    """The same module without a __reduce__ of its own reads back as a bare nn.Module: the capture is
+    refused, naming the guard, rather than the artifact at load (`'NoneType' object is not subscriptable`)."""
+    with torch.no_grad(), pytest.raises(precompile.CaptureRefused) as refused:
+        _capture(tmp_path, "bare", ic.run, [(ic.make_function_module(reduces_itself=False), torch.ones(4, 8))])
+    message = str(refused.value)
+    assert ("FunctionModuleChild.forward), variant 0: SEQUENCE_LENGTH dict(type(self._funcs['scaled']).__dict__)"
+            "['forward'].__closure__[0].cell_contents.__defaults__") in message
+    assert "reads back nothing" in message and "guard_filter_fn" in message

@@ -27,6 +27,7 @@ from precompile.artifact.pycode import cyclic_gc_paused
 from precompile.artifact.summary import PrecompileSummary
 from precompile.capturing import kernels, pipeline
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
+from precompile.capturing.dynamo.guard_pickling import faithful_module_pickling, refuse_unfaithful_guard_state
 from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
 from precompile.capturing.dynamo.next_call import served_again
@@ -34,7 +35,7 @@ from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
 from precompile.capturing.dynamo.standalone import remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
 from precompile.capturing.lowering import lower_eager
-from precompile.capturing.progress import phase
+from precompile.capturing.progress import libraries_in, phase
 from precompile.capturing.tracers import DynamoTracer
 from precompile.codegen.models import SubgraphSection
 from precompile.codegen.render import render_dynamo, render_dynamo_standalone
@@ -201,6 +202,8 @@ class DynamoSession:
         if self.backend == "inductor":  # the eager backend builds no kernels
             self.kernel_build = self._stack.enter_context(kernels.private_inductor_cache())
         self._stack.enter_context(dynamo_config.patch(recompile_limit=self.tracer.recompile_limit))
+        # Guard state is pickled as each frame compiles: a module whose class pickles itself is written so.
+        self._stack.enter_context(faithful_module_pickling())
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
         dynamo_log.addHandler(self._truncation)
         self._stack.callback(dynamo_log.removeHandler, self._truncation)
@@ -228,7 +231,8 @@ class DynamoSession:
         refuse_parametrized_modules(args, kwargs)
         self.calls += 1
         try:
-            with phase(f"call {self.calls}: compile what Dynamo has not yet, and run"):
+            counted = libraries_in(self.kernel_build.directory) if self.kernel_build is not None else None
+            with phase(f"call {self.calls}: compile what Dynamo has not yet, and run", counted):
                 result = self.compiled(*args, **kwargs)
             self._served_calls.append((args, kwargs))
             return result
@@ -328,6 +332,7 @@ class DynamoSession:
         installed = any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
         if installed:
             refuse_uninstallable(entry, frames)
+            refuse_unfaithful_guard_state(entry, frames, guards, self._ledger.seen)
         sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
         inlined = tuple(
             InlinedSource(module=s.module, first_line=s.firstlineno, last_line=s.lastlineno, sha256=s.checksum)

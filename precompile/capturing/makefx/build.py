@@ -14,7 +14,7 @@ from precompile.artifact.envelope import FORMAT_VERSION, Backend
 from precompile.artifact.metadata import MakeFxMetadata
 from precompile.capturing import kernels, lowering, pipeline
 from precompile.capturing.makefx import trace as makefx
-from precompile.capturing.progress import phase
+from precompile.capturing.progress import libraries_in, phase
 from precompile.codegen.models import MakeFxArtifact
 from precompile.codegen.render import render_makefx
 from precompile.serve import ranks as distributed
@@ -41,7 +41,7 @@ def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_
                 source = _render(fn, traced, backend, lowering.lower_eager(traced.graph_module))
             loading = "load the rendered python_code"
         else:
-            with phase("lower with Inductor"):
+            with phase("lower with Inductor", libraries_in(kernel_build.directory)):
                 graph = lowering.lower_inductor(traced.graph_module, traced.example_inputs, traced.fake_mode)
                 source = _render(fn, traced, backend, graph)
             loading = "load the rendered python_code on its kernels"

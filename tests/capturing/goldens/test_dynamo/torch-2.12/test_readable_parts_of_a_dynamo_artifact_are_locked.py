@@ -1167,14 +1167,33 @@ class _TorchGuards:
         return "; ".join(failed[:2]) or "a guard failed"
 
 
+def rebuilt_guards_state(guards_state, by_name, policy_dropped):
+    """A variant's pickled guard state as its guard manager is built from: the locals its by-name
+    identity lines name put back, the invariance policy's slots taken out."""
+    from torch._dynamo.package import load_guards_state
+    from torch._dynamo.source import ImportSource
+
+    # A source for a module a frame imports installs its guard again as it is rebuilt, which needs a
+    # running trace; the guard is in the saved state already (as capture reads it back too).
+    rebuild = vars(ImportSource).get("__post_init__")  # torch 2.14's installs no guard there
+    if rebuild is not None:
+        setattr(ImportSource, "__post_init__", lambda self: None)  # noqa: B010 - a method, set for the read only
+    try:
+        state = load_guards_state(guards_state)
+    finally:
+        if rebuild is not None:
+            setattr(ImportSource, "__post_init__", rebuild)  # noqa: B010
+    _fill_named_locals(state, by_name)
+    _drop_guards(state, policy_dropped)
+    return state
+
+
 def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact):
     """torch's guard manager for one variant, from its pickled guard state: the invariance policy's
     slots taken out, the by-name identity checks added. Returns it with its GLOBAL_STATE guard."""
-    from torch._dynamo.package import load_guard_manager, load_guards_state
+    from torch._dynamo.package import load_guard_manager
 
-    state = load_guards_state(guards_state)
-    _fill_named_locals(state, by_name)
-    _drop_guards(state, policy_dropped)
+    state = rebuilt_guards_state(guards_state, by_name, policy_dropped)
     global_state = state.output_graph.global_state_guard
     _set_thread_count(global_state, torch.get_num_threads())
     builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals

@@ -1,0 +1,162 @@
+"""What an installed artifact's pickled guard state must read back as: the objects the guards read.
+
+An installed artifact serves through torch's guard managers, rebuilt at load from the guard state
+Dynamo pickled at capture (`GuardsStatePickler`): building each guard evaluates its source over the
+unpickled locals. Two things stand between what the capture saw and what load rebuilds:
+
+- Dynamo's pickler writes a module of a class defined inside a function as a bare `nn.Module` with
+  that module's `__dict__` (it cannot name the class), even where the class says how to pickle its
+  instances itself (`__reduce__`). A guard that reads through the module's type then reads
+  `nn.Module`'s: kernels' `use_kernelized_func` (a hard dependency of transformers from 5.25.0)
+  keeps such a module per attention layer, `_kernel_funcs['rotary_pos_emb']`, and Dynamo guards
+  `dict(type(...).__dict__)['forward'].__closure__[0].cell_contents.__defaults__` on it, which
+  rebuilt on a bare `nn.Module` is `None[0]`. `faithful_module_pickling` lets such a class's own
+  reduction write it, for the session's compiles.
+- Whatever else unpickles as something else: `readback_problems` rebuilds each variant's guard
+  state as load will and names each kept guard whose source reads back another type, or nothing,
+  so the capture is refused at write time rather than the artifact at load.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pickle
+import re
+from typing import Iterator
+
+import torch
+
+from precompile.artifact.metadata import DynamoFrame, VariantGuards
+from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
+from precompile.errors import CaptureRefused
+
+# What evaluating a guard source may call (Dynamo's own source text: dict(type(x).__dict__)['f'], ...).
+_EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object}
+# Guard kinds whose check is built from what the source held (its type, its length): the kinds the
+# guard filter records a `Seen` for that do not compare a constant.
+_ROOT = re.compile(r"\b([LG])\[")
+_TYPED_KINDS = frozenset({"TYPE_MATCH", "SEQUENCE_LENGTH", "DICT_KEYS_MATCH", "HASATTR"})
+
+
+def _reduces_itself(cls: type) -> bool:
+    """Whether a module class says how its instances pickle (`__reduce__`/`__reduce_ex__` of its own,
+    not nn.Module's or object's)."""
+    stop = (torch.nn.Module, object)
+    return any("__reduce__" in vars(k) or "__reduce_ex__" in vars(k) for k in cls.__mro__ if k not in stop)
+
+
+def _importable(func) -> bool:
+    """Whether pickle can write `func` by reference: found again by its module and qualified name."""
+    module, qualname = getattr(func, "__module__", None), getattr(func, "__qualname__", None)
+    if not module or not qualname or "<locals>" in qualname:
+        return False
+    try:
+        found = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except Exception:  # not there by that name: pickle could not write it either
+        return False
+    return found is func
+
+
+def _own_reduction(obj) -> bool:
+    """Whether `obj`'s own reduction rebuilds it through an importable callable (the real class
+    comes back), rather than by the class, which pickle could not name."""
+    if not _reduces_itself(type(obj)):
+        return False
+    try:
+        reduced = obj.__reduce_ex__(pickle.DEFAULT_PROTOCOL)
+    except Exception:  # a reduction that fails is none
+        return False
+    return isinstance(reduced, tuple) and len(reduced) >= 2 and _importable(reduced[0])
+
+
+@contextlib.contextmanager
+def faithful_module_pickling() -> Iterator[None]:
+    """For the duration: Dynamo's guard state pickler writes a module of a class defined in local
+    scope by the class's own reduction, where it has one that rebuilds it by an importable name
+    (Dynamo's pickler otherwise writes a bare nn.Module). Patched on torch's class itself, so what the
+    pickle names stays torch's (the inspect policy's reviewed names, a serving process without
+    precompile)."""
+    from precompile.torch_compat import GuardsStatePickler
+
+    original = GuardsStatePickler.reducer_override
+
+    def reducer_override(self, obj):
+        reduced = original(self, obj)
+        if (isinstance(obj, torch.nn.Module) and isinstance(reduced, tuple) and reduced
+                and reduced[0] == type(self)._unpickle_module and _own_reduction(obj)):
+            return NotImplemented  # pickle calls obj.__reduce_ex__: the class's own reduction
+        return reduced
+
+    GuardsStatePickler.reducer_override = reducer_override
+    try:
+        yield
+    finally:
+        GuardsStatePickler.reducer_override = original
+
+
+def _local(name: str) -> bool:
+    """Whether a guard source is rooted in the frame's locals (`L['self'].x`, `type(L['m'])`, ...)."""
+    found = _ROOT.search(name)
+    return found is not None and found.group(1) == "L"
+
+
+def _read_back(name: str, state) -> object:
+    og = state.output_graph
+    return eval(name, {"__builtins__": _EVAL_BUILTINS}, {"L": og.local_scope, "G": og.global_scope})  # Dynamo's source text over its own saved scopes
+
+
+def readback_problems(state, seen: dict, policy: frozenset) -> list[str]:
+    """Each kept guard on a local source (torch rebuilds it from the pickled locals; a global source
+    reads the serving module's own globals) whose source reads back, from the unpickled guard state
+    `state`, as another type than the capture's live object held (`seen`: the guard filter's record),
+    or reads back nothing. One line per guard: its slot, what the capture saw and what load would."""
+    problems: dict[str, str] = {}
+    for guard in state.output_graph.guards:
+        kind = guard.create_fn_name()
+        slot = slot_text((kind, slot_source(guard.name)))
+        if kind not in _TYPED_KINDS or slot in policy or not _local(guard.name) or slot in problems:
+            continue
+        saw: Seen | None = seen.get(seen_key(guard))
+        if saw is None:
+            continue
+        try:
+            value = _read_back(guard.name, state)
+        except Exception as exc:  # the guard cannot be built at load: torch raises the same
+            problems[slot] = f"{slot}: the capture saw a {saw.type.__qualname__}; the pickled guard state reads back nothing ({type(exc).__name__}: {exc})"
+            continue
+        if type(value).__name__ == "_Missing":
+            continue  # Dynamo pruned it from the state: torch's builder does not read it either
+        if type(value) is not saw.type and getattr(value, "pytype", None) is not saw.type:
+            problems[slot] = (f"{slot}: the capture saw a {saw.type.__module__}.{saw.type.__qualname__}; the pickled "
+                              f"guard state reads back a {type(value).__module__}.{type(value).__qualname__}")
+    return list(problems.values())
+
+
+def refuse_unfaithful_guard_state(entry, frames: list[DynamoFrame], guards: list[VariantGuards], seen: dict) -> None:
+    """An installed artifact's guards are rebuilt at load from the guard state Dynamo pickled: refuse,
+    at write time, a variant whose kept guards read back from that state as other objects than the
+    capture's (`seen`: GuardLedger.seen), naming each, rather than an artifact that cannot load or
+    never serves."""
+    from precompile.codegen.drivers.dynamo import rebuilt_guards_state
+
+    listed = {(v.frame, v.variant): v for v in guards}
+    problems = []
+    for index, (code, frame) in enumerate(zip(entry.codes, frames)):
+        if frame.runs_as_python:
+            continue
+        for variant, guarded in enumerate(code.guarded_codes):
+            meta = listed.get((frame.qualname, variant))
+            policy = frozenset(meta.policy_dropped) if meta is not None else frozenset()
+            state = rebuilt_guards_state(guarded.guards_state, meta.by_name if meta is not None else (), policy)
+            for line in readback_problems(state, seen.get((frame.qualname, variant)) or {}, policy):
+                problems.append(f"frame {index} ({frame.qualname}), variant {variant}: {line}")
+    if problems:
+        raise CaptureRefused(
+            "the capture is served installed, through torch's guards rebuilt at load from the guard state Dynamo "
+            f"pickled, and these kept guards would read back other objects than the capture's: {problems}; drop them "
+            "with DynamoTracer(guard_filter_fn=...) (then unchecked), make the objects they read picklable by name "
+            "(a class at module level, or one whose __reduce__ rebuilds it by an importable name), or capture with "
+            "MakeFxTracer"
+        )
