@@ -17,11 +17,14 @@ empty Inductor cache, as the reference a precompiled load is measured against. `
 captures in N rounds, each torch.compile's cold run and then every capture in turn: a capture's ratio
 to torch.compile is the median of its rounds' ratios, each over the reference run of its own round.
 Models come from `bench/zoo_models.py` (tiny configs, random weights, nothing downloaded); a model
-whose library does not import is skipped with the reason.
+whose library does not import is skipped with the reason, and a model the zoo documents a refusal for
+(a tracer that cannot capture it faithfully) passes that cell when capture refuses it so.
+`--real-size` runs the real-size models instead (GPT-2 124M, ResNet-50 at 224x224) with
+`--compile-ref`; the capture table gives each pair's python_code and cache sizes.
 
     python bench/zoo.py [--models bert,gpt2] [--tracers dynamo,makefx] [--backends eager,inductor]
                         [--orders load-first,load-after] [--compile-ref] [--capture-runs 2]
-                        [--serve-runs 3] [--json zoo.json]
+                        [--serve-runs 3] [--json zoo.json] [--real-size]
 """
 from __future__ import annotations
 
@@ -39,7 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 CAPTURE = r"""
-import json, logging, re, sys, time
+import json, logging, os, re, sys, time
 import torch
 import precompile
 from bench.zoo_models import ZOO, timed_cpp_builds
@@ -82,7 +85,8 @@ capture_s = time.perf_counter() - started
 with zoo.grad_mode():
     expected = zoo.step(model, *args)
 print(json.dumps({"capture_s": capture_s, "capture_diff": (out - expected).abs().max().item(),
-                  "capture_phases": phases, "cpp_builds": cpp["builds"], "cpp_build_s": cpp["s"]}))
+                  "capture_phases": phases, "cpp_builds": cpp["builds"], "cpp_build_s": cpp["s"],
+                  "python_code_bytes": os.path.getsize(artifact), "cache_bytes": os.path.getsize(cache)}))
 """
 
 SERVE = r"""
@@ -367,13 +371,13 @@ def capture_table(rows: list[dict]) -> str:
     more than one core; `other` is what no phase covers: imports, setup)."""
     compiled = {row["model"]: row["compile_cold_s"] for row in rows if row.get("compile_cold_s") is not None}
     header = ["model", "tracer", "backend", "capture_s", "compile_cold_s", "ratio",
-              *(name for name, _ in PHASE_BUCKETS), "other", "C++ builds (n, s)"]
+              *(name for name, _ in PHASE_BUCKETS), "other", "C++ builds (n, s)", "KB python_code, cache"]
     seen, lines = set(), []
     for row in rows:
         key = (row.get("model"), row.get("tracer"), row.get("backend"))
         if row.get("compile_cold_s") is not None:  # the reference, with its C++ builds
             lines.append([row["model"], row["tracer"], row["backend"], "", f"{row['compile_cold_s']:.1f}", "1.00",
-                          *("" for _ in PHASE_BUCKETS), "", f"{row.get('cpp_builds', 0)}, {row.get('cpp_build_s', 0.0):.1f}"])
+                          *("" for _ in PHASE_BUCKETS), "", f"{row.get('cpp_builds', 0)}, {row.get('cpp_build_s', 0.0):.1f}", ""])
         if "capture_phases" not in row or key in seen:
             continue
         seen.add(key)
@@ -385,7 +389,8 @@ def capture_table(rows: list[dict]) -> str:
         lines.append([row["model"], row["tracer"], row["backend"], f"{row['capture_s']:.1f}",
                       f"{reference:.1f}" if reference else "", ratio, *(f"{b:.2f}" for b in buckets),
                       f"{row.get('capture_runs_s', [row['capture_s']])[-1] - sum(phases.values()):.2f}",
-                      f"{row.get('cpp_builds', 0)}, {row.get('cpp_build_s', 0.0):.1f}"])
+                      f"{row.get('cpp_builds', 0)}, {row.get('cpp_build_s', 0.0):.1f}",
+                      f"{row['python_code_bytes'] / 1024:.0f}, {row['cache_bytes'] / 1024:.0f}" if "cache_bytes" in row else ""])
     return _markdown([header, *lines])
 
 
@@ -394,7 +399,10 @@ def main(argv=None) -> int:
     from bench.zoo_models import ZOO
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(ZOO), help="comma-separated, from: " + ", ".join(ZOO))
+    tiny = [name for name, zoo in ZOO.items() if not zoo.real_size]
+    parser.add_argument("--models", default=",".join(tiny), help="comma-separated, from: " + ", ".join(ZOO))
+    parser.add_argument("--real-size", action="store_true",
+                        help="the real-size models (" + ", ".join(n for n in ZOO if n not in tiny) + ") with --compile-ref")
     parser.add_argument("--tracers", default="dynamo,makefx")
     parser.add_argument("--backends", default="eager,inductor")
     parser.add_argument("--orders", default="load-first,load-after")
@@ -408,6 +416,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON here")
     parser.add_argument("--from-json", type=Path, default=None, help="print the tables of an earlier run's JSON; run nothing")
     options = parser.parse_args(argv)
+    if options.real_size:
+        options.models, options.compile_ref = ",".join(n for n in ZOO if ZOO[n].real_size), True
 
     def split(text: str) -> list[str]:
         return [part for part in text.split(",") if part]

@@ -198,6 +198,19 @@ def levit():
     return _hf("LevitModel", config), (_randn(1, 3, 32, 32),)
 
 
+def gpt2_124m():
+    """GPT-2 at its real size (124M parameters, built from the default config: nothing downloaded)."""
+    config = _tiny("GPT2Config", bos_token_id=0, eos_token_id=0)
+    return _hf("GPT2LMHeadModel", config), (_ids(1, 64, vocab=50257),)
+
+
+def tv_resnet50():
+    """ResNet-50 at its real size, 224x224, batch 1."""
+    import torchvision
+
+    return torchvision.models.resnet50(), (_randn(1, 3, 224, 224),)
+
+
 def tv_resnet18():
     import torchvision
 
@@ -251,6 +264,8 @@ class ZooModel:
     """How many calls a Dynamo capture makes (a forward that fills a cache needs the second one recorded)."""
     refused: tuple[tuple[str, str], ...] = ()
     """(tracer, pattern of the CaptureRefused message) where the zoo expects a documented refusal."""
+    real_size: bool = False
+    """A model at its real size: run by `bench/zoo.py --real-size`, not by default."""
 
     def available(self) -> str:
         """"" when the library imports here, else why not."""
@@ -292,4 +307,6 @@ ZOO = {m.name: m for m in (
              refused=(("makefx", r"at the op aten\._grouped_mm"),)),
     ZooModel("levit", "transformers", levit, encoder_step, capture_calls=2,
              refused=(("makefx", "attention_bias_cache during the captured call"),)),
+    ZooModel("gpt2_124m", "transformers", gpt2_124m, lm_step, real_size=True),
+    ZooModel("tv_resnet50", "torchvision", tv_resnet50, vision_step, real_size=True),
 )}

@@ -19,7 +19,7 @@ def main(artifact_path: str, cache_path: str) -> None:
 
     imported = time.perf_counter()
     model, x = make_demo()
-    with precompile.no_compilation():
+    with torch.no_grad(), precompile.no_compilation():  # the grad mode the demo captures in
         started_load = time.perf_counter()
         runnable = precompile.load(artifact_path, cache_path)
         loaded = time.perf_counter()
