@@ -39,7 +39,6 @@ PRIVATE_NAMES: dict[str, str] = {
     "dynamo_config": "torch._dynamo.config",
     "CompilePackage": "torch._dynamo.package:CompilePackage",
     "load_guards_state": "torch._dynamo.package:load_guards_state",
-    "ImportSource": "torch._dynamo.source:ImportSource",
     "GuardsStatePickler": "torch._dynamo.guards:GuardsStatePickler",
     "is_from_unspecialized_builtin_nn_module_source": "torch._dynamo.guards:is_from_unspecialized_builtin_nn_module_source",
     "PrecompileContext": "torch._dynamo.precompile_context:PrecompileContext",

@@ -541,12 +541,13 @@ def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame
     """torch 2.11 saves a guard on a function's __defaults__ (transformers' masking helpers) in a form
     its own loader rejects with a TypeError: the capture is refused with what happened and what
     serves instead, not torch's traceback, and nothing is written."""
-    from precompile import torch_compat
+    import torch._dynamo.package
 
     def rejecting(saved):
         raise TypeError("DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given")
 
-    monkeypatch.setattr(torch_compat, "load_guards_state", rejecting)
+    # Capture reads guard state back the way the installed driver does (drivers/dynamo.py read_guards_state).
+    monkeypatch.setattr(torch._dynamo.package, "load_guards_state", rejecting)
     message = _refused_uses_global(tmp_path)
     assert "cannot read back the guard state it saved for uses_global" in message
     assert "TypeError: DefaultsSource.__init__()" in message and "MakeFxTracer" in message

@@ -294,27 +294,12 @@ def wont_generalize(guards: list[VariantGuards]) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def read_guards_state(saved: bytes):
-    """A variant's saved guard state, read back as Dynamo's own loader reads it, except that a source
-    for a module a frame imports (ImportSource: a state-space model's layers import their kernels
-    inside forward) does not install its guard again as it is rebuilt: that needs a running trace,
-    and the guard it would install is in the saved state already."""
-    from precompile.torch_compat import ImportSource, load_guards_state
-
-    rebuild = vars(ImportSource).get("__post_init__")  # torch 2.14's installs no guard there
-    if rebuild is None:
-        return load_guards_state(saved)
-    ImportSource.__post_init__ = lambda self: None
-    try:
-        return load_guards_state(saved)
-    finally:
-        ImportSource.__post_init__ = rebuild
-
-
 def _guards_state(saved: bytes, name: str):
-    """The guard state Dynamo saved for a variant of frame `name`, read back (`read_guards_state`);
+    """The guard state Dynamo saved for a variant of frame `name`, read back (the driver's `read_guards_state`);
     a CaptureRefused where this torch cannot (torch 2.11 saves a guard on a function's __defaults__,
     such as transformers' masking helpers carry, in a form its loader rejects)."""
+    from precompile.codegen.drivers.dynamo import read_guards_state
+
     try:
         return read_guards_state(saved)
     except Exception as exc:  # whatever unpickling torch's own state raises

@@ -23,7 +23,6 @@ import types
 from dataclasses import dataclass, field
 
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
-from precompile.capturing.dynamo.guard_accounting import read_guards_state
 from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
 from precompile.errors import CaptureRefused
 
@@ -137,6 +136,7 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
                      subgraph_sources: list[str], seen: dict | None = None) -> StandaloneParts:
     """`seen`: {(frame qualname, variant): what its kept guards' sources held as Dynamo built them}
     (GuardLedger.seen), which the rendered checks compare with."""
+    from precompile.codegen.drivers.dynamo import read_guards_state
     from precompile.torch_compat import SerializedCode, dynamo_config
 
     states = {

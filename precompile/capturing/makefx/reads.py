@@ -79,9 +79,6 @@ class Owner:
     module: str
     chain: tuple[str, ...] = ()
 
-    def source(self, name: str) -> str:
-        return ".".join([f"args[{self.arg}]", *([self.module] if self.module else []), *self.chain, name])
-
 
 @dataclass
 class ReadLog:

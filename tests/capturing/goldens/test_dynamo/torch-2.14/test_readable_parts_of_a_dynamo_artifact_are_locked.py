@@ -1158,22 +1158,28 @@ class _TorchGuards:
         return "; ".join(failed[:2]) or "a guard failed"
 
 
-def rebuilt_guards_state(guards_state, by_name, policy_dropped):
-    """A variant's pickled guard state as its guard manager is built from: the locals its by-name
-    identity lines name put back, the invariance policy's slots taken out."""
+def read_guards_state(guards_state):
+    """A variant's pickled guard state, read back as Dynamo's own loader reads it, except that a
+    source for a module a frame imports (ImportSource: a state-space model's layers import their
+    kernels inside forward) does not install its guard again as it is rebuilt: that needs a running
+    trace, and the guard is in the saved state already. Capture reads guard state back by this too."""
     from torch._dynamo.package import load_guards_state
     from torch._dynamo.source import ImportSource
 
-    # A source for a module a frame imports installs its guard again as it is rebuilt, which needs a
-    # running trace; the guard is in the saved state already (as capture reads it back too).
     rebuild = vars(ImportSource).get("__post_init__")  # torch 2.14's installs no guard there
-    if rebuild is not None:
-        setattr(ImportSource, "__post_init__", lambda self: None)  # noqa: B010 - a method, set for the read only
+    if rebuild is None:
+        return load_guards_state(guards_state)
+    setattr(ImportSource, "__post_init__", lambda self: None)  # noqa: B010 - a method, set for the read only
     try:
-        state = load_guards_state(guards_state)
+        return load_guards_state(guards_state)
     finally:
-        if rebuild is not None:
-            setattr(ImportSource, "__post_init__", rebuild)  # noqa: B010
+        setattr(ImportSource, "__post_init__", rebuild)  # noqa: B010
+
+
+def rebuilt_guards_state(guards_state, by_name, policy_dropped):
+    """A variant's pickled guard state as its guard manager is built from: the locals its by-name
+    identity lines name put back, the invariance policy's slots taken out."""
+    state = read_guards_state(guards_state)
     _fill_named_locals(state, by_name)
     _drop_guards(state, policy_dropped)
     return state
