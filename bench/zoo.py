@@ -304,7 +304,7 @@ def table(rows: list[dict]) -> str:
     return "\n".join([_markdown(cells)] + [_line(row) for row in rows if "skipped" in row])
 
 
-def _passed(row: dict) -> bool:
+def passed(row: dict) -> bool:
     """Served and matching eager, or refused as the zoo documents for that model and tracer."""
     return "error" not in row and (row.get("max_diff") or 0) <= 1e-3
 
@@ -316,7 +316,7 @@ def summary_table(rows: list[dict]) -> str:
     in brackets), and Dynamo's median over MakeFx's; the largest difference."""
     def served(model, tracer, backend, order="load-after"):
         return next((r for r in rows if (r.get("model"), r.get("tracer"), r.get("backend"), r.get("order"))
-                     == (model, tracer, backend, order) and _passed(r)), None)
+                     == (model, tracer, backend, order) and passed(r)), None)
 
     cells = [["model", "cells pass", "capture / torch.compile (Dynamo, MakeFx)", "load+first ms eager (Dynamo, MakeFx)",
               "load+first ms inductor (Dynamo, MakeFx)", "Dynamo / MakeFx (eager, inductor)", "largest diff"]]
@@ -324,7 +324,7 @@ def summary_table(rows: list[dict]) -> str:
         mine = [r for r in rows if r.get("model") == model and r.get("tracer") != "torch.compile"]
         reference = next((r["compile_cold_s"] for r in rows if r.get("model") == model and r.get("compile_cold_s")), None)
         captures = {r["tracer"]: _capture_ratio(r, reference) for r in mine if r.get("backend") == "inductor" and "capture_s" in r}
-        line = [model, f"{sum(map(_passed, mine))}/{len(mine)}",
+        line = [model, f"{sum(map(passed, mine))}/{len(mine)}",
                 ", ".join(f"{captures[t]:.2f}" if captures.get(t) is not None else "-" for t in ("dynamo", "makefx"))]
         ratios = []
         for backend in ("eager", "inductor"):
@@ -441,7 +441,7 @@ def main(argv=None) -> int:
     print(table(rows), summary_table(rows), capture_table(rows), sep="\n\n")
     if options.json:
         options.json.write_text(json.dumps(rows, indent=1) + "\n")
-    failed = [row for row in rows if "skipped" not in row and not _passed(row)]
+    failed = [row for row in rows if "skipped" not in row and not passed(row)]
     return 1 if failed else 0
 
 

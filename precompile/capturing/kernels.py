@@ -9,6 +9,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import sysconfig
 import tempfile
 import threading
 from collections.abc import Iterable, Iterator
@@ -153,7 +154,7 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
     original = cpp_builder.CppBuilder.get_command_line
 
     def observed(self):
-        line = original(self)
+        line = reproducible(original(self), directory)
         commands.append(line)
         return line
 
@@ -176,6 +177,21 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
         finally:
             cpp_builder.CppBuilder.get_command_line = original
             shutil.rmtree(directory, ignore_errors=True)
+
+
+def reproducible(command: str, directory: Path) -> str:
+    """A C++ build command that writes no path of this host into the library: the capture dir, the
+    site-packages torch's headers come from and Python's include dir are mapped to fixed names
+    (`-ffile-prefix-map`, as reproducible-builds practice does), for `__FILE__` in torch's headers and
+    for the debug info. Two builds of one source with the same flags and compiler then give libraries
+    whose loaded sections are the same bytes wherever torch and the capture dir live, so `precompile
+    diff` can compare what a library runs. Compilers other than gcc and clang get the command as it is."""
+    compiler, _, rest = command.partition(" ")
+    if not rest or not os.path.basename(compiler).startswith(("g++", "gcc", "c++", "clang", "cc")):
+        return command
+    roots = {str(directory): "kernels", sysconfig.get_paths()["purelib"]: "site-packages",
+             sysconfig.get_paths()["include"]: "python-include"}
+    return " ".join([compiler, *(f"-ffile-prefix-map={root}={name}" for root, name in roots.items()), rest])
 
 
 @contextlib.contextmanager

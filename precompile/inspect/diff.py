@@ -8,26 +8,33 @@ nothing else, so two captures of the same code in two processes compare equal.
 """
 from __future__ import annotations
 
+import re
+
 from precompile.artifact.bundle_keys import provenance as bundle_provenance
 from precompile.artifact.bundle_keys import requirements
+from precompile.artifact.codec import CacheFormatError
 from precompile.artifact.envelope import CacheEnvelope
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
+from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
-from precompile.inspect.guards import guards_of, shape_text
+from precompile.inspect.guards import global_state_rows, guards_of, shape_text
+from precompile.inspect.library_code import code_digest
 from precompile.inspect.line_diff import unified
 from precompile.inspect.model import Artifact, MegaCache, UpstreamCache
 from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
 from precompile.inspect.report import Change, CodeDiff, DiffEntry, DiffReport
 from precompile.inspect.sections import split_sections
+from precompile.inspect.verify import prepared_checks
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
 CATEGORIES = ("guards", "calling-convention", "params", "kernels", "versions", "code", "metadata")
 """What a difference is about, for `--stat` and `--fail-on`: a release gate names the ones it cares for."""
 _VERSION_KEYS = ("FORMAT_VERSION", "TORCH_VERSION", "PYTHON_VERSION", "format_version", "producer.")
 _CALLING_CONVENTION_KEYS = ("FN_NAME", "NUM_POSITIONAL_ARGS", "MODULE_POSITIONS", "IN_SPEC", "OUT_SPEC", "GRAD_PARAMS", "FRAMES ")
+_PREPARED_KEYS = ("python_code bytecode", "python_code typed metadata")
 _BINARY_KINDS = {"kernel": "kernel-source", "isa-probe": "isa-probe-source"}
 _READ_KINDS = ("global_state", "attribute", "global", "closure")
 MAX_CHANGED_LINES = 2000
@@ -50,6 +57,8 @@ def category(section: str, key: str) -> str:
         return "params"
     if section in ("bundle", "entries"):
         return "kernels"
+    if key.startswith(_PREPARED_KEYS):
+        return "code"
     if key.startswith(_VERSION_KEYS) or key.startswith("bundle.keys."):
         return "versions"
     if section == "metadata" and key.startswith(_CALLING_CONVENTION_KEYS):
@@ -57,18 +66,52 @@ def category(section: str, key: str) -> str:
     return "kernels" if key.startswith("bundle.") else "metadata"
 
 
-def _bundle_entries(bundle, provenance: bool) -> dict[str, str]:
+def _bundle_entries(artifact: Artifact, bundle, provenance: bool) -> dict[str, str]:
     """The bundle's files keyed by content, not by the hashed names a build gives them: a source by its
-    sha256, a library by the source it was built from (its own bytes are provenance: two builds of
-    one source differ in bytes that say nothing about what runs)."""
+    sha256, a library by the source it was built from, with what it runs (its loaded sections'
+    digest, `library_code`: two builds of one source agree on it, a library built from anything else
+    does not; the whole file's sha256 is provenance); then the kernel map entry by entry, each source
+    with the library load would run for it."""
+    files = _payload(artifact, bundle)
     by_path = {f.path: f for f in bundle.files}
-    out = {}
+    out, names = {}, {}
     for f in bundle.files:
         source = by_path.get(f.path[: -len(".so")] + ".cpp") if f.kind in _BINARY_KINDS else None
         if source is not None:
-            out[f"{f.kind} built from source sha256 {source.sha256}"] = f"sha256 {f.sha256}" if provenance else "built"
+            names[f.path] = f"{f.kind} built from source sha256 {source.sha256}"
+            runs = code_digest(files[f.path]) if f.path in files else "unreadable (precompile verify says why)"
+            out[names[f.path]] = runs + (f"; file sha256 {f.sha256}" if provenance else "")
         else:
-            out[f"{f.kind} {f.path.rsplit('.', 1)[-1] if '.' in f.path else ''} sha256 {f.sha256}".replace("  ", " ")] = f"{f.size} bytes"
+            names[f.path] = f"{f.kind} {f.path.rsplit('.', 1)[-1] if '.' in f.path else ''} sha256 {f.sha256}".replace("  ", " ")
+            out[names[f.path]] = f"{f.size} bytes"
+    for digest, path in bundle.kernels.items():
+        out[f"kernel map: source sha256 {digest}"] = names.get(path, f"{path} (not in the bundle)")
+    return out
+
+
+def _payload(artifact: Artifact, bundle) -> dict[str, bytes]:
+    """The bundle's files by path; {} when the payload cannot be read (the diff's problems, and
+    `verify`, say why)."""
+    try:
+        return bundle_files(artifact.cache, bundle)
+    except (CacheFormatError, PrecompileError):
+        return {}
+
+
+def _agrees(artifact: Artifact) -> dict[str, str]:
+    """Whether the bytecode and typed metadata the cache carries, which load uses in place of
+    python_code's, are python_code's (`verify`'s proof, one line each): a cache resealed around other
+    bytecode is a difference in `code` even where python_code is byte-identical."""
+    out = {}
+    for check in prepared_checks(artifact):
+        if check.status == "ok":
+            out[check.name] = "agrees with python_code"
+        elif check.status == "skip":
+            out[check.name] = "not used by load: " + check.message
+        elif check.actual is not None:  # compiled by another Python: this one cannot prove it either way
+            out[check.name] = f"compiled by a Python with magic number {check.expected}: not comparable on this Python"
+        else:
+            out[check.name] = "DIFFERS from python_code: load would use it in place of python_code (precompile verify)"
     return out
 
 
@@ -76,30 +119,78 @@ def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool =
     """{section: {identity: value text}} of everything compared (`code`: python_code's bytes, for
     what its rendered guards check; `provenance`: where and how it was built, too)."""
     out: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
-    out["guards"] = _guards(artifact, code)
     out.update(_python_code(artifact))
+    for section, values in _guards(artifact, code).items():
+        out[section] = {**out.get(section, {}), **values}
     out.update(_cache(artifact, provenance))
     return {section: {_masked(k): _masked(v) for k, v in values.items()} for section, values in out.items()}
 
 
-def _guards(artifact: Artifact, code: bytes | None) -> dict[str, str]:
-    """Each guard slot and what becomes of it in each variant (keyed by the slot alone, so a guard one
-    capture kept and another dropped is one change); a kept tensor guard with what it checks."""
+def _guards(artifact: Artifact, code: bytes | None) -> dict[str, dict[str, str]]:
+    """Each guard slot and what becomes of it in each variant, with what it checks (keyed by the slot
+    alone, so a guard one capture kept and another dropped is one change); sorted into sections by
+    what it guards, as a MakeFx artifact's literals are: a tensor guard on a parameter or buffer in
+    `params`/`buffers` (by its dotted name), on an argument in `inputs`; GLOBAL_STATE one entry per
+    field it checks; a MakeFx trace's reads in `guards`."""
+    out: dict[str, dict[str, str]] = {"guards": {}, "inputs": {}, "params": {}, "buffers": {}}
     guards = guards_of(artifact, code)
     if guards is None:
-        return {}
-    verdicts: dict[str, set[str]] = {}
+        return out
+    global_state = global_state_rows(code) if guards.has_guards else {}
+    frame_index = {frame.qualname or frame.name: index for index, frame in enumerate(_frames(artifact))}
+    verdicts: dict[tuple[str, str], set[str]] = {}
     for frame in guards.frames:
         for slot in frame.slots:
-            verdict = slot.status if slot.status != "kept" else f"kept in {frame.frame}#{frame.variant}"
-            if slot.status == "kept" and slot.guard_type == "TENSOR_MATCH" and slot.check:
-                verdict += f": {slot.check}"
-            verdicts.setdefault(f"{slot.guard_type} {slot.source}".strip(), set()).add(verdict)
-    values = {key: ", ".join(sorted(values)) for key, values in verdicts.items()}
+            where = slot.status if slot.status != "kept" else f"kept in {frame.frame}#{frame.variant}"
+            state = global_state.get((frame_index.get(frame.frame, -1), frame.variant))
+            if slot.guard_type == "GLOBAL_STATE" and slot.status == "kept" and state is not None:
+                for field, value in state.items():
+                    verdicts.setdefault(("guards", f"GLOBAL_STATE {field}"), set()).add(f"{where}: {value}")
+                continue
+            checked = _guard_key(slot.guard_type, slot.source) if slot.status == "kept" and slot.check else None
+            if checked is not None and checked[0] != "guards":  # a tensor's metadata, beside the slot's fate
+                verdicts.setdefault(checked, set()).add(f"{where}: {slot.check}")
+                verdicts.setdefault(("guards", f"{slot.guard_type} {slot.source}"), set()).add(where)
+                continue
+            check = _IDS.sub("<id>", slot.check) if slot.status != "kept" else slot.check
+            verdicts.setdefault(("guards", f"{slot.guard_type} {slot.source}".strip()), set()).add(f"{where}: {check}" if check else where)
+    for (section, key), values in verdicts.items():
+        out[section][key] = ", ".join(sorted(values))
     for spec in guards.specializations:  # a MakeFx trace's reads: what its driver checks besides the call
         if spec.kind in _READ_KINDS:
-            values[f"{spec.kind} {spec.path}"] = spec.value + (" (not checked)" if spec.risky else "")
-    return values
+            out["guards"][f"{spec.kind} {spec.path}"] = spec.value + (" (not checked)" if spec.risky else "")
+    return out
+
+
+def _frames(artifact: Artifact) -> tuple:
+    meta = artifact.python_code.metadata
+    return meta.frames if isinstance(meta, DynamoMetadata) else ()
+
+
+_MODULE_TENSOR = re.compile(r"\._(parameters|buffers)\[(['\"])(.*?)\2\]$")
+_SUBMODULE = re.compile(r"\._modules\[(['\"])(.*?)\1\]|\.([A-Za-z_]\w*)")
+
+
+# An object's id in the code of a guard a served call does not run (a dropped ID_MATCH): minted per process.
+_IDS = re.compile(r"(?<![\w.])\d{9,}(?![\w.])")
+
+
+def _guard_key(guard_type: str, source: str) -> tuple[str, str]:
+    """(section, key) of what a kept guard slot checks: a tensor guard on
+    `m._modules['fc']._parameters['weight']` is parameter `fc.weight` in `params` (as MakeFx names
+    it), one on an argument of the captured function is that input in `inputs`; every other slot is
+    `TYPE source` in `guards`."""
+    if guard_type == "TENSOR_MATCH":
+        tensor = _MODULE_TENSOR.search(source)
+        root = re.match(r"[A-Za-z_]\w*", source)
+        if tensor is not None and root is not None:
+            path = source[root.end():tensor.start()]
+            names = [m.group(2) or m.group(3) for m in _SUBMODULE.finditer(path)]
+            if "".join(m.group(0) for m in _SUBMODULE.finditer(path)) == path:
+                return "params" if tensor.group(1) == "parameters" else "buffers", ".".join([*names, tensor.group(3)])
+        if root is not None and not source.startswith("___"):
+            return "inputs", source
+    return "guards", f"{guard_type} {source}".strip()
 
 
 def _header(meta: DynamoMetadata | MakeFxMetadata, tracer: str) -> dict[str, str]:
@@ -168,13 +259,14 @@ def _precompile_cache(artifact: Artifact, envelope: CacheEnvelope, provenance: b
     bundle = envelope.bundle
     if bundle is not None:
         env.update({f"bundle.keys.{k}": v for k, v in requirements(bundle.keys).items()})
-        env["bundle.kernel_map"] = f"{len(bundle.kernels)} kernels by source"
         if provenance:
             env.update({f"bundle.provenance.{k}": v for k, v in bundle_provenance(bundle.keys, bundle.provenance).items()})
             env["bundle.payload_size"] = str(bundle.payload_size)
             env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
             env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
-        out["bundle"] = _bundle_entries(bundle, provenance)
+        out["bundle"] = _bundle_entries(artifact, bundle, provenance)
+    if artifact.given == "pair":
+        env.update(_agrees(artifact))
     out["envelope"] = env
     return out
 
@@ -291,7 +383,7 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
     counts = {name: 0 for name in CATEGORIES}
     for entry in entries:
         counts[category(entry.section, entry.key)] += 1
-    counts["code"] = len(code)
+    counts["code"] += len(code)
     return DiffReport(
         a=a.python_code.path or a.cache.path,
         b=b.python_code.path or b.cache.path,

@@ -20,11 +20,12 @@ from pathlib import Path, PurePosixPath
 
 import msgspec
 
-from precompile.artifact.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, CacheFormatError, decode_payload
+from precompile.artifact.codec import CacheFormatError
 from precompile.artifact.envelope import KernelBundle
 from precompile.artifact.pair import read_bytes
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
+from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.formats.mega_cache import entry_contents
 from precompile.inspect.formats.pickle_values import pickle_value
 from precompile.inspect.model import Artifact, Blob, CacheInfo
@@ -146,9 +147,8 @@ def _python_code_files(artifact: Artifact, python_code: bytes, problems: list[st
 
 def _bundle_files(cache: CacheInfo, bundle: KernelBundle, problems: list[str]) -> list[tuple[str, bytes, str]]:
     """Each kernel bundle file, hash-checked as load decodes it: `bundle/<path>`."""
-    data = read_bytes(Path(cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE)
     try:
-        files = decode_payload(bundle, data, PREFIX_SIZE + (cache.header_size or 0), source=f"cache {cache.path}")
+        files = bundle_files(cache, bundle)
     except CacheFormatError as exc:
         problems.append(str(exc))
         files = {}

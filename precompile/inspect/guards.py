@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import re
 
 from precompile.artifact.metadata import (
@@ -120,28 +121,83 @@ TYPE_ALIASES = {
 def tensor_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[str, str]]:
     """{(frame index, variant): {tensor source: what its TENSOR_MATCH checks}} from the literal rows
     of each `_tensors_F_V = _TensorMatch((...))` python_code renders (read with ast, never executed)."""
-    if source is None:
-        return {}
-    try:
-        tree = ast.parse(source.decode("utf-8") if isinstance(source, bytes) else source)
-    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
-        return {}
     found: dict[tuple[int, int], dict[str, str]] = {}
-    for node in tree.body:
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-                and isinstance(node.value, ast.Call) and node.value.args):
-            continue
-        match = _TENSORS.fullmatch(node.targets[0].id)
-        if match is None:
-            continue
+    for name, call in _literal_calls(source, _TENSORS):
         try:
-            rows = ast.literal_eval(node.value.args[0])
+            rows = ast.literal_eval(call.args[0])
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             continue
+        match = _TENSORS.fullmatch(name)
+        assert match is not None
         found[(int(match.group(1)), int(match.group(2)))] = {
             str(row[0]): _tensor_text(row) for row in rows if isinstance(row, tuple) and len(row) >= 7
         }
     return found
+
+
+_GLOBAL_STATE = re.compile(r"_global_state_(\d+)_(\d+)")
+# torch's ScalarType codes, as the GLOBAL_STATE guard's state writes a dtype.
+_SCALAR_TYPES = {0: "torch.uint8", 1: "torch.int8", 2: "torch.int16", 3: "torch.int32", 4: "torch.int64", 5: "torch.float16",
+                 6: "torch.float32", 7: "torch.float64", 8: "torch.complex32", 9: "torch.complex64", 10: "torch.complex128",
+                 11: "torch.bool", 15: "torch.bfloat16"}
+UNCHECKED_GLOBAL_STATE = ("num_threads",)
+"""Fields of the GLOBAL_STATE guard's state a served call does not check: the driver keeps the thread
+count at the serving process's own (see codegen/drivers/dynamo_guards._GlobalState)."""
+
+
+def global_state_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[str, str]]:
+    """{(frame index, variant): {field: the value its GLOBAL_STATE guard checks}} from the JSON literal
+    of each `_global_state_F_V = _GlobalState('...')` python_code renders (read with ast and json,
+    never executed): grad_mode, default_dtype (by name), deterministic algorithms, autocast, ...;
+    the fields a served call does not check left out."""
+    import json
+
+    found: dict[tuple[int, int], dict[str, str]] = {}
+    for name, call in _literal_calls(source, _GLOBAL_STATE):
+        argument = call.args[0]
+        if not (isinstance(argument, ast.Constant) and isinstance(argument.value, str)):
+            continue
+        try:
+            state = json.loads(argument.value)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(state, dict):
+            continue
+        match = _GLOBAL_STATE.fullmatch(name)
+        assert match is not None
+        found[(int(match.group(1)), int(match.group(2)))] = {
+            str(key): _state_text(key, value) for key, value in sorted(state.items()) if key not in UNCHECKED_GLOBAL_STATE}
+    return found
+
+
+def _state_text(key: str, value) -> str:
+    import json
+
+    if key == "default_dtype" and type(value) is int:
+        return _SCALAR_TYPES.get(value, f"ScalarType {value}")
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _literal_calls(source: str | bytes | None, name: re.Pattern) -> list[tuple[str, ast.Call]]:
+    """The top-level `NAME = Call(arg, ...)` statements of python_code whose NAME matches `name`."""
+    tree = _parsed(source)
+    if tree is None:
+        return []
+    return [(node.targets[0].id, node.value) for node in tree.body
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and isinstance(node.value, ast.Call) and node.value.args and name.fullmatch(node.targets[0].id)]
+
+
+@functools.lru_cache(maxsize=2)
+def _parsed(source: str | bytes | None) -> ast.Module | None:
+    """python_code parsed once for the readers of its rendered guards (None: not Python text).
+    The tree is shared: its readers never change it."""
+    if source is None:
+        return None
+    try:
+        return ast.parse(source.decode("utf-8") if isinstance(source, bytes) else source)
+    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
+        return None
 
 
 def _tensor_text(row: tuple) -> str:
@@ -154,13 +210,10 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
     """{(frame, variant): {guard label: the condition that runs}} of a standalone artifact whose
     guards python_code renders as functions `guards_F_V` (read with ast, never executed); a guard
     torch itself skips maps to "not checked: why". Empty for artifacts without rendered guards."""
-    if source is None:
+    tree = _parsed(source)
+    if tree is None or source is None:
         return {}
-    try:
-        text = source.decode("utf-8") if isinstance(source, bytes) else source
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
-        return {}
+    text = source.decode("utf-8") if isinstance(source, bytes) else source
     found: dict[tuple[str, int], dict[str, str]] = {}
     for node in tree.body:
         match = _FUNCTION.fullmatch(node.name) if isinstance(node, ast.FunctionDef) else None
@@ -272,6 +325,7 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None) -> Gu
     renders them); first, under DROPPED_FRAME, the slots no variant checks."""
     rendered_by_variant = rendered_checks(source, meta)
     tensors = tensor_rows(source)
+    global_state = global_state_rows(source)
     frame_index = {frame.qualname or frame.name: index for index, frame in enumerate(meta.frames)}
     summary = meta.summary
     risky = set(map(tuple, summary.risky_dropped_guards))
@@ -294,9 +348,12 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None) -> Gu
             if not guard_type.isupper():  # a shape guard: an expression over the inputs' sizes
                 guard_type, source = "SHAPE_ENV", check
             runs = _kept_check(f"{guard_type} {source}".strip(), rendered_by_variant.get((variant.frame, variant.variant), {}))
-            tensor = tensors.get((frame_index.get(variant.frame, -1), variant.variant), {}).get(source)
+            at = (frame_index.get(variant.frame, -1), variant.variant)
+            tensor = tensors.get(at, {}).get(source)
             if guard_type == "TENSOR_MATCH" and tensor is not None:
                 runs = tensor
+            if guard_type == "GLOBAL_STATE" and at in global_state:
+                runs = ", ".join(f"{field} {value}" for field, value in global_state[at].items())
             slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept", check=runs))
         # Artifacts since per-variant accounting also say which slots each variant does not check.
         slots += [unchecked(check.partition(" ")[::2], False) for check in variant.dropped]

@@ -96,7 +96,7 @@ def _integrity(artifact: Artifact) -> list[Check]:
             ))
     if artifact.pairing_problem is not None and all(c.status == "ok" for c in checks[-3:]):
         checks.append(Check(name="pairing", status="fail", message=artifact.pairing_problem, remedy=RECAPTURE))
-    checks.extend(_prepared(artifact))
+    checks.extend(prepared_checks(artifact))
     checks.extend(_bundle(artifact))
     return checks
 
@@ -112,7 +112,7 @@ def _cache_pickles(artifact: Artifact) -> list[Check]:
             for scan, imp in artifact.cache_findings if imp is None or not shown]
 
 
-def _prepared(artifact: Artifact) -> list[Check]:
+def prepared_checks(artifact: Artifact) -> list[Check]:
     """Proof that the bytecode and typed metadata the cache carries are python_code's: python_code
     compiled here marshals to the very bytes stored, and its literals convert to the metadata stored.
     The stored bytecode is compared, never loaded; caches without them (written before) get no line."""

@@ -110,7 +110,7 @@ def test_diff_of_captures_whose_guards_differ_shows_the_risky_drop_first(capsys)
     assert rc == 1
     lines = out.splitlines()
     assert lines[2] == "guards (1 changed)"
-    assert lines[3] == "  ~ TENSOR_MATCH x: kept in scale_rows#0 -> risky_dropped"
+    assert lines[3].startswith("  ~ TENSOR_MATCH x: kept in scale_rows#0 -> risky_dropped: ")
 
 
 @pytest.mark.parametrize(("a", "b", "expected"), DIFFS)
