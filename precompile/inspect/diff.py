@@ -17,6 +17,7 @@ from precompile.errors import PrecompileError
 from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
+from precompile.inspect.kernels import kernel_diffs
 from precompile.inspect.line_diff import unified
 from precompile.inspect.model import Artifact, MegaCache, UpstreamCache
 from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
@@ -300,4 +301,5 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
         entries=tuple(entries),
         python_code=tuple(code),
         problems=problems,
+        kernels=kernel_diffs(a, b, a_code, b_code, context=context),
     )
