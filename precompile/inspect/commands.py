@@ -265,7 +265,7 @@ def _report(args, out, err) -> int:
     sections = tuple(f"{page.id}{part}" for page in pages for part in ("", "-summary", "-frames", "-guards", "-kernels", "-code"))
     written = HtmlReport(
         output=args.output, artifacts=tuple(page.title for page in pages), size=len(html), sha256=hashlib.sha256(html).hexdigest(),
-        sections=sections + (("diff", "diff-entries", "diff-code") if report is not None else ()),
+        sections=(("diff", "diff-entries", "diff-kernels", "diff-code") if report is not None else ()) + sections,
         equal=report.equal if report is not None else None, problems=tuple(problems), findings=tuple(findings),
     )
     summary = [(f"wrote {args.output} ({len(html)} bytes): " + " vs ".join(written.artifacts), None)]
