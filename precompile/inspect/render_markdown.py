@@ -103,9 +103,9 @@ def _kernels(report: DiffReport) -> list[str]:
         lines.append(f"- {code_span(kernel.name)} {kernel.change}")
         if shown:
             fence = _fence(shown)
-            lines += ["", f"{fence}diff", *(_CONTROL.sub("\ufffd", line) for line in shown), fence, ""]
+            lines += ["", f"{fence}diff", *(_CONTROL.sub("\ufffd", line) for line in shown), fence]
     if left_out:
-        lines.append(f"... {left_out} more kernel diff lines not shown (`precompile diff` prints them)")
+        lines += ["", f"... {left_out} more kernel diff lines not shown (`precompile diff` prints them)"]
     return lines
 
 

@@ -124,3 +124,12 @@ def test_the_report_names_a_bundle_kernel_by_its_inductor_name(capsys, tmp_path)
     assert run_cli(capsys, ["report", "fixtures/v1/mlp_inductor", "-o", str(output)])[0] == 0
     html = output.read_text(encoding="utf-8")
     assert '<span class="name">cpp_fused__native_batch_norm_legit_no_training_relu_0 (qs/cqs5' in html
+
+
+def test_unreadable_input_is_an_error_testcase_and_a_markdown_problem(capsys, tmp_path):
+    pair = ["fixtures/damaged/truncated", "fixtures/v1/mlp"]
+    rc, _, suite, cases, _ = _junit(capsys, tmp_path, *pair)
+    assert rc == 2 and list(cases) == [*CATEGORIES, "inputs"] and suite.get("errors") == "1"
+    assert "is truncated" in cases["inputs"].find("error").get("message")
+    rc, out, _ = run_cli(capsys, ["diff", "--format", "markdown", *pair])
+    assert rc == 2 and "#### problems" in out and "is truncated" in out
