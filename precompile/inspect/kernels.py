@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 
 from precompile.artifact.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, CacheFormatError, decode_payload
+from precompile.artifact.pair import read_bytes
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
 from precompile.inspect.extract import subgraph_modules
@@ -42,8 +43,6 @@ def bundle_files(artifact: Artifact) -> dict[str, bytes]:
     bundle = cache.envelope.bundle if cache.envelope is not None else None
     if bundle is None or not bundle.files:
         return {}
-    from precompile.artifact.pair import read_bytes
-
     data = read_bytes(Path(cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE)
     return decode_payload(bundle, data, PREFIX_SIZE + (cache.header_size or 0), source=f"cache {cache.path}")
 
@@ -63,8 +62,9 @@ def inductor_names(artifact: Artifact, code: bytes | None) -> dict[str, str]:
         modules = []
     names: dict[str, str] = {}
     for text in modules or [source]:
-        for binding in _BINDING.finditer(text):
-            literal = _LITERAL.search(text, binding.end())
+        bindings = list(_BINDING.finditer(text))
+        for binding, after in zip(bindings, [*bindings[1:], None]):
+            literal = _LITERAL.search(text, binding.end(), after.start() if after is not None else len(text))
             if literal is not None:
                 names.setdefault(literal.group("source").strip(), binding.group("name"))
     return names
