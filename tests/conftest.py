@@ -35,6 +35,7 @@ COMPAT_FILES = {
 SLOW_FILES = {
     "test_doctor.py",
     "test_dynamo_lowering.py",
+    "test_diff_ci_kernels.py",
     "test_html_report_browser.py",
     "test_inductor.py",
     "test_inspect_determinism.py",

@@ -148,14 +148,33 @@ def _diff(args, out, err) -> int:
     else:
         raise PrecompileError(f"diff compares two artifacts: A B, or A.py A.cache B.py B.cache; got {len(args.paths)} paths")
     fail_on = _fail_on(args.fail_on)
+    output = _diff_format(args)
     report = diff(a, b, _read_code(a), _read_code(b), context=args.context, provenance=args.provenance)
-    _emit(args, out, report, render_text.render_diff(report, stat=args.stat, fail_on=fail_on) if not args.json else ())
+    if output == "markdown":
+        from precompile.inspect.render_markdown import render_markdown
+
+        out.file.write(render_markdown(report, stat=args.stat, fail_on=fail_on))
+        out.file.flush()
+    else:
+        _emit(args, out, report, render_text.render_diff(report, stat=args.stat, fail_on=fail_on) if output == "text" else ())
+    if args.junit is not None:
+        from precompile.inspect.junit import write_junit
+
+        write_junit(args.junit, report, fail_on)
     _diagnose(err, report.problems)
     if report.problems:
         return 2
     if fail_on is not None:
         return 1 if any(report.categories.get(name) for name in fail_on) else 0
     return 0 if report.equal else 1
+
+
+def _diff_format(args) -> str:
+    """diff's output format: --format, with --json its shorthand for `--format json` (naming two is an error)."""
+    if args.json and args.format not in (None, "json"):
+        raise PrecompileError(f"--json and --format {args.format} ask for two outputs: pass one of them")
+    args.json = args.json or args.format == "json"
+    return "json" if args.json else args.format or "text"
 
 
 def _fail_on(value: str | None) -> tuple[str, ...] | None:
@@ -246,7 +265,7 @@ def _report(args, out, err) -> int:
     sections = tuple(f"{page.id}{part}" for page in pages for part in ("", "-summary", "-frames", "-guards", "-kernels", "-code"))
     written = HtmlReport(
         output=args.output, artifacts=tuple(page.title for page in pages), size=len(html), sha256=hashlib.sha256(html).hexdigest(),
-        sections=sections + (("diff", "diff-entries", "diff-code") if report is not None else ()),
+        sections=(("diff", "diff-entries", "diff-kernels", "diff-code") if report is not None else ()) + sections,
         equal=report.equal if report is not None else None, problems=tuple(problems), findings=tuple(findings),
     )
     summary = [(f"wrote {args.output} ({len(html)} bytes): " + " vs ".join(written.artifacts), None)]
@@ -317,6 +336,12 @@ def register(verbs: argparse._SubParsersAction) -> None:
     diff.add_argument("--fail-on", metavar="CATEGORIES", help=(
         "exit 1 only for differences in these comma-separated categories (guards, calling-convention, params, kernels, "
         "versions, code, metadata); others are shown and exit 0"))
+    diff.add_argument("--format", choices=("text", "markdown", "json"), help=(
+        "text (the default), markdown (a summary for a pull request comment: verdict, categories, changed guards with "
+        "both values, other differences, kernel source diffs) or json (the same as --json)"))
+    diff.add_argument("--junit", metavar="FILE", help=(
+        "also write a JUnit XML report to FILE (atomically): one testcase per category, failed when it differs and "
+        "--fail-on names it (any difference without --fail-on); the exit code is the same"))
     diff.add_argument("--provenance", action="store_true", help=(
         "also compare where and how the kernels were built (producer paths, compiler command, library bytes)"))
     verify = add("verify", "check a pair's integrity and signature; --host: whether this machine can serve it; exit 0/1/2", _verify)

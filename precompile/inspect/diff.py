@@ -21,6 +21,7 @@ from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import global_state_rows, guards_of, shape_text
+from precompile.inspect.kernels import kernel_diffs
 from precompile.inspect.library_code import code_digest
 from precompile.inspect.line_diff import unified
 from precompile.inspect.model import Artifact, MegaCache, UpstreamCache
@@ -392,4 +393,5 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
         entries=tuple(entries),
         python_code=tuple(code),
         problems=problems,
+        kernels=kernel_diffs(a, b, a_code, b_code, context=context),
     )

@@ -4,8 +4,9 @@ The page has a header, a table of contents and collapsible sections per artifact
 versions, calling convention, hashes, pairing), frames and variants, guards (kept, dropped and risky
 slots; the condition that runs, where python_code renders it), kernels (each bundle kernel source and
 each compiled subgraph's output module, syntax-highlighted) and the graph code (python_code section by
-section); given two artifacts, their semantic diff with python_code side by side. It needs nothing at
-view time: inline CSS, no script, no network (a Content-Security-Policy forbids both), so it can be
+section). Given two artifacts, the page opens on their semantic diff (the verdict, every change with
+its category, each changed kernel by its Inductor name with its source side by side, python_code
+side by side), before the artifacts' own sections. It needs nothing at view time: inline CSS, no script, no network (a Content-Security-Policy forbids both), so it can be
 attached to an issue or archived as is.
 
 Artifacts are untrusted: everything they hold reaches the page through Jinja2 autoescaping or the
@@ -17,7 +18,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from itertools import zip_longest
-from pathlib import Path
 
 import jinja2
 from markupsafe import Markup
@@ -25,16 +25,17 @@ from markupsafe import Markup
 from precompile._version import __version__
 from precompile.artifact.bundle_keys import provenance, requirements
 from precompile.artifact.bundle_rules import unserved_reason
-from precompile.artifact.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, CacheFormatError, decode_payload
+from precompile.artifact.codec import CacheFormatError
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
-from precompile.artifact.pair import read_bytes
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
+from precompile.inspect.diff import category
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.highlight import highlight_lines, language_of
+from precompile.inspect.kernels import bundle_files, named_kernels
 from precompile.inspect.model import Artifact
-from precompile.inspect.render_text import render_show
+from precompile.inspect.render_text import diff_verdict, render_show
 from precompile.inspect.report import DiffReport, ShowReport
 
 MAX_SHOWN_SOURCE = 512 * 1024
@@ -219,7 +220,7 @@ def _guards(page: ArtifactPage, artifact: Artifact, source: str | None) -> None:
     page.specializations = [{"kind": s.kind, "path": s.path, "value": s.value, "risky": s.risky} for s in guards.specializations]
 
 
-def _kernels(page: ArtifactPage, artifact: Artifact, source: str | None) -> None:
+def _kernels(page: ArtifactPage, artifact: Artifact, source: str | None, code: bytes | None) -> None:
     from precompile.inspect.extract import subgraph_modules
 
     if source is not None and artifact.python_code.metadata is not None:
@@ -230,22 +231,23 @@ def _kernels(page: ArtifactPage, artifact: Artifact, source: str | None) -> None
         for index, (path, content, what) in enumerate(modules):
             page.kernels.append(_code(f"{page.id}-subgraph-{index}", path.removeprefix("subgraphs/"), what,
                                       content.decode("utf-8", "replace"), "python"))
-    cache = artifact.cache
-    bundle = cache.envelope.bundle if cache.envelope is not None else None
+    bundle = artifact.cache.envelope.bundle if artifact.cache.envelope is not None else None
     if bundle is None or not bundle.files:
         return
     try:
-        data = read_bytes(Path(cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE)
-        files = decode_payload(bundle, data, PREFIX_SIZE + (cache.header_size or 0), source=f"cache {cache.path}")
+        files = bundle_files(artifact)
     except (CacheFormatError, PrecompileError) as exc:
         page.findings.append(f"kernel bundle not shown: {exc}")
         return
+    names = {path: name for name, (path, _) in named_kernels(artifact, code, files).items()}
     for index, entry in enumerate(bundle.files):
         entry_bytes = files.get(entry.path)
         textual = (entry_bytes is not None and bool(_TEXT_KINDS.search(entry.kind) or _TEXT_KINDS.search(entry.path))
                    and b"\0" not in entry_bytes)
         if entry_bytes is not None and textual:
-            page.kernels.append(_code(f"{page.id}-kernel-{index}", entry.path, f"bundle {entry.kind}, {entry.size} bytes, sha256 {entry.sha256}",
+            name = names.get(entry.path)
+            page.kernels.append(_code(f"{page.id}-kernel-{index}", f"{name} ({entry.path})" if name and name != entry.path else entry.path,
+                                      f"bundle {entry.kind}, {entry.size} bytes, sha256 {entry.sha256}",
                                       entry_bytes.decode("utf-8", "replace"), language_of(entry.path)))
         else:
             page.binaries.append({"path": entry.path, "kind": entry.kind, "size": entry.size, "sha256": entry.sha256})
@@ -277,7 +279,7 @@ def artifact_page(id: str, label: str, artifact: Artifact, code: bytes | None, *
     page.show_text = "".join(f"{text}\n" for text, _ in render_show(ShowReport(artifact=artifact, problems=tuple(problems))))
     _frames(page, artifact)
     _guards(page, artifact, source)
-    _kernels(page, artifact, source)
+    _kernels(page, artifact, source, code)
     _sections(page, artifact, source)
     return page
 
@@ -326,14 +328,20 @@ def side_by_side(lines: tuple[str, ...]) -> list[dict]:
 
 
 def render(pages: list[ArtifactPage], diff: DiffReport | None = None) -> str:
-    """The HTML page of `pages` (and their diff)."""
+    """The HTML page of `pages`; given their diff, the page opens on it (verdict, semantic changes,
+    changed kernels by Inductor name, python_code), before the artifacts."""
     diff_entries = []
     code_diffs = []
+    kernel_diffs = []
     if diff is not None:
-        diff_entries = [{"section": e.section, "key": e.key, "change": e.change, "a": e.a, "b": e.b} for e in diff.entries]
+        diff_entries = [{"category": category(e.section, e.key), "section": e.section, "key": e.key, "change": e.change,
+                         "a": e.a, "b": e.b} for e in diff.entries]
         code_diffs = [{"id": f"diff-code-{i}", "section": c.section, "change": c.change, "rows": side_by_side(c.lines)}
                       for i, c in enumerate(diff.python_code)]
+        kernel_diffs = [{"id": f"diff-kernel-{i}", "name": k.name, "change": k.change, "rows": side_by_side(k.lines),
+                         "not_shown": k.lines_not_shown} for i, k in enumerate(diff.kernels)]
     title = " vs ".join(page.title for page in pages)
     return _ENV.get_template("report.html.j2").render(
         title=title, version=__version__, pages=pages, diff=diff, diff_entries=diff_entries, code_diffs=code_diffs,
+        kernel_diffs=kernel_diffs, verdict=diff_verdict(diff, None)[0] if diff is not None else "",
     )

@@ -293,11 +293,13 @@ def render_diff(report: DiffReport, *, stat: bool = False, fail_on: tuple[str, .
     else:
         lines.extend(_diff_lines(report))
     lines.extend((f"problem: {p}", BAD) for p in report.problems)
-    lines.append(_diff_verdict(report, fail_on))
+    lines.append(diff_verdict(report, fail_on))
     return lines
 
 
-def _diff_verdict(report: DiffReport, fail_on: tuple[str, ...] | None) -> Line:
+def diff_verdict(report: DiffReport, fail_on: tuple[str, ...] | None) -> Line:
+    """The one-line verdict every rendering of a diff gives: equal, or the categories that differ
+    and, with `--fail-on`, which of them fail the gate."""
     if report.equal:
         return ("verdict: equal", GOOD)
     found = ", ".join(f"{name} ({count})" for name, count in report.categories.items())
@@ -329,11 +331,23 @@ def _diff_lines(report: DiffReport) -> list[Line]:
         lines.append((f"python_code ({len(report.python_code)} sections differ; normalized)", HEAD))
         for code in report.python_code:
             lines.append((f"  section {code.section} ({code.change})", HEAD))
-            for line in code.lines:
-                style = GOOD if line.startswith("+") else BAD if line.startswith("-") else "cyan" if line.startswith("@@") else None
-                lines.append((f"    {line}", style))
-            if code.lines_not_shown:
-                lines.append((f"    ... {code.lines_not_shown} more changed lines not shown", WARN))
+            lines.extend(_unified_lines(code.lines, code.lines_not_shown))
+    if report.kernels:
+        lines.append((f"kernel sources ({len(report.kernels)} differ; by Inductor name)", HEAD))
+        for kernel in report.kernels:
+            lines.append((f"  kernel {kernel.name} ({kernel.change})", HEAD))
+            lines.extend(_unified_lines(kernel.lines, kernel.lines_not_shown))
+    return lines
+
+
+def _unified_lines(diff: tuple[str, ...], not_shown: int) -> list[Line]:
+    """A unified diff indented and coloured by sign, and what it left out counted."""
+    lines: list[Line] = []
+    for line in diff:
+        style = GOOD if line.startswith("+") else BAD if line.startswith("-") else "cyan" if line.startswith("@@") else None
+        lines.append((f"    {line}", style))
+    if not_shown:
+        lines.append((f"    ... {not_shown} more changed lines not shown", WARN))
     return lines
 
 

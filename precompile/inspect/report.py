@@ -61,6 +61,19 @@ class CodeDiff(msgspec.Struct, frozen=True, kw_only=True):
     """Changed lines of the section counted but not shown: the diff shows 2000 changed lines in all."""
 
 
+class KernelDiff(msgspec.Struct, frozen=True, kw_only=True):
+    name: str
+    """The kernel's Inductor name (cpp_fused_..., triton_...), read statically (`inspect.kernels`);
+    "OLD → NEW" for a kernel Inductor renamed (same family and counter); its bundle path when
+    python_code does not name it."""
+    change: Change
+    lines: tuple[str, ...] = ()
+    """Unified diff of a changed kernel's source (the bundle file load builds or maps); none for a
+    kernel only one artifact has."""
+    lines_not_shown: int = 0
+    """Changed lines counted but not shown: the kernels' diffs show 2000 changed lines in all."""
+
+
 class DiffReport(_Report, frozen=True, kw_only=True, tag="diff"):
     a: str
     b: str
@@ -70,6 +83,9 @@ class DiffReport(_Report, frozen=True, kw_only=True, tag="diff"):
     problems: tuple[str, ...] = ()
     categories: dict[str, int] = {}
     """How many differences fall in each category (inspect.diff.CATEGORIES; python_code sections are `code`)."""
+    kernels: tuple[KernelDiff, ...] = ()
+    """The bundle kernel sources that differ, by Inductor name, with their source diff: which kernels
+    the `kernels` entries (compared by content) are, and how they changed."""
 
 
 class Check(msgspec.Struct, frozen=True, kw_only=True):
