@@ -13,7 +13,8 @@ largest difference), and which of torch._dynamo / torch._inductor the load and t
 (not those the model's library imports itself when the model is built; `library_imported_by_load`
 says whether loading before the model was built imported the model's library, and what it imports).
 `--compile-ref` adds torch.compile (inductor) cold time per model, in its own fresh process with an
-empty Inductor cache, as the reference a precompiled load is measured against. `--capture-runs N`
+empty Inductor cache, as the reference a capture is measured against, and eager's first call in a
+fresh process (the median of `--serve-runs`), the one a precompiled load + first call is measured against. `--capture-runs N`
 captures in N rounds, each torch.compile's cold run and then every capture in turn: a capture's ratio
 to torch.compile is the median of its rounds' ratios, each over the reference run of its own round.
 Models come from `bench/zoo_models.py` (tiny configs, random weights, nothing downloaded); a model
@@ -145,6 +146,18 @@ with zoo.grad_mode():
 print(json.dumps({"compile_cold_s": time.perf_counter() - started, "cpp_builds": cpp["builds"], "cpp_build_s": cpp["s"]}))
 """
 
+EAGER_FIRST = r"""
+import json, sys, time
+import torch
+from bench.zoo_models import ZOO
+zoo = ZOO[sys.argv[1]]
+model, args = zoo.instantiate()
+with zoo.grad_mode():
+    started = time.perf_counter()
+    zoo.step(model, *args)
+print(json.dumps({"eager_first_s": time.perf_counter() - started}))
+"""
+
 
 def _child(code: str, *args: str, env: dict, timeout: float) -> dict:
     started = time.perf_counter()
@@ -240,7 +253,13 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
                     results.append(_child(CAPTURE, name, tracer, backend, str(artifact), str(cache), env=_env(Path(scratch)),
                                           timeout=timeout))
         if refs:
-            rows.append({"model": name, "tracer": "torch.compile", "backend": "inductor", **_median_reference(refs)})
+            eager_first = []  # eager's first call in a fresh process: what a precompiled load + first call replaces
+            for _ in range(serve_runs):
+                with tempfile.TemporaryDirectory() as scratch:
+                    eager_first.append(_child(EAGER_FIRST, name, env=_env(Path(scratch)), timeout=timeout).get("eager_first_s"))
+            firsts = [s for s in eager_first if s is not None]
+            rows.append({"model": name, "tracer": "torch.compile", "backend": "inductor", **_median_reference(refs),
+                         **({"eager_first_s": statistics.median(firsts)} if firsts else {})})
             print(_line(rows[-1]), file=sys.stderr)
         captured = {}
         for (tracer, backend), results in rounds.items():
@@ -319,7 +338,8 @@ def summary_table(rows: list[dict]) -> str:
                      == (model, tracer, backend, order) and passed(r)), None)
 
     cells = [["model", "cells pass", "capture / torch.compile (Dynamo, MakeFx)", "load+first ms eager (Dynamo, MakeFx)",
-              "load+first ms inductor (Dynamo, MakeFx)", "Dynamo / MakeFx (eager, inductor)", "largest diff"]]
+              "load+first ms inductor (Dynamo, MakeFx)", "Dynamo / MakeFx (eager, inductor)", "eager first ms",
+              "MakeFx load+first / eager first (eager, inductor)", "largest diff"]]
     for model in dict.fromkeys(r["model"] for r in rows if "skipped" not in r):
         mine = [r for r in rows if r.get("model") == model and r.get("tracer") != "torch.compile"]
         reference = next((r["compile_cold_s"] for r in rows if r.get("model") == model and r.get("compile_cold_s")), None)
@@ -332,7 +352,11 @@ def summary_table(rows: list[dict]) -> str:
             totals = [_load_first(r) if r else None for r in pair]
             line.append(", ".join(_spread(r) if r else "-" for r in pair))
             ratios.append(f"{totals[0] / totals[1]:.2f}" if None not in totals else "-")
-        line += [", ".join(ratios), f"{max((r.get('max_diff') or 0) for r in mine):.1e}"]
+        eager_first = next((r["eager_first_s"] for r in rows if r.get("model") == model and r.get("eager_first_s")), None)
+        makefx = [served(model, "makefx", backend) for backend in ("eager", "inductor")]
+        line += [", ".join(ratios), f"{1000 * eager_first:.0f}" if eager_first else "-",
+                 ", ".join(f"{_load_first(r) / (1000 * eager_first):.2f}" if r and eager_first else "-" for r in makefx),
+                 f"{max((r.get('max_diff') or 0) for r in mine):.1e}"]
         cells.append(line)
     return _markdown(cells)
 
