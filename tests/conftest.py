@@ -17,8 +17,8 @@ ROOT = TESTS.parent
 # torch version keeps. The rest (capture API details, refusals, fuzzing) exercises our own code the
 # same way on every torch.
 COMPAT_FILES = {
-    "test_cli_demo.py", "test_codegen_snapshots.py", "test_doctor.py", "test_dynamo.py", "test_dynamo_guards.py",
-    "test_dynamo_lowering.py", "test_inductor.py", "test_inspect_cli.py",
+    "test_cli_demo.py", "test_codegen_snapshots.py", "test_deterministic_capture.py", "test_doctor.py",
+    "test_dynamo.py", "test_dynamo_guards.py", "test_dynamo_lowering.py", "test_inductor.py", "test_inspect_cli.py",
     "test_inspect_safety.py", "test_no_compilation.py", "test_plain_exec.py", "test_roundtrip.py",
     "test_torch_compat.py",
 }
@@ -138,10 +138,12 @@ def dynamo_modules_read(artifact: Path) -> list[str]:
                    and alias not in frame["stand_ins"]})  # torch._dynamo.utils: the driver's stand-in
 
 
-def run_fresh(code: str, *args: str, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+def run_fresh(code: str, *args: str, timeout: float = 300, env: dict | None = None,
+              cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter with tests/ importable (and `env` added to the environment)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)]), **(env or {})}
-    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout)
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout,
+                          cwd=cwd)
     return proc
 
 

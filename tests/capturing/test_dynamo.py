@@ -177,7 +177,7 @@ def test_a_continuation_that_compiled_nothing_runs_as_plain_python(tmp_path, cap
     assert [(f.variants, f.runs_as_python) for f in frames] == [(1, False), (0, True)]
     assert fresh_json(TAIL_IN_PYTHON, str(tmp_path)) == {"y": True, "k": [4, 11]}
     assert main(["--color", "never", "show", str(tmp_path / "tail")]) == 0
-    assert "runs as plain Python (compiled nothing) (continuation called as __resume_at_" in capsys.readouterr().out
+    assert "runs as plain Python (compiled nothing) (continuation called as __precompile_" in capsys.readouterr().out
 
 
 def test_summaries_of_real_captures(dynamo_pairs):

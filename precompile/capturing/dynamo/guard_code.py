@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import math
 import re
 import types
@@ -167,7 +168,11 @@ class _Variant:
             raise Unrenderable(f"{label}: no exact rendering of a {kind} guard here")
 
     def global_state_guard(self, guard, label: str, kind: str) -> None:
-        self.global_state = self.state.output_graph.global_state_guard.__getstate__()
+        # The capturing process's thread count is left out: the driver checks the rest at the serving
+        # process's own count (_GlobalState), so it is no part of what the artifact checks.
+        state = json.loads(self.state.output_graph.global_state_guard.__getstate__())
+        state.pop("num_threads", None)
+        self.global_state = json.dumps(state, sort_keys=True, separators=(",", ":"))
 
     def torch_function_state(self, guard, label: str, kind: str) -> None:
         if self.state.output_graph.torch_function_mode_stack:

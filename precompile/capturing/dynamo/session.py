@@ -32,7 +32,7 @@ from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
 from precompile.capturing.dynamo.next_call import served_again
 from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
-from precompile.capturing.dynamo.standalone import remainder_bytes, standalone_parts
+from precompile.capturing.dynamo.standalone import minted_renamed, remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
 from precompile.capturing.lowering import lower_eager
 from precompile.capturing.progress import libraries_in, phase
@@ -365,7 +365,7 @@ class DynamoSession:
         else:
             parts = standalone_parts(entry, frames, guards, self.fn, pickled_backends,
                                      [section.source for section in sections], self._ledger.seen)
-            source = render_dynamo_standalone(metadata, sections, parts, remainder_bytes(parts))
+            source = minted_renamed(render_dynamo_standalone(metadata, sections, parts, remainder_bytes(parts)), parts)
         log.info("rendered a Dynamo artifact: %d frames, %d variants", len(frames), len(guards))
         return pipeline.finish(source, backend=self.backend, tracer="dynamo", kernel_build=self.kernel_build,
                                kernel_modules=modules)

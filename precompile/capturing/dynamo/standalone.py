@@ -1,11 +1,15 @@
 """What a standalone Dynamo artifact carries instead of the pickled package entry.
 
 - Code objects travel marshalled (Python-version locked): each frame's original code and each
-  variant's transformed code, with every global name Dynamo minted from its process-wide counter
-  (compiled graphs, continuations, the builtins-dict key) renamed, through nested code objects, to a
-  name unique to this artifact: a live torch.compile later in the serving process mints its own
-  names from its own counter and can never collide with these. Import aliases
-  (`__import_torch_dot_nn...`) keep their names: each is bound to the very module it names.
+  variant's transformed code, with every global name Dynamo minted from its process-wide counter or
+  a fresh uuid renamed, through nested code objects, to a name drawn from what the capture holds,
+  never from process state, so two captures of the same thing are the same bytes. A name bound to
+  something of this artifact's own (a compiled graph, a continuation, the stand-in for
+  torch._dynamo.utils) is `__precompile_<12 hex>_<stem>`, the hex a digest of the artifact's code:
+  two artifacts (a live torch.compile, another release of the same fn) never bind the same name to
+  different things. A name bound to what every artifact binds it to (an import alias to its module,
+  the builtins-dict key to the module's builtins) is `__precompile_<stem>`: a change to the
+  captured code does not rename it, so the guard lines that read it stay as they were.
 - The per-frame tables the driver seeds and dispatches from, as literals.
 - Each variant's kept guards rendered as the Python that checks them (`guard_code`); a kept guard
   with no faithful rendering refuses the capture, naming it (no guard state travels pickled).
@@ -18,6 +22,7 @@ import dis
 import hashlib
 import marshal
 import pickle
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -49,22 +54,40 @@ class StandaloneParts:
     rendered: list[RenderedVariant]
     remainder: dict = field(default_factory=dict)
     references: tuple[str, ...] = ()
+    minted: dict[str, str] = field(default_factory=dict)
+    """Each name Dynamo drew from its process-wide counters or a uuid (a compiled graph, a
+    continuation, the builtins-dict key) -> the name the artifact's code reads it by."""
 
 
 def rename_code(code: types.CodeType, renames: dict[str, str], filename: str) -> types.CodeType:
-    """`code` with the global names in `renames` renamed and its file named `filename` (the driver
-    names the module's file again at load: no capture-side path travels), in it and every code
-    object nested in it."""
+    """`code` with the global names in `renames` renamed, its own name too where Dynamo minted it (a
+    continuation's), and its file named `filename` (the driver names the module's file again at
+    load: no capture-side path travels), in it and every code object nested in it."""
     consts = tuple(rename_code(c, renames, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
-    return code.replace(co_names=tuple(renames.get(name, name) for name in code.co_names), co_consts=consts,
-                        co_filename=filename)
+    renamed = code.replace(co_names=tuple(renames.get(name, name) for name in code.co_names), co_consts=consts,
+                           co_filename=filename, co_name=renames.get(code.co_name, code.co_name))
+    qualname = getattr(code, "co_qualname", None)  # Python 3.11+
+    return renamed.replace(co_qualname=renames[qualname]) if qualname in renames else renamed  # type: ignore[call-arg]
 
 
-def _minted_names(entry, states: dict) -> dict[str, str]:
+def minted_renamed(text: str, parts: StandaloneParts) -> str:
+    """python_code's `text` with every name Dynamo minted in this process, wherever the metadata,
+    the guard listings and their rendered checks spell it (a guard's source, a continuation's
+    frame), spelled as the artifact's code reads it: the same in every capture of the same thing."""
+    if not parts.minted:
+        return text
+    names = sorted(parts.minted, key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w])(" + "|".join(re.escape(name) for name in names) + r")(?![\w])")
+    return pattern.sub(lambda match: parts.minted[match.group(1)], text)
+
+
+def _minted_names(entry, states: dict) -> tuple[dict[str, str], set[str]]:
     """Each name Dynamo minted for the package's frames -> its stable stem in this artifact: graph_K
-    (K: the compiled graph's position), resume_F (F: the continuation's frame), builtins_F_V, and
-    import aliases as they are (they name a module)."""
+    (K: the compiled graph's position), resume_F_N (F: the continuation's frame), builtins_F_V, and
+    import aliases as they are (they name a module); and the names among them that every artifact
+    binds to the same object (an import alias of a module the driver imports, a builtins-dict key)."""
     stems: dict[str, str] = {}
+    shared: set[str] = set()
     graphs = 0
     for index, code in enumerate(entry.codes):
         for backend_id in code.backend_ids:
@@ -73,13 +96,16 @@ def _minted_names(entry, states: dict) -> dict[str, str]:
         if code.install_to_global:
             for number, name in enumerate(code.function_names):
                 stems.setdefault(name, f"resume_{index}_{number}")
-        for alias in code.import_sources:
+        for alias, module in code.import_sources.items():
             stems.setdefault(alias, alias.lstrip("_"))
+            if module != "torch._dynamo.utils":  # that one may be bound to this artifact's stand-in
+                shared.add(alias)
         for (frame, variant), state in states.items():
             key = state.output_graph.name_of_builtins_dict_key_in_fglobals
             if frame == index and key:
                 stems.setdefault(key, f"builtins_{frame}_{variant}")
-    return stems
+                shared.add(key)
+    return stems, shared
 
 
 # What Dynamo's transformed bytecode reads from torch._dynamo.utils around its compiled graphs: a
@@ -147,25 +173,26 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
     originals = [SerializedCode.to_code_object(code.python_code) for code in entry.codes]
     transformed = {(i, v): SerializedCode.to_code_object(g.dynamo_code)
                    for i, code in enumerate(entry.codes) for v, g in enumerate(code.guarded_codes) if (i, v) in states}
-    stems = _minted_names(entry, states)
+    stems, shared = _minted_names(entry, states)
     # The prefix names this artifact: a digest of its code with the stems in place (stable across
-    # captures of the same code), so two artifacts' names differ and one artifact's never change.
+    # captures of the same code), so two artifacts' own names differ and one artifact's never change.
     digest = hashlib.sha256()
-    for code in originals:
-        digest.update(marshal.dumps(code.replace(co_filename="")))
+    stemmed = {name: "_" + stem for name, stem in stems.items()}
+    for code in originals:  # a continuation's own name is one Dynamo minted
+        digest.update(marshal.dumps(rename_code(code, stemmed, "")))
     for key in sorted(transformed):
-        digest.update(marshal.dumps(rename_code(transformed[key], {k: "_" + v for k, v in stems.items()}, "")))
+        digest.update(marshal.dumps(rename_code(transformed[key], stemmed, "")))
     for text in subgraph_sources:
         digest.update(text.encode("utf-8"))
     prefix = f"{_MINTED_PREFIX}{digest.hexdigest()[:12]}_"
-    renames = {name: prefix + stem for name, stem in stems.items()}
+    renames = {name: (_MINTED_PREFIX if name in shared else prefix) + stem for name, stem in stems.items()}
     listed = {(v.frame, v.variant): v for v in guards}
     tables, blobs, rendered, references = [], [], [], set()
-    remainder: dict = {"guards": {}, "backends": backends_pickled}
+    remainder: dict = {"guards": {}, "backends": {renames[b]: aot for b, aot in backends_pickled.items()}}
     for index, (code, frame) in enumerate(zip(entry.codes, frames)):
         filename = f"<module {code.python_module}>"
         blobs.append(CodeBlob(str(index), f"frame {index} ({frame.qualname}): original code",
-                              marshal.dumps(rename_code(originals[index], {}, filename))))
+                              marshal.dumps(rename_code(originals[index], renames, filename))))
         names = []
         for variant in range(len(code.guarded_codes)):
             if (index, variant) not in states:
@@ -198,7 +225,7 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
                 renames[alias] for alias, module in code.import_sources.items()
                 if module == "torch._dynamo.utils" and read.get(alias, set()) <= DYNAMO_UTILS_STAND_IN
             )),
-            "backend_ids": tuple((b, renames[b]) for b in code.backend_ids),
+            "backend_ids": tuple(renames[b] for b in code.backend_ids),
             "builtins_keys": tuple(sorted({renames[k] for k in keys if k})),
             "bypassed": bool(code.bypassed),
             "compiled": bool(code.guarded_codes),
@@ -208,7 +235,8 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
     if defaults is None:
         remainder["defaults"] = {"defaults": fn.__defaults__, "kwdefaults": fn.__kwdefaults__}
     return StandaloneParts(frames=tables, defaults=defaults, blobs=blobs, rendered=rendered,
-                           remainder=remainder, references=tuple(sorted(references)))
+                           remainder=remainder, references=tuple(sorted(references)),
+                           minted={name: renames[name] for name in stems if not name.startswith("__import_")})
 
 
 def remainder_bytes(parts: StandaloneParts) -> bytes:

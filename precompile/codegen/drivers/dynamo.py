@@ -762,8 +762,8 @@ def _build_standalone(metadata, state_blob, artifact):
         for alias, module_name in table["import_sources"].items():
             bound = stand_in if alias in table["stand_ins"] else _importlib.import_module(module_name)
             _seed(scope, alias, bound, tag, artifact, module.__name__)
-        for backend_id, name in table["backend_ids"]:
-            _seed(scope, name, backends[backend_id], tag, artifact, module.__name__)
+        for name in table["backend_ids"]:
+            _seed(scope, name, backends[name], tag, artifact, module.__name__)
         for key in table["builtins_keys"]:
             _seed(scope, key, _builtins_dict(scope), tag, artifact, module.__name__)
         filename = getattr(module, "__file__", None) or f"<module {module.__name__}>"

@@ -66,8 +66,9 @@ class _TensorMatch:
 class _GlobalState:
     """The GLOBAL_STATE guard: grad mode, autocast, default dtype, deterministic algorithms, torch
     function enablement and the rest, as captured (JSON), checked by torch's C++ GlobalStateGuard.
-    It also pins torch.get_num_threads(); that one is kept at the serving process's current count,
-    so serving with another thread count matches while everything else stays checked."""
+    It also pins torch.get_num_threads(); that one is kept at the serving process's current count
+    (capture leaves the capturing process's out of the JSON), so serving with another thread count
+    matches while everything else stays checked."""
 
     def __init__(self, captured):
         import json

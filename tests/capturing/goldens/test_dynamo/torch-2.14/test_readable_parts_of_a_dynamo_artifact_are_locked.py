@@ -31,7 +31,7 @@ FRAMES = ({'name': 'break_and_scale',
  {'name': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'module': 'dynamo_cases',
   'variants': 3,
-  'resume_names': ('__resume_at_82_<n>', '__resume_at_82_<n>'),
+  'resume_names': ('__precompile_aafd16f7565b_resume_1_0', '__precompile_aafd16f7565b_resume_1_1'),
   'bypassed': False,
   'runs_as_python': False,
   'qualname': 'torch_dynamo_resume_in_break_and_scale_at_11',
@@ -225,31 +225,31 @@ INLINED_FILES = ({'module': 'dynamo_cases',
  {'module': 'torch.nn.modules.linear',
   'sha256': '<file sha256>',
   'spans': ((<start>, <end>), (<start>, <end>))})
-SUBGRAPHS = ({'backend_id': '__compiled_fn_<n>_<uuid>',
+SUBGRAPHS = ({'backend_id': '__precompile_aafd16f7565b_graph_0',
   'frame': 'break_and_scale',
   'forward': 'graph_0',
   'backward': '',
   'served_by': 'aten',
   'fallback_reason': ''},
- {'backend_id': '__compiled_fn_<n>_<uuid>',
+ {'backend_id': '__precompile_aafd16f7565b_graph_1',
   'frame': 'break_and_scale',
   'forward': 'graph_1',
   'backward': '',
   'served_by': 'aten',
   'fallback_reason': ''},
- {'backend_id': '__compiled_fn_<n>_<uuid>',
+ {'backend_id': '__precompile_aafd16f7565b_graph_2',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_2',
   'backward': '',
   'served_by': 'aten',
   'fallback_reason': ''},
- {'backend_id': '__compiled_fn_<n>_<uuid>',
+ {'backend_id': '__precompile_aafd16f7565b_graph_3',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_3',
   'backward': '',
   'served_by': 'aten',
   'fallback_reason': ''},
- {'backend_id': '__compiled_fn_<n>_<uuid>',
+ {'backend_id': '__precompile_aafd16f7565b_graph_4',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_4',
   'backward': '',
@@ -325,37 +325,29 @@ _dynamo_frames = ({'module': 'dynamo_cases',
   'name': 'break_and_scale',
   'install_to_global': False,
   'function_names': (),
-  'import_sources': {'__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils',
-                     '__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear': 'torch.nn.modules.linear',
-                     '__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module': 'torch.nn.modules.module'},
-  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils',
-              '__import_torch_dot_nn_dot_modules_dot_linear': '__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear',
-              '__import_torch_dot_nn_dot_modules_dot_module': '__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module'},
-  'stand_ins': ('__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils',),
-  'backend_ids': (('__compiled_fn_<n>_<uuid>',
-                   '__precompile_5aa71098cc79_graph_0'),
-                  ('__compiled_fn_<n>_<uuid>',
-                   '__precompile_5aa71098cc79_graph_1')),
-  'builtins_keys': ('__precompile_5aa71098cc79_builtins_0_0', '__precompile_5aa71098cc79_builtins_0_1'),
+  'import_sources': {'__precompile_aafd16f7565b_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils',
+                     '__precompile_import_torch_dot_nn_dot_modules_dot_linear': 'torch.nn.modules.linear',
+                     '__precompile_import_torch_dot_nn_dot_modules_dot_module': 'torch.nn.modules.module'},
+  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_aafd16f7565b_import_torch_dot__dynamo_dot_utils',
+              '__import_torch_dot_nn_dot_modules_dot_linear': '__precompile_import_torch_dot_nn_dot_modules_dot_linear',
+              '__import_torch_dot_nn_dot_modules_dot_module': '__precompile_import_torch_dot_nn_dot_modules_dot_module'},
+  'stand_ins': ('__precompile_aafd16f7565b_import_torch_dot__dynamo_dot_utils',),
+  'backend_ids': ('__precompile_aafd16f7565b_graph_0', '__precompile_aafd16f7565b_graph_1'),
+  'builtins_keys': ('__precompile_builtins_0_0', '__precompile_builtins_0_1'),
   'bypassed': False,
   'compiled': True,
   'guards': ('guards_0_0', 'guards_0_1')},
  {'module': 'dynamo_cases',
   'name': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'install_to_global': True,
-  'function_names': ('__precompile_5aa71098cc79_resume_1_0', '__precompile_5aa71098cc79_resume_1_1'),
-  'import_sources': {'__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils'},
-  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils'},
-  'stand_ins': ('__precompile_5aa71098cc79_import_torch_dot__dynamo_dot_utils',),
-  'backend_ids': (('__compiled_fn_<n>_<uuid>',
-                   '__precompile_5aa71098cc79_graph_2'),
-                  ('__compiled_fn_<n>_<uuid>',
-                   '__precompile_5aa71098cc79_graph_3'),
-                  ('__compiled_fn_<n>_<uuid>',
-                   '__precompile_5aa71098cc79_graph_4')),
-  'builtins_keys': ('__precompile_5aa71098cc79_builtins_1_0',
-                    '__precompile_5aa71098cc79_builtins_1_1',
-                    '__precompile_5aa71098cc79_builtins_1_2'),
+  'function_names': ('__precompile_aafd16f7565b_resume_1_0', '__precompile_aafd16f7565b_resume_1_1'),
+  'import_sources': {'__precompile_aafd16f7565b_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils'},
+  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_aafd16f7565b_import_torch_dot__dynamo_dot_utils'},
+  'stand_ins': ('__precompile_aafd16f7565b_import_torch_dot__dynamo_dot_utils',),
+  'backend_ids': ('__precompile_aafd16f7565b_graph_2',
+                  '__precompile_aafd16f7565b_graph_3',
+                  '__precompile_aafd16f7565b_graph_4'),
+  'builtins_keys': ('__precompile_builtins_1_0', '__precompile_builtins_1_1', '__precompile_builtins_1_2'),
   'bypassed': False,
   'compiled': True,
   'guards': ('guards_1_0', 'guards_1_1', 'guards_1_2')})
@@ -363,9 +355,9 @@ _dynamo_defaults = {'defaults': (2.0,), 'kwdefaults': None}
 _dynamo_bytecode = {
     # frame 0 (break_and_scale): original code: 340 bytes, sha256 <sha256>
     '0': (<marshalled code elided>),
-    # frame 0 (break_and_scale), variant 0: transformed code: 1302 bytes, sha256 <sha256>
+    # frame 0 (break_and_scale), variant 0: transformed code: 1276 bytes, sha256 <sha256>
     '0.0': (<marshalled code elided>),
-    # frame 0 (break_and_scale), variant 1: transformed code: 1397 bytes, sha256 <sha256>
+    # frame 0 (break_and_scale), variant 1: transformed code: 1371 bytes, sha256 <sha256>
     '0.1': (<marshalled code elided>),
     # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11): original code: 504 bytes, sha256 <sha256>
     '1': (<marshalled code elided>),
@@ -449,8 +441,9 @@ class _TensorMatch:
 class _GlobalState:
     """The GLOBAL_STATE guard: grad mode, autocast, default dtype, deterministic algorithms, torch
     function enablement and the rest, as captured (JSON), checked by torch's C++ GlobalStateGuard.
-    It also pins torch.get_num_threads(); that one is kept at the serving process's current count,
-    so serving with another thread count matches while everything else stays checked."""
+    It also pins torch.get_num_threads(); that one is kept at the serving process's current count
+    (capture leaves the capturing process's out of the JSON), so serving with another thread count
+    matches while everything else stays checked."""
 
     def __init__(self, captured):
         import json
@@ -493,7 +486,7 @@ _dynamo_references = ('builtins:dict',
 
 
 # Frame 0 (break_and_scale), variant 0
-_global_state_0_0 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_global_state_0_0 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"torch_function":true,"torch_function_all_disabled":false}')
 _tensors_0_0 = _TensorMatch((
     ("model._parameters['bias']", 'torch.nn.parameter:Parameter', 'torch.float32', 'cpu', True, (8,), (1,)),
     ("model._parameters['weight']", 'torch.nn.parameter:Parameter', 'torch.float32', 'cpu', True, (8, 8), (8, 1)),
@@ -532,7 +525,7 @@ def guards_0_0(L, G, explain=False):
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"
-        s3 = G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']
+        s3 = G['__precompile_import_torch_dot_nn_dot_modules_dot_module']
         if not (type(s3._global_backward_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"
@@ -551,7 +544,7 @@ def guards_0_0(L, G, explain=False):
         if not (type(s2) is _by_name['builtins:dict']):
             return failing
         failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
-        s4 = G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear']
+        s4 = G['__precompile_import_torch_dot_nn_dot_modules_dot_linear']
         s5 = s4.F
         if not (s5.linear is _by_name['torch._C._nn:linear']):
             return failing
@@ -581,7 +574,7 @@ def guards_0_0(L, G, explain=False):
 
 
 # Frame 0 (break_and_scale), variant 1
-_global_state_0_1 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_global_state_0_1 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"torch_function":true,"torch_function_all_disabled":false}')
 _tensors_0_1 = _TensorMatch((
     ("model._parameters['bias']", 'torch.nn.parameter:Parameter', 'torch.float32', 'cpu', True, (8,), (1,)),
     ("model._parameters['weight']", 'torch.nn.parameter:Parameter', 'torch.float32', 'cpu', True, (8, 8), (8, 1)),
@@ -624,7 +617,7 @@ def guards_0_1(L, G, explain=False):
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"
-        s4 = G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_module']
+        s4 = G['__precompile_import_torch_dot_nn_dot_modules_dot_module']
         if not (type(s4._global_backward_hooks) is _by_name['collections:OrderedDict']):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"
@@ -643,7 +636,7 @@ def guards_0_1(L, G, explain=False):
         if not (type(s2) is _by_name['builtins:dict']):
             return failing
         failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
-        s5 = G['__precompile_5aa71098cc79_import_torch_dot_nn_dot_modules_dot_linear']
+        s5 = G['__precompile_import_torch_dot_nn_dot_modules_dot_linear']
         s6 = s5.F
         if not (s6.linear is _by_name['torch._C._nn:linear']):
             return failing
@@ -673,7 +666,7 @@ def guards_0_1(L, G, explain=False):
 
 
 # Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 0
-_global_state_1_0 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_global_state_1_0 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"torch_function":true,"torch_function_all_disabled":false}')
 _tensors_1_0 = _TensorMatch((
     ('y', 'torch:Tensor', 'torch.float32', 'cpu', False, (4, 8), (8, 1)),
 ))
@@ -710,7 +703,7 @@ def guards_1_0(L, G, explain=False):
 
 
 # Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 1
-_global_state_1_1 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_global_state_1_1 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"torch_function":true,"torch_function_all_disabled":false}')
 _tensors_1_1 = _TensorMatch((
     ('y', 'torch:Tensor', 'torch.float32', 'cpu', False, (4, 8), (8, 1)),
 ))
@@ -751,7 +744,7 @@ def guards_1_1(L, G, explain=False):
 
 
 # Frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 2
-_global_state_1_2 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"num_threads":2,"torch_function":true,"torch_function_all_disabled":false}')
+_global_state_1_2 = _GlobalState('{"allow_bf16_reduce":0,"allow_fp16_reduce":0,"allow_tf32":false,"autocast_state":{"cached_enabled":true,"dtype":[15,5,5,15,5,5,15,15,5,5],"enabled":[false,false,false,false,false,false,false,false,false,false]},"default_dtype":6,"deterministic_algorithms":false,"deterministic_algorithms_warn_only":false,"grad_mode":false,"torch_function":true,"torch_function_all_disabled":false}')
 _tensors_1_2 = _TensorMatch((
     ('y', 'torch:Tensor', 'torch.float32', 'cpu', False, (None, 8), (8, 1)),
 ))
@@ -1568,8 +1561,8 @@ def _build_standalone(metadata, state_blob, artifact):
         for alias, module_name in table["import_sources"].items():
             bound = stand_in if alias in table["stand_ins"] else _importlib.import_module(module_name)
             _seed(scope, alias, bound, tag, artifact, module.__name__)
-        for backend_id, name in table["backend_ids"]:
-            _seed(scope, name, backends[backend_id], tag, artifact, module.__name__)
+        for name in table["backend_ids"]:
+            _seed(scope, name, backends[name], tag, artifact, module.__name__)
         for key in table["builtins_keys"]:
             _seed(scope, key, _builtins_dict(scope), tag, artifact, module.__name__)
         filename = getattr(module, "__file__", None) or f"<module {module.__name__}>"
