@@ -154,7 +154,7 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
     original = cpp_builder.CppBuilder.get_command_line
 
     def observed(self):
-        line = reproducible(original(self), directory)
+        line = reproducible(original(self))
         commands.append(line)
         return line
 
@@ -179,18 +179,20 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
             shutil.rmtree(directory, ignore_errors=True)
 
 
-def reproducible(command: str, directory: Path) -> str:
-    """A C++ build command that writes no path of this host into the library: the capture dir, the
+def reproducible(command: str) -> str:
+    """A C++ build command that writes no path of this venv into what the library runs: the
     site-packages torch's headers come from and Python's include dir are mapped to fixed names
-    (`-ffile-prefix-map`, as reproducible-builds practice does), for `__FILE__` in torch's headers and
-    for the debug info. Two builds of one source with the same flags and compiler then give libraries
-    whose loaded sections are the same bytes wherever torch and the capture dir live, so `precompile
-    diff` can compare what a library runs. Compilers other than gcc and clang get the command as it is."""
+    (`-ffile-prefix-map`, as reproducible-builds practice does), for `__FILE__` in torch's headers
+    (.rodata) and the debug info. Two builds of one source with the same flags and compiler then give
+    libraries whose loaded sections are the same bytes wherever torch lives, so `precompile diff` can
+    compare what a library runs. The capture dir (under TMPDIR) is left as it is: it reaches only the
+    debug info and the static symbol table, and mapping it would put TMPDIR into Inductor's key for
+    the kernel, and so into the library's file name. Compilers other than gcc and clang get the
+    command as it is."""
     compiler, _, rest = command.partition(" ")
     if not rest or not os.path.basename(compiler).startswith(("g++", "gcc", "c++", "clang", "cc")):
         return command
-    roots = {str(directory): "kernels", sysconfig.get_paths()["purelib"]: "site-packages",
-             sysconfig.get_paths()["include"]: "python-include"}
+    roots = {sysconfig.get_paths()["purelib"]: "site-packages", sysconfig.get_paths()["include"]: "python-include"}
     return " ".join([compiler, *(f"-ffile-prefix-map={root}={name}" for root, name in roots.items()), rest])
 
 

@@ -163,3 +163,40 @@ def test_nothing_is_warned_for_a_function_that_reads_only_its_arguments(tmp_path
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _capture(tmp_path, sc.step, sc.Block(), torch.ones(2, 4))
+
+
+def _doubled(module, inputs, output):
+    return output * 2
+
+
+def _tripled(module, inputs, output):
+    return output * 3
+
+
+def test_a_hook_registered_replaced_or_removed_after_capture_is_refused(tmp_path):
+    """The trace runs the module's hooks and the served graph holds what they did, calling none: a call
+    whose hooks differ from the captured ones would silently skip (or repeat) them."""
+    model, x = sc.Block(), torch.ones(2, 4)
+    served = precompile.load(*_capture(tmp_path, sc.step, model, x, name="plain"))
+    with torch.no_grad():
+        served(model, x)
+        handle = model.lin.register_forward_hook(_doubled)
+        with pytest.raises(CallMismatch, match=r"hooks are args\[0\]\.lin forward hook test_makefx_reads\._doubled but the "
+                                               r"artifact was captured with none"):
+            served(model, x)
+        handle.remove()
+        served(model, x)
+        handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, inputs: None)
+        try:
+            with pytest.raises(CallMismatch, match="global forward pre hook"):
+                served(model, x)
+        finally:
+            handle.remove()
+        handle = model.lin.register_forward_hook(_doubled)
+        hooked = precompile.load(*_capture(tmp_path, sc.step, model, x, name="hooked"))
+        assert torch.equal(hooked(model, x), sc.step(model, x))  # the captured hook, still there: served as eager
+        handle.remove()
+        model.lin.register_forward_hook(_tripled)
+        with pytest.raises(CallMismatch, match=r"forward hook test_makefx_reads\._tripled but the artifact was captured with "
+                                               r"args\[0\]\.lin forward hook test_makefx_reads\._doubled"):
+            hooked(model, x)

@@ -13,17 +13,19 @@ import warnings
 
 from precompile.artifact.metadata import SpecializedValue, specialized_source
 from precompile.capturing.makefx.reads import ReadLog, plain_attribute
-from precompile.codegen.drivers.makefx import GLOBAL_STATE, spelled
+from precompile.codegen.drivers.makefx import GLOBAL_STATE, MODULE_HOOKS, module_hooks, spelled
 from precompile.errors import CaptureRefused, PrecompileWarning
 
 log = logging.getLogger("precompile")
 
 
-def global_state(grad_matters: bool) -> list[SpecializedValue]:
+def global_state(grad_matters: bool, modules, positions) -> list[SpecializedValue]:
     """torch's global state as the trace runs under it; grad mode only where it can change what the
-    call computes (a parameter or input requires grad: a backward, what fn's code does under it)."""
+    call computes (a parameter or input requires grad: a backward, what fn's code does under it); and
+    the hooks the module arguments would run, which the trace runs and the served graph holds."""
     return [SpecializedValue(kind="global_state", name=name, value=str(spelled(get())))
-            for name, get in GLOBAL_STATE.items() if grad_matters or name != "grad_mode"]
+            for name, get in GLOBAL_STATE.items() if grad_matters or name != "grad_mode"] + [
+        SpecializedValue(kind="global_state", name=MODULE_HOOKS, value=module_hooks(modules, positions))]
 
 
 def _importable(module: str) -> bool:

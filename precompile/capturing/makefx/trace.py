@@ -246,7 +246,7 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
     described = iter(zip(call.tensor_inputs, trace_inputs[len(call.state):]))
     inputs = [_input_leaf(leaf, *next(described), layout) if isinstance(leaf, str) else leaf for leaf in call.inputs]
     allowed_symbols = set().union(*(free_unbacked_symbols(t) for t in trace_inputs)) if fake_mode else set()
-    state = specialized.global_state(grad_matters=any(t.requires_grad for t in example_inputs))
+    state = specialized.global_state(any(t.requires_grad for t in example_inputs), call.modules, call.module_positions)
     traced = _TracedFn(fn, call, inputs, allowed_symbols)
     log.info("tracing %s with make_fx (%d params, %d buffers, %d tensor inputs)",
              _name(fn), len(call.params), len(call.buffers), len(call.tensor_inputs))

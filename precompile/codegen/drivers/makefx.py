@@ -103,6 +103,41 @@ GLOBAL_STATE = {
 }
 
 _ABSENT = object()
+MODULE_HOOKS = "module_hooks"
+"""The SPECIALIZED global-state record of the hooks the model's modules (and nn.Module's global hook
+tables) held at capture: the trace ran them, the served graph holds what they did and calls none."""
+_HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+# nn.Module's global hook tables: module-level dicts, registered into and removed from in place.
+_GLOBAL_HOOKS = [(name, getattr(torch.nn.modules.module, "_global" + name, {})) for name in _HOOK_TABLES]
+
+
+def _hook_name(hook):
+    return f"{getattr(hook, '__module__', None) or '?'}.{getattr(hook, '__qualname__', None) or type(hook).__name__}"
+
+
+def module_hooks(modules, positions):
+    """The hooks a call of `modules` (the module arguments, at `positions`) would run, spelled: "none",
+    or each hook by where it is registered, its kind and its function's qualified name."""
+    found = [f"global {name.strip('_')[:-1].replace('_', ' ')} {_hook_name(hook)}"
+             for name, table in _GLOBAL_HOOKS for hook in table.values()]
+    for position, module in zip(positions, modules):
+        for path, owner in module.named_modules(remove_duplicate=False):
+            for name in _HOOK_TABLES:
+                found += [f"args[{position}]{'.' + path if path else ''} {name.strip('_')[:-1].replace('_', ' ')} {_hook_name(hook)}"
+                          for hook in getattr(owner, name, {}).values()]
+    return "; ".join(found) or "none"
+
+
+def _hook_ids(owner):
+    """The handle ids of `owner`'s hooks (ids only grow, so a hook replaced by another changes them)."""
+    ids = ()
+    for name in _HOOK_TABLES:
+        table = getattr(owner, name, None)
+        if table:
+            ids += tuple(table)
+    return ids
 
 
 def specialized_source(record):
@@ -126,7 +161,7 @@ class _Specialized:
     def __init__(self, records, module_positions):
         self.records = [r for r in records if r.get("checked", True)]
         self.module_positions = list(module_positions)
-        self.state = [GLOBAL_STATE[r["name"]] for r in self.records if r["kind"] == "global_state"]
+        self.state = [GLOBAL_STATE[r["name"]] for r in self.records if r["kind"] == "global_state" and r["name"] in GLOBAL_STATE]
         self.state_seen = None
         # As the last full check resolved them: where each attribute and global lives (an instance
         # dict where the value is plainly there, read with .get; else the object, read with getattr),
@@ -151,6 +186,14 @@ class _Specialized:
         places: list = []
         for record in self.records:
             where = specialized_source(record)
+            if record["kind"] == "global_state" and record["name"] == MODULE_HOOKS:
+                now = module_hooks(modules, self.module_positions)
+                if now != record["value"]:
+                    fail(f"the model's hooks are {now} but the artifact was captured with {record['value']} (the trace ran "
+                         "those; a served call runs its graph, which calls no hook)",
+                         "remove the hooks added since (handle.remove()) or register the captured ones, or capture again "
+                         "with them (DynamoTracer guards on hooks)")
+                continue
             if record["kind"] == "global_state":
                 value = GLOBAL_STATE[record["name"]]()
             elif record["kind"] == "global":
@@ -248,7 +291,8 @@ class _StatePlan:
     """Where each parameter and buffer of a validated model lives, to fetch them again cheaply.
 
     `gather` returns the tensors in the captured order, or None when the model's structure may have
-    changed (a submodule replaced, a tensor added, removed or untied): the caller then re-validates.
+    changed (a submodule replaced, a tensor added, removed or untied, a hook registered or removed):
+    the caller then re-validates.
     """
 
     def __init__(self, modules):
@@ -257,7 +301,8 @@ class _StatePlan:
         for module in self.modules:
             for _, owner in module.named_modules(remove_duplicate=False):
                 self.owners.append((owner, tuple(map(id, owner._modules.values())),
-                                    len(owner._parameters), len(owner._buffers)))
+                                    len(owner._parameters), len(owner._buffers), _hook_ids(owner)))
+        self.global_hooks = [tuple(table) for _, table in _GLOBAL_HOOKS]
         first: dict = {}
         self.fetch: list = []  # (owner dict, key) of each distinct tensor
         self.ties = []  # (owner dict, key, index into fetch) of each repeat of a tied tensor
@@ -272,10 +317,12 @@ class _StatePlan:
     def gather(self, modules):
         if len(modules) != len(self.modules) or any(a is not b for a, b in zip(modules, self.modules)):
             return None
-        for owner, children, n_params, n_buffers in self.owners:
+        for owner, children, n_params, n_buffers, hook_ids in self.owners:
             if (len(owner._parameters) != n_params or len(owner._buffers) != n_buffers
-                    or tuple(map(id, owner._modules.values())) != children):
+                    or tuple(map(id, owner._modules.values())) != children or _hook_ids(owner) != hook_ids):
                 return None
+        if [tuple(table) for _, table in _GLOBAL_HOOKS] != self.global_hooks:
+            return None
         try:
             tensors = [table[key] for table, key in self.fetch]
             if any(table[key] is not tensors[index] for table, key, index in self.ties):
