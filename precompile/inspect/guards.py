@@ -8,7 +8,6 @@ their guard slots (kept, dropped, risky, policy-dropped) keyed by (guard_type, s
 from __future__ import annotations
 
 import ast
-import copy
 import functools
 import re
 
@@ -214,6 +213,7 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
     if tree is None or source is None:
         return {}
     text = source.decode("utf-8") if isinstance(source, bytes) else source
+    lines = text.splitlines()  # once: the comments and segments below index into it
     found: dict[tuple[str, int], dict[str, str]] = {}
     for node in tree.body:
         match = _FUNCTION.fullmatch(node.name) if isinstance(node, ast.FunctionDef) else None
@@ -222,7 +222,7 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
         key = (meta.frames[int(match.group(1))].qualname or meta.frames[int(match.group(1))].name, int(match.group(2)))
         checks: dict[str, str] = {}
         first, last = node.lineno, node.end_lineno or node.lineno
-        for line in text.splitlines()[first:last]:
+        for line in lines[first:last]:
             note = line.strip()
             if note.startswith("# ") and ": " in note:
                 label, _, why = note[2:].partition(": ")
@@ -238,13 +238,26 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
                 spelled.bind(str(targets[0]), statement.value)
             elif isinstance(statement, ast.If) and failing is not None:
                 test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
-                checks[failing] = spelled.text(test) or " ".join((ast.get_source_segment(text, test) or "").split())
+                checks[failing] = spelled.text(test) or " ".join(_segment(lines, test).split())
                 failing = None
         found[key] = checks
     return found
 
 
-class _SpelledOut(ast.NodeTransformer):
+def _segment(lines: list[str], node: ast.expr) -> str:
+    """The source text of `node`, as ast.get_source_segment gives it (column offsets count UTF-8
+    bytes), from lines split once rather than once per call."""
+    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+    if first < 0 or last >= len(lines) or node.end_col_offset is None:
+        return ""
+    if first == last:
+        return lines[first].encode("utf-8")[node.col_offset:node.end_col_offset].decode("utf-8", "replace")
+    parts = [lines[first].encode("utf-8")[node.col_offset:].decode("utf-8", "replace"), *lines[first + 1:last],
+             lines[last].encode("utf-8")[:node.end_col_offset].decode("utf-8", "replace")]
+    return "\n".join(parts)
+
+
+class _SpelledOut:
     """The rendered checks with the sources their guard function reads into locals (`sN = path`,
     see precompile.capturing.dynamo.shared_sources) spelled out again, as the guards name them.
     Only a local bound to an access path is spelled out, up to MAX_SPELLED_OUT characters, in a
@@ -276,9 +289,25 @@ class _SpelledOut(ast.NodeTransformer):
             base = type(step)(**{**{f: getattr(step, f) for f in step._fields}, "value": base})
         self.paths[name] = (base, length)
 
-    def visit_Name(self, node: ast.Name) -> ast.AST:
-        spelled = self.paths.get(node.id)
-        return node if spelled is None else spelled[0]
+    def substituted(self, node: ast.AST) -> ast.AST:
+        """`node` with each local this knows replaced by its path; subtrees without one are shared,
+        not copied, and `node` itself is left as it is."""
+        if isinstance(node, ast.Name):
+            spelled = self.paths.get(node.id)
+            return node if spelled is None else spelled[0]
+        changed: dict[str, object] = {}
+        for field, value in ast.iter_fields(node):
+            if isinstance(value, ast.AST):
+                new = self.substituted(value)
+                if new is not value:
+                    changed[field] = new
+            elif isinstance(value, list) and any(isinstance(item, ast.AST) for item in value):
+                items = [self.substituted(item) if isinstance(item, ast.AST) else item for item in value]
+                if any(a is not b for a, b in zip(items, value)):
+                    changed[field] = items
+        if not changed:
+            return node
+        return type(node)(**{**{field: getattr(node, field, None) for field in node._fields}, **changed})
 
     def text(self, test: ast.AST) -> str | None:
         """The check spelled out, or None where it reads no local this knows."""
@@ -288,7 +317,7 @@ class _SpelledOut(ast.NodeTransformer):
         if not names or sum(self.paths[name][1] for name in names) > self.MAX_CHECK:
             return None
         try:
-            return ast.unparse(self.visit(copy.deepcopy(test)))
+            return ast.unparse(self.substituted(test))
         except (RecursionError, ValueError, MemoryError):  # nested past the stack, an int past str()'s digits
             return None
 
@@ -311,13 +340,33 @@ def _plain_key(node: ast.expr) -> bool:
     return isinstance(node, ast.Constant) and (type(node.value) is str or (type(node.value) is int and abs(node.value) < 2**63))
 
 
-def _kept_check(slot_label: str, checks: dict[str, str]) -> str:
+_LABEL_ENDS = (" (", ": ", " is ", " == ")
+
+
+def _check_index(checks: dict[str, str]) -> dict[str, list[str]]:
+    """{slot label: the rendered conditions whose label is it, or it followed by one of _LABEL_ENDS},
+    in the order rendered: built once per variant, so matching a slot is a lookup, not a scan."""
+    index: dict[str, list[str]] = {}
+    for label, check in checks.items():
+        prefixes = {label} | {label[:at] for end in _LABEL_ENDS for at in _occurrences(label, end)}
+        for prefix in prefixes:
+            index.setdefault(prefix, []).append(check)
+    return index
+
+
+def _occurrences(text: str, part: str) -> list[int]:
+    found, at = [], text.find(part)
+    while at >= 0:
+        found.append(at)
+        at = text.find(part, at + 1)
+    return found
+
+
+def _kept_check(slot_label: str, checks: dict[str, str], index: dict[str, list[str]]) -> str:
     """The rendered condition(s) of a kept slot, matched by its label."""
     if slot_label.startswith("TENSOR_MATCH") and "TENSOR_MATCH" in checks:
         return checks["TENSOR_MATCH"] + "  (one TensorGuards call for every tensor)"
-    matched = [check for label, check in checks.items()
-               if label == slot_label or label.startswith((slot_label + " (", slot_label + ": ", slot_label + " is ", slot_label + " == "))]
-    return " and ".join(dict.fromkeys(matched))
+    return " and ".join(dict.fromkeys(index.get(slot_label, ())))
 
 
 def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None) -> Guards:
@@ -341,13 +390,17 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None) -> Gu
         unchecked(slot, True) for slot in summary.policy_dropped_guards
     )
     frames = [FrameGuards(frame=DROPPED_FRAME, variant=0, slots=dropped)]
+    indexes: dict[tuple[str, int], dict[str, list[str]]] = {}  # each variant's checks by label
     for variant in meta.guards:
         slots = []
         for check in variant.checks:
             guard_type, _, source = check.partition(" ")
             if not guard_type.isupper():  # a shape guard: an expression over the inputs' sizes
                 guard_type, source = "SHAPE_ENV", check
-            runs = _kept_check(f"{guard_type} {source}".strip(), rendered_by_variant.get((variant.frame, variant.variant), {}))
+            checks = rendered_by_variant.get((variant.frame, variant.variant), {})
+            if (variant.frame, variant.variant) not in indexes:
+                indexes[variant.frame, variant.variant] = _check_index(checks)
+            runs = _kept_check(f"{guard_type} {source}".strip(), checks, indexes[variant.frame, variant.variant])
             at = (frame_index.get(variant.frame, -1), variant.variant)
             tensor = tensors.get(at, {}).get(source)
             if guard_type == "TENSOR_MATCH" and tensor is not None:
