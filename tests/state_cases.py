@@ -152,3 +152,47 @@ class Odd(torch.nn.Module):
 
     def forward(self, x):
         return x * len(self.loop) + (self.huge % 7) + torch.tensor(list(self.order.values()))[0]
+
+
+class Knobs:
+    """Settings a model keeps on a plain object and its forward reads through a local alias."""
+
+    def __init__(self) -> None:
+        self.flag = True
+        self.act = torch.relu
+
+
+class Aliased(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.knobs = Knobs()
+
+    def forward(self, x):
+        knobs = self.knobs
+        y = self.lin(x)
+        if knobs.flag:
+            y = y + 1
+        return knobs.act(y)
+
+
+class AsksGradMode(torch.nn.Module):
+    """Frozen (no parameter requires grad), so only its branch depends on grad mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4).requires_grad_(False)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * 2 if torch.is_grad_enabled() else y
+
+
+class AsksInferenceMode(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * 2 if torch.is_inference_mode_enabled() else y

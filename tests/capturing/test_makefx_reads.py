@@ -200,3 +200,29 @@ def test_a_hook_registered_replaced_or_removed_after_capture_is_refused(tmp_path
         with pytest.raises(CallMismatch, match=r"forward hook test_makefx_reads\._tripled but the artifact was captured with "
                                                r"args\[0\]\.lin forward hook test_makefx_reads\._doubled"):
             hooked(model, x)
+
+
+@pytest.mark.parametrize(("model", "change", "serve_under", "message"), [
+    (sc.Aliased, lambda m: setattr(m.knobs, "flag", False), torch.no_grad, r"args\[0\]\.knobs\.flag is False but the artifact was captured with True"),
+    (sc.Aliased, lambda m: setattr(m.knobs, "act", torch.tanh), torch.no_grad,
+     r"args\[0\]\.knobs\.act is function torch\.\S*tanh but the artifact was captured with function torch\.\S*relu"),
+    (sc.AsksGradMode, lambda m: None, torch.enable_grad, "grad_mode is True but the artifact was captured under False"),
+    (sc.AsksInferenceMode, lambda m: None, torch.inference_mode, "inference_mode is True but the artifact was captured under False"),
+])
+def test_state_read_through_an_alias_a_function_or_a_mode_query_is_checked(tmp_path, model, change, serve_under, message):
+    """`knobs = self.knobs; knobs.flag`, a function kept as a setting, and a branch on
+    torch.is_grad_enabled() / is_inference_mode_enabled() of a model nothing of which requires grad:
+    each served silently the captured branch before."""
+    m, x = model(), torch.ones(2, 4)
+    served = precompile.load(*_capture(tmp_path, sc.step, m, x))
+    change(m)
+    with serve_under(), pytest.raises(CallMismatch, match=message):
+        served(m, x)
+
+
+def test_a_model_that_asks_no_mode_captured_under_no_grad_serves_under_inference_mode(tmp_path):
+    m, x = sc.Block(), torch.ones(2, 4)
+    m.requires_grad_(False)
+    served = precompile.load(*_capture(tmp_path, sc.step, m, x))
+    with torch.inference_mode():
+        assert torch.equal(served(m, x), sc.step(m, x))

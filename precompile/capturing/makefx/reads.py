@@ -25,6 +25,7 @@ import gc
 import sys
 import sysconfig
 import types
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,6 +93,8 @@ class ReadLog:
     """(function's qualified name, free variable) -> the spelling of the value its first call saw."""
     owners: dict[int, tuple[Owner, object]] = field(default_factory=dict)
     """id -> (owner, the object itself) of every object attributes were noted on."""
+    state: set[str] = field(default_factory=set)
+    """The global state (GLOBAL_STATE names) code the trace ran asks for: `torch.is_grad_enabled()`."""
 
 
 @dataclass(frozen=True)
@@ -101,46 +104,77 @@ class _Loads:
     chains: tuple[tuple[str, tuple[str, ...]], ...]
     globals: tuple[str, ...]
     free: tuple[str, ...]
+    state: tuple[str, ...] = ()
+
+
+# torch's functions that read global state a branch may depend on, by the GLOBAL_STATE name they read
+# (the rest of it, default dtype, deterministic algorithms and autocast, is recorded whatever was read).
+STATE_PROBES = {"is_grad_enabled": "grad_mode", "is_inference_mode_enabled": "inference_mode"}
 
 
 def _loads(code: types.CodeType) -> _Loads:
     """Roots are the frame's arguments and free variables (a comprehension's or a nested function's
     `self`), and globals (a module's attribute: `cfg.SCALE`); `getattr(root, "name")` with a constant
-    name reads as `root.name`."""
-    roots = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]) | set(code.co_freevars)
-    chains: set[tuple[str, tuple[str, ...]]] = set()
-    global_names: set[str] = set()
-    free: set[str] = set()
-    root: str | None = None
-    path: list[str] = []
-    instructions = [i for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG", "CACHE")]
+    name reads as `root.name`; a local stored once from a chain (`cfg = self.cfg`) reads as that
+    chain (`cfg.flag` is `self.cfg.flag`)."""
+    scan = _LoadScan(code)
+    for index, instruction in enumerate(scan.instructions):
+        scan.step(index, instruction)
+    scan.close()
+    return _Loads(tuple(sorted(scan.chains)), tuple(sorted(scan.globals)), tuple(sorted(scan.free)), tuple(sorted(scan.state)))
 
-    def close() -> None:
-        if root is not None and path:
-            chains.add((root, tuple(path[:_MAX_CHAIN])))
 
-    for index, instruction in enumerate(instructions):
-        name = instruction.opname
-        if name in ("LOAD_ATTR", "LOAD_METHOD") and root is not None:
-            path.append(instruction.argval)
-            continue
-        close()
-        root, path = None, []
+class _LoadScan:
+    """One pass over a code object's instructions, following the chain of attribute loads being read."""
+
+    def __init__(self, code: types.CodeType) -> None:
+        self.code = code
+        self.roots = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]) | set(code.co_freevars)
+        self.instructions = [i for i in dis.get_instructions(code) if i.opname not in ("EXTENDED_ARG", "CACHE")]
+        self.stores = Counter(i.argval for i in self.instructions if i.opname in ("STORE_FAST", "DELETE_FAST"))
+        self.aliases: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self.chains: set[tuple[str, tuple[str, ...]]] = set()
+        self.globals: set[str] = set()
+        self.free: set[str] = set()
+        self.state: set[str] = set()
+        self.root: str | None = None
+        self.path: list[str] = []
+
+    def close(self) -> None:
+        if self.root is not None and self.path:
+            self.chains.add((self.root, tuple(self.path[:_MAX_CHAIN])))
+        self.root, self.path = None, []
+
+    def step(self, index: int, instruction) -> None:
+        name, value = instruction.opname, instruction.argval
+        if name in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL") and value in STATE_PROBES:
+            self.state.add(STATE_PROBES[value])
+        if name in ("LOAD_ATTR", "LOAD_METHOD") and self.root is not None:
+            self.path.append(value)
+            return
+        if (name == "STORE_FAST" and self.root is not None and self.path and not self.root.startswith(_GLOBAL)
+                and self.stores[value] == 1):
+            self.aliases[value] = (self.root, tuple(self.path))
+        self.close()
         if name.startswith("LOAD_FAST") or name == "LOAD_DEREF":
-            local = instruction.argval[-1] if isinstance(instruction.argval, tuple) else instruction.argval
-            root = local if local in roots else None
-            following = instructions[index + 1] if index + 1 < len(instructions) else None
-            if root is not None and _getattr_call(instructions, index) and following is not None:
-                chains.add((root, (following.argval,)))
-            if name == "LOAD_DEREF" and instruction.argval in code.co_freevars:
-                free.add(instruction.argval)
+            self.local(index, instruction)
         elif name in ("LOAD_GLOBAL", "LOAD_NAME"):
-            global_names.add(instruction.argval)
-            root = f"{_GLOBAL}{instruction.argval}"
-        elif name == "LOAD_CLASSDEREF" and instruction.argval in code.co_freevars:
-            free.add(instruction.argval)
-    close()
-    return _Loads(tuple(sorted(chains)), tuple(sorted(global_names)), tuple(sorted(free)))
+            self.globals.add(value)
+            self.root = f"{_GLOBAL}{value}"
+        elif name == "LOAD_CLASSDEREF" and value in self.code.co_freevars:
+            self.free.add(value)
+
+    def local(self, index: int, instruction) -> None:
+        local = instruction.argval[-1] if isinstance(instruction.argval, tuple) else instruction.argval
+        if local in self.aliases:
+            self.root, self.path = self.aliases[local][0], list(self.aliases[local][1])
+            return
+        self.root = local if local in self.roots else None
+        following = self.instructions[index + 1] if index + 1 < len(self.instructions) else None
+        if self.root is not None and _getattr_call(self.instructions, index) and following is not None:
+            self.chains.add((self.root, (following.argval,)))
+        if instruction.opname == "LOAD_DEREF" and instruction.argval in self.code.co_freevars:
+            self.free.add(instruction.argval)
 
 
 _GLOBAL = "global:"
@@ -207,6 +241,7 @@ class _FrameHook:
 
     def note(self, frame, loads) -> None:
         log = self.log
+        log.state.update(loads.state)
         if loads.chains:
             local = frame.f_locals
             for root, path in loads.chains:

@@ -19,13 +19,24 @@ from precompile.errors import CaptureRefused, PrecompileWarning
 log = logging.getLogger("precompile")
 
 
-def global_state(grad_matters: bool, modules, positions) -> list[SpecializedValue]:
-    """torch's global state as the trace runs under it; grad mode only where it can change what the
-    call computes (a parameter or input requires grad: a backward, what fn's code does under it); and
-    the hooks the module arguments would run, which the trace runs and the served graph holds."""
-    return [SpecializedValue(kind="global_state", name=name, value=str(spelled(get())))
-            for name, get in GLOBAL_STATE.items() if grad_matters or name != "grad_mode"] + [
-        SpecializedValue(kind="global_state", name=MODULE_HOOKS, value=module_hooks(modules, positions))]
+CONDITIONAL_STATE = ("grad_mode", "inference_mode")
+"""Global state recorded only where the call can depend on it: grad mode where a parameter or input
+requires grad (a backward), either where code the trace ran asks for it (`torch.is_grad_enabled()`),
+so that a model captured under no_grad still serves under inference_mode when nothing asks."""
+
+
+def global_state_now(modules, positions) -> dict[str, str]:
+    """torch's global state and the module arguments' hooks, spelled, as the trace is about to run."""
+    return {**{name: str(spelled(get())) for name, get in GLOBAL_STATE.items()}, MODULE_HOOKS: module_hooks(modules, positions)}
+
+
+def global_state(before: dict[str, str], grad_matters: bool, read: set[str]) -> list[SpecializedValue]:
+    """The records of the global state the trace ran under (`before`, from global_state_now): all of
+    it but CONDITIONAL_STATE, which only where the call can depend on it (`read`: what code the
+    trace ran asked for); and the hooks the module arguments ran, which the served graph holds."""
+    wanted = read | ({"grad_mode"} if grad_matters else set())
+    return [SpecializedValue(kind="global_state", name=name, value=value) for name, value in before.items()
+            if name not in CONDITIONAL_STATE or name in wanted]
 
 
 def _importable(module: str) -> bool:

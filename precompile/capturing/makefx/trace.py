@@ -246,12 +246,13 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
     described = iter(zip(call.tensor_inputs, trace_inputs[len(call.state):]))
     inputs = [_input_leaf(leaf, *next(described), layout) if isinstance(leaf, str) else leaf for leaf in call.inputs]
     allowed_symbols = set().union(*(free_unbacked_symbols(t) for t in trace_inputs)) if fake_mode else set()
-    state = specialized.global_state(any(t.requires_grad for t in example_inputs), call.modules, call.module_positions)
+    state_before = specialized.global_state_now(call.modules, call.module_positions)
     traced = _TracedFn(fn, call, inputs, allowed_symbols)
     log.info("tracing %s with make_fx (%d params, %d buffers, %d tensor inputs)",
              _name(fn), len(call.params), len(call.buffers), len(call.tensor_inputs))
     graph_module = _make_fx(traced, decompositions, trace_inputs, marked=fake_mode is not None)
     _refuse_forbidden_nodes(graph_module, [name for name, _ in call.params], allowed_symbols)
+    state = specialized.global_state(state_before, any(t.requires_grad for t in example_inputs), traced.read.state)
     read = specialized.records(traced.read, getattr(fn, "__module__", None) or "__main__")
     rendered = constants.inline_fresh_constants(graph_module, constants.Namer(fn, call.modules, traced.read))
     # small ones fn created become literals in python_code

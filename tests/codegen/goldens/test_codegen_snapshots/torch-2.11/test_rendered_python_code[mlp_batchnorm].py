@@ -105,10 +105,12 @@ def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_
 # and rebuilds fn's result. It also checks the Python values the trace read besides tensors
 # (SPECIALIZED): torch's global state, attributes of the model, module globals.
 import enum as _enum
+import functools as _functools
 import gc as _gc
 import hashlib as _hashlib
 import importlib as _importlib
 import sys as _sys
+import types as _types
 from operator import is_ as _is
 
 import torch
@@ -129,8 +131,8 @@ except ImportError:  # served where only torch is installed: twins of the same n
 def spelled(value):
     """The spelling a specialized value is recorded and compared by (None: not comparable). Two
     values that spell alike behave alike where a trace could have read them: 1, 1.0 and True differ;
-    tuples, lists and dicts of such values spell by their items, in order; a class by its qualified
-    name; a numpy scalar by its type and value. A spelling over 256 characters is kept as its length
+    tuples, lists and dicts of such values spell by their items, in order; a class or a function by
+    its qualified name (a partial by its function and arguments); a numpy scalar by its type and value. A spelling over 256 characters is kept as its length
     and sha256 (python_code stays readable; the comparison stays exact)."""
     text = _spelled(value, 0)
     if text is not None and len(text) > 256:
@@ -148,11 +150,25 @@ def _spelled(value, depth):
         return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
     if isinstance(value, type):
         return f"class {value.__module__}.{value.__qualname__}"
+    if kind in (_types.FunctionType, _types.BuiltinFunctionType):
+        return _function(value)
+    if kind is _functools.partial and depth <= 8:
+        parts = [_spelled(value.func, depth + 1), *(_spelled(a, depth + 1) for a in value.args),
+                 *(None if v is None else f"{k}={v}" for k, v in ((k, _spelled(a, depth + 1)) for k, a in value.keywords.items()))]
+        return None if None in parts else f"partial({', '.join(parts)})"
     if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
         return f"numpy.{kind.__name__}({value.item()!r})"
     if depth > 8 or kind not in (tuple, list, torch.Size, dict) or len(value) > 10_000:
         return None  # not a collection of settings: a list holding itself, or nesting deeper than one goes
     return _collection(value, kind, depth)
+
+
+def _function(value):
+    """A function by its qualified name; one defined inside another (a lambda, a closure) also by the
+    line it starts on, since such names repeat."""
+    name = f"function {getattr(value, '__module__', None) or '?'}.{getattr(value, '__qualname__', None) or value.__name__}"
+    code = getattr(value, "__code__", None)
+    return f"{name} (line {code.co_firstlineno})" if code is not None and "<" in name else name
 
 
 def _collection(value, kind, depth):
@@ -197,6 +213,7 @@ def _autocast(device):
 # torch's global state a trace is specialized on, by the name SPECIALIZED records it under.
 GLOBAL_STATE = {
     "grad_mode": torch.is_grad_enabled,
+    "inference_mode": torch.is_inference_mode_enabled,
     "default_dtype": torch.get_default_dtype,
     "deterministic_algorithms": torch.are_deterministic_algorithms_enabled,
     "autocast_cpu": _autocast("cpu"),
