@@ -40,6 +40,7 @@ SLOW_FILES = {
     "test_inductor.py",
     "test_inspect_determinism.py",
     "test_plain_exec.py",
+    "test_pytest_plugin.py",
     "test_roundtrip.py",
     "test_zoo.py",
 }

@@ -1,16 +1,9 @@
-"""syrupy extensions shared by the snapshot tests."""
+"""syrupy extensions shared by the snapshot tests: the shipped PythonSourceSnapshot, kept per torch minor."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from syrupy.extensions.single_file import SingleFileSnapshotExtension, WriteMode
-
-
-class PythonSourceSnapshot(SingleFileSnapshotExtension):
-    """One `.py` file per snapshot, so a golden reads (and diffs) as the source it locks."""
-
-    _write_mode = WriteMode.TEXT
-    file_extension = "py"
+from precompile.testing.extensions import PythonSourceSnapshot
 
 
 class TorchVersionedSource(PythonSourceSnapshot):

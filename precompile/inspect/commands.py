@@ -14,13 +14,12 @@ import os
 import sys
 from pathlib import Path
 
-from precompile.artifact.pair import pending_path, read_bytes
-from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE
+from precompile.artifact.pair import pending_path
 from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
-from precompile.inspect.reader import open_artifact, open_given, resolve_pair
+from precompile.inspect.reader import open_artifact, open_given, python_code_bytes, resolve_pair
 from precompile.inspect.terminal_text import printable
 
 ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
@@ -63,11 +62,9 @@ def _diagnose(err, problems, warnings=()) -> None:
         err.print(printable(f"precompile: warning: {warning}"), markup=False, highlight=False, emoji=False)
 
 
-def _problems(artifact: Artifact) -> tuple[str, ...]:
-    return tuple(p for p in (artifact.python_code.problem, artifact.cache.problem) if p is not None)
-
-
 def _findings(artifact: Artifact) -> tuple[str, ...]:
+    from precompile.inspect.api import opaque_findings
+
     found = []
     if artifact.pairs is False:
         found.append(f"{artifact.cache.path} does not pair with {artifact.python_code.path}: {artifact.pairing_problem}")
@@ -82,7 +79,7 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
     if pending is not None and os.path.lexists(pending):
         found.append(f"{pending} exists (left by an interrupted write): load adopts it over the cache when the cache does "
                      "not pair and it passes every check; verify it as the cache, or delete it")
-    return tuple(found) + _opaque_findings(artifact)
+    return tuple(found) + opaque_findings(artifact)
 
 
 def _plural(count: int, noun: str) -> str:
@@ -96,18 +93,12 @@ def _verdict(problems: tuple[str, ...], findings: tuple[str, ...]) -> str:
     return f"verdict: {_plural(len(findings), 'finding')}" + (" (see the warnings)" if findings else ": nothing flagged")
 
 
-def _opaque_findings(artifact: Artifact) -> tuple[str, ...]:
-    code = artifact.python_code
-    return (tuple(f"{code.path}: {problem}" for problem in code.opaque_problems)
-            + tuple(f"{code.path}: {finding_text(scan, imp)}" for scan, imp in artifact.opaque_findings))
-
-
 def _show(args, out, err) -> int:
-    from precompile.inspect.report import ShowReport
+    from precompile.inspect.api import show_report
 
     artifact = open_given(args.artifact)
-    problems, findings = _problems(artifact), _findings(artifact)
-    report = ShowReport(artifact=artifact, problems=problems)
+    report = show_report(artifact)
+    problems, findings = report.problems, _findings(artifact)
     lines = render_text.render_show(report) + [(_verdict(problems, findings), None)] if not args.json else ()
     _emit(args, out, report, lines)
     _diagnose(err, problems, findings)
@@ -115,31 +106,16 @@ def _show(args, out, err) -> int:
 
 
 def _guards(args, out, err) -> int:
-    from precompile.inspect.guards import filtered, guards_of
-    from precompile.inspect.report import GuardsReport
+    from precompile.inspect.api import guards_report
 
-    artifact = _artifact(args.artifact)
-    guards = guards_of(artifact, _read_code(artifact))
-    if guards is not None:
-        guards = filtered(guards, frame=args.frame, kind=args.type, risky_only=args.risky)
-    problems = (artifact.python_code.problem,) if guards is None and artifact.python_code.problem else ()
-    findings = _opaque_findings(artifact)
-    report = GuardsReport(python_code=artifact.python_code.path, guards=guards, problems=problems,
-                          pickles=artifact.python_code.pickles, findings=findings)
+    report = guards_report(_artifact(args.artifact), frame=args.frame, kind=args.type, risky_only=args.risky)
     _emit(args, out, report, render_text.render_guards(report) if not args.json else ())
-    _diagnose(err, problems, findings)
-    return 2 if guards is None else 1 if findings else 0
-
-
-def _read_code(artifact: Artifact) -> bytes | None:
-    try:
-        return read_bytes(Path(artifact.python_code.path), "python_code", MAX_PYTHON_CODE_SIZE)
-    except PrecompileError:
-        return None
+    _diagnose(err, report.problems, report.findings)
+    return 2 if report.guards is None else 1 if report.findings else 0
 
 
 def _diff(args, out, err) -> int:
-    from precompile.inspect.diff import diff
+    from precompile.inspect.api import diff_report
 
     if len(args.paths) == 4:
         a, b = _artifact(args.paths[:2]), _artifact(args.paths[2:])
@@ -149,7 +125,7 @@ def _diff(args, out, err) -> int:
         raise PrecompileError(f"diff compares two artifacts: A B, or A.py A.cache B.py B.cache; got {len(args.paths)} paths")
     fail_on = _fail_on(args.fail_on)
     output = _diff_format(args)
-    report = diff(a, b, _read_code(a), _read_code(b), context=args.context, provenance=args.provenance)
+    report = diff_report(a, b, context=args.context, provenance=args.provenance)
     if output == "markdown":
         from precompile.inspect.render_markdown import render_markdown
 
@@ -191,10 +167,10 @@ def _fail_on(value: str | None) -> tuple[str, ...] | None:
 
 
 def _verify(args, out, err) -> int:
-    from precompile.inspect.verify import verify
+    from precompile.inspect.api import verify_report
 
     artifact = _artifact(args.artifact, deep=True)
-    report = verify(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key))
+    report = verify_report(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key))
     _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())
     failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
     trouble = artifact.python_code.problem is not None or artifact.cache.newer
@@ -215,7 +191,7 @@ def _extract(args, out, err) -> int:
     if len(args.paths) < 2:
         raise PrecompileError("extract needs an artifact and a directory: extract ARTIFACT [CACHE] DIR")
     artifact = open_given(args.paths[:-1], deep=True)
-    report = extract(artifact, _read_code(artifact) or b"", args.paths[-1])
+    report = extract(artifact, python_code_bytes(artifact) or b"", args.paths[-1])
     _emit(args, out, report, render_text.render_extract(report) if not args.json else ())
     _diagnose(err, report.problems)
     return 2 if report.problems else 0
@@ -238,6 +214,7 @@ def _report_artifacts(paths: list[str]) -> list[Artifact]:
 def _report(args, out, err) -> int:
     import hashlib
 
+    from precompile.inspect.api import problems_of
     from precompile.inspect.html_report import artifact_page, render
     from precompile.inspect.report import HtmlReport
 
@@ -245,11 +222,11 @@ def _report(args, out, err) -> int:
     inputs = {os.path.realpath(p) for artifact in artifacts for p in (artifact.python_code.path, artifact.cache.path) if p}
     if os.path.realpath(args.output) in inputs:
         raise PrecompileError(f"-o {args.output} is one of the artifact's files; refusing to overwrite it: pass another HTML path")
-    codes = [_read_code(artifact) for artifact in artifacts]
-    problems = [p for artifact in artifacts for p in _problems(artifact)]
+    codes = [python_code_bytes(artifact) for artifact in artifacts]
+    problems = [p for artifact in artifacts for p in problems_of(artifact)]
     findings = [f for artifact in artifacts for f in _findings(artifact)]
     pages = [artifact_page(f"artifact-{label.lower()}", f"Artifact {label}" if len(artifacts) > 1 else "Artifact", artifact, code,
-                           problems=_problems(artifact), findings=_findings(artifact))
+                           problems=problems_of(artifact), findings=_findings(artifact))
              for label, artifact, code in zip("AB", artifacts, codes)]
     report = None
     if len(artifacts) == 2:

@@ -26,7 +26,7 @@ from precompile.inspect.library_code import code_digest
 from precompile.inspect.line_diff import unified
 from precompile.inspect.model import Artifact, MegaCache, UpstreamCache
 from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
-from precompile.inspect.report import Change, CodeDiff, DiffEntry, DiffReport
+from precompile.inspect.report import Change, CodeDiff, DiffEntry, DiffReport, KernelDiff
 from precompile.inspect.sections import split_sections
 from precompile.inspect.verify import prepared_checks
 
@@ -366,10 +366,27 @@ def _code_diffs(a_code: bytes | None, b_code: bytes | None, context: int) -> lis
 
 def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *, context: int = 3,
          provenance: bool = False) -> DiffReport:
-    fa, fb = flatten(a, a_code, provenance=provenance), flatten(b, b_code, provenance=provenance)
+    """The semantic diff of two opened artifacts, given their python_code bytes (None: unreadable);
+    `precompile.inspect.diff_report` reads those itself."""
+    problems = tuple(
+        p for art in (a, b) for p in (art.python_code.problem, art.cache.problem) if p is not None
+    )
+    return compare_flattened(
+        a.python_code.path or a.cache.path, b.python_code.path or b.cache.path,
+        flatten(a, a_code, provenance=provenance), flatten(b, b_code, provenance=provenance), a_code, b_code,
+        context=context, problems=problems, kernels=kernel_diffs(a, b, a_code, b_code, context=context),
+    )
+
+
+def compare_flattened(a: str, b: str, fa: dict[str, dict[str, str]], fb: dict[str, dict[str, str]],
+                      a_code: bytes | None, b_code: bytes | None, *, context: int = 3, problems: tuple[str, ...] = (),
+                      kernels: tuple[KernelDiff, ...] = ()) -> DiffReport:
+    """The diff of two artifacts already flattened (`flatten`; a section missing from one is empty) and
+    their python_code bytes, named `a` and `b`: what `diff` reports, for a caller that kept only those
+    (a snapshot of the normalized sections)."""
     entries: list[DiffEntry] = []
     for section in SECTIONS:
-        left, right = fa[section], fb[section]
+        left, right = fa.get(section, {}), fb.get(section, {})
         for key in sorted(set(left) | set(right)):
             if key not in right:
                 entries.append(DiffEntry(section=section, key=key, change="removed", a=left[key]))
@@ -378,20 +395,17 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
             elif left[key] != right[key]:
                 entries.append(DiffEntry(section=section, key=key, change="changed", a=left[key], b=right[key]))
     code = _code_diffs(a_code, b_code, context)
-    problems = tuple(
-        p for art in (a, b) for p in (art.python_code.problem, art.cache.problem) if p is not None
-    )
     counts = {name: 0 for name in CATEGORIES}
     for entry in entries:
         counts[category(entry.section, entry.key)] += 1
     counts["code"] += len(code)
     return DiffReport(
-        a=a.python_code.path or a.cache.path,
-        b=b.python_code.path or b.cache.path,
+        a=a,
+        b=b,
         equal=not entries and not code,
         categories={name: count for name, count in counts.items() if count},
         entries=tuple(entries),
         python_code=tuple(code),
         problems=problems,
-        kernels=kernel_diffs(a, b, a_code, b_code, context=context),
+        kernels=kernels,
     )

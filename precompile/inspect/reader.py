@@ -331,6 +331,17 @@ def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False)
     return Artifact(python_code=code_info, cache=cache, pairs=problem is None, pairing_problem=problem)
 
 
+def python_code_bytes(artifact: Artifact) -> bytes | None:
+    """The bytes of an opened artifact's python_code (what its guards and code are read from), or None
+    when it was opened without one or it cannot be read now."""
+    if not artifact.python_code.path:
+        return None
+    try:
+        return read_bytes(Path(artifact.python_code.path), "python_code", MAX_PYTHON_CODE_SIZE)
+    except PrecompileError:
+        return None
+
+
 def _has_pickle_header(head: bytes) -> bool:
     """A protocol 2-5 pickle, told by its first two bytes."""
     return len(head) >= 2 and head[0] == 0x80 and is_pickle(head[:2])

@@ -282,9 +282,14 @@ def render_guards(report: GuardsReport) -> list[Line]:
     return lines
 
 
-def render_diff(report: DiffReport, *, stat: bool = False, fail_on: tuple[str, ...] | None = None) -> list[Line]:
+def render_diff(report: DiffReport, *, stat: bool = False, fail_on: tuple[str, ...] | None = None,
+                verdict_first: bool = False) -> list[Line]:
     """The differences section by section, then python_code's (with `stat`: only their counts), then
-    a one-line verdict (saying which categories `--fail-on` gates)."""
+    a one-line verdict (saying which categories `--fail-on` gates); `verdict_first`: that line opens
+    the text instead (an assertion message says it at once)."""
+    if verdict_first:
+        rest = render_diff(report, stat=stat, fail_on=fail_on)
+        return [rest[-1], *rest[:-1]]
     lines: list[Line] = [(f"--- {report.a}", HEAD), (f"+++ {report.b}", HEAD)]
     if report.equal:
         lines.append(("no differences", GOOD))

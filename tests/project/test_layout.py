@@ -24,6 +24,7 @@ ALLOWED = {
     "serve": {"artifact", "codegen", "signing"},
     "capturing": {"artifact", "codegen", "serve"},
     "cli": {"artifact", "codegen", "serve", "capturing", "inspect", "signing", "examples"},
+    "testing": {"artifact", "inspect", "serve", "capturing"},
     "examples": set(),
 }
 TORCH_FREE = {"artifact", "inspect", "signing"}
