@@ -20,12 +20,13 @@ from precompile.errors import PrecompileError
 from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
-from precompile.inspect.guards import global_state_rows, guards_of, shape_text
+from precompile.inspect.guards import guards_of
 from precompile.inspect.kernels import kernel_diffs
 from precompile.inspect.library_code import code_digest
 from precompile.inspect.line_diff import unified
 from precompile.inspect.model import Artifact, MegaCache, UpstreamCache
 from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
+from precompile.inspect.rendered_guards import global_state_rows, shape_text
 from precompile.inspect.report import Change, CodeDiff, DiffEntry, DiffReport, KernelDiff
 from precompile.inspect.sections import split_sections
 from precompile.inspect.verify import prepared_checks

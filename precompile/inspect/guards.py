@@ -8,8 +8,6 @@ their guard slots (kept, dropped, risky, policy-dropped) keyed by (guard_type, s
 from __future__ import annotations
 
 import ast
-import functools
-import re
 
 from precompile.artifact.metadata import (
     ConstantLeaf,
@@ -29,6 +27,7 @@ from precompile.inspect.model import (
     SpecializationKind,
     UpstreamCodeInfo,
 )
+from precompile.inspect.rendered_guards import global_state_rows, rendered_checks, shape_text, tensor_rows
 
 _NOT_CHECKED_ALWAYS = (
     "tensor values: control flow that depended on them was fixed at capture",
@@ -40,10 +39,6 @@ _NOT_CHECKED_READS = (
     "with a computed name, items of dicts and lists, what a C extension reads)",
     "Python state fn sets: a served call does not set it",
 )
-
-
-def shape_text(shape) -> str:
-    return "(" + ", ".join("*" if dim is None else str(dim) for dim in shape) + ("," if len(shape) == 1 else "") + ")"
 
 
 def makefx_guards(meta: MakeFxMetadata) -> Guards:
@@ -104,10 +99,6 @@ def _reads_path(record: SpecializedValue) -> str:
 DROPPED_FRAME = "(every frame)"
 
 
-_FUNCTION = re.compile(r"guards_(\d+)_(\d+)")
-_TENSORS = re.compile(r"_tensors_(\d+)_(\d+)")
-_SOURCE_LOCAL = re.compile(r"s\d+")
-# What a --type filter names beyond a guard type itself: the part of a tensor's guard it checks.
 TYPE_ALIASES = {
     "shape": {"SHAPE_ENV", "TENSOR_MATCH", "shape"},
     "dtype": {"TENSOR_MATCH", "dtype"},
@@ -115,229 +106,6 @@ TYPE_ALIASES = {
     "stride": {"TENSOR_MATCH", "stride"},
     "tensor": {"TENSOR_MATCH"},
 }
-
-
-def tensor_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[str, str]]:
-    """{(frame index, variant): {tensor source: what its TENSOR_MATCH checks}} from the literal rows
-    of each `_tensors_F_V = _TensorMatch((...))` python_code renders (read with ast, never executed)."""
-    found: dict[tuple[int, int], dict[str, str]] = {}
-    for name, call in _literal_calls(source, _TENSORS):
-        try:
-            rows = ast.literal_eval(call.args[0])
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            continue
-        match = _TENSORS.fullmatch(name)
-        assert match is not None
-        found[(int(match.group(1)), int(match.group(2)))] = {
-            str(row[0]): _tensor_text(row) for row in rows if isinstance(row, tuple) and len(row) >= 7
-        }
-    return found
-
-
-_GLOBAL_STATE = re.compile(r"_global_state_(\d+)_(\d+)")
-# torch's ScalarType codes, as the GLOBAL_STATE guard's state writes a dtype.
-_SCALAR_TYPES = {0: "torch.uint8", 1: "torch.int8", 2: "torch.int16", 3: "torch.int32", 4: "torch.int64", 5: "torch.float16",
-                 6: "torch.float32", 7: "torch.float64", 8: "torch.complex32", 9: "torch.complex64", 10: "torch.complex128",
-                 11: "torch.bool", 15: "torch.bfloat16"}
-UNCHECKED_GLOBAL_STATE = ("num_threads",)
-"""Fields of the GLOBAL_STATE guard's state a served call does not check: the driver keeps the thread
-count at the serving process's own (see codegen/drivers/dynamo_guards._GlobalState)."""
-
-
-def global_state_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[str, str]]:
-    """{(frame index, variant): {field: the value its GLOBAL_STATE guard checks}} from the JSON literal
-    of each `_global_state_F_V = _GlobalState('...')` python_code renders (read with ast and json,
-    never executed): grad_mode, default_dtype (by name), deterministic algorithms, autocast, ...;
-    the fields a served call does not check left out."""
-    import json
-
-    found: dict[tuple[int, int], dict[str, str]] = {}
-    for name, call in _literal_calls(source, _GLOBAL_STATE):
-        argument = call.args[0]
-        if not (isinstance(argument, ast.Constant) and isinstance(argument.value, str)):
-            continue
-        try:
-            state = json.loads(argument.value)
-        except (ValueError, RecursionError):
-            continue
-        if not isinstance(state, dict):
-            continue
-        match = _GLOBAL_STATE.fullmatch(name)
-        assert match is not None
-        found[(int(match.group(1)), int(match.group(2)))] = {
-            str(key): _state_text(key, value) for key, value in sorted(state.items()) if key not in UNCHECKED_GLOBAL_STATE}
-    return found
-
-
-def _state_text(key: str, value) -> str:
-    import json
-
-    if key == "default_dtype" and type(value) is int:
-        return _SCALAR_TYPES.get(value, f"ScalarType {value}")
-    return json.dumps(value, sort_keys=True, separators=(",", ":"))
-
-
-def _literal_calls(source: str | bytes | None, name: re.Pattern) -> list[tuple[str, ast.Call]]:
-    """The top-level `NAME = Call(arg, ...)` statements of python_code whose NAME matches `name`."""
-    tree = _parsed(source)
-    if tree is None:
-        return []
-    return [(node.targets[0].id, node.value) for node in tree.body
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-            and isinstance(node.value, ast.Call) and node.value.args and name.fullmatch(node.targets[0].id)]
-
-
-@functools.lru_cache(maxsize=2)
-def _parsed(source: str | bytes | None) -> ast.Module | None:
-    """python_code parsed once for the readers of its rendered guards (None: not Python text).
-    The tree is shared: its readers never change it."""
-    if source is None:
-        return None
-    try:
-        return ast.parse(source.decode("utf-8") if isinstance(source, bytes) else source)
-    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
-        return None
-
-
-def _tensor_text(row: tuple) -> str:
-    _, kind, dtype, device, requires_grad, sizes, strides = row[:7]
-    return (f"{str(kind).rpartition(':')[2]} {dtype} on {device}, size {shape_text(sizes)}, stride {shape_text(strides)}, "
-            f"requires_grad={requires_grad}")
-
-
-def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tuple[str, int], dict[str, str]]:
-    """{(frame, variant): {guard label: the condition that runs}} of a standalone artifact whose
-    guards python_code renders as functions `guards_F_V` (read with ast, never executed); a guard
-    torch itself skips maps to "not checked: why". Empty for artifacts without rendered guards."""
-    tree = _parsed(source)
-    if tree is None or source is None:
-        return {}
-    text = source.decode("utf-8") if isinstance(source, bytes) else source
-    lines = text.splitlines()  # once: the comments and segments below index into it
-    found: dict[tuple[str, int], dict[str, str]] = {}
-    for node in tree.body:
-        match = _FUNCTION.fullmatch(node.name) if isinstance(node, ast.FunctionDef) else None
-        if match is None or int(match.group(1)) >= len(meta.frames):
-            continue
-        key = (meta.frames[int(match.group(1))].qualname or meta.frames[int(match.group(1))].name, int(match.group(2)))
-        checks: dict[str, str] = {}
-        first, last = node.lineno, node.end_lineno or node.lineno
-        for line in lines[first:last]:
-            note = line.strip()
-            if note.startswith("# ") and ": " in note:
-                label, _, why = note[2:].partition(": ")
-                checks.setdefault(label, f"not checked: {why}")
-        failing: str | None = None  # the label the rendered guard assigns before its `if`
-        spelled = _SpelledOut()
-        for statement in ast.walk(node):
-            targets = [getattr(t, "id", None) for t in statement.targets] if isinstance(statement, ast.Assign) else []
-            if isinstance(statement, ast.Assign) and targets == ["failing"]:
-                value = statement.value.value if isinstance(statement.value, ast.Constant) else None
-                failing = value if isinstance(value, str) else None
-            elif isinstance(statement, ast.Assign) and len(targets) == 1 and _SOURCE_LOCAL.fullmatch(targets[0] or ""):
-                spelled.bind(str(targets[0]), statement.value)
-            elif isinstance(statement, ast.If) and failing is not None:
-                test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
-                checks[failing] = spelled.text(test) or " ".join(_segment(lines, test).split())
-                failing = None
-        found[key] = checks
-    return found
-
-
-def _segment(lines: list[str], node: ast.expr) -> str:
-    """The source text of `node`, as ast.get_source_segment gives it (column offsets count UTF-8
-    bytes), from lines split once rather than once per call."""
-    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
-    if first < 0 or last >= len(lines) or node.end_col_offset is None:
-        return ""
-    if first == last:
-        return lines[first].encode("utf-8")[node.col_offset:node.end_col_offset].decode("utf-8", "replace")
-    parts = [lines[first].encode("utf-8")[node.col_offset:].decode("utf-8", "replace"), *lines[first + 1:last],
-             lines[last].encode("utf-8")[:node.end_col_offset].decode("utf-8", "replace")]
-    return "\n".join(parts)
-
-
-class _SpelledOut:
-    """The rendered checks with the sources their guard function reads into locals (`sN = path`,
-    see precompile.capturing.dynamo.shared_sources) spelled out again, as the guards name them.
-    Only a local bound to an access path is spelled out, up to MAX_SPELLED_OUT characters, in a
-    check of up to MAX_CHECK characters of them (a hostile file could chain locals into text of any
-    length); others stay as written."""
-
-    MAX_SPELLED_OUT = 4096
-    MAX_CHECK = 65536
-
-    def __init__(self) -> None:
-        self.paths: dict[str, tuple[ast.expr, int]] = {}  # local: (its path spelled out, its length)
-
-    def bind(self, name: str, value: ast.expr) -> None:
-        before = self.paths.pop(name, None)  # `s1 = s1.a` reads the s1 bound before
-        steps: list[ast.Attribute | ast.Subscript] = []
-        node = value
-        while isinstance(node, (ast.Attribute, ast.Subscript)):
-            if isinstance(node, ast.Subscript) and not _plain_key(node.slice):
-                return
-            steps.append(node)
-            node = node.value
-        if not steps or not isinstance(node, ast.Name):
-            return
-        base, length = (before if node.id == name else self.paths.get(node.id)) or (node, len(node.id))
-        for step in reversed(steps):
-            length += len(step.attr) + 1 if isinstance(step, ast.Attribute) else len(repr(step.slice.value)) + 2  # type: ignore[attr-defined]
-            if length > self.MAX_SPELLED_OUT:
-                return
-            base = type(step)(**{**{f: getattr(step, f) for f in step._fields}, "value": base})
-        self.paths[name] = (base, length)
-
-    def substituted(self, node: ast.AST) -> ast.AST:
-        """`node` with each local this knows replaced by its path; subtrees without one are shared,
-        not copied, and `node` itself is left as it is."""
-        if isinstance(node, ast.Name):
-            spelled = self.paths.get(node.id)
-            return node if spelled is None else spelled[0]
-        changed: dict[str, object] = {}
-        for field, value in ast.iter_fields(node):
-            if isinstance(value, ast.AST):
-                new = self.substituted(value)
-                if new is not value:
-                    changed[field] = new
-            elif isinstance(value, list) and any(isinstance(item, ast.AST) for item in value):
-                items = [self.substituted(item) if isinstance(item, ast.AST) else item for item in value]
-                if any(a is not b for a, b in zip(items, value)):
-                    changed[field] = items
-        if not changed:
-            return node
-        return type(node)(**{**{field: getattr(node, field, None) for field in node._fields}, **changed})
-
-    def text(self, test: ast.AST) -> str | None:
-        """The check spelled out, or None where it reads no local this knows."""
-        names = [node.id for node in ast.walk(test) if isinstance(node, ast.Name) and node.id in self.paths]
-        if not _bound_within(test).isdisjoint(names):
-            return None  # a name the check binds itself shadows the local there: as written
-        if not names or sum(self.paths[name][1] for name in names) > self.MAX_CHECK:
-            return None
-        try:
-            return ast.unparse(self.substituted(test))
-        except (RecursionError, ValueError, MemoryError):  # nested past the stack, an int past str()'s digits
-            return None
-
-
-def _bound_within(test: ast.AST) -> set[str]:
-    """The names a check binds itself: comprehension targets, lambda parameters, `:=` targets."""
-    bound = set()
-    for node in ast.walk(test):
-        if isinstance(node, ast.comprehension):
-            bound |= {name.id for name in ast.walk(node.target) if isinstance(name, ast.Name)}
-        elif isinstance(node, ast.Lambda):
-            bound |= {arg.arg for arg in ast.walk(node.args) if isinstance(arg, ast.arg)}
-        elif isinstance(node, ast.NamedExpr) and isinstance(node.target, ast.Name):
-            bound.add(node.target.id)
-    return bound
-
-
-def _plain_key(node: ast.expr) -> bool:
-    """A subscript a guard source uses: a string, or an int that prints in a few digits."""
-    return isinstance(node, ast.Constant) and (type(node.value) is str or (type(node.value) is int and abs(node.value) < 2**63))
 
 
 _LABEL_ENDS = (" (", ": ", " is ", " == ")

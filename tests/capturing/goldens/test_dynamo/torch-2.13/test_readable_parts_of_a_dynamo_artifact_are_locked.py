@@ -818,6 +818,7 @@ import json as _json
 import keyword as _keyword
 import linecache as _linecache
 import marshal as _marshal
+import os as _os
 import pickle as _pickle
 import re as _re
 import sys as _sys
@@ -870,10 +871,10 @@ def _unimported_origin(name):
         locations = spec.submodule_search_locations
     if spec is None:  # a name with no parts
         return None
-    if not isinstance(spec.loader, _machinery.SourceFileLoader):  # a zip archive's, say: its loader reads it
-        return None
     origin = spec.origin if spec.has_location else None
-    return origin if origin and origin.endswith(".py") else None
+    # a real .py file, whichever loader read it (pytest's assertion rewriter loads a plugin's package);
+    # a module in a zip archive has no file of its own: its loader reads it
+    return origin if origin and origin.endswith(".py") and _os.path.isfile(origin) else None
 
 
 def source_file(name):
@@ -1602,8 +1603,6 @@ def _continuation(frame, code, installed):
 
 def _check_dynamo_serves(artifact):
     """An installed artifact serves through Dynamo's frame evaluator, and nothing may compile beside it."""
-    import os as _os
-
     if torch._dynamo.config.compiled_autograd:
         _fail(artifact, "torch._dynamo.config.compiled_autograd is enabled, which would compile backward graphs "
                         "outside the artifact", "turn compiled autograd off before loading an installed artifact")
