@@ -54,7 +54,8 @@ import unicodedata
 import msgspec
 import zstandard
 
-from precompile.artifact.envelope import CompiledCode, EncodedMetadata
+from precompile.artifact import opaque_state
+from precompile.artifact.envelope import CompiledCode, EncodedMetadata, OpaqueCheck
 from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader
 from precompile.artifact.pycode import code_lines
 
@@ -239,6 +240,7 @@ def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.M
         code_hash=code_hash, magic=magic(), filename=code_filename(code_hash), flags=COMPILE_FLAGS, optimize=OPTIMIZE,
         marshal_version=MARSHAL_VERSION, size=len(code), compressed_size=len(stored_code),
         sha256=hashlib.sha256(stored_code).hexdigest(), data=stored_code, left_out=left_out,
+        opaque=opaque_state.checked(tree, source),
     )
     meta = EncodedMetadata(code_hash=code_hash, size=len(encoded), compressed_size=len(stored_meta),
                            sha256=hashlib.sha256(stored_meta).hexdigest(), data=stored_meta)
@@ -344,7 +346,20 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
         return f"python_code does not compile here ({type(exc).__name__})"
     if expected != stored:
         return "its bytes differ from python_code compiled here: it is not this python_code's bytecode"
+    found = opaque_state.checked(tree, source)
+    if compiled.opaque != found:
+        return (f"it records what load's opaque-state rule finds in python_code as {_opaque_text(compiled.opaque)}, but the rule "
+                f"finds {_opaque_text(found)}: load running it would not apply the rule as it applies it to python_code")
     return None
+
+
+def _opaque_text(check: OpaqueCheck | None) -> str:
+    """A record of the opaque-state rule's findings, for a message: its counts and a digest of it."""
+    if check is None:
+        return "nothing (python_code names no opaque part)"
+    digest = hashlib.sha256(msgspec.msgpack.encode(check)).hexdigest()[:12]
+    labels = "no marshalled code" if check.labels is None else f"{len(check.labels)} labelled marshalled code objects"
+    return f"{len(check.problems)} problems and {labels} (record {digest})"
 
 
 def decode_metadata(encoded: EncodedMetadata, code_hash: str) -> ArtifactMetadata | None:
