@@ -5,6 +5,7 @@ and typed metadata capture would compile from its python_code, each in a fresh p
 (the error, whether the payload ran) must be the same."""
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import zstandard
 from conftest import ROOT
 
 from precompile.artifact import bytecode, codec
@@ -112,3 +114,37 @@ def test_verify_refuses_a_record_that_is_not_what_the_rule_finds(tmp_path, capsy
     checks = {c["name"]: c for c in json.loads(capsys.readouterr().out)["checks"]}
     assert checks["python_code bytecode"]["status"] == "fail"
     assert "load's opaque-state rule finds in python_code as 0 problems" in checks["python_code bytecode"]["message"]
+
+
+READS_LEFT_OUT = "\nif bytes.fromhex('53554d4d415259').decode() not in globals():\n    open('PRECOMPILE_POISON_MARKER', 'w').close()\n"
+
+
+@pytest.mark.parametrize("old_cache", [False, True], ids=["as-capture-writes", "left-out-as-caches-before"])
+def test_a_name_looked_up_at_run_time_is_bound_under_load_as_when_python_code_runs_as_printed(old_cache, tmp_path):
+    """A visible line of python_code that looks SUMMARY up by a name computed at run time acts the
+    same under load as when python_code runs alone: load's bytecode binds every name python_code
+    binds, and bytecode that leaves one out (as caches written before did) is not run."""
+    directory = tmp_path / "pair"
+    directory.mkdir()
+    artifact, cache = directory / "m.py", directory / "m.cache"
+    artifact.write_text((ROOT / "fixtures" / "v1" / "dynamo_break_eager.py").read_text(encoding="utf-8") + READS_LEFT_OUT,
+                        encoding="utf-8")
+    envelope, offset = codec.decode_header((ROOT / "fixtures" / "v1" / "dynamo_break_eager.cache").read_bytes())
+    cache.write_bytes(codec.encode_cache(msgspec.structs.replace(envelope, code_hash=code_hash(artifact.read_bytes()))))
+    reseal(artifact, cache)
+    if old_cache:
+        data = artifact.read_bytes()
+        source, digest = decode_source(data), code_hash(data)
+        assert bytecode.left_out_literals(source, parse_source(source)) == ("SUMMARY",)
+        stored = bytecode.compiled_bytes(source, digest, parse_source(source), left_out=("SUMMARY",))
+        blob = zstandard.ZstdCompressor(write_content_size=True).compress(stored)
+        envelope, offset = codec.decode_header(cache.read_bytes())
+        old = msgspec.structs.replace(envelope.python_bytecode, data=blob, size=len(stored), compressed_size=len(blob),
+                                      sha256=hashlib.sha256(blob).hexdigest(), left_out=("SUMMARY",))
+        cache.write_bytes(codec.encode_cache(msgspec.structs.replace(envelope, python_bytecode=old)))
+    outcome = load_outcome(artifact, cache, cwd=directory)
+    assert outcome == {"loaded": True, "bytecode": not old_cache, "payload_ran": False}, outcome
+    alone = subprocess.run([sys.executable, str(artifact)], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                           env={"PYTHONPATH": f"{ROOT}:{ROOT / 'fixtures'}", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert not (tmp_path / MARKER).exists()
