@@ -267,15 +267,16 @@ def execute(
     return namespace
 
 
-def _prime_kernels(cache) -> dict[str, str] | None:
-    """Extract the cache's kernel bundle for this process and return its kernels by source sha256;
-    None if there is no bundle, or (with a warning saying why) if it cannot serve this host."""
+def _prime_kernels(cache) -> tuple[dict[str, str], Path] | None:
+    """Extract the cache's kernel bundle for this process and return its kernels by source sha256,
+    and the root they were written under (serve/kernel_root.py); None if there is no bundle, or (with
+    a warning saying why) if it cannot serve this host."""
     bundle = cache.envelope.bundle
     if bundle is None or not bundle.files:
         return None
     from precompile.artifact import bundle_keys, bundle_rules
     from precompile.artifact.codec import CacheFormatError, decode_payload
-    from precompile.serve import kernels
+    from precompile.serve import kernel_root, kernels
 
     unserved = bundle_rules.unserved_reason(cache.envelope)
     if unserved is not None:
@@ -297,7 +298,8 @@ def _prime_kernels(cache) -> dict[str, str] | None:
         return None
     try:
         files = decode_payload(bundle, cache.data, cache.payload_offset, source=f"cache {cache.path}")
-        return kernels.prime(bundle, files, kernels.inductor_cache_dir())
+        root = kernel_root.writable_root(kernels.inductor_cache_dir())
+        return kernels.prime(bundle, files, root), root
     except (CacheFormatError, OSError, ValueError, MemoryError) as exc:
         warnings.warn(
             f"ignoring the kernel bundle: {exc}. python_code will compile its kernels here instead (JIT)",
@@ -358,7 +360,8 @@ def load(
                 "variants miss); load it without the flag, and capture the calls it misses"
             )
         cache = _usable_cache(python_code, cache_file)
-        primed = _prime_kernels(cache) if cache is not None else None
+        primed_in = _prime_kernels(cache) if cache is not None else None
+        primed, kernel_dir = primed_in if primed_in is not None else (None, None)
         filename = str(artifact_path.resolve())
         prepared = _prepared_code(cache.envelope, python_code, filename) if cache is not None else None
         code, modules = prepared if prepared is not None else (None, None)
@@ -374,12 +377,12 @@ def load(
             collector.close()  # the collector runs as usual while python_code compiles
         with contextlib.ExitStack() as stack:
             if through_inductor:
-                assert primed is not None  # through_inductor is only set when the bundle's kernels were primed
+                assert primed is not None and kernel_dir is not None  # set only when the bundle's kernels were primed
                 from precompile.serve import kernels
 
                 bundle = cache.envelope.bundle
                 stack.enter_context(kernels.producer_vec_isas(bundle.keys))
-                stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
+                stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernel_dir)))
             # The text is decoded where it is parsed or compiled here, else when a traceback first reads it.
             namespace = execute(lambda: python_code.source, filename, primed, allow_serve_time_compiles, python_code.tree,
                                 code, modules, opaque)
