@@ -22,6 +22,7 @@ import os
 import platform
 import sys
 import sysconfig
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 # Requirements a host is compared on, by equality. A bundle records the subset that applies to it.
@@ -46,13 +47,37 @@ NEEDS_TORCH = {
 }
 
 
+# The x86 flags of /proc/cpuinfo that name instruction-set extensions a compiler may emit: the
+# features gcc's -march=native turns on (its -m options), by cpuinfo's names (pni is SSE3, abm is
+# LZCNT, 3dnowprefetch is PREFETCHW). The rest (hypervisor, constant_tsc, tsc_known_freq, microcode
+# mitigations, power management) say nothing of what a kernel may execute, and differ between a VM
+# and the bare-metal host of the same CPU model.
+X86_ISA_PREFIXES = ("sse", "ssse3", "avx", "fma", "bmi", "amx", "sha", "xsave")
+X86_ISA = frozenset((
+    "mmx", "pni", "popcnt", "abm", "lzcnt", "movbe", "aes", "pclmulqdq", "vaes", "vpclmulqdq", "gfni", "adx", "rdrand",
+    "rdseed", "f16c", "xop", "tbm", "lwp", "cx8", "cx16", "cmov", "fxsr", "lahf_lm", "lm", "3dnowprefetch", "clflushopt",
+    "clwb", "clzero", "fsgsbase", "rdpid", "rdtscp", "movdiri", "movdir64b", "serialize", "waitpkg", "ptwrite", "pku",
+    "pconfig", "wbnoinvd", "enqcmd", "uintr", "hle", "rtm", "tsxldtrk", "shstk", "ibt", "cldemote", "mwaitx", "hreset",
+    "kl", "widekl", "prefetchi", "cmpccxadd", "raoint", "apx_f",
+))
+
+
+def isa_flags(flags: Iterable[str]) -> frozenset[str]:
+    """The flags among `flags` that name instruction-set extensions (see X86_ISA): what a bundle's
+    kernels may need of a CPU. Flags of another architecture (aarch64's Features) are all kept."""
+    flags = frozenset(flags)
+    if not flags & {"sse2", "lm", "pni", "fpu"}:  # not an x86 flag list
+        return flags
+    return frozenset(flag for flag in flags if flag in X86_ISA or flag.startswith(X86_ISA_PREFIXES))
+
+
 def cpu_flags() -> frozenset[str] | None:
-    """This host's CPU feature flags, or None where /proc/cpuinfo cannot tell."""
+    """This host's CPU instruction-set flags (isa_flags of /proc/cpuinfo's), or None where it cannot tell."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
+                    return isa_flags(line.split(":", 1)[1].split())
     except OSError:
         return None
     return None
@@ -181,7 +206,8 @@ def mismatches(recorded: dict[str, str], host: dict[str, str]) -> list[Mismatch]
         for key, value in wanted.items()
         if key not in ISA_KEYS and key != "cpu_flags" and key in host and value != host[key]
     ]
-    missing = sorted(set(wanted.get("cpu_flags", "").split()) - set(host.get("cpu_flags", "").split()))
+    # Caches written before recorded every cpuinfo flag: only the instruction-set ones are compared.
+    missing = sorted(isa_flags(wanted.get("cpu_flags", "").split()) - isa_flags(host.get("cpu_flags", "").split()))
     if missing:
         shown = " ".join(missing[:8]) + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else "")
         found.append(Mismatch("cpu_flags", shown, host.get("cpu_flags") or "(unreadable)"))

@@ -23,13 +23,11 @@ dynamo_subgraphs driver compiles at load (`inductor_subgraph(name, text)`); thos
 capture too, so the stored bytes are `marshal.dumps((code, modules), 2)` where `modules` maps the
 sha256 of each such text to its code, compiled as the driver names it (`<precompile subgraph NAME>`).
 
-The compiled code leaves out the metadata literals no code in python_code reads (`LEFT_OUT`, recorded
-in the blob's `left_out`): tools read them with ast, and a served artifact's summary comes from the
-typed metadata. Unmarshalling a Dynamo artifact's SUMMARY (a tuple for every guard's verdict) was
-half the cost of unmarshalling its whole bytecode, for nothing; its GUARDS (every variant's guard
-list) a fifth of the rest, read only by an installed artifact's driver, whose python_code passes it
-to the driver by name and so keeps it. python_code run alone, or compiled from its source by load,
-still binds them.
+Every statement is compiled. Caches written before left out the metadata literals no code in
+python_code names (`LEFT_OUT`, recorded in the blob's `left_out`: a Dynamo artifact's SUMMARY and
+GUARDS, about half of what load unmarshalled); load no longer runs such bytecode, since python_code
+could look the name up as it runs (`bytes.fromhex(...).decode() in globals()`), which no proof over
+its text rules out, and act otherwise under load than as printed. verify still proves them.
 
 The metadata is `msgspec.msgpack` of the typed metadata converted from python_code's literals, so
 `verify` can decode it (msgspec decoding runs nothing) and compare it with the literals it parses.
@@ -54,7 +52,8 @@ import unicodedata
 import msgspec
 import zstandard
 
-from precompile.artifact.envelope import CompiledCode, EncodedMetadata
+from precompile.artifact import opaque_state
+from precompile.artifact.envelope import CompiledCode, EncodedMetadata, OpaqueCheck
 from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader
 from precompile.artifact.pycode import code_lines
 
@@ -69,8 +68,8 @@ MAX_STORED_SIZE = 32 * 1024 * 1024
 """The most both compressed blobs may take of the header (whose limit is 64 MiB)."""
 ZSTD_LEVEL = 3
 LEFT_OUT = ("SUMMARY", "GUARDS")
-"""The metadata literals the stored bytecode may leave out: no code in python_code reads them (a
-test keeps it so). A blob that leaves out any other name is not run (load compiles the source)."""
+"""The metadata literals caches written before left out of their bytecode, as no code in python_code
+names them: verify still proves such a blob, load runs none (see left_out_reason)."""
 
 _metadata_encoder = msgspec.msgpack.Encoder()
 _metadata_decoder = msgspec.msgpack.Decoder(ArtifactMetadata)
@@ -225,9 +224,9 @@ def compiled_bytes(source: str, code_hash: str, tree: ast.Module, optimize: int 
 
 
 def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.Module) -> tuple[CompiledCode | None, EncodedMetadata | None]:
-    """The bytecode and typed metadata a capture carries in its cache (None for each when too big)."""
-    left_out = left_out_literals(source, tree)
-    code = compiled_bytes(source, code_hash, tree, left_out=left_out)
+    """The bytecode and typed metadata a capture carries in its cache (None for each when too big):
+    every statement compiled (see left_out_reason)."""
+    code = compiled_bytes(source, code_hash, tree)
     encoded = _metadata_encoder.encode(metadata)
     if max(len(code), len(encoded)) > MAX_PREPARED_SIZE:
         return None, None
@@ -238,7 +237,8 @@ def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.M
     compiled = CompiledCode(
         code_hash=code_hash, magic=magic(), filename=code_filename(code_hash), flags=COMPILE_FLAGS, optimize=OPTIMIZE,
         marshal_version=MARSHAL_VERSION, size=len(code), compressed_size=len(stored_code),
-        sha256=hashlib.sha256(stored_code).hexdigest(), data=stored_code, left_out=left_out,
+        sha256=hashlib.sha256(stored_code).hexdigest(), data=stored_code,
+        opaque=opaque_state.checked(tree, source),
     )
     meta = EncodedMetadata(code_hash=code_hash, size=len(encoded), compressed_size=len(stored_meta),
                            sha256=hashlib.sha256(stored_meta).hexdigest(), data=stored_meta)
@@ -289,10 +289,21 @@ def unusable_reason(compiled: CompiledCode, code_hash: str) -> str | None:
         return f"it was compiled at optimization level {compiled.optimize}, this process runs at {sys.flags.optimize}"
     if compiled.filename != code_filename(code_hash):
         return f"it was compiled as {compiled.filename!r}, not {code_filename(code_hash)!r}"
-    problem = left_out_problem(compiled)
+    problem = left_out_reason(compiled)
     if problem is not None:
         return problem
     return blob_problem(compiled)
+
+
+def left_out_reason(compiled: CompiledCode) -> str | None:
+    """Why load does not run bytecode for what it leaves out, or None when it leaves nothing out: every
+    name python_code binds is bound under load too, so that no run-time read (a name computed at run
+    time looked up in globals()) can tell the cache's bytecode from python_code run as printed."""
+    if not compiled.left_out:
+        return None
+    return left_out_problem(compiled) or (
+        f"it leaves out {_names(compiled.left_out)}, which python_code binds (a cache written before capture "
+        "compiled every statement): load runs only bytecode that binds every name python_code binds")
 
 
 def left_out_problem(compiled: CompiledCode) -> str | None:
@@ -344,7 +355,20 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
         return f"python_code does not compile here ({type(exc).__name__})"
     if expected != stored:
         return "its bytes differ from python_code compiled here: it is not this python_code's bytecode"
+    found = opaque_state.checked(tree, source)
+    if compiled.opaque != found:
+        return (f"it records what load's opaque-state rule finds in python_code as {_opaque_text(compiled.opaque)}, but the rule "
+                f"finds {_opaque_text(found)}: load running it would not apply the rule as it applies it to python_code")
     return None
+
+
+def _opaque_text(check: OpaqueCheck | None) -> str:
+    """A record of the opaque-state rule's findings, for a message: its counts and a digest of it."""
+    if check is None:
+        return "nothing (python_code names no opaque part)"
+    digest = hashlib.sha256(msgspec.msgpack.encode(check)).hexdigest()[:12]
+    labels = "no marshalled code" if check.labels is None else f"{len(check.labels)} labelled marshalled code objects"
+    return f"{len(check.problems)} problems and {labels} (record {digest})"
 
 
 def decode_metadata(encoded: EncodedMetadata, code_hash: str) -> ArtifactMetadata | None:

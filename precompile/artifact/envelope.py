@@ -53,6 +53,18 @@ class KernelBundle(msgspec.Struct, frozen=True, kw_only=True):
     information only, never compared with a serving host."""
 
 
+class OpaqueCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """What load's opaque-state rule (artifact/opaque_state.py) finds in python_code, found where its
+    bytecode is compiled and kept beside it: load running the bytecode does not parse python_code, and
+    applies these exactly as it applies the rule to a parse (`precompile verify` finds them again)."""
+
+    problems: tuple[str, ...] = ()
+    """Why the opaque parts are not as precompile writes them: load refuses the first."""
+    labels: dict[str, str] | None = None
+    """Each `_dynamo_bytecode` key's labelled sha256 (None: python_code has no marshalled code),
+    which load gives the driver to check before marshal.loads."""
+
+
 class CompiledCode(msgspec.Struct, frozen=True, kw_only=True):
     """python_code compiled at capture, kept as a hash-checked `.pyc` keeps it (PEP 552): load runs
     it instead of compiling the source only on an interpreter with the same magic number, for the
@@ -80,7 +92,11 @@ class CompiledCode(msgspec.Struct, frozen=True, kw_only=True):
     left_out: tuple[str, ...] = ()
     """The top-level metadata literals (`NAME = literal`) left out of the compiled code: only names
     no code in python_code reads (artifact/bytecode.LEFT_OUT). Caches written before compiled every
-    statement."""
+    statement; load runs only bytecode that leaves nothing out (a name python_code binds is bound
+    under load too, so that no run-time read can tell the two apart)."""
+    opaque: OpaqueCheck | None = None
+    """What load's opaque-state rule finds in python_code (None where python_code names no opaque
+    part; a cache written before it carries none, and load compiles such a python_code instead)."""
 
 
 class EncodedMetadata(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,6 +18,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from precompile.artifact.envelope import OpaqueCheck
+
 STATE = "_dynamo_state"
 BYTECODE = "_dynamo_bytecode"
 BYTECODE_SHA256 = "__precompile_bytecode_sha256__"
@@ -166,3 +168,20 @@ def load_problems(tree: ast.Module, source: str) -> tuple[list[str], dict[str, s
     blobs = bytecode_blobs(bytecode.assignment, source.splitlines())
     problems.extend(problem for problem in map(blob_problem, blobs) if problem is not None)
     return problems, {blob.key: blob.label[1] for blob in blobs if blob.label is not None}
+
+
+def mentioned(python_code: str | bytes) -> bool:
+    """Whether python_code (its text, or its UTF-8 bytes) names an opaque part: the rule applies to it."""
+    if isinstance(python_code, bytes):
+        return STATE.encode() in python_code or BYTECODE.encode() in python_code
+    return STATE in python_code or BYTECODE in python_code
+
+
+def checked(tree: ast.Module, source: str) -> OpaqueCheck | None:
+    """What load's rule finds in python_code (`source`, parsed as `tree`), as load applies it whichever
+    way python_code runs (compiled here, or as the bytecode its cache carries, beside which capture
+    records this); None when python_code names no opaque part."""
+    if not mentioned(source):
+        return None
+    problems, labels = load_problems(tree, source)
+    return OpaqueCheck(problems=tuple(problems), labels=labels)

@@ -163,7 +163,7 @@ def _upstream(upstream: UpstreamCache) -> list[Line]:
 
 
 def _bytecode_line(code) -> str:
-    refused = bytecode.left_out_problem(code)
+    refused = bytecode.left_out_reason(code)
     left_out = f" leaving out the literal{'s' if len(code.left_out) > 1 else ''} {', '.join(code.left_out)}" if code.left_out else ""
     use = ("load runs it instead of compiling python_code on a Python with that magic" if refused is None
            else f"{refused}: load compiles python_code instead")

@@ -146,8 +146,10 @@ def prepared_checks(artifact: Artifact) -> list[Check]:
             except PrecompileError as exc:
                 problem = str(exc)
             if problem is None:
+                use = ("load may run it instead of compiling" if not compiled.left_out else
+                       f"load does not run it, since {bytecode.left_out_reason(compiled)}")
                 checks.append(Check(name=names[0], status="ok", expected=compiled.sha256, actual=f"{compiled.size} bytes",
-                                    message="identical to python_code compiled here: load may run it instead of compiling"))
+                                    message=f"identical to python_code compiled here: {use}"))
             else:
                 checks.append(Check(name=names[0], status="fail", expected=compiled.sha256, message=f"cache {artifact.cache.path}: "
                                     f"the stored bytecode, which load would run in place of python_code, is refused: {problem}",

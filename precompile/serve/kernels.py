@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 from precompile.artifact import bundle_keys
 from precompile.artifact.bundle_rules import destination
 from precompile.artifact.envelope import KernelBundle
-from precompile.serve import triton_cache
+from precompile.serve import kernel_root, triton_cache
 
 
 def inductor_cache_dir() -> Path:
@@ -156,23 +157,48 @@ def prime(bundle: KernelBundle, files: dict[str, bytes], cache_dir: Path) -> dic
     triton_dir = triton_cache.serving_dir(cache_dir)
     targets = {entry.path: destination(entry.path, cache_dir, triton_dir) for entry in bundle.files}
     if any(entry.path.startswith("triton/") for entry in bundle.files):
+        unsafe = kernel_root.problem(triton_dir)
+        if unsafe is not None:
+            raise OSError(f"not writing Triton kernels into {triton_dir}: {unsafe}; set TRITON_CACHE_DIR to a directory "
+                          "you own that no one else can write (mode 0700)")
         triton_cache.serve_from(triton_dir)
     for entry in bundle.files:
-        _place(targets[entry.path], files[entry.path])
+        _place(targets[entry.path], files[entry.path], entry.sha256)
     return {digest: str(targets[path]) for digest, path in bundle.kernels.items()}
 
 
-def _place(target: Path, data: bytes) -> None:
-    """Write `data` at `target` (a regular file, never through a symlink), unless it is there already."""
-    with contextlib.suppress(OSError):
-        if not target.is_symlink() and target.stat().st_size == len(data) and target.read_bytes() == data:
-            return
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _place(target: Path, data: bytes, digest: str) -> None:
+    """Write `data` at `target` unless it is there already, never through a symlink and never over a
+    file another process is writing (O_NOFOLLOW | O_EXCL on a temporary name, then a rename), and read
+    it back through a descriptor of its own: a library whose bytes are not the bundle's sha256
+    `digest` is refused (OSError) before python_code maps it. The root is one no other user can write
+    (kernel_root), so nothing else can replace it between this check and the dlopen that follows."""
+    if _holds(target, digest):
+        return
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         temporary.unlink()
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
         handle.write(data)
     os.replace(temporary, target)
+    if not _holds(target, digest):
+        raise OSError(f"the kernel file {target} does not hold the bytes just written (sha256 {digest}): "
+                      "something else replaced it; not loading it")
 
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _holds(target: Path, digest: str) -> bool:
+    """Whether `target` is a regular file (not a symlink) of this user whose bytes have sha256 `digest`."""
+    try:
+        descriptor = os.open(target, os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(descriptor, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or (hasattr(os, "getuid") and info.st_uid != os.getuid()):
+            return False
+        return hashlib.sha256(handle.read()).hexdigest() == digest

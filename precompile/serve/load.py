@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 _collecting = gc.isenabled()
 gc.disable()
 try:
-    from precompile.artifact import bytecode
+    from precompile.artifact import bytecode, opaque_state
+    from precompile.artifact.envelope import OpaqueCheck
     from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader
     from precompile.artifact.pair import (
         PythonCode,
@@ -32,7 +33,7 @@ try:
         read_cache,
         read_python_code,
     )
-    from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused
+    from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused, parse_source
     from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
     from precompile.serve import source_lines
 finally:
@@ -40,7 +41,7 @@ finally:
         gc.enable()
 # Imported where they are needed, so that loading an eager artifact from its cache, unsigned, does
 # not pay for them: the kernel bundle's rules and runtime (an Inductor bundle), signatures (pins
-# set), the opaque-state checks (python_code parsed here), the interrupted-write recovery.
+# set), the interrupted-write recovery.
 if TYPE_CHECKING:
     from precompile.signing.pair import TrustedKeys
 
@@ -142,6 +143,9 @@ def _prepared_code(envelope, python_code, filename: str) -> tuple[types.CodeType
     if compiled is None:
         return None
     reason = bytecode.unusable_reason(compiled, python_code.code_hash)
+    if reason is None and compiled.opaque is None and opaque_state.mentioned(python_code.data):
+        reason = ("it does not record what load's opaque-state rule finds in python_code (a cache written before load "
+                  "applied the rule to the bytecode path too)")
     if reason is not None:
         log.debug("compiling python_code %s: not running the bytecode its cache carries, since %s", python_code.path, reason)
         return None
@@ -201,18 +205,17 @@ def exec_registered(source: source_lines.Text, filename: str, namespace: dict[st
     exec(code, namespace)
 
 
-def _checked_opaque_parts(tree: ast.Module, source: str, filename: str) -> dict[str, Any]:
+def _opaque_globals(found: OpaqueCheck | None, filename: str) -> dict[str, Any]:
     """Refuse a Dynamo python_code whose opaque state or marshalled bytecode is spelled other than
-    precompile writes it (inspect scans only that spelling); seed the bytecode's labelled sha256s,
-    which the driver checks before marshal.loads."""
-    from precompile.artifact import opaque_state
-
-    if opaque_state.STATE not in source and opaque_state.BYTECODE not in source:
+    precompile writes it (inspect scans only that spelling), or whose marshalled code is not what its
+    label says; seed the bytecode's labelled sha256s, which the driver checks before marshal.loads.
+    `found`: what the rule (artifact/opaque_state.py) finds in python_code, from its parse here or, with
+    the cache's bytecode, as recorded beside it (verify finds it again from python_code)."""
+    if found is None:
         return {}
-    problems, digests = opaque_state.load_problems(tree, source)
-    if problems:
-        raise PrecompileError(f"python_code {filename}: {problems[0]} (`precompile verify` names every such problem)")
-    return {} if digests is None else {opaque_state.BYTECODE_SHA256: digests}
+    if found.problems:
+        raise PrecompileError(f"python_code {filename}: {found.problems[0]} (`precompile verify` names every such problem)")
+    return {} if found.labels is None else {opaque_state.BYTECODE_SHA256: dict(found.labels)}
 
 
 def execute(
@@ -223,6 +226,7 @@ def execute(
     tree: ast.Module | None = None,
     code: types.CodeType | None = None,
     modules: dict[str, types.CodeType] | None = None,
+    opaque: OpaqueCheck | None = None,
 ) -> dict[str, Any]:
     """Exec python_code as its own namespace (see exec_registered: `source` is its text, or a function
     that returns it, called where it is needed; `tree` is its parse, if made,
@@ -232,11 +236,17 @@ def execute(
     `primed_kernels` ({kernel source sha256: library path}) lets the kernel runtime of an Inductor
     artifact load its kernels directly instead of compiling them; `allow_serve_time_compiles` tells
     an installed Dynamo artifact's driver that a missed call may compile.
+
+    The opaque-state rule applies whichever way python_code runs: to its parse when it is compiled here
+    (parsed first where it names an opaque part), else to `opaque`, what capture recorded beside `code`.
     """
     namespace: dict[str, Any] = {"__name__": "precompile_artifact", "__file__": filename, "__builtins__": builtins}
-    if tree is not None:
+    if code is None:
         source = source_lines.text_of(source)
-        namespace.update(_checked_opaque_parts(tree, source, filename))
+        if tree is None and opaque_state.mentioned(source):
+            tree = parse_source(source, filename=filename)
+        opaque = opaque_state.checked(tree, source) if tree is not None else None
+    namespace.update(_opaque_globals(opaque, filename))
     if primed_kernels:
         namespace["__precompile_kernels__"] = dict(primed_kernels)
     if allow_serve_time_compiles:
@@ -257,15 +267,16 @@ def execute(
     return namespace
 
 
-def _prime_kernels(cache) -> dict[str, str] | None:
-    """Extract the cache's kernel bundle for this process and return its kernels by source sha256;
-    None if there is no bundle, or (with a warning saying why) if it cannot serve this host."""
+def _prime_kernels(cache) -> tuple[dict[str, str], Path] | None:
+    """Extract the cache's kernel bundle for this process and return its kernels by source sha256,
+    and the root they were written under (serve/kernel_root.py); None if there is no bundle, or (with
+    a warning saying why) if it cannot serve this host."""
     bundle = cache.envelope.bundle
     if bundle is None or not bundle.files:
         return None
     from precompile.artifact import bundle_keys, bundle_rules
     from precompile.artifact.codec import CacheFormatError, decode_payload
-    from precompile.serve import kernels
+    from precompile.serve import kernel_root, kernels
 
     unserved = bundle_rules.unserved_reason(cache.envelope)
     if unserved is not None:
@@ -287,7 +298,8 @@ def _prime_kernels(cache) -> dict[str, str] | None:
         return None
     try:
         files = decode_payload(bundle, cache.data, cache.payload_offset, source=f"cache {cache.path}")
-        return kernels.prime(bundle, files, kernels.inductor_cache_dir())
+        root = kernel_root.writable_root(kernels.inductor_cache_dir())
+        return kernels.prime(bundle, files, root), root
     except (CacheFormatError, OSError, ValueError, MemoryError) as exc:
         warnings.warn(
             f"ignoring the kernel bundle: {exc}. python_code will compile its kernels here instead (JIT)",
@@ -348,10 +360,12 @@ def load(
                 "variants miss); load it without the flag, and capture the calls it misses"
             )
         cache = _usable_cache(python_code, cache_file)
-        primed = _prime_kernels(cache) if cache is not None else None
+        primed_in = _prime_kernels(cache) if cache is not None else None
+        primed, kernel_dir = primed_in if primed_in is not None else (None, None)
         filename = str(artifact_path.resolve())
         prepared = _prepared_code(cache.envelope, python_code, filename) if cache is not None else None
         code, modules = prepared if prepared is not None else (None, None)
+        opaque = cache.envelope.python_bytecode.opaque if code is not None else None
         # Output modules AOTAutograd serves load their kernels through Inductor itself, which would
         # probe this host's vector ISAs first and look kernels up by keys that hash install paths; the
         # kernel runtime (MakeFx artifacts, lowered Dynamo subgraphs) does neither.
@@ -363,15 +377,15 @@ def load(
             collector.close()  # the collector runs as usual while python_code compiles
         with contextlib.ExitStack() as stack:
             if through_inductor:
-                assert primed is not None  # through_inductor is only set when the bundle's kernels were primed
+                assert primed is not None and kernel_dir is not None  # set only when the bundle's kernels were primed
                 from precompile.serve import kernels
 
                 bundle = cache.envelope.bundle
                 stack.enter_context(kernels.producer_vec_isas(bundle.keys))
-                stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernels.inductor_cache_dir())))
+                stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernel_dir)))
             # The text is decoded where it is parsed or compiled here, else when a traceback first reads it.
             namespace = execute(lambda: python_code.source, filename, primed, allow_serve_time_compiles, python_code.tree,
-                                code, modules)
+                                code, modules, opaque)
         log.info(
             "loaded %s in %.3f s (cache %s, %d kernels primed, bytecode %s, metadata %s)",
             artifact_path, time.perf_counter() - started, "used" if cache else "not used", len(primed or ()),

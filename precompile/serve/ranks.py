@@ -17,6 +17,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from precompile.artifact.metadata import CapturedWorld, ProcessGroupRecord
+from precompile.artifact.pair import read_bytes
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE
 from precompile.errors import PrecompileError
 from precompile.signing.pair import TrustedKeys
 
@@ -182,8 +184,8 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
     """
     import torch
 
-    from precompile.serve.load import load
-    from precompile.signing.envelope import signature_path
+    from precompile.serve.load import MAX_CACHE_SIZE, load
+    from precompile.signing.envelope import MAX_SIGNATURE_SIZE, signature_path
 
     dist = _initialized()
     if dist is None:
@@ -199,10 +201,12 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
     device = _device(dist)
     pair, problem = (b"", b"", b""), ""
     if rank == src:
-        try:
-            signature = paths[2].read_bytes() if paths[2].is_file() else b""  # an unsigned pair ships no signature
-            pair = (artifact_path.read_bytes(), cache_path.read_bytes(), signature)
-        except OSError as exc:
+        try:  # as load reads them: regular files only (a FIFO is refused, not waited on), within its limits
+            signed = os.path.lexists(paths[2])  # an unsigned pair ships no signature
+            signature = read_bytes(paths[2], "signature", MAX_SIGNATURE_SIZE) if signed else b""
+            pair = (read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE),
+                    read_bytes(cache_path, "cache", MAX_CACHE_SIZE), signature)
+        except PrecompileError as exc:
             problem = f"rank {src} could not read the pair ({artifact_path}, {cache_path}): {exc}"
     sizes = torch.tensor([*map(len, pair), len(problem.encode("utf-8"))], dtype=torch.int64, device=device)
     dist.broadcast(sizes, src=src)
