@@ -5,11 +5,22 @@ digest the spec defines; everything here describes the calls that ran, not every
 A guard slot is (guard_type, source) with the local scope stripped (L['self'].act -> self.act).
 """
 
+import re
 from collections import Counter
 
 import msgspec
 
 Slot = tuple[str, str]
+
+_OBJECT_IDS = re.compile(r"(?<![\w.])\d{9,}(?![\w.])|(?<= at )0x[0-9a-fA-F]+")
+
+
+def without_object_ids(check: str) -> str:
+    """A dropped guard's code with what names objects of the capturing process masked: an id
+    (`___check_obj_id(x, 140234...)`) and an address (`<built-in method relu ... at 0x7ff3...>`), so
+    the same capture in another process writes the same text (a decimal of 9 or more digits is
+    taken for an id)."""
+    return _OBJECT_IDS.sub("<id>", check)
 
 _LIST_LIMIT = 5
 

@@ -16,6 +16,7 @@ from precompile.artifact.codec import CacheFormatError
 from precompile.artifact.envelope import CacheEnvelope
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.artifact.pycode import decode_source
+from precompile.artifact.summary import without_object_ids
 from precompile.errors import PrecompileError
 from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.code_lines import compared_lines
@@ -154,7 +155,7 @@ def _guards(artifact: Artifact, code: bytes | None) -> dict[str, dict[str, str]]
                 verdicts.setdefault(checked, set()).add(f"{where}: {slot.check}")
                 verdicts.setdefault(("guards", f"{slot.guard_type} {slot.source}"), set()).add(where)
                 continue
-            check = _IDS.sub("<id>", slot.check) if slot.status != "kept" else slot.check
+            check = without_object_ids(slot.check) if slot.status != "kept" else slot.check
             verdicts.setdefault(("guards", f"{slot.guard_type} {slot.source}".strip()), set()).add(f"{where}: {check}" if check else where)
     for (section, key), values in verdicts.items():
         out[section][key] = ", ".join(sorted(values))
@@ -171,10 +172,6 @@ def _frames(artifact: Artifact) -> tuple:
 
 _MODULE_TENSOR = re.compile(r"\._(parameters|buffers)\[(['\"])(.*?)\2\]$")
 _SUBMODULE = re.compile(r"\._modules\[(['\"])(.*?)\1\]|\.([A-Za-z_]\w*)")
-
-
-# An object's id in the code of a guard a served call does not run (a dropped ID_MATCH): minted per process.
-_IDS = re.compile(r"(?<![\w.])\d{9,}(?![\w.])")
 
 
 def _guard_key(guard_type: str, source: str) -> tuple[str, str]:

@@ -83,3 +83,13 @@ def test_type_counts_keyword_only_frozen_hashable_picklable():
         FULL.frames = 2  # frozen
     assert hash(FULL) == hash(pickle.loads(pickle.dumps(FULL)))
     assert pickle.loads(pickle.dumps(FULL)) == FULL
+
+
+def test_a_dropped_guards_code_names_no_object_of_the_capturing_process():
+    """Dynamo's code for an ID_MATCH or BUILTIN_MATCH it would run names the object by its id and, in
+    the type's repr, its address: both differ in every process, so the summary masks them."""
+    from precompile.artifact.summary import without_object_ids
+
+    check = "___check_obj_id(G['torch'].relu, 140234567890123), type=<built-in method relu of type object at 0x7ff3916e9fa0>"
+    assert without_object_ids(check) == "___check_obj_id(G['torch'].relu, <id>), type=<built-in method relu of type object at <id>>"
+    assert without_object_ids("L['x'] == 12345678") == "L['x'] == 12345678"  # a constant is left as it is

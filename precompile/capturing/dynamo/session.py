@@ -24,7 +24,7 @@ import torch
 from precompile.artifact.envelope import FORMAT_VERSION, Backend
 from precompile.artifact.metadata import CompiledSubgraph, DynamoFrame, DynamoMetadata, InlinedSource, VariantGuards
 from precompile.artifact.pycode import cyclic_gc_paused
-from precompile.artifact.summary import PrecompileSummary
+from precompile.artifact.summary import PrecompileSummary, without_object_ids
 from precompile.capturing import kernels, pipeline
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.capturing.dynamo.guard_pickling import faithful_module_pickling, refuse_unfaithful_guard_state
@@ -432,7 +432,7 @@ class DynamoSession:
         rendered = {slot: check for slot, check in self._ledger.rendered.items() if slot in slots.dropped}
         for slot, check in slots.policy_code.items():
             rendered.setdefault(slot, check)
-        return tuple((t, src, check) for (t, src), check in sorted(rendered.items()))
+        return tuple((t, src, without_object_ids(check)) for (t, src), check in sorted(rendered.items()))
 
     def _gate(self, summary: PrecompileSummary) -> None:
         # A frame past recompile_limit ran eager and is only reported (truncated): the limit is the
