@@ -69,13 +69,12 @@ def category(section: str, key: str) -> str:
     return "kernels" if key.startswith("bundle.") else "metadata"
 
 
-def _bundle_entries(artifact: Artifact, bundle, provenance: bool) -> dict[str, str]:
+def _bundle_entries(bundle, files: dict[str, bytes], provenance: bool) -> dict[str, str]:
     """The bundle's files keyed by content, not by the hashed names a build gives them: a source by its
     sha256, a library by the source it was built from, with what it runs (its loaded sections'
     digest, `library_code`: two builds of one source agree on it, a library built from anything else
     does not; the whole file's sha256 is provenance); then the kernel map entry by entry, each source
-    with the library load would run for it."""
-    files = _payload(artifact, bundle)
+    with the library load would run for it (`files`: the bundle's, {} where they cannot be read)."""
     by_path = {f.path: f for f in bundle.files}
     out, names = {}, {}
     for f in bundle.files:
@@ -92,13 +91,13 @@ def _bundle_entries(artifact: Artifact, bundle, provenance: bool) -> dict[str, s
     return out
 
 
-def _payload(artifact: Artifact, bundle) -> dict[str, bytes]:
-    """The bundle's files by path; {} when the payload cannot be read (the diff's problems, and
+def _bundle_or_none(artifact: Artifact) -> dict[str, bytes] | None:
+    """The bundle's files by path; None when the payload cannot be read (the diff's problems, and
     `verify`, say why)."""
     try:
-        return bundle_files(artifact.cache, bundle)
+        return bundle_files(artifact.cache)
     except (CacheFormatError, PrecompileError):
-        return {}
+        return None
 
 
 def _agrees(artifact: Artifact) -> dict[str, str]:
@@ -118,14 +117,15 @@ def _agrees(artifact: Artifact) -> dict[str, str]:
     return out
 
 
-def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool = False) -> dict[str, dict[str, str]]:
+def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool = False,
+            files: dict[str, bytes] | None = None) -> dict[str, dict[str, str]]:
     """{section: {identity: value text}} of everything compared (`code`: python_code's bytes, for
     what its rendered guards check; `provenance`: where and how it was built, too)."""
     out: dict[str, dict[str, str]] = {name: {} for name in SECTIONS}
     out.update(_python_code(artifact))
     for section, values in _guards(artifact, code).items():
         out[section] = {**out.get(section, {}), **values}
-    out.update(_cache(artifact, provenance))
+    out.update(_cache(artifact, provenance, (_bundle_or_none(artifact) or {}) if files is None else files))
     return {section: {_masked(k): _masked(v) for k, v in values.items()} for section, values in out.items()}
 
 
@@ -241,7 +241,7 @@ def _python_code(artifact: Artifact) -> dict[str, dict[str, str]]:
     return out
 
 
-def _precompile_cache(artifact: Artifact, envelope: CacheEnvelope, provenance: bool) -> dict[str, dict[str, str]]:
+def _precompile_cache(artifact: Artifact, envelope: CacheEnvelope, provenance: bool, files: dict[str, bytes]) -> dict[str, dict[str, str]]:
     """A precompile cache's sections: its envelope, and its bundle's entries."""
     out: dict[str, dict[str, str]] = {}
     env = {
@@ -263,7 +263,7 @@ def _precompile_cache(artifact: Artifact, envelope: CacheEnvelope, provenance: b
             env["bundle.payload_size"] = str(bundle.payload_size)
             env["bundle.payload_compressed_size"] = str(bundle.payload_compressed_size)
             env["bundle.payload_sha256"] = bundle.payload_sha256 or "(none)"
-        out["bundle"] = _bundle_entries(artifact, bundle, provenance)
+        out["bundle"] = _bundle_entries(bundle, files, provenance)
     if artifact.given == "pair":
         env.update(_agrees(artifact))
     out["envelope"] = env
@@ -305,11 +305,11 @@ def _foreign_pickles(kind: str, upstream: UpstreamCache) -> dict[str, dict[str, 
     return {"envelope": env, "bundle": {member.name: f"zip member {member.size} bytes" for member in upstream.members}}
 
 
-def _cache(artifact: Artifact, provenance: bool) -> dict[str, dict[str, str]]:
+def _cache(artifact: Artifact, provenance: bool, files: dict[str, bytes]) -> dict[str, dict[str, str]]:
     """The sections the cache fills: its envelope and bundle, or a foreign cache's fields and entries."""
     cache = artifact.cache
     if cache.envelope is not None:
-        return _precompile_cache(artifact, cache.envelope, provenance)
+        return _precompile_cache(artifact, cache.envelope, provenance, files)
     if cache.upstream is not None and (cache.upstream.precompile or cache.upstream.mega_cache):
         return _mega_cache_holder(artifact, cache.upstream)
     if cache.upstream is not None:
@@ -369,10 +369,12 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
     problems = tuple(
         p for art in (a, b) for p in (art.python_code.problem, art.cache.problem) if p is not None
     )
+    files = (_bundle_or_none(a), _bundle_or_none(b))  # read once, for the bundle entries and the kernels' sources
     return compare_flattened(
         a.python_code.path or a.cache.path, b.python_code.path or b.cache.path,
-        flatten(a, a_code, provenance=provenance), flatten(b, b_code, provenance=provenance), a_code, b_code,
-        context=context, problems=problems, kernels=kernel_diffs(a, b, a_code, b_code, context=context),
+        flatten(a, a_code, provenance=provenance, files=files[0] or {}),
+        flatten(b, b_code, provenance=provenance, files=files[1] or {}), a_code, b_code,
+        context=context, problems=problems, kernels=kernel_diffs(a, b, a_code, b_code, files, context=context),
     )
 
 

@@ -148,7 +148,7 @@ def _python_code_files(artifact: Artifact, python_code: bytes, problems: list[st
 def _bundle_files(cache: CacheInfo, bundle: KernelBundle, problems: list[str]) -> list[tuple[str, bytes, str]]:
     """Each kernel bundle file, hash-checked as load decodes it: `bundle/<path>`."""
     try:
-        files = bundle_files(cache, bundle)
+        files = bundle_files(cache)
     except CacheFormatError as exc:
         problems.append(str(exc))
         files = {}

@@ -29,11 +29,12 @@ from precompile.artifact.codec import CacheFormatError
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
+from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.diff import category
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of, shape_text
 from precompile.inspect.highlight import highlight_lines, language_of
-from precompile.inspect.kernels import bundle_files, named_kernels
+from precompile.inspect.kernels import named_kernels
 from precompile.inspect.model import Artifact
 from precompile.inspect.render_text import diff_verdict, render_show
 from precompile.inspect.report import DiffReport, ShowReport
@@ -235,7 +236,7 @@ def _kernels(page: ArtifactPage, artifact: Artifact, source: str | None, code: b
     if bundle is None or not bundle.files:
         return
     try:
-        files = bundle_files(artifact)
+        files = bundle_files(artifact.cache)
     except (CacheFormatError, PrecompileError) as exc:
         page.findings.append(f"kernel bundle not shown: {exc}")
         return

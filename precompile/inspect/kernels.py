@@ -15,10 +15,7 @@ unified diff of each changed source; a kernel only one side has is named, its so
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-from precompile.artifact.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, CacheFormatError, decode_payload
-from precompile.artifact.pair import read_bytes
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
 from precompile.inspect.extract import subgraph_modules
@@ -34,17 +31,6 @@ _PYTHON_BINDINGS = "\n// Python bindings"
 _TRITON_SOURCES = (".source", ".ttir")
 """The Triton file shown per kernel: the first stage Triton keeps of it (its input IR)."""
 _FAMILY = re.compile(r"^(?P<family>cpp|triton_[a-z]+)_.*_(?P<counter>[0-9]+)$")
-
-
-def bundle_files(artifact: Artifact) -> dict[str, bytes]:
-    """The bundle's files by path, hash-checked (`codec.decode_payload`); {} without a bundle.
-    Raises CacheFormatError or PrecompileError when the cache cannot be read again or fails its hashes."""
-    cache = artifact.cache
-    bundle = cache.envelope.bundle if cache.envelope is not None else None
-    if bundle is None or not bundle.files:
-        return {}
-    data = read_bytes(Path(cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE)
-    return decode_payload(bundle, data, PREFIX_SIZE + (cache.header_size or 0), source=f"cache {cache.path}")
 
 
 def inductor_names(artifact: Artifact, code: bytes | None) -> dict[str, str]:
@@ -115,15 +101,14 @@ def _renamed(removed: list[str], added: list[str]) -> list[tuple[str, str]]:
     return [(old[key][0], new[key][0]) for key in sorted(old) if len(old[key]) == 1 and len(new.get(key, ())) == 1]
 
 
-def kernel_diffs(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *, context: int = 3) -> tuple[KernelDiff, ...]:
-    """The kernels that differ, by Inductor name, each with a unified diff of its source; () when the
-    bundles' kernel sources are the same bytes, or a bundle cannot be read (its entries say so)."""
-    if _source_digests(a) == _source_digests(b):
+def kernel_diffs(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None,
+                 files: tuple[dict[str, bytes] | None, dict[str, bytes] | None], *, context: int = 3) -> tuple[KernelDiff, ...]:
+    """The kernels that differ, by Inductor name, each with a unified diff of its source (`files`: each
+    bundle's files, read once by the caller); () when the bundles' kernel sources are the same bytes,
+    or a bundle could not be read (None: its entries say so)."""
+    if _source_digests(a) == _source_digests(b) or files[0] is None or files[1] is None:
         return ()
-    try:
-        ka, kb = named_kernels(a, a_code, bundle_files(a)), named_kernels(b, b_code, bundle_files(b))
-    except (CacheFormatError, PrecompileError, OSError):
-        return ()
+    ka, kb = named_kernels(a, a_code, files[0]), named_kernels(b, b_code, files[1])
     removed = [name for name in ka if name not in kb]
     added = [name for name in kb if name not in ka]
     pairs = [(name, name) for name in ka if name in kb and ka[name][1] != kb[name][1]]

@@ -10,7 +10,6 @@ Torch-free.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -24,7 +23,6 @@ from precompile.inspect.sections import split_sections
 
 TABLE_SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata")
 """diff's sections a guard table snapshot holds (the envelope and bundle describe the host that built it)."""
-_NUM_THREADS = re.compile(r'("num_threads"\s*:\s*)\d+')
 _HEADER = ("# precompile snapshot: what a served call is checked against (guards), its calling convention (inputs,\n"
            "# outputs, metadata) and the model's parameters and buffers; a key, then its value indented.\n"
            "# Written by `pytest --snapshot-update`; the python_code it goes with is the .py beside it.\n")
@@ -49,9 +47,8 @@ def readable(python_code: Path, cache: Path) -> Readable:
 
 
 def normalized_code(source: str) -> str:
-    """python_code as `diff` compares it, section by section, with torch's thread count masked."""
-    lines = [_NUM_THREADS.sub(r"\g<1><n>", line)
-             for section, text in split_sections(source)
+    """python_code as `diff` compares it, section by section (capture writes no thread count)."""
+    lines = [line for section, text in split_sections(source)
              for line in compared_lines(text, opaque=section.slug.startswith("opaque"))]
     return "\n".join(lines) + "\n"
 
