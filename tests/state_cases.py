@@ -196,3 +196,9 @@ class AsksInferenceMode(torch.nn.Module):
     def forward(self, x):
         y = self.lin(x)
         return y * 2 if torch.is_inference_mode_enabled() else y
+
+
+def reads_modes(model, x):
+    """A branch on membership in a set attribute."""
+    y = model.lin(x)
+    return y * 2 if "a" in model.modes else y

@@ -226,3 +226,16 @@ def test_a_model_that_asks_no_mode_captured_under_no_grad_serves_under_inference
     served = precompile.load(*_capture(tmp_path, sc.step, m, x))
     with torch.inference_mode():
         assert torch.equal(served(m, x), sc.step(m, x))
+
+
+def test_a_set_attribute_changed_in_place_is_refused(tmp_path):
+    """A set spells by its members (sorted), so a member discarded after capture is a change."""
+    m, x = sc.Block(), torch.ones(2, 4)
+    m.modes = {"a", "b"}
+    fn = sc.reads_modes
+    served = precompile.load(*_capture(tmp_path, fn, m, x))
+    with torch.no_grad():
+        assert torch.equal(served(m, x), fn(m, x))
+        m.modes.discard("a")
+        with pytest.raises(CallMismatch, match=r"args\[0\]\.modes is set\(\{'b'\}\) but the artifact was captured with set\(\{'a', 'b'\}\)"):
+            served(m, x)

@@ -96,7 +96,7 @@ except ImportError:  # served where only torch is installed: twins of the same n
 def spelled(value):
     """The spelling a specialized value is recorded and compared by (None: not comparable). Two
     values that spell alike behave alike where a trace could have read them: 1, 1.0 and True differ;
-    tuples, lists and dicts of such values spell by their items, in order; a class or a function by
+    tuples, lists and dicts of such values spell by their items, in order, sets by their members; a class or a function by
     its qualified name (a partial by its function and arguments); a numpy scalar by its type and value. A spelling over 256 characters is kept as its length
     and sha256 (python_code stays readable; the comparison stays exact)."""
     text = _spelled(value, 0)
@@ -123,7 +123,7 @@ def _spelled(value, depth):
         return None if None in parts else f"partial({', '.join(parts)})"
     if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
         return f"numpy.{kind.__name__}({value.item()!r})"
-    if depth > 8 or kind not in (tuple, list, torch.Size, dict) or len(value) > 10_000:
+    if depth > 8 or kind not in (tuple, list, torch.Size, dict, set, frozenset) or len(value) > 10_000:
         return None  # not a collection of settings: a list holding itself, or nesting deeper than one goes
     return _collection(value, kind, depth)
 
@@ -145,6 +145,8 @@ def _collection(value, kind, depth):
     items = [_spelled(item, depth + 1) for item in value]
     if None in items:
         return None
+    if kind in (set, frozenset):  # by its members, in an order of their own
+        return f"{kind.__name__}({{{', '.join(sorted(items))}}})"
     inner = ", ".join(items)
     if kind is list:
         return f"[{inner}]"
@@ -154,8 +156,8 @@ def _collection(value, kind, depth):
 
 
 def _holds_mutable(value):
-    """Whether a value may change in place: a list or dict, or a tuple holding one."""
-    return isinstance(value, (list, dict)) or (isinstance(value, tuple) and any(map(_holds_mutable, value)))
+    """Whether a value may change in place: a list, dict or set, or a tuple holding one."""
+    return isinstance(value, (list, dict, set)) or (isinstance(value, tuple) and any(map(_holds_mutable, value)))
 
 
 def _plainly_there(owner, name):
