@@ -80,11 +80,12 @@ def describe(identity: PairIdentity) -> str:
 
 def _digests(python_code: Path, cache: Path) -> dict[Role, tuple[Path, FileDigest]]:
     found: dict[Role, tuple[Path, FileDigest]] = {}
-    for what, path in (("python_code", python_code), ("cache", cache)):
-        digest = digest_file(path, what)
+    roles: tuple[tuple[Role, Path], ...] = (("python_code", python_code), ("cache", cache))
+    for role, path in roles:
+        digest = digest_file(path, role)
         if digest is None:
-            raise PrecompileError(f"{what} {path} does not exist; a signature covers both files of a pair: pass the pair capture() wrote")
-        found["python_code" if what == "python_code" else "cache"] = (path, digest)
+            raise PrecompileError(f"{role} {path} does not exist; a signature covers both files of a pair: pass the pair capture() wrote")
+        found[role] = (path, digest)
     return found
 
 
@@ -97,17 +98,18 @@ def sign_pair(python_code: str | os.PathLike[str], cache: str | os.PathLike[str]
     if (name is None) != (release is None):
         raise PrecompileError("a signed identity is a name and a release: pass both (--name NAME --release N), or neither "
                               "for a signature that binds no identity")
+    if name is not None and (not name.strip() or any(ch in name for ch in "\n\r\t")):
+        raise PrecompileError(f"--name {name!r} is not a release name: pass the model's name, one line of text")
+    signed_release = None if release is None else str(parse_release(str(release), "--release"))
     signing_key = read_private_key(key)
     files = _digests(Path(python_code), Path(cache))
     path = signature_path(python_code)
-    if name is None or release is None:
+    if name is None or signed_release is None:
         code, cached = files["python_code"][1], files["cache"][1]
         legacy = Signature(python_code=code, cache=cached, key=signing_key.fingerprint, signature=sign(signing_key, statement(code, cached)))
         write_signature(path, legacy)
         return path, legacy
-    if not name.strip() or any(ch in name for ch in "\n\r\t"):
-        raise PrecompileError(f"--name {name!r} is not a release name: pass the model's name, one line of text")
-    identity = PairIdentity(name=name, release=str(parse_release(str(release), "--release")), created=now_utc(),
+    identity = PairIdentity(name=name, release=signed_release, created=now_utc(),
                             capture=capture_facts(Path(python_code)))
     payload = encode_statement(files, identity)
     envelope = DsseEnvelope(payload=encode_payload(payload), payloadType=PAYLOAD_TYPE, signatures=(
