@@ -34,7 +34,7 @@ naming it, while telling whether a pair is signed needs only msgspec.
 from __future__ import annotations
 
 from precompile.signing.envelope import FORMAT, FileDigest, Signature, signature_path
-from precompile.signing.identity import EXPECT_NAME_ENV, MIN_RELEASE_ENV, Expectation, expectations_for
+from precompile.signing.identity import EXPECT_NAME_ENV, MIN_RELEASE_ENV, Expectation, expectation, expectations_for
 from precompile.signing.keys import EXTRA, Key, generate
 from precompile.signing.pair import (
     TRUSTED_KEYS_ENV,
@@ -48,6 +48,7 @@ from precompile.signing.pair import (
 )
 
 __all__ = [
-    "EXPECT_NAME_ENV", "EXTRA", "FORMAT", "MIN_RELEASE_ENV", "TRUSTED_KEYS_ENV", "Expectation", "FileDigest", "Key", "Signature", "Verdict", "check_pair", "expectations_for", "generate",
+    "EXPECT_NAME_ENV", "EXTRA", "FORMAT", "MIN_RELEASE_ENV", "TRUSTED_KEYS_ENV", "Expectation", "FileDigest", "Key", "Signature",
+    "Verdict", "check_pair", "expectation", "expectations_for", "generate",
     "pins_for", "read_trusted_keys", "require_trusted", "sign_pair", "signature_path", "trusted_keys_from_environment",
 ]
