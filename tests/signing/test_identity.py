@@ -225,7 +225,7 @@ def test_load_in_a_fresh_process_refuses_rollback_and_substitution(history):
                                                       "release 2 that PRECOMPILE_EXPECT_NAME/PRECOMPILE_MIN_RELEASE requires")
     assert "older than the minimum release 2 that load(expect_name=, min_release=) requires" in results["rollback"]
     assert "expected name 'demo' and release >= 2" in results["rollback"] and "found name 'demo', release 1" in results["rollback"]
-    assert results["rollback, no minimum pinned"] == "loaded, cache used"  # what a pin-less host cannot tell (README, Trust)
+    assert results["rollback, no minimum pinned"] == "loaded, cache used"  # what a pin-less host cannot tell (docs/trust.md)
     assert "signed as name 'other-model' (release 7), but load(expect_name=, min_release=) expects name 'demo'" in results["substitution"]
     assert results["legacy"] == "loaded, cache used"
     assert "binds no identity" in results["legacy, expectation"] and "--name NAME --release N" in results["legacy, expectation"]
