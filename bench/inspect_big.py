@@ -63,6 +63,7 @@ def write_pair(directory: Path, name: str, lines: list[str]) -> Path:
 def seal(prefix: Path) -> None:
     """Give the copied cache python_code's code_hash, bytecode and typed metadata, as capture does
     (artifact/bytecode.prepare), parsing python_code a part at a time."""
+    sys.path.insert(0, str(ROOT))  # this checkout's precompile, as `python -m precompile` run from it finds
     import msgspec
 
     from precompile.artifact import bytecode, codec
