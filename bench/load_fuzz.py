@@ -14,7 +14,10 @@ MEMORY_HEADROOM), and reports over a pipe; a watchdog kills it past WATCHDOG_S. 
 absolute or escaping paths aim at the sandbox's canary dir. A case fails when load ends other than by
 returning (with or without a PrecompileWarning) or raising PrecompileError, or hangs, or runs out of
 memory, or writes anywhere in the sandbox outside Inductor's and Triton's cache dirs, or maps a shared
-library from outside the extracted bundle and the system, Python and torch installs. A failing case's
+library from outside the extracted bundle and the system, Python and torch installs. About a third of
+the cases sign their pair (honestly, as an older release, as another model, without identity, by an
+untrusted key, or with the signature edited: bench/load_fuzz_signing.py) and load it under pinned keys,
+name and release; one the pins refuse fails unless load raises PrecompileError. A failing case's
 inputs are kept under the failures dir.
 
     python bench/load_fuzz.py --cases 0:200,531 [--job 0/1] [--seed 0] --work DIR --failures DIR
@@ -46,6 +49,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# run as a script (the fuzz's long-lived processes), the repository is on PYTHONPATH
+from bench import load_fuzz_signing as signed
+
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "v1"
 WATCHDOG_S = 10.0
@@ -57,7 +63,7 @@ GIB = 1024**3
 
 OUTCOMES = ("served", "served, compiling its kernels without a warning", "degraded with a PrecompileWarning",
             "PrecompileError", "raw exception", "hang", "memory")
-MUST_BE_ZERO = ("raw exception", "hang", "memory", "writes outside the cache roots", "foreign libraries")
+MUST_BE_ZERO = ("raw exception", "hang", "memory", "writes outside the cache roots", "foreign libraries", "served against its pins")
 
 
 # -- the sandbox ---------------------------------------------------------------------------------
@@ -529,6 +535,8 @@ class Case:
     plants: tuple[Callable[[Sandbox], None], ...]
     patience: float
     """The watchdog's factor: more than 1 for a case known to be slow when all goes well."""
+    signing: str | None = None
+    """How the pair is signed (bench/load_fuzz_signing.py: then loaded under pins), or None: unsigned, unpinned."""
 
 
 def make_case(number: int, seed: str, bases: dict[str, Base], sandbox: Sandbox) -> Case:
@@ -546,17 +554,20 @@ def make_case(number: int, seed: str, bases: dict[str, Base], sandbox: Sandbox) 
     labels = [mutation(rng, draft, sandbox) for mutation in chosen if mutation not in LATE]
     rebundle(draft)
     labels += [mutation(rng, draft, sandbox) for mutation in chosen if mutation in LATE]
-    label = f"{base.name}: " + " + ".join(labels)
-    return Case(number, label, base.python_code, None if draft.fifo else encode(draft), tuple(draft.plants), patience)
+    signing = None if draft.fifo else signed.draw(seed, number)
+    label = f"{base.name}: " + " + ".join(labels + ([signing] if signing else []))
+    return Case(number, label, base.python_code, None if draft.fifo else encode(draft), tuple(draft.plants), patience, signing)
 
 
-def lay_out(case: Case, sandbox: Sandbox) -> None:
+def lay_out(case: Case, sandbox: Sandbox, keys: signed.Keys) -> None:
     sandbox.create()
     sandbox.python_code.write_bytes(case.python_code)
     if case.cache is None:
         os.mkfifo(sandbox.cache)
     else:
         sandbox.cache.write_bytes(case.cache)
+    if case.signing is not None:
+        signed.sign_case(case.signing, sandbox.python_code, sandbox.cache, keys, case.number)
     for plant in case.plants:
         plant(sandbox)
 
@@ -605,14 +616,14 @@ def enter_sandbox(sandbox: Sandbox, memory_limit: int) -> None:
     os.chdir(sandbox.cwd)
 
 
-def attempt_load(sandbox: Sandbox) -> dict:
-    """Load the case's pair; say how it ended."""
+def attempt_load(sandbox: Sandbox, pins: dict) -> dict:
+    """Load the case's pair (with `pins`: load's trusted_keys, expect_name, min_release); say how it ended."""
     import precompile
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            precompile.load(sandbox.python_code, sandbox.cache)
+            precompile.load(sandbox.python_code, sandbox.cache, **pins)
         except precompile.PrecompileError as exc:
             return {"outcome": "PrecompileError", "detail": f"{type(exc).__name__}: {str(exc)[:300]}"}
         except MemoryError:
@@ -629,11 +640,11 @@ def attempt_load(sandbox: Sandbox) -> dict:
     return {"outcome": "served", "detail": ""}
 
 
-def serve_case(sandbox: Sandbox, memory_limit: int, roots: tuple[str, ...]) -> dict:
+def serve_case(sandbox: Sandbox, memory_limit: int, roots: tuple[str, ...], pins: dict) -> dict:
     """In the forked process: load the case's pair in its sandbox; the report includes the libraries it mapped."""
     enter_sandbox(sandbox, memory_limit)
     before = mapped_files()
-    report = attempt_load(sandbox)
+    report = attempt_load(sandbox, pins)
     report["foreign"] = foreign_mappings(before, mapped_files(), roots)
     return report
 
@@ -651,14 +662,14 @@ def read_report(fd: int, deadline: float) -> bytes | None:
         chunks.append(chunk)
 
 
-def run_forked(sandbox: Sandbox, memory_limit: int, watchdog_s: float) -> dict:
+def run_forked(sandbox: Sandbox, memory_limit: int, watchdog_s: float, pins: dict) -> dict:
     roots = allowed_mapping_roots(sandbox)
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the forked case
         os.close(read_end)
         try:
-            os.write(write_end, json.dumps(serve_case(sandbox, memory_limit, roots)).encode())
+            os.write(write_end, json.dumps(serve_case(sandbox, memory_limit, roots, pins)).encode())
         except MemoryError:
             os.write(write_end, b'{"outcome": "memory", "detail": "MemoryError while reporting", "finding": "MemoryError", "foreign": []}')
         finally:
@@ -699,23 +710,26 @@ def keep_failure(case: Case, sandbox: Sandbox, result: dict, failures: Path) -> 
     shutil.copy(sandbox.python_code, keep / "f.py")
     if case.cache is not None:
         (keep / "f.cache").write_bytes(case.cache)
+    if sandbox.python_code.with_suffix(".sig").is_file():
+        shutil.copy(sandbox.python_code.with_suffix(".sig"), keep / "f.sig")
     (keep / "result.json").write_text(json.dumps(result, indent=1) + "\n")
 
 
 def failed(result: dict) -> bool:
-    return result["outcome"] in MUST_BE_ZERO or bool(result["outside"]) or bool(result["foreign"])
+    return result["outcome"] in MUST_BE_ZERO or bool(result["outside"]) or bool(result["foreign"]) or result["against_pins"]
 
 
 def run_case(number: int, seed: str, bases: dict[str, Base], work: Path, failures: Path, memory_limit: int,
-             watchdog_s: float) -> dict:
+             watchdog_s: float, keys: signed.Keys) -> dict:
     sandbox = Sandbox(work / f"case-{number}" / "box")
     case = make_case(number, seed, bases, sandbox)
-    lay_out(case, sandbox)
+    lay_out(case, sandbox, keys)
     before = snapshot(sandbox.case_dir)
     started = time.perf_counter()
-    result = run_forked(sandbox, memory_limit, watchdog_s * case.patience)
-    result.update(case=number, label=case.label, seconds=round(time.perf_counter() - started, 3),
-                  outside=writes_outside_roots(sandbox, before, snapshot(sandbox.case_dir)))
+    result = run_forked(sandbox, memory_limit, watchdog_s * case.patience, keys.pins() if case.signing else {})
+    result.update(case=number, label=case.label, seconds=round(time.perf_counter() - started, 3), signing=case.signing,
+                  outside=writes_outside_roots(sandbox, before, snapshot(sandbox.case_dir)),
+                  against_pins=signed.against_pins(case.signing, result["outcome"]))
     if failed(result):
         keep_failure(case, sandbox, result, failures)
     shutil.rmtree(sandbox.case_dir, ignore_errors=True)
@@ -731,9 +745,10 @@ def serve_cases(cases: Iterable[int], seed: str, work: Path, failures: Path, wat
     logging_quiet()
     stand_in_for_jit()
     bases = load_bases()
+    keys = signed.make_keys(work / "keys")
     memory_limit = address_space() + MEMORY_HEADROOM
     for number in cases:
-        print(json.dumps(run_case(number, seed, bases, work, failures, memory_limit, watchdog_s)), flush=True)
+        print(json.dumps(run_case(number, seed, bases, work, failures, memory_limit, watchdog_s, keys)), flush=True)
 
 
 def logging_quiet() -> None:
@@ -790,6 +805,10 @@ def figures(results: list[dict]) -> dict[str, int]:
         "cases": len(results), **{outcome: counts[outcome] for outcome in OUTCOMES},
         "writes outside the cache roots": sum(1 for result in results if result["outside"]),
         "foreign libraries": sum(1 for result in results if result["foreign"]),
+        "signed cases, loaded under pins": sum(1 for result in results if result["signing"]),
+        "refused by their pins (PrecompileError)": sum(1 for result in results if result["signing"] and not signed.SCHEMES[result["signing"]]
+                                                        and result["outcome"] == "PrecompileError"),
+        "served against its pins": sum(1 for result in results if result["against_pins"]),
     }
 
 
@@ -799,6 +818,7 @@ def finding_names(result: dict) -> list[str]:
     names = [f"{result['outcome']}: {result['finding']}"] if result["outcome"] in MUST_BE_ZERO else []
     names += sorted({f"wrote {re.sub(r'[0-9]+', 'N', path)}" for path in result["outside"]})
     names += sorted({f"mapped {re.sub(r'^.*/case-[0-9]+/', '', path)}" for path in result["foreign"]})
+    names += [f"served against its pins: {result['signing']} ({result['outcome']})"] if result["against_pins"] else []
     return names
 
 

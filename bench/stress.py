@@ -26,7 +26,9 @@ and several processes saving one pair at once.
    Inductor and Triton cache dirs, a memory limit and a watchdog. Load must serve, degrade with a
    PrecompileWarning or raise PrecompileError; never raise anything else, hang, run out of memory,
    write outside Inductor's and Triton's cache dirs, or map a shared library from outside the bundle
-   and the installs. --jobs long-lived processes share the cases.
+   and the installs. About a third of the pairs are signed (honestly or not) and loaded under pinned
+   keys, name and minimum release: each the pins refuse must be a PrecompileError. --jobs long-lived
+   processes share the cases.
  each part's figures as a table; exits 1 if any figure that must be zero is not.
 """
 from __future__ import annotations
@@ -552,6 +554,9 @@ def report_load_fuzz(f: dict) -> int:
             ("memory kills (MemoryError or killed)", figures["memory"]),
             ("cases writing outside the cache roots", figures["writes outside the cache roots"]),
             ("cases mapping a foreign shared library", figures["foreign libraries"]),
+            ("signed cases, loaded under pinned keys, name and release", figures["signed cases, loaded under pins"]),
+            ("  of those the pins refuse, refused (PrecompileError)", figures["refused by their pins (PrecompileError)"]),
+            ("  of those the pins refuse, served or degraded", figures["served against its pins"]),
             ("slowest case (s, not a target)", f"{f['slowest']:.2f}"),
         ],
     )

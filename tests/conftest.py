@@ -111,6 +111,7 @@ SLOW_TESTS = {
     "test_relocation.py::test_a_second_venv_with_the_same_torch_build_serves_both_tracers_with_no_compile",
     "test_relocation.py::test_the_same_capture_in_another_venv_of_one_torch_build_diffs_equal",
     "test_relocation.py::test_torch_free_host_keys_agree_with_the_imported_torch",
+    "test_identity.py::test_load_in_a_fresh_process_refuses_rollback_and_substitution",
     "test_signing.py::test_load_everywhere_ships_the_signature_so_every_rank_checks_it",
     "test_signing.py::test_load_refuses_pairs_its_trusted_keys_did_not_sign_before_executing_them",
 }

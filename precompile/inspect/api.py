@@ -15,6 +15,7 @@ from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import open_given, python_code_bytes
 from precompile.inspect.report import DiffReport, GuardsReport, ShowReport, VerifyReport
 from precompile.inspect.verify import verify
+from precompile.signing.identity import Expectation
 from precompile.signing.keys import Key
 
 
@@ -66,9 +67,9 @@ def diff_report(a: Artifact, b: Artifact, *, context: int = 3, provenance: bool 
 
 
 def verify_report(artifact: Artifact, *, host: bool = False, trusted_keys: Sequence[Key] | None = None,
-                  proof_memory_mib: int | None = None) -> VerifyReport:
+                  expect: Sequence[Expectation] = (), proof_memory_mib: int | None = None) -> VerifyReport:
     """`precompile verify --json`: integrity (open the artifact with `deep=True` so the bundle's bytes
     are checked), the signature (by one of `trusted_keys` when given: `precompile.signing.pair.
     read_trusted_keys` reads them), and with `host=True` whether this machine can serve it.
     `proof_memory_mib`: the memory the bytecode proof may take (inspect/bytecode_proof.py)."""
-    return verify(artifact, host=host, trusted_keys=trusted_keys, proof_memory_mib=proof_memory_mib)
+    return verify(artifact, host=host, trusted_keys=trusted_keys, expect=expect, proof_memory_mib=proof_memory_mib)

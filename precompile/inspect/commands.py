@@ -99,10 +99,22 @@ def _show(args, out, err) -> int:
     artifact = open_given(args.artifact)
     report = show_report(artifact)
     problems, findings = report.problems, _findings(artifact)
-    lines = render_text.render_show(report) + [(_verdict(problems, findings), None)] if not args.json else ()
+    signed = _signature_line(artifact) if not args.json else []
+    lines = render_text.render_show(report) + signed + [(_verdict(problems, findings), None)] if not args.json else ()
     _emit(args, out, report, lines)
     _diagnose(err, problems, findings)
     return 2 if problems else 1 if findings else 0
+
+
+def _signature_line(artifact: Artifact) -> list:
+    """show's line on the pair's signature file, when there is one: the identity it says it binds (name,
+    release, created, signer key id), not checked (verify --trusted-key checks it)."""
+    from precompile.signing.pair import check_pair
+
+    if artifact.given == "cache" or not artifact.python_code.path:
+        return []
+    verdict = check_pair(artifact.python_code.path, artifact.cache.path or "", None)
+    return [] if verdict.message.startswith("unsigned") else [(f"signature: {verdict.message}", None)]
 
 
 def _guards(args, out, err) -> int:
@@ -170,7 +182,8 @@ def _verify(args, out, err) -> int:
     from precompile.inspect.api import verify_report
 
     artifact = _artifact(args.artifact, deep=True)
-    report = verify_report(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key), proof_memory_mib=args.proof_memory)
+    report = verify_report(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key),
+                           expect=_expectations(args.expect_name, args.min_release), proof_memory_mib=args.proof_memory)
     _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())
     failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
     trouble = artifact.python_code.problem is not None or artifact.cache.newer
@@ -189,6 +202,16 @@ def _trusted_keys(paths: list[str] | None):
     from precompile.signing.pair import read_trusted_keys
 
     return read_trusted_keys(paths) if paths else None
+
+
+def _expectations(name: str | None, min_release: str | None):
+    """verify --expect-name/--min-release: the identity the signature must bind; none without either flag."""
+    if name is None and min_release is None:
+        return ()
+    from precompile.signing.identity import expectation
+
+    found = expectation("--expect-name/--min-release", name, min_release)
+    return () if found is None else (found,)
 
 
 def _extract(args, out, err) -> int:
@@ -332,6 +355,11 @@ def register(verbs: argparse._SubParsersAction) -> None:
     verify.add_argument("--host", action="store_true", help="also check this host's Python and torch against the artifact")
     verify.add_argument("--trusted-key", action="append", metavar="PUB", help=(
         "check the pair's signature (NAME.sig): it must be by this public key; repeatable (any one of them); needs precompile[sign]"))
+    verify.add_argument("--expect-name", metavar="NAME", help=(
+        "the signature must bind this name (sign --name): another model signed by a trusted key fails; needs --trusted-key"))
+    verify.add_argument("--min-release", metavar="N", help=(
+        "the signature must bind a release at least N (sign --release; PEP 440 order: 10 > 9, 1.10 > 1.9): an older "
+        "release put back fails; needs --trusted-key"))
     verify.add_argument("--proof-memory", type=_mib, metavar="MIB", help=(
         "memory the proof that the cache's bytecode is python_code's may take, in MiB (default: PRECOMPILE_PROOF_MEMORY, "
         "else 20 times python_code's size, at least 256); a proof that needs more fails as 'not proven' (exit 1)"))

@@ -44,6 +44,7 @@ from precompile.inspect.model import Artifact, PickleScan
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 from precompile.inspect.report import Check, VerifyReport
+from precompile.signing.identity import Expectation
 from precompile.signing.keys import Key
 from precompile.signing.pair import check_pair
 
@@ -363,17 +364,18 @@ def _pending(artifact: Artifact) -> list[Check]:
                          "over the cache, or delete it")]
 
 
-def _signature(artifact: Artifact, trusted_keys: Sequence[Key] | None) -> Check:
-    """Whether one of `trusted_keys` signed the pair; without them, only whether it carries a signature."""
-    verdict = check_pair(artifact.python_code.path, artifact.cache.path, trusted_keys)
+def _signature(artifact: Artifact, trusted_keys: Sequence[Key] | None, expect: Sequence[Expectation]) -> Check:
+    """Whether one of `trusted_keys` signed the pair as the identity `expect` pins; without them, only
+    whether it carries a signature, and what it says."""
+    verdict = check_pair(artifact.python_code.path, artifact.cache.path, trusted_keys, expect=expect)
     return Check(name="signature", status=verdict.status, expected=verdict.expected, actual=verdict.actual,
                  message=verdict.message, remedy=verdict.remedy)
 
 
 def verify(artifact: Artifact, *, host: bool, trusted_keys: Sequence[Key] | None = None,
-           proof_memory_mib: int | None = None) -> VerifyReport:
+           expect: Sequence[Expectation] = (), proof_memory_mib: int | None = None) -> VerifyReport:
     checks = _integrity(artifact, proof_memory_mib) + _pending(artifact)
-    checks.append(_signature(artifact, trusted_keys))
+    checks.append(_signature(artifact, trusted_keys, expect))
     if host:
         checks.extend(_host(artifact))
     return VerifyReport(

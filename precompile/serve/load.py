@@ -46,7 +46,9 @@ if TYPE_CHECKING:
     from precompile.signing.pair import TrustedKeys
 
 _TRUSTED_KEYS_ENV = "PRECOMPILE_TRUSTED_KEYS"
-"""precompile.signing.pair.TRUSTED_KEYS_ENV, named here so that an unpinned load need not import signing."""
+_IDENTITY_ENV = ("PRECOMPILE_EXPECT_NAME", "PRECOMPILE_MIN_RELEASE")
+"""precompile.signing's TRUSTED_KEYS_ENV, EXPECT_NAME_ENV and MIN_RELEASE_ENV, named here so that an
+unpinned load need not import signing."""
 
 log = logging.getLogger("precompile")
 
@@ -171,6 +173,18 @@ def _pins(trusted_keys: TrustedKeys | None):
     from precompile.signing.pair import pins_for
 
     return pins_for(trusted_keys)
+
+
+def _expectations(expect_name: str | None, min_release: str | int | None):
+    """The identity a signed pair must carry (precompile.signing.identity): the arguments' pin and the
+    environment's, each its own; none, without importing the signing code, when neither is set. A pin
+    refuses another model signed by the same key, an older release put back in place of a newer one,
+    and a signature that binds no identity, and it needs a trusted key to check it with."""
+    if expect_name is None and min_release is None and not any(name in os.environ for name in _IDENTITY_ENV):
+        return []
+    from precompile.signing.identity import expectations_for
+
+    return expectations_for(expect_name, min_release, argument="load(expect_name=, min_release=)")
 
 
 def _read_if_present(cache_path: Path) -> bytes | None:
@@ -319,7 +333,7 @@ def served_by_aotautograd(header: MetadataHeader) -> bool:
 
 def load(
     artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, allow_serve_time_compiles: bool = False,
-    trusted_keys: TrustedKeys | None = None,
+    trusted_keys: TrustedKeys | None = None, expect_name: str | None = None, min_release: str | int | None = None,
 ) -> PrecompiledRunnable:
     """Reconstruct a runnable from the two files a precompile capture wrote.
 
@@ -331,8 +345,10 @@ def load(
     passing it there is a PrecompileError.
 
     Signed pairs: with `trusted_keys` (public key paths or PEM bytes) or PRECOMPILE_TRUSTED_KEYS set,
-    a pair that none of those keys signed (`precompile sign`), whose files changed since, or whose
-    cache is missing, is a PrecompileError raised before anything of it is parsed or executed.
+    a pair none of those keys signed (`precompile sign`), whose files changed since, or whose cache is
+    missing, is a PrecompileError raised before anything of it is parsed or executed; with `expect_name`
+    / `min_release` (or PRECOMPILE_EXPECT_NAME / PRECOMPILE_MIN_RELEASE) so is a signature that binds
+    another name, an older release (PEP 440 order) or no identity (see `_expectations`).
     """
     started = time.perf_counter()
     # Load builds long-lived objects (the metadata, python_code's code and namespace): the collector
@@ -341,14 +357,14 @@ def load(
     with environment.restored(), contextlib.ExitStack() as collector:
         collector.enter_context(cyclic_gc_paused())
         artifact_path, cache_path = Path(artifact_path), Path(cache_path)
-        pins = _pins(trusted_keys)
+        pins, expect = _pins(trusted_keys), _expectations(expect_name, min_release)
         code_data = read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE)
         signed_cache = None
-        if pins:  # signed pairs (precompile.signing): checked on the very bytes used below
+        if pins or expect:  # signed pairs (precompile.signing): checked on the very bytes used below
             from precompile.signing.pair import require_trusted
 
             signed_cache = _read_if_present(cache_path)
-            require_trusted(artifact_path, cache_path, pins, (code_data, signed_cache))
+            require_trusted(artifact_path, cache_path, pins, (code_data, signed_cache), expect)
         digest = code_hash(code_data)
         cache_file = _read_cache_for(code_data, digest, cache_path, signed_cache)
         paired = cache_file.envelope if cache_file.envelope is not None and cache_file.envelope.code_hash == digest else None

@@ -172,14 +172,17 @@ def captured_world(graph_sources: Iterable[str]) -> CapturedWorld | None:
 
 
 def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathLike, *, src: int = 0,
-                    trusted_keys: TrustedKeys | None = None):
+                    trusted_keys: TrustedKeys | None = None, expect_name: str | None = None,
+                    min_release: str | int | None = None):
     """Load one artifact on every rank of the default process group; the files need only exist on `src`.
 
     Call it on every rank with the same arguments. Rank `src` reads both files (and the pair's
     signature NAME.sig, if there is one) and broadcasts their bytes and sha256 over the default group
     (raw bytes in tensors: nothing is pickled); every other rank checks the digests, writes them into a
     private temporary dir and loads the pair from there. Every rank loads with `trusted_keys` (key
-    paths must exist on every rank) and its own PRECOMPILE_TRUSTED_KEYS, so each checks the signature.
+    paths must exist on every rank) and its own PRECOMPILE_TRUSTED_KEYS, so each checks the signature,
+    and with `expect_name` / `min_release` and its own PRECOMPILE_EXPECT_NAME / PRECOMPILE_MIN_RELEASE,
+    the identity it binds.
     Returns this rank's PrecompiledRunnable; serve it under no_compilation().
     """
     import torch
@@ -223,7 +226,7 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
         payload = torch.empty(frame_size, dtype=torch.uint8, device=device)
     dist.broadcast(payload, src=src)
     if rank == src:
-        return load(artifact_path, cache_path, trusted_keys=trusted_keys)
+        return load(artifact_path, cache_path, trusted_keys=trusted_keys, expect_name=expect_name, min_release=min_release)
     frame = _as_bytes(payload.cpu())
     digests = [frame[i * _DIGEST_SIZE : (i + 1) * _DIGEST_SIZE] for i in range(3)]
     body = frame[3 * _DIGEST_SIZE :]
@@ -241,4 +244,4 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
         local_cache.write_bytes(received[1])
         if received[2]:
             signature_path(local_artifact).write_bytes(received[2])
-        return load(local_artifact, local_cache, trusted_keys=trusted_keys)
+        return load(local_artifact, local_cache, trusted_keys=trusted_keys, expect_name=expect_name, min_release=min_release)

@@ -5,9 +5,16 @@
 `precompile.load(..., trusted_keys=[...])` (or PRECOMPILE_TRUSTED_KEYS, which a deployment pins)
 refuse a pair none of the trusted keys signed, before anything of it is executed or primed.
 
-What is signed (`envelope.statement`): the format tag, then for each role, python_code and cache, the
-sha256 and size of the file's exact bytes. Changing either file, swapping them, or pairing the
-python_code with another cache voids the signature; renaming the pair together with its .sig does not.
+What is signed: `precompile sign --name NAME --release N` writes a DSSE envelope (`dsse`) of an
+in-toto Statement v1 (`statement`): its subjects are both files (sha256, role, size), its predicate
+the release's identity (name, release, when it was signed, and the capture's function, backend,
+tracer and torch build). A deployment pins the identity (`identity`: verify --expect-name/
+--min-release, load(expect_name=, min_release=), PRECOMPILE_EXPECT_NAME / PRECOMPILE_MIN_RELEASE), so
+another model or an older release signed by the same key is refused. Without --name/--release, sign
+writes the first format (`envelope.statement`: the format tag, then each role's sha256 and size),
+which is still read and binds no identity: an expectation refuses it. Either way, changing either
+file, swapping them, or pairing the python_code with another cache voids the signature; renaming the
+pair together with its .sig does not.
 A signature always covers both files, and a signed pair is used only whole: if the cache is missing,
 load refuses rather than degrading to python_code alone (which load otherwise may, the cache being an
 acceleration), so deleting a file can neither turn a shipped pair into a JIT-compiling one nor slip
@@ -27,6 +34,7 @@ naming it, while telling whether a pair is signed needs only msgspec.
 from __future__ import annotations
 
 from precompile.signing.envelope import FORMAT, FileDigest, Signature, signature_path
+from precompile.signing.identity import EXPECT_NAME_ENV, MIN_RELEASE_ENV, Expectation, expectation, expectations_for
 from precompile.signing.keys import EXTRA, Key, generate
 from precompile.signing.pair import (
     TRUSTED_KEYS_ENV,
@@ -40,6 +48,7 @@ from precompile.signing.pair import (
 )
 
 __all__ = [
-    "EXTRA", "FORMAT", "TRUSTED_KEYS_ENV", "FileDigest", "Key", "Signature", "Verdict", "check_pair", "generate",
+    "EXPECT_NAME_ENV", "EXTRA", "FORMAT", "MIN_RELEASE_ENV", "TRUSTED_KEYS_ENV", "Expectation", "FileDigest", "Key", "Signature",
+    "Verdict", "check_pair", "expectation", "expectations_for", "generate",
     "pins_for", "read_trusted_keys", "require_trusted", "sign_pair", "signature_path", "trusted_keys_from_environment",
 ]

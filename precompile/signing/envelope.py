@@ -1,6 +1,9 @@
-"""The signature file beside python_code: its format, where it lives, and the exact bytes a key signs.
+"""The signature file beside python_code: its formats, where it lives, and the exact bytes a key signs.
 
-Torch-free and crypto-free: reading a signature file, or telling that a pair has none, needs neither
+Two formats share `<stem>.sig`: a DSSE envelope holding an in-toto statement (precompile.signing.
+statement: the files and the release's identity), and the first format, `precompile-signature/1`
+(the files only: it binds no identity), which is still read and written for pairs signed without
+a name and release. Torch-free and crypto-free: reading a signature file, or telling that a pair has none, needs neither
 torch nor the `sign` extra.
 """
 from __future__ import annotations
@@ -14,6 +17,7 @@ import msgspec
 
 from precompile.artifact.pair import read_bytes
 from precompile.errors import PrecompileError
+from precompile.signing.dsse import DsseEnvelope
 
 __all__ = ["FORMAT", "FileDigest", "Signature", "digest_file", "read_signature", "signature_path", "statement", "write_signature"]
 
@@ -43,6 +47,7 @@ class Signature(msgspec.Struct, frozen=True, kw_only=True, tag_field="format", t
 
 class _Head(msgspec.Struct):
     format: str = ""
+    payloadType: str = ""
 
 
 def signature_path(python_code: str | os.PathLike[str]) -> Path:
@@ -91,7 +96,7 @@ def digest_file(path: Path, what: str) -> FileDigest | None:
     return FileDigest(sha256=sha.hexdigest(), size=size)
 
 
-def read_signature(path: Path) -> Signature | None:
+def read_signature(path: Path) -> Signature | DsseEnvelope | None:
     """The signature file at `path`; None if there is none. One that is unreadable, foreign, damaged or
     of a newer format is a PrecompileError naming the file and the remedy."""
     resign = "sign the pair again with `precompile sign` and the release key"
@@ -110,9 +115,15 @@ def read_signature(path: Path) -> Signature | None:
     except OSError as exc:
         raise PrecompileError(f"could not read signature {path}: {exc.strerror or exc}") from None
     try:
-        found = msgspec.json.decode(data, type=_Head).format
+        head = msgspec.json.decode(data, type=_Head)
     except msgspec.DecodeError as exc:
         raise PrecompileError(f"signature {path} is not a precompile signature file ({exc}); remove it, or {resign}") from None
+    if head.payloadType:
+        try:
+            return msgspec.json.decode(data, type=DsseEnvelope)
+        except msgspec.DecodeError as exc:
+            raise PrecompileError(f"signature {path} is a damaged DSSE envelope: {exc}; {resign}") from None
+    found = head.format
     if found != FORMAT:
         if found.startswith("precompile-signature/"):
             raise PrecompileError(f"signature {path} has format {found!r}, this precompile reads {FORMAT!r}; upgrade precompile")
@@ -124,7 +135,7 @@ def read_signature(path: Path) -> Signature | None:
         raise PrecompileError(f"signature {path} is damaged: {exc}; {resign}") from None
 
 
-def write_signature(path: Path, signature: Signature) -> None:
+def write_signature(path: Path, signature: Signature | DsseEnvelope) -> None:
     """Write the signature file atomically: readers see the old file or the new one, never a part."""
     data = msgspec.json.format(msgspec.json.encode(signature), indent=2) + b"\n"
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")

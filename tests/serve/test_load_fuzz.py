@@ -27,6 +27,11 @@ def test_the_slice_holds_the_slow_mutations():
     assert rare == {"mutate_fifo_cache", "mutate_fifo_destination", "lie_bomb"}
 
 
+def test_the_slice_signs_pairs_every_way_it_loads_them_under_pins():
+    drawn = {load_fuzz.signed.draw("0", case) for case in CASES}
+    assert drawn - {None} == set(load_fuzz.signed.SCHEMES)
+
+
 def test_mutated_caches_are_served_degraded_or_refused(tmp_path):
     results = load_fuzz.fuzz(CASES, seed="0", failures=tmp_path / "failures", watchdog_s=WATCHDOG_S)
     assert len(results) == len(CASES)
