@@ -48,6 +48,7 @@ import marshal
 import sys
 import types
 import unicodedata
+from collections.abc import Iterable
 
 import msgspec
 import zstandard
@@ -70,6 +71,10 @@ ZSTD_LEVEL = 3
 LEFT_OUT = ("SUMMARY", "GUARDS")
 """The metadata literals caches written before left out of their bytecode, as no code in python_code
 names them: verify still proves such a blob, load runs none (see left_out_reason)."""
+
+Statements = ast.Module | Iterable[tuple[ast.Module, int]]
+"""python_code's syntax tree, or the trees of its parts in file order, each with the line of the file
+it starts at (inspect/chunked_parse.py): no tree of the whole file is then held."""
 
 _metadata_encoder = msgspec.msgpack.Encoder()
 _metadata_decoder = msgspec.msgpack.Decoder(ArtifactMetadata)
@@ -112,15 +117,31 @@ def embedded_modules(tree: ast.Module) -> dict[str, tuple[str, str]]:
     which is where precompile renders them (a module found nowhere else is compiled when it runs)."""
     modules: dict[str, tuple[str, str]] = {}
     for statement in tree.body:
-        node = statement.value if isinstance(statement, ast.Assign) else None
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "inductor_subgraph"
-                and len(node.args) >= 2):
-            continue
-        name, text = (arg.value if isinstance(arg, ast.Constant) else None for arg in node.args[:2])
-        if isinstance(name, str) and isinstance(text, str):
-            digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-            modules.setdefault(digest, (f"<precompile subgraph {name}>", text))
+        found = _embedded_module(statement)
+        if found is not None:
+            modules.setdefault(*found)
     return modules
+
+
+def _embedded_module(statement: ast.stmt) -> tuple[str, tuple[str, str]] | None:
+    node = statement.value if isinstance(statement, ast.Assign) else None
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "inductor_subgraph"
+            and len(node.args) >= 2):
+        return None
+    name, text = (arg.value if isinstance(arg, ast.Constant) else None for arg in node.args[:2])
+    if not (isinstance(name, str) and isinstance(text, str)):
+        return None
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), (f"<precompile subgraph {name}>", text)
+
+
+def _whole(tree: Statements) -> ast.Module:
+    """The syntax tree of the whole file from its parts (line numbers made the file's)."""
+    if isinstance(tree, ast.Module):
+        return tree
+    body: list[ast.stmt] = []
+    for part, first_line in tree:
+        body.extend(ast.increment_lineno(part, first_line - 1).body if first_line > 1 else part.body)
+    return ast.Module(body=body, type_ignores=[])
 
 
 def left_out_literals(source: str, tree: ast.Module) -> tuple[str, ...]:
@@ -211,22 +232,47 @@ def _literal_name(statement: ast.stmt) -> str | None:
     return None
 
 
-def compiled_bytes(source: str, code_hash: str, tree: ast.Module, optimize: int = OPTIMIZE,
+def compiled_bytes(source: str, code_hash: str, tree: Statements, optimize: int = OPTIMIZE,
                    left_out: tuple[str, ...] = ()) -> bytes:
     """The bytes capture stores for python_code (`tree`, its parse) and verify recomputes:
     deterministic for one source. The top-level assignments to `left_out` are not compiled."""
-    kept: str | ast.Module = source
+    return expected_code(source, code_hash, tree, optimize, left_out)[0]
+
+
+def expected_code(source: str, code_hash: str, tree: Statements, optimize: int = OPTIMIZE,
+                  left_out: tuple[str, ...] = ()) -> tuple[bytes, OpaqueCheck | None]:
+    """compiled_bytes, and what load's opaque-state rule finds in python_code (the record capture
+    keeps beside them). `tree` may be the top-level statements alone, in file order with the file's
+    line numbers (a parse a part at a time): without `left_out` they are looked at one by one and
+    only those that name an opaque part are kept, so no syntax tree of the whole file is held; the
+    source is compiled whole from its text (the compiler's own tree, a fraction of `ast`'s)."""
     if left_out:
-        kept = ast.Module(body=[s for s in tree.body if _literal_name(s) not in left_out], type_ignores=tree.type_ignores)
-    code = compile_python_code(kept, code_filename(code_hash), optimize)
-    modules = {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in embedded_modules(tree).items()}
-    return marshal.dumps((code, modules), MARSHAL_VERSION)
+        whole = _whole(tree)
+        kept = ast.Module(body=[s for s in whole.body if _literal_name(s) not in left_out], type_ignores=whole.type_ignores)
+        code = compile_python_code(kept, code_filename(code_hash), optimize)
+        modules = {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in embedded_modules(whole).items()}
+        return marshal.dumps((code, modules), MARSHAL_VERSION), opaque_state.checked(whole, source)
+    texts: dict[str, tuple[str, str]] = {}
+    named = opaque_state.mentioned(source)
+    opaque_statements = []
+    for part, first_line in [(tree, 1)] if isinstance(tree, ast.Module) else tree:
+        for statement in part.body:
+            found = _embedded_module(statement)
+            if found is not None:
+                texts.setdefault(*found)
+            if named and opaque_state.names_a_part(statement):
+                opaque_statements.append(ast.increment_lineno(statement, first_line - 1) if first_line > 1 else statement)
+    opaque = opaque_state.checked(ast.Module(body=opaque_statements, type_ignores=[]), source)
+    modules = {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in texts.items()}
+    del texts, opaque_statements
+    code = compile_python_code(source, code_filename(code_hash), optimize)
+    return marshal.dumps((code, modules), MARSHAL_VERSION), opaque
 
 
-def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.Module) -> tuple[CompiledCode | None, EncodedMetadata | None]:
+def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: Statements) -> tuple[CompiledCode | None, EncodedMetadata | None]:
     """The bytecode and typed metadata a capture carries in its cache (None for each when too big):
     every statement compiled (see left_out_reason)."""
-    code = compiled_bytes(source, code_hash, tree)
+    code, opaque = expected_code(source, code_hash, tree)
     encoded = _metadata_encoder.encode(metadata)
     if max(len(code), len(encoded)) > MAX_PREPARED_SIZE:
         return None, None
@@ -238,7 +284,7 @@ def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: ast.M
         code_hash=code_hash, magic=magic(), filename=code_filename(code_hash), flags=COMPILE_FLAGS, optimize=OPTIMIZE,
         marshal_version=MARSHAL_VERSION, size=len(code), compressed_size=len(stored_code),
         sha256=hashlib.sha256(stored_code).hexdigest(), data=stored_code,
-        opaque=opaque_state.checked(tree, source),
+        opaque=opaque,
     )
     meta = EncodedMetadata(code_hash=code_hash, size=len(encoded), compressed_size=len(stored_meta),
                            sha256=hashlib.sha256(stored_meta).hexdigest(), data=stored_meta)
@@ -321,10 +367,12 @@ def _names(names: tuple[str, ...], most: int = 5) -> str:
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: ast.Module) -> str | None:
+def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: Statements) -> str | None:
     """Why the stored bytecode is not python_code compiled (verify's proof), or None.
 
-    python_code is compiled again here and marshalled; the stored bytes are compared, never loaded."""
+    python_code is compiled again here and marshalled; the stored bytes are compared, never loaded.
+    `tree`: its syntax tree or its top-level statements (see expected_code). A MemoryError is the
+    caller's: verify runs this in a child whose memory is bounded (inspect/bytecode_proof.py)."""
     problem = blob_problem(compiled)
     if problem is not None:
         return problem
@@ -344,21 +392,34 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
         stored = decompressed(compiled)
     except ValueError as exc:
         return str(exc)
-    allowed = left_out_literals(source, tree) if compiled.left_out else ()
+    if compiled.left_out:
+        tree = _whole(tree)
+        problem = _unprovable_left_out(source, compiled, tree)
+        if problem is not None:
+            return problem
+    try:
+        expected, found = expected_code(source, code_hash, tree, compiled.optimize, compiled.left_out)
+    except (SyntaxError, ValueError, RecursionError) as exc:
+        return f"python_code does not compile here ({type(exc).__name__})"
+    if expected != stored:
+        return "its bytes differ from python_code compiled here: it is not this python_code's bytecode"
+    del expected, stored
+    return _opaque_mismatch(compiled.opaque, found)
+
+
+def _opaque_mismatch(recorded: OpaqueCheck | None, found: OpaqueCheck | None) -> str | None:
+    if recorded != found:
+        return (f"it records what load's opaque-state rule finds in python_code as {_opaque_text(recorded)}, but the rule "
+                f"finds {_opaque_text(found)}: load running it would not apply the rule as it applies it to python_code")
+    return None
+
+
+def _unprovable_left_out(source: str, compiled: CompiledCode, tree: ast.Module) -> str | None:
+    allowed = left_out_literals(source, tree)
     readable = [name for name in compiled.left_out if name not in allowed]
     if readable:
         return (f"it leaves out {_names(tuple(readable))}, which python_code does not assign once as a literal or names "
                 "elsewhere: what load would run differs from python_code")
-    try:
-        expected = compiled_bytes(source, code_hash, tree, compiled.optimize, compiled.left_out)
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
-        return f"python_code does not compile here ({type(exc).__name__})"
-    if expected != stored:
-        return "its bytes differ from python_code compiled here: it is not this python_code's bytecode"
-    found = opaque_state.checked(tree, source)
-    if compiled.opaque != found:
-        return (f"it records what load's opaque-state rule finds in python_code as {_opaque_text(compiled.opaque)}, but the rule "
-                f"finds {_opaque_text(found)}: load running it would not apply the rule as it applies it to python_code")
     return None
 
 

@@ -88,6 +88,12 @@ def mentions(tree: ast.Module, names: tuple[str, ...]) -> dict[str, list[ast.AST
     return found
 
 
+def names_a_part(statement: ast.stmt) -> bool:
+    """Whether a top-level statement binds or spells an opaque part as `mentions` counts it: a tree of
+    the statements that do finds what the whole file's tree finds (expected_code keeps only them)."""
+    return any(mentions(ast.Module(body=[statement], type_ignores=[]), (STATE, BYTECODE)).values())
+
+
 def _find(tree: ast.Module, name: str, found: list[ast.AST], is_literal: Callable[[ast.expr], bool], what: str) -> Found:
     """The one top-level `name = <literal>` when that is the name's only binding, or the problem."""
     if not found:

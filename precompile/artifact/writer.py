@@ -41,6 +41,7 @@ from pathlib import Path
 
 from precompile.artifact.codec import MAX_HEADER_SIZE, PREFIX_SIZE, payload_limit
 from precompile.artifact.pair import cache_problem, pending_path, read_bytes
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE
 from precompile.errors import PrecompileError
 
 log = logging.getLogger("precompile")
@@ -150,9 +151,11 @@ def _settle_leftover_pending(artifact_path: Path, cache_path: Path) -> None:
     pending = pending_path(cache_path)
     if not pending.exists():
         return
-    try:
-        committed = _adoptable(pending, artifact_path.read_bytes())
-    except FileNotFoundError:
+    try:  # the bounded regular-file reader: a FIFO or a huge file at the artifact's path is refused, not read
+        committed = _adoptable(pending, read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE))
+    except PrecompileError as exc:
+        if artifact_path.exists() or artifact_path.is_symlink():
+            raise PrecompileError(f"cannot finish the interrupted write beside {artifact_path}: {exc}") from None
         committed = False
     if committed:
         os.replace(pending, cache_path)

@@ -67,8 +67,9 @@ def diff_report(a: Artifact, b: Artifact, *, context: int = 3, provenance: bool 
 
 
 def verify_report(artifact: Artifact, *, host: bool = False, trusted_keys: Sequence[Key] | None = None,
-                  expect: Sequence[Expectation] = ()) -> VerifyReport:
+                  expect: Sequence[Expectation] = (), proof_memory_mib: int | None = None) -> VerifyReport:
     """`precompile verify --json`: integrity (open the artifact with `deep=True` so the bundle's bytes
     are checked), the signature (by one of `trusted_keys` when given: `precompile.signing.pair.
-    read_trusted_keys` reads them), and with `host=True` whether this machine can serve it."""
-    return verify(artifact, host=host, trusted_keys=trusted_keys, expect=expect)
+    read_trusted_keys` reads them), and with `host=True` whether this machine can serve it.
+    `proof_memory_mib`: the memory the bytecode proof may take (inspect/bytecode_proof.py)."""
+    return verify(artifact, host=host, trusted_keys=trusted_keys, expect=expect, proof_memory_mib=proof_memory_mib)

@@ -183,12 +183,18 @@ def _verify(args, out, err) -> int:
 
     artifact = _artifact(args.artifact, deep=True)
     report = verify_report(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key),
-                           expect=_expectations(args.expect_name, args.min_release))
+                           expect=_expectations(args.expect_name, args.min_release), proof_memory_mib=args.proof_memory)
     _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())
     failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
     trouble = artifact.python_code.problem is not None or artifact.cache.newer
     _diagnose(err, failed if trouble else (), () if trouble else failed)
     return 2 if trouble else 0 if report.ok else 1
+
+
+def _mib(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB (1 or more)")
+    return int(text)
 
 
 def _trusted_keys(paths: list[str] | None):
@@ -354,6 +360,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     verify.add_argument("--min-release", metavar="N", help=(
         "the signature must bind a release at least N (sign --release; PEP 440 order: 10 > 9, 1.10 > 1.9): an older "
         "release put back fails; needs --trusted-key"))
+    verify.add_argument("--proof-memory", type=_mib, metavar="MIB", help=(
+        "memory the proof that the cache's bytecode is python_code's may take, in MiB (default: PRECOMPILE_PROOF_MEMORY, "
+        "else 20 times python_code's size, at least 256); a proof that needs more fails as 'not proven' (exit 1)"))
     extract = add("extract", "write python_code sections, metadata, envelope and bundle files into a new directory", _extract, artifact=False)
     extract.add_argument("paths", nargs="+", metavar="ARTIFACT... DIR", help=f"{ONE_FILE_HELP}; then the directory to create")
     report = add("report", "write one self-contained HTML page about an artifact, or two and their diff side by side; "

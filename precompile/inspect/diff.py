@@ -19,6 +19,7 @@ from precompile.artifact.pycode import decode_source
 from precompile.artifact.summary import without_object_ids
 from precompile.errors import PrecompileError
 from precompile.inspect.bundle_payload import bundle_files
+from precompile.inspect.bytecode_proof import NOT_PROVEN
 from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import guards_of
@@ -110,6 +111,8 @@ def _agrees(artifact: Artifact) -> dict[str, str]:
             out[check.name] = "agrees with python_code"
         elif check.status == "skip":
             out[check.name] = "not used by load: " + check.message
+        elif check.actual == NOT_PROVEN:
+            out[check.name] = "not proven to agree with python_code (precompile verify says why)"
         elif check.actual is not None:  # compiled by another Python: this one cannot prove it either way
             out[check.name] = f"compiled by a Python with magic number {check.expected}: not comparable on this Python"
         else:

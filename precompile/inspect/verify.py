@@ -37,8 +37,9 @@ from precompile.artifact.codec import (
     payload_problem,
 )
 from precompile.artifact.pair import pending_path, read_bytes
-from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source, parse_source
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source
 from precompile.errors import PrecompileError
+from precompile.inspect import bytecode_proof
 from precompile.inspect.model import Artifact, PickleScan
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
@@ -50,7 +51,7 @@ from precompile.signing.pair import check_pair
 RECAPTURE = "capture the artifact again with this precompile"
 
 
-def _integrity(artifact: Artifact) -> list[Check]:
+def _integrity(artifact: Artifact, proof_memory_mib: int | None) -> list[Check]:
     checks: list[Check] = []
     code, cache = artifact.python_code, artifact.cache
     if code.problem is None and code.upstream is not None:
@@ -97,7 +98,7 @@ def _integrity(artifact: Artifact) -> list[Check]:
             ))
     if artifact.pairing_problem is not None and all(c.status == "ok" for c in checks[-3:]):
         checks.append(Check(name="pairing", status="fail", message=artifact.pairing_problem, remedy=RECAPTURE))
-    checks.extend(prepared_checks(artifact))
+    checks.extend(prepared_checks(artifact, proof_memory_mib))
     checks.extend(_bundle(artifact))
     return checks
 
@@ -113,22 +114,24 @@ def _cache_pickles(artifact: Artifact) -> list[Check]:
             for scan, imp in artifact.cache_findings if imp is None or not shown]
 
 
-def prepared_checks(artifact: Artifact) -> list[Check]:
+def prepared_checks(artifact: Artifact, proof_memory_mib: int | None = None) -> list[Check]:
     """Proof that the bytecode and typed metadata the cache carries are python_code's: python_code
     compiled here marshals to the very bytes stored, and its literals convert to the metadata stored.
-    The stored bytecode is compared, never loaded; caches without them (written before) get no line."""
+    The stored bytecode is compared, never loaded; caches without them (written before) get no line.
+    The compilation runs in a child bounded in memory (`proof_memory_mib`, see bytecode_proof) and
+    time: a proof over the bounds is a failed check that says "not proven"."""
     envelope = artifact.cache.envelope
     if envelope is None or (envelope.python_bytecode is None and envelope.metadata_msgpack is None):
         return []
     names = ("python_code bytecode", "python_code typed metadata")
     try:
         data = read_bytes(Path(artifact.python_code.path), "python_code", MAX_PYTHON_CODE_SIZE)
-        source = decode_source(data, filename=artifact.python_code.path)
+        decode_source(data, filename=artifact.python_code.path)
         full, _ = decode_header(read_bytes(Path(artifact.cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + payload_limit()),
                                 source=f"cache {artifact.cache.path}")
     except (PrecompileError, CacheFormatError) as exc:
         return [Check(name=name, status="fail", message=f"could not read the pair again: {exc}", remedy=RECAPTURE) for name in names]
-    digest = code_hash(data)
+    digest, memory = code_hash(data), bytecode_proof.proof_memory(len(data), proof_memory_mib)
     checks = []
     compiled, encoded = full.python_bytecode, full.metadata_msgpack
     if compiled is not None:
@@ -142,11 +145,15 @@ def prepared_checks(artifact: Artifact) -> list[Check]:
                         "would run it in place of python_code",
                 remedy=f"verify on a Python with magic number {compiled.magic} (where load runs it) to prove it"))
         else:
-            try:
-                problem = bytecode.bytecode_problem(source, digest, compiled, parse_source(source))
-            except PrecompileError as exc:
-                problem = str(exc)
-            if problem is None:
+            outcome = bytecode_proof.prove(data, digest, compiled, memory)
+            problem = outcome.problem
+            if outcome.not_proven is not None:
+                checks.append(Check(name=names[0], status="fail", expected=compiled.sha256, actual=bytecode_proof.NOT_PROVEN,
+                                    message=f"cache {artifact.cache.path}: the stored bytecode, which load may run in place of "
+                                            f"python_code, is not proven to be python_code's: {outcome.not_proven}",
+                                    remedy=f"allow the proof more memory (--proof-memory MIB, or {bytecode_proof.PROOF_MEMORY_ENV}) "
+                                           "and verify again, or delete the cache (load then compiles python_code)"))
+            elif problem is None:
                 use = ("load may run it instead of compiling" if not compiled.left_out else
                        f"load does not run it, since {bytecode.left_out_reason(compiled)}")
                 checks.append(Check(name=names[0], status="ok", expected=compiled.sha256, actual=f"{compiled.size} bytes",
@@ -366,8 +373,8 @@ def _signature(artifact: Artifact, trusted_keys: Sequence[Key] | None, expect: S
 
 
 def verify(artifact: Artifact, *, host: bool, trusted_keys: Sequence[Key] | None = None,
-           expect: Sequence[Expectation] = ()) -> VerifyReport:
-    checks = _integrity(artifact) + _pending(artifact)
+           expect: Sequence[Expectation] = (), proof_memory_mib: int | None = None) -> VerifyReport:
+    checks = _integrity(artifact, proof_memory_mib) + _pending(artifact)
     checks.append(_signature(artifact, trusted_keys, expect))
     if host:
         checks.extend(_host(artifact))

@@ -35,7 +35,7 @@ try:
     )
     from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused, parse_source
     from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
-    from precompile.serve import source_lines
+    from precompile.serve import environment, source_lines
 finally:
     if _collecting:
         gc.enable()
@@ -354,7 +354,7 @@ def load(
     # Load builds long-lived objects (the metadata, python_code's code and namespace): the collector
     # waits until it is done, as it does for load's own imports (see the top of this module), unless
     # python_code is to compile something here (its bytecode, or kernels no bundle primed).
-    with contextlib.ExitStack() as collector:
+    with environment.restored(), contextlib.ExitStack() as collector:
         collector.enter_context(cyclic_gc_paused())
         artifact_path, cache_path = Path(artifact_path), Path(cache_path)
         pins, expect = _pins(trusted_keys), _expectations(expect_name, min_release)

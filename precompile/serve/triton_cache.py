@@ -104,18 +104,24 @@ def serving_dir(cache_dir: Path) -> Path:
 def serve_from(directory: Path) -> None:
     """Point this process's Triton at the primed `directory`, with its autotuning cache on.
 
-    Process-wide and kept after load: Triton compiles (and finds its kernels) whenever a kernel is
-    first launched, long after load returns. A TRITON_CACHE_DIR the user set is where priming put
-    the files, so it stays; autotuners that exist already start consulting the cache too.
+    Triton compiles (and finds its kernels) whenever a kernel is first launched, long after load
+    returns: so Triton's own in-process settings (triton.knobs, Triton imported here if it is not
+    yet) point there for the rest of the process. The environment variables are set too, for
+    Inductor's code that reads them while python_code builds its kernels; load puts them back once it
+    returns (serve/environment.py), so no child process inherits them. A TRITON_CACHE_DIR the user
+    set, or a cache dir the program gave Triton, is where priming put the files, so it stays;
+    autotuners that exist already start consulting the cache too.
     """
+    with contextlib.suppress(ImportError):
+        import triton  # noqa: F401  (its settings must outlive load; a Triton that cannot import launches nothing)
     owner = _knob_group("cache")
     if not os.environ.get(CACHE_DIR_VAR) and not (owner is not None and vars(owner).get("dir")):
         os.environ[CACHE_DIR_VAR] = str(directory)
+        _set_knob("cache", "dir", str(directory))
     os.environ[AUTOTUNE_CACHE_VAR] = "1"
-    if "triton" in sys.modules:
-        _set_knob("autotuning", "cache", True)
-        for autotuner in _instances("triton.runtime.autotuner", "Autotuner"):
-            autotuner.cache_results = True
+    _set_knob("autotuning", "cache", True)
+    for autotuner in _instances("triton.runtime.autotuner", "Autotuner"):
+        autotuner.cache_results = True
 
 
 # -- the pieces of a block ------------------------------------------------------------------------

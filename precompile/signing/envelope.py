@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 
+from precompile.artifact.pair import read_bytes
 from precompile.errors import PrecompileError
 from precompile.signing.dsse import DsseEnvelope
 
@@ -75,7 +76,14 @@ def digest_file(path: Path, what: str) -> FileDigest | None:
     try:
         if os.path.exists(path) and not os.path.isdir(path) and not stat.S_ISREG(os.stat(path).st_mode):
             raise PrecompileError(f"{what} {path} is not a regular file (a FIFO, device or socket); pass the file capture() wrote")
-        with open(path, "rb") as handle:
+        # Opened without blocking and checked by its descriptor: a file swapped for a FIFO after the
+        # check above is refused, not waited on (artifact/pair.read_bytes does the same).
+        with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(path)
+            if not stat.S_ISREG(mode):
+                raise PrecompileError(f"{what} {path} is not a regular file (a FIFO, device or socket); pass the file capture() wrote")
             while chunk := handle.read(_CHUNK):
                 sha.update(chunk)
                 size += len(chunk)
@@ -101,7 +109,7 @@ def read_signature(path: Path) -> Signature | DsseEnvelope | None:
         if size > MAX_SIGNATURE_SIZE:
             raise PrecompileError(f"signature {path} is {size} bytes, over the {MAX_SIGNATURE_SIZE}-byte limit of a "
                                   f"precompile signature; it is not one: remove it, or {resign}")
-        data = path.read_bytes()
+        data = read_bytes(path, "signature", MAX_SIGNATURE_SIZE)  # a file swapped after the check is refused, not waited on
     except FileNotFoundError:
         return None
     except OSError as exc:

@@ -200,3 +200,29 @@ def test_a_writer_killed_at_any_step_leaves_the_old_pair_or_the_new_one(tmp_path
     write_pair(artifact, cache, later.with_suffix(".py").read_bytes(), later.with_suffix(".cache").read_bytes())
     assert whose(artifact, cache, [later]) == later and not pending.exists()
     precompile.load(artifact, cache)
+
+
+def test_a_fifo_at_the_artifact_path_beside_a_pending_cache_is_refused_not_read(tmp_path):
+    """Finishing an interrupted write reads the artifact at its path with the bounded regular-file
+    reader (issue 38, finding 5): a FIFO there is refused at once (reading it would block forever)."""
+    from precompile.artifact.pair import pending_path
+
+    code = r"""
+import sys
+from pathlib import Path
+from precompile import PrecompileError
+from precompile.artifact.writer import write_pair
+artifact, cache, source = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+try:
+    write_pair(artifact, cache, source.with_suffix(".py").read_bytes(), source.with_suffix(".cache").read_bytes())
+except PrecompileError as exc:
+    print(exc)
+"""
+    artifact, cache = tmp_path / "out/m.py", tmp_path / "out/m.cache"
+    artifact.parent.mkdir()
+    os.mkfifo(artifact)
+    pending_path(cache).write_bytes(FIXTURE.with_suffix(".cache").read_bytes())
+    proc = subprocess.run([sys.executable, "-c", code, str(artifact), str(cache), str(FIXTURE)], env=ENV,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "is not a regular file (it is a FIFO)" in proc.stdout and str(artifact) in proc.stdout

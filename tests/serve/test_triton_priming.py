@@ -21,8 +21,9 @@ def clean_triton_env(monkeypatch):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_AUTOTUNING", raising=False)
     knobs = getattr(sys.modules.get("triton"), "knobs", None)
-    if knobs is not None:  # priming turns the imported Triton's autotuning cache on: undone after the test
+    if knobs is not None:  # priming points the imported Triton at its dir, autotuning cache on: undone after the test
         monkeypatch.setitem(vars(knobs.autotuning), "cache", False)
+        monkeypatch.setitem(vars(knobs.cache), "dir", None)
     return monkeypatch
 
 

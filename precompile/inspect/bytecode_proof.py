@@ -1,0 +1,143 @@
+"""verify's proof that a cache's bytecode is its python_code's, run in a child process whose memory
+and time are bounded, so that what a cache carries cannot make verify (or diff) take the machine.
+
+The proof compiles python_code whole and compares the marshalled bytes (artifact/bytecode.py): the
+stored code is one module code object, which no compilation in parts reproduces. Compiling takes
+about 40 bytes of memory per byte of literal-heavy python_code and up to 150 per byte of dense code
+(measured on Python 3.11; the syntax tree `ast` builds, which the proof no longer holds whole, takes
+250). So the child gets an address-space limit (RLIMIT_AS, above what it maps when it starts) of
+`--proof-memory` MiB, else PRECOMPILE_PROOF_MEMORY, else the larger of 256 MiB and 20 times
+python_code's size, and a time limit of a minute plus 4 seconds per MB. A proof that needs more is
+not made: the check fails with "not proven" and says how to allow more. Nothing is loaded or run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+
+from precompile.artifact import bytecode
+from precompile.artifact.envelope import CompiledCode
+from precompile.artifact.pycode import code_hash, decode_source
+from precompile.errors import PrecompileError
+from precompile.inspect.chunked_parse import parsed_chunks
+
+PROOF_MEMORY_ENV = "PRECOMPILE_PROOF_MEMORY"
+MIN_PROOF_MEMORY = 256 * 1024 * 1024
+MEMORY_PER_BYTE = 20
+NOT_PROVEN = "not proven"
+_MiB = 1024 * 1024
+_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from precompile.inspect.bytecode_proof import child_main; child_main()"
+_SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
+_Request = tuple[str, bytes, CompiledCode]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    problem: str | None = None
+    """Why the bytecode is not python_code's; None when proven (and not_proven is None)."""
+    not_proven: str | None = None
+    """Why the proof was not made (memory or time over its bound, the child failed)."""
+
+
+def proof_memory(python_code_size: int, given_mib: int | None = None) -> int:
+    """Bytes the proof may map: `given_mib` (--proof-memory), else PRECOMPILE_PROOF_MEMORY (MiB),
+    else max(MIN_PROOF_MEMORY, MEMORY_PER_BYTE * python_code_size)."""
+    if given_mib is None and os.environ.get(PROOF_MEMORY_ENV, "").strip():
+        text = os.environ[PROOF_MEMORY_ENV].strip()
+        if not text.isdigit() or int(text) < 1:
+            raise PrecompileError(f"{PROOF_MEMORY_ENV}={text!r} is not a whole number of MiB (1 or more): set it to, e.g., 4096")
+        given_mib = int(text)
+    if given_mib is not None:
+        return given_mib * _MiB
+    return max(MIN_PROOF_MEMORY, MEMORY_PER_BYTE * python_code_size)
+
+
+def proof_seconds(python_code_size: int) -> float:
+    return 60 + 4 * python_code_size / 1e6
+
+
+def prove(python_code: bytes, digest: str, compiled: CompiledCode, memory: int) -> Outcome:
+    """Whether `compiled` is `python_code` (sha256 `digest`) compiled here: bytecode.bytecode_problem,
+    in a child limited to `memory` bytes more than it maps at start, and to proof_seconds."""
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    request = msgspec.msgpack.encode((digest, python_code, compiled))
+    seconds = proof_seconds(len(python_code))
+    allow = f"allow more with --proof-memory MIB or {PROOF_MEMORY_ENV}=MIB and verify again"
+    try:
+        proc = subprocess.run([sys.executable, *_SAFE_PATH, "-c", _CHILD, root, str(memory)], input=request, cwd=root,
+                              capture_output=True, timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return Outcome(not_proven=f"the proof took over {seconds:.0f} s (python_code is {len(python_code)} bytes)")
+    except OSError as exc:
+        return Outcome(not_proven=f"the proof's process could not start: {exc.strerror or exc}")
+    lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and "problem" in answer:
+        return Outcome(problem=answer["problem"])
+    if isinstance(answer, dict) and answer.get("memory") or b"MemoryError" in proc.stderr or proc.returncode < 0:
+        return Outcome(not_proven=f"compiling python_code ({len(python_code)} bytes) needs more than the "
+                                  f"{memory // _MiB} MiB the proof may take; {allow}")
+    tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+    return Outcome(not_proven=f"the proof's process failed ({tail[0][:300]})")
+
+
+def child_main() -> None:
+    """The child: limit its memory (argv[2] bytes above what it maps now), read the request from
+    stdin, print {"problem": ...}, or {"memory": true} when the limit was reached."""
+    _limit_address_space(int(sys.argv[2]))
+    try:
+        digest, python_code, compiled = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=_Request)
+        if code_hash(python_code) != digest:
+            problem: str | None = "python_code is not the file verify read"
+        else:
+            problem = _problem(decode_source(python_code), digest, compiled)
+    except MemoryError:
+        os.write(1, b'{"memory": true}\n')
+        os._exit(0)
+    print(json.dumps({"problem": problem}))
+
+
+def _problem(source: str, digest: str, compiled: CompiledCode) -> str | None:
+    try:
+        return bytecode.bytecode_problem(source, digest, compiled, parsed_chunks(source, filename="python_code"))
+    except PrecompileError as exc:
+        if _out_of_memory(exc):
+            raise MemoryError from None
+        return str(exc)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether an error was raised for a MemoryError (parse_source names it in a PrecompileError)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, MemoryError):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False
+
+
+def _limit_address_space(extra: int) -> None:
+    """RLIMIT_AS to what this process maps now plus `extra` (Linux: /proc/self/status; elsewhere the
+    time limit alone bounds the proof)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            mapped = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    limit = mapped + extra
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
