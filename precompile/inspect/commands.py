@@ -19,7 +19,7 @@ from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
-from precompile.inspect.reader import open_artifact, open_given, python_code_bytes, resolve_pair
+from precompile.inspect.reader import is_mega_cache_file, open_artifact, open_given, python_code_bytes, resolve_pair
 from precompile.inspect.terminal_text import printable
 
 ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
@@ -105,9 +105,21 @@ def _show(args, out, err) -> int:
     return 2 if problems else 1 if findings else 0
 
 
+def _mega_cache_alone(paths: list[str], verb: str, remedy: str) -> str | None:
+    """The path when the one file given is a bare Mega-Cache blob; raises for a verb that cannot read one."""
+    if len(paths) != 1 or not is_mega_cache_file(paths[0]):
+        return None
+    if remedy:
+        raise PrecompileError(f"{verb} is not supported for Mega-Cache {paths[0]}: {remedy}")
+    return paths[0]
+
+
 def _guards(args, out, err) -> int:
     from precompile.inspect.api import guards_report
 
+    _mega_cache_alone(args.artifact, "guards", (
+        "it holds no guards (torch looks its entries up by cache key when a compile asks for them; its PGO entries, if any, "
+        "record automatic-dynamic sizes); `precompile show` lists its entries and kernels"))
     report = guards_report(_artifact(args.artifact), frame=args.frame, kind=args.type, risky_only=args.risky)
     _emit(args, out, report, render_text.render_guards(report) if not args.json else ())
     _diagnose(err, report.problems, report.findings)
@@ -169,6 +181,10 @@ def _fail_on(value: str | None) -> tuple[str, ...] | None:
 def _verify(args, out, err) -> int:
     from precompile.inspect.api import verify_report
 
+    if _mega_cache_alone(args.artifact, "verify", "" if args.host else (
+            "it is no precompile pair (nothing to pair or sign); `precompile verify --host` says whether this host would hit "
+            "its entries, `precompile show` scans them")):
+        return _verify_mega_cache_host(args, out, err)
     artifact = _artifact(args.artifact, deep=True)
     report = verify_report(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key))
     _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())
@@ -176,6 +192,17 @@ def _verify(args, out, err) -> int:
     trouble = artifact.python_code.problem is not None or artifact.cache.newer
     _diagnose(err, failed if trouble else (), () if trouble else failed)
     return 2 if trouble else 0 if report.ok else 1
+
+
+def _verify_mega_cache_host(args, out, err) -> int:
+    from precompile.inspect.mega_cache_host import mega_cache_host_report
+
+    if args.trusted_key:
+        raise PrecompileError(f"--trusted-key: Mega-Cache {args.artifact[0]} carries no signature; verify --host it without the flag")
+    report = mega_cache_host_report(open_given(args.artifact))
+    _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())
+    _diagnose(err, (), [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"])
+    return 0 if report.ok else 1
 
 
 def _trusted_keys(paths: list[str] | None):

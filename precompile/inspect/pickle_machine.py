@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from precompile.inspect.model import Risk
 from precompile.inspect.pickle_ops import looks_like_pickle, read_ops
-from precompile.inspect.pickle_policy import GETATTR, MODULE, MODULE_IMPORTERS, PARTIAL, classify, resolve
+from precompile.inspect.pickle_policy import GETATTR, MODULE, MODULE_IMPORTERS, PARTIAL, STORED_CALLABLES, classify, resolve
 
 HIGHEST_PROTOCOL = 5
 MAX_OPS = 2_000_000
@@ -69,12 +69,10 @@ _LATIN1 = frozenset({"latin1", "latin-1", "latin_1", "iso-8859-1", "iso8859-1", 
 
 
 def summarize(value) -> str:
-    if isinstance(value, _Computed):
+    if isinstance(value, (_Computed, _Unhashable)):
         return value.what
     if isinstance(value, _Global):
         return f"{value.module}.{value.name}"
-    if isinstance(value, _Unhashable):
-        return value.what
     if isinstance(value, str):
         return repr(value) if len(value) <= 80 else f"str ({len(value)} chars)"
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
@@ -376,6 +374,8 @@ class Machine:
             return _Computed(f"{summarize(func)}(...)")
         if not func.resolved:
             return _Computed(f"{func.module}.{func.name}(...)")
+        if (func.module, func.name) in STORED_CALLABLES:
+            self.unresolved(f"{opcode} calls it while unpickling", pos, opcode, func.module, func.name)
         if func.judged_by_use and opcode == "REDUCE" and isinstance(args, tuple):
             used = self.safe_use(func, args, pos)
             if used is not None:

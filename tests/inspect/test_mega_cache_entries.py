@@ -1,0 +1,155 @@
+"""torch's own Mega-Cache, as each claimed torch writes it (fixtures/mega_cache, one blob per torch
+2.11-2.14, xz-compressed): a benign blob shows clean with its kernels named, torch's own classes
+reviewed kind by kind; the hostile fixture still exits 1; verify --host judges this host torch-free;
+guards and plain verify say the blob is not supported; extract writes the kernels' sources; diff
+compares kernels by source."""
+from __future__ import annotations
+
+import base64
+import json
+import lzma
+import zlib
+
+import pytest
+from test_inspect_helpers import FIXTURES, ROOT, run_cli
+
+MEGA = FIXTURES / "mega_cache"
+VERSIONS = ("2.11.0", "2.12.1", "2.13.0", "2.14.1")
+HOSTILE = FIXTURES / "hostile" / "mega_cache_p0_entry.bin"
+
+
+@pytest.fixture(autouse=True)
+def _repo_root(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for name in ("FORCE_COLOR", "NO_COLOR", "COLUMNS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _blob(tmp_path, name: str) -> str:
+    path = tmp_path / name
+    path.write_bytes(lzma.decompress((MEGA / f"{name}.xz").read_bytes()))
+    return str(path)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_benign_mega_cache_of_each_torch_shows_clean_with_its_kernels_named(capsys, tmp_path, version):
+    blob = _blob(tmp_path, f"torch-{version}.bin")
+    rc, out, err = run_cli(capsys, ["show", blob])
+    assert rc == 0, err
+    assert out.rstrip().endswith("verdict: 0 findings: nothing flagged") and err == ""
+    assert "kernel cpp_fused__softmax_relu_0 (cpp" in out  # the forward's kernel, by its Inductor name
+    assert "(reviewed: inductor entries: dataclass holding the output module's source" in out
+    kinds = {line.split()[0] for line in out.splitlines() if line.startswith("    ") and not line.startswith("     ")
+             and " pickle " in line}
+    assert kinds == {"inductor", "aot_autograd", "pgo"}
+    if version != "2.14.1":  # 2.14 keeps only a digest of torch's sources beside each graph
+        assert f"recorded torch version: {version}+" in out
+    else:
+        assert "recorded torch version: none in clear" in out
+
+
+def test_report_counts_and_shows_the_kernels(capsys, tmp_path):
+    blob = _blob(tmp_path, "torch-2.13.0.bin")
+    rc, _, err = run_cli(capsys, ["report", blob, "-o", str(tmp_path / "r.html")])
+    html = (tmp_path / "r.html").read_text()
+    assert rc == 0, err
+    assert "Kernels (0)" not in html and "cpp_fused__softmax_relu_0" in html and "cpp_fused_sum_1" in html
+
+
+def test_the_hostile_mega_cache_still_exits_1(capsys):
+    rc, out, err = run_cli(capsys, ["show", str(HOSTILE)])
+    assert rc == 1 and "verdict: 1 finding" in out and "would import os.system (dangerous)" in err
+
+
+def _mega_cache(entries: list[tuple[str, str, bytes]]) -> bytes:
+    """A Mega-Cache as torch writes it, one entry per kind (crc32 | u64 version | kind, count, key, content)."""
+    def raw(data: bytes) -> bytes:
+        return len(data).to_bytes(8, "big") + data
+
+    body = (1).to_bytes(8, "big")
+    for kind, key, content in entries:
+        body += raw(base64.b64encode(kind.encode())) + (1).to_bytes(8, "big") + raw(base64.b64encode(key.encode())) + raw(content)
+    return zlib.crc32(body).to_bytes(4, "big") + body
+
+
+def _text(value: str) -> bytes:
+    return b"\x8c" + bytes([len(value)]) + value.encode()  # SHORT_BINUNICODE
+
+
+def _global(module: str, name: str) -> bytes:
+    return _text(module) + _text(name) + b"\x93"  # STACK_GLOBAL
+
+
+GRAPH_REDUCER = _global("torch.fx.graph_module", "reduce_graph_module")
+COMPILED_FX_GRAPH = b"\x80\x04" + _global("torch._inductor.output_code", "CompiledFxGraph") + b")\x81."  # cls.__new__(cls)
+CALLED_REDUCER = (b"\x80\x04" + GRAPH_REDUCER + b"}" + _text("_code") + _text("import os; os.system('id')") + b"s"
+                  + _text("") + b"\x86R.")  # reduce_graph_module({"_code": ...}, "") while unpickling
+STORED_REDUCER = b"\x80\x04}" + _text("fn") + GRAPH_REDUCER + b"s."  # {"fn": reduce_graph_module}, as SerializedGraphModule holds it
+
+
+@pytest.mark.parametrize(("kind", "content", "expected"), [
+    ("inductor", COMPILED_FX_GRAPH, 0),
+    ("pgo", COMPILED_FX_GRAPH, 1),  # reviewed for inductor (and AOTAutograd) entries only
+    ("aot_autograd", STORED_REDUCER, 0),  # torch calls it at load, on the graph code shown
+    ("inductor", STORED_REDUCER, 1),
+    ("aot_autograd", CALLED_REDUCER, 1),  # called while unpickling: a finding wherever it sits
+], ids=["graph-in-inductor", "graph-in-pgo", "stored-reducer-in-aot", "stored-reducer-in-inductor", "called-reducer-in-aot"])
+def test_a_reviewed_name_is_allowed_only_where_it_was_reviewed(capsys, tmp_path, kind, content, expected):
+    path = tmp_path / "mc.bin"
+    path.write_bytes(_mega_cache([(kind, "k", content)]))
+    rc, out, err = run_cli(capsys, ["show", str(path)])
+    assert rc == expected, (out, err)
+    if content is CALLED_REDUCER:
+        assert "torch.fx.graph_module.reduce_graph_module at offset" in out and "REDUCE calls it while unpickling" in out
+
+
+def test_guards_and_plain_verify_say_a_mega_cache_is_not_supported(capsys, tmp_path):
+    blob = _blob(tmp_path, "torch-2.13.0.bin")
+    rc, out, err = run_cli(capsys, ["guards", blob])
+    assert rc == 2 and out == "" and f"guards is not supported for Mega-Cache {blob}: it holds no guards" in err
+    rc, out, err = run_cli(capsys, ["verify", blob])
+    assert rc == 2 and f"verify is not supported for Mega-Cache {blob}" in err and "verify --host" in err
+    assert "neither a directory" not in err
+
+
+def test_verify_host_judges_the_recorded_keys_against_this_host(capsys, tmp_path, monkeypatch):
+    import precompile.inspect.mega_cache_host as host
+
+    blob = _blob(tmp_path, "torch-2.13.0.bin")
+    monkeypatch.setattr(host, "host_torch_version", lambda: "2.13.0+cpu")
+    monkeypatch.setattr(host.shutil, "which", lambda name: f"/usr/bin/{name}")
+    rc, out, err = run_cli(capsys, ["verify", "--host", "--json", blob])
+    checks = {check["name"]: check for check in json.loads(out)["checks"]}
+    assert rc == 0, err
+    assert checks["host torch"]["status"] == "ok" and checks["host torch"]["expected"] == "2.13.0+cpu"
+    assert checks["host devices"]["status"] == "ok" and checks["host C++ compiler"]["status"] == "ok"
+    assert checks["host CPU ISA"]["status"] == "skip" and checks["host python"]["status"] == "skip"
+    monkeypatch.setattr(host, "host_torch_version", lambda: "2.14.1")
+    rc, out, err = run_cli(capsys, ["verify", "--host", blob])
+    assert rc == 1 and "FAIL  host torch: torch 2.13.0+cpu wrote this Mega-Cache, this host has torch 2.14.1: every entry would miss" in out
+    monkeypatch.setattr(host, "host_torch_version", lambda: "2.13.0+cpu")
+    monkeypatch.setattr(host.shutil, "which", lambda name: None)
+    rc, out, err = run_cli(capsys, ["verify", "--host", blob])
+    assert rc == 1 and "FAIL  host C++ compiler: load compiles this blob's C++ kernels with g++" in out
+    rc, out, err = run_cli(capsys, ["verify", "--host", str(HOSTILE)])
+    assert rc == 1 and "FAIL  mega-cache pickle: inductor evil would import os.system (dangerous)" in out
+
+
+def test_extract_writes_each_kernel_source_by_its_inductor_name(capsys, tmp_path):
+    blob = _blob(tmp_path, "torch-2.11.0.bin")
+    rc, _, err = run_cli(capsys, ["extract", blob, str(tmp_path / "out")])
+    kernels = tmp_path / "out" / "mega_cache" / "kernels"
+    assert rc == 0, err
+    source = (kernels / "cpp_fused__softmax_relu_0.cpp").read_text()
+    assert source.startswith("#include") and 'extern "C"' in source
+    assert (kernels / "cpp_fused_sum_1.cpp").exists()
+    assert any(p.name.endswith("-wrapper-1.py") for p in (tmp_path / "out" / "mega_cache" / "code").iterdir())
+
+
+def test_diff_of_two_blobs_names_the_kernel_that_differs(capsys, tmp_path):
+    relu, sigmoid = _blob(tmp_path, "torch-2.13.0.bin"), _blob(tmp_path, "torch-2.13.0-sigmoid.bin")
+    rc, out, err = run_cli(capsys, ["diff", relu, sigmoid])
+    assert rc == 1, err
+    assert "kernel cpp_fused__softmax_relu_0 (removed)" in out and "kernel cpp_fused__softmax_sigmoid_0 (added)" in out
+    rc, out, err = run_cli(capsys, ["diff", "--json", _blob(tmp_path, "torch-2.14.1.bin"), relu])
+    assert json.loads(out)["kernels"] == []  # 2.13 and 2.14 generate these kernels alike: only the entries differ
