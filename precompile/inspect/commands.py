@@ -2,7 +2,8 @@
 
 `register(verbs)` adds them to the CLI's subparsers. Every verb takes an artifact as
 PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME (show, diff and extract also
-one file alone, of any kind `reader.open_one` tells by content); has `--json`; prints data on
+one file alone, of any kind `reader.open_one` tells by content; guards and verify say a bare Mega-Cache
+is not supported, except `verify --host`, which judges whether this host would hit it); has `--json`; prints data on
 stdout and diagnostics on stderr; and exits 0 (clean), 1 (a finding: different, failed check,
 unpaired or flagged) or 2 (trouble: a file is unreadable, foreign or newer than understood).
 """

@@ -90,8 +90,9 @@ def _compiler(mega: MegaCache) -> Check | None:
 def _isa() -> Check:
     flags = cpu_flags()
     shown = ", ".join(flag for flag in _VECTOR_ISA if flags and flag in flags) if flags is not None else "unknown"
-    return Check(name="host CPU ISA", status="skip", actual=shown or "none of " + ", ".join(_VECTOR_ISA),
-                 message="not recorded by the entries: Inductor picks the vector ISA when it compiles the kernels on this host")
+    shown = shown or "none of " + ", ".join(_VECTOR_ISA)
+    return Check(name="host CPU ISA", status="skip", actual=shown,
+                 message=f"not recorded by the entries: Inductor picks the vector ISA when it compiles the kernels on this host ({shown})")
 
 
 def mega_cache_host_report(artifact: Artifact) -> VerifyReport:
