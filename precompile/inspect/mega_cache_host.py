@@ -5,13 +5,14 @@ devices and toolkits, the graph and the config), which only the torch that would
 recompute. What the entries record beside the code can be compared: the torch version that wrote
 them (a different version never hits), the devices their graphs ran on (CPU is judged; a GPU needs
 its driver, which is not asked torch-free), and, where they hold C++ kernels, the compiler Inductor
-calls at load to build them. The Python version and the CPU's instruction set are not recorded: the
-first is said so, the second is this host's (Inductor picks the vector ISA when it compiles the
-kernels here). The container and every entry's scan are checked first, as `show` reports them.
+calls at load to build them, and the Python version a precompile entry (torch 2.14) records, which
+torch requires exactly. The CPU's instruction set is not recorded: this host's is shown (Inductor picks
+the vector ISA when it compiles the kernels here). The container and every entry's scan are checked first, as `show` reports them.
 """
 from __future__ import annotations
 
 import ast
+import platform
 import shutil
 
 from precompile.artifact.bundle_keys import cpu_flags
@@ -30,7 +31,9 @@ def _integrity(mega: MegaCache) -> list[Check]:
     checks = [Check(name="mega-cache container", status="fail", message=mega.problem, remedy="do not load this blob")
               if mega.problem else
               Check(name="mega-cache container", status="ok", actual=f"{len(mega.entries)} entries, crc32 {mega.crc32}")]
-    flagged: list[tuple[MegaCacheEntry, PickleImport | None]] = [(entry, imp) for entry in mega.entries if entry.scan is not None for imp in entry.scan.flagged]
+    flagged: list[tuple[MegaCacheEntry, PickleImport | None]] = list({
+        (entry.kind, entry.key, imp.module, imp.name): (entry, imp)  # one check per name an entry imports, nested pickles too
+        for entry in mega.entries if entry.scan is not None for imp in entry.scan.flagged}.values())
     flagged += [(entry, None) for entry in mega.entries if entry.scan is not None and entry.scan.problem]
     checks += [Check(name="mega-cache pickle", status="fail",
                      message=(f"{entry.kind} {entry.key} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled" if imp
@@ -95,6 +98,17 @@ def _isa() -> Check:
                  message=f"not recorded by the entries: Inductor picks the vector ISA when it compiles the kernels on this host ({shown})")
 
 
+def _python(mega: MegaCache) -> Check:
+    wanted, here = _recorded(mega, "python version"), platform.python_version()
+    if wanted is None:
+        return Check(name="host python", status="skip", actual=here, message="not recorded by the entries")
+    if wanted == here:
+        return Check(name="host python", status="ok", expected=wanted, actual=here)
+    return Check(name="host python", status="fail", expected=wanted, actual=here,
+                 message=f"its precompile entries were written under Python {wanted}, this host runs {here}: torch refuses them",
+                 remedy=f"load it with Python {wanted}, or save the cache again with Python {here}")
+
+
 def mega_cache_host_report(artifact: Artifact) -> VerifyReport:
     """verify --host of a bare Mega-Cache: its integrity, then each recorded key against this host."""
     upstream = artifact.cache.upstream
@@ -103,6 +117,6 @@ def mega_cache_host_report(artifact: Artifact) -> VerifyReport:
     checks = _integrity(mega) + [_torch(mega), _devices(mega)]
     compiler = _compiler(mega)
     checks += [compiler] if compiler is not None else []
-    checks += [_isa(), Check(name="host python", status="skip", message="not recorded by the entries")]
+    checks += [_isa(), _python(mega)]
     return VerifyReport(python_code="", cache=artifact.cache.path, host=True,
                         ok=not any(check.status == "fail" for check in checks), checks=tuple(checks))

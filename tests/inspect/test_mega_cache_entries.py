@@ -153,3 +153,27 @@ def test_diff_of_two_blobs_names_the_kernel_that_differs(capsys, tmp_path):
     assert "kernel cpp_fused__softmax_relu_0 (removed)" in out and "kernel cpp_fused__softmax_sigmoid_0 (added)" in out
     rc, out, err = run_cli(capsys, ["diff", "--json", _blob(tmp_path, "torch-2.14.1.bin"), relu])
     assert json.loads(out)["kernels"] == []  # 2.13 and 2.14 generate these kernels alike: only the entries differ
+
+
+def test_precompile_entries_name_their_kernels_and_system_but_are_not_reviewed(capsys, tmp_path, monkeypatch):
+    # torch 2.14 with TORCH_CACHING_PRECOMPILE=1: Dynamo's entry nests its guards and the user's own
+    # classes (here __main__.Tiny), which no list reviews; its SystemInfo records Python and torch.
+    import precompile.inspect.mega_cache_host as host
+
+    blob = _blob(tmp_path, "torch-2.14.1-precompile.bin")
+    rc, out, err = run_cli(capsys, ["show", blob])
+    assert rc == 1 and "would import __main__.Tiny (unknown)" in err
+    assert "recorded torch version: 2.14.1+" in out and "recorded python version: 3." in out
+    precompile = out[out.index("\n    precompile "):]
+    assert "kernel cpp_fused__softmax_relu_0 (cpp" in precompile  # read from the pickles nested in it
+    recorded_python = next(line for line in out.splitlines() if "recorded python version" in line).split(": ")[1]
+    monkeypatch.setattr(host.platform, "python_version", lambda: recorded_python)
+    rc, out, err = run_cli(capsys, ["verify", "--host", "--json", blob])
+    listed = json.loads(out)["checks"]
+    checks = {check["name"]: check for check in listed}
+    assert rc == 1 and checks["host python"]["status"] == "ok"
+    pickles = [check["message"] for check in listed if check["name"] == "mega-cache pickle"]
+    assert len(pickles) == len(set(pickles)) and any("__main__.Tiny" in message for message in pickles)  # each name once
+    monkeypatch.setattr(host.platform, "python_version", lambda: "3.99.0")
+    rc, out, err = run_cli(capsys, ["verify", "--host", blob])
+    assert rc == 1 and f"FAIL  host python: its precompile entries were written under Python {recorded_python}" in out

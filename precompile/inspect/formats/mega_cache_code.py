@@ -12,7 +12,8 @@ split into its kernels, one that is a graph module's code is kept whole.
 
 Recorded keys, from the text Inductor stores beside the code: the repro header of each graph
 (`# torch version: 2.13.0+cpu`, `# torch cuda version: None`), the cache key's debug lines
-(`[<hash>] inductor_config[cpp.cxx]: (None, 'g++')`) and the example inputs' devices.
+(`[<hash>] inductor_config[cpp.cxx]: (None, 'g++')`) and the example inputs' devices; and from a
+precompile entry's SystemInfo (torch 2.14) its `python_version` and `torch_version`.
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ _AOT_ID = re.compile(r"^# AOT ID: \[?'?(?P<id>[^'\]\n]*)")
 _REPRO = re.compile(r"^# torch (?P<what>version|cuda version|git version): (?P<value>\S+)$", re.MULTILINE)
 _DEBUG_LINE = re.compile(r"^\[[a-z0-9]{40,64}\] (?P<key>inductor_config\[cpp\.cxx\]|default_dtype): (?P<value>.+)$")
 _DEVICE = re.compile(r"device=device\(type='(?P<type>[a-z_]+)'")
+_SYSTEM_INFO = {"python_version": "python version", "torch_version": "torch version"}
+"""The fields of a precompile entry's SystemInfo (torch 2.14) whose values are versions in clear: the
+value is the first version-like string within the next few (a TorchVersion is its class, then the text)."""
+_VERSION = re.compile(r"^[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:[a-z0-9.+-]*)$")
+_LOOKAHEAD = 3
 _KEYS = {"version": "torch version", "cuda version": "torch cuda version", "git version": "torch git version",
          "inductor_config[cpp.cxx]": "C++ compiler (inductor_config cpp.cxx)", "default_dtype": "default dtype"}
 
@@ -88,25 +94,41 @@ def entry_code(content: bytes) -> tuple[MegaCacheCode, ...]:
     return tuple(seen.values())
 
 
+def _keys_in(text: str) -> list[tuple[str, str]]:
+    """(key, value) pairs one string records: a cache-key debug line and its devices, or a repro header."""
+    if text.startswith("["):
+        line = _DEBUG_LINE.match(text)
+        found = [(_KEYS[line.group("key")], line.group("value"))] if line is not None else []
+        return found + [("devices", device.group("type")) for device in _DEVICE.finditer(text)]
+    if "# torch version: " in text:
+        return [(_KEYS[repro.group("what")], repro.group("value")) for repro in _REPRO.finditer(text)]
+    return []
+
+
+def _recorded_pairs(texts) -> list[tuple[str, str]]:
+    """(key, value) of everything the string stream records: each SystemInfo field it names, valued by the
+    first version-like string within the next `_LOOKAHEAD`, and the keys each string holds (`_keys_in`)."""
+    found: list[tuple[str, str]] = []
+    pending: tuple[str, int] | None = None
+    for text in texts:
+        if pending is not None and _VERSION.match(text):
+            found.append((pending[0], text))
+            pending = None
+        elif pending is not None:
+            pending = (pending[0], pending[1] - 1) if pending[1] > 1 else None
+        if text in _SYSTEM_INFO:
+            pending = (_SYSTEM_INFO[text], _LOOKAHEAD)
+        found.extend(_keys_in(text))
+    return found
+
+
 def recorded_keys(contents: list[bytes]) -> tuple[NamedValue, ...]:
     """What the entries record of the torch and host that wrote them; a key whose entries disagree
     shows every value, joined by " | "."""
     values: dict[str, list[str]] = {}
-
-    def add(key: str, value: str) -> None:
-        if value not in values.setdefault(key, []):
-            values[key].append(value)
-
     for content in contents:
-        for text in _texts(content):
-            if text.startswith("["):
-                line = _DEBUG_LINE.match(text)
-                if line is not None:
-                    add(_KEYS[line.group("key")], line.group("value"))
-                for device in _DEVICE.finditer(text):
-                    add("devices", device.group("type"))
-            elif "# torch version: " in text:
-                for repro in _REPRO.finditer(text):
-                    add(_KEYS[repro.group("what")], repro.group("value"))
-    order = list(_KEYS.values()) + ["devices"]
+        for key, value in _recorded_pairs(_texts(content)):
+            if value not in values.setdefault(key, []):
+                values[key].append(value)
+    order = list(dict.fromkeys([*_KEYS.values(), "python version", "devices"]))
     return tuple(NamedValue(name=key, value=" | ".join(values[key])) for key in order if key in values)
