@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import json
 import lzma
+import pickle
 import zlib
 
 import pytest
@@ -177,3 +178,34 @@ def test_precompile_entries_name_their_kernels_and_system_but_are_not_reviewed(c
     monkeypatch.setattr(host.platform, "python_version", lambda: "3.99.0")
     rc, out, err = run_cli(capsys, ["verify", "--host", blob])
     assert rc == 1 and f"FAIL  host python: its precompile entries were written under Python {recorded_python}" in out
+
+
+TRITON_MODULE = """# AOT ID: ['0_inference']
+from torch._inductor.async_compile import AsyncCompile
+async_compile = AsyncCompile()
+
+
+triton_poi_fused_relu_0 = async_compile.triton('triton_poi_fused_relu_0', '''
+import triton
+
+@triton.jit
+def triton_poi_fused_relu_0(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
+    tmp0 = tl.load(in_ptr0 + xindex)
+''', device_str='cuda')
+
+
+async_compile.wait(globals())
+del async_compile
+"""
+
+
+def test_a_triton_kernel_is_named_and_extracted_like_a_cpp_one(capsys, tmp_path):
+    # The CUDA form of an output module (no GPU here to write one): the source string Inductor binds.
+    path = tmp_path / "mc.bin"
+    path.write_bytes(_mega_cache([("inductor", "k", pickle.dumps({"source_code": TRITON_MODULE}, protocol=4))]))
+    rc, out, err = run_cli(capsys, ["show", str(path)])
+    assert rc == 0, err
+    assert "code loading runs: 1 kernels, 1 output modules, 0 graph modules" in out and "kernel triton_poi_fused_relu_0 (triton" in out
+    rc, _, err = run_cli(capsys, ["extract", str(path), str(tmp_path / "out")])
+    source = (tmp_path / "out" / "mega_cache" / "kernels" / "triton_poi_fused_relu_0.py").read_text()
+    assert rc == 0 and source.startswith("import triton") and "def triton_poi_fused_relu_0(" in source
