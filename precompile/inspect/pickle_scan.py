@@ -4,7 +4,7 @@
 top of it `Machine` runs the pickle machine symbolically, opcode by opcode (by the dispatch table
 `DISPATCH`, as pickle.py does): the same stack, the same mark stack, the same memo. Values are
 literals (exactly as the string, bytes and number opcodes push them), containers of values, imported
-objects (`_Global`) or results nothing static can know (`_Computed`: a call, a persistent id, an
+objects (`Global`) or results nothing static can know (`Computed`: a call, a persistent id, an
 out-of-band buffer). Nothing is ever called or imported. `is_pickle` tells a pickle of any protocol
 by content; `evaluate` gives the value a pickle of plain data holds (formats/pickle_values).
 
@@ -24,8 +24,9 @@ import warnings
 from collections.abc import Callable
 
 from precompile.inspect.model import Blob, Field, PickleImport, PickleScan
-from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Machine, Shared, key_text, summarize
+from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Machine, Shared
 from precompile.inspect.pickle_ops import OPCODE_BYTES
+from precompile.inspect.pickle_symbols import key_text, summarize
 
 MAX_PICKLE_SIZE = 256 * 1024 * 1024
 MAX_FIELDS = 200
