@@ -69,12 +69,13 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
     found = []
     if artifact.pairs is False:
         found.append(f"{artifact.cache.path} does not pair with {artifact.python_code.path}: {artifact.pairing_problem}")
-    members: dict[tuple[str, str], list[str]] = {}
-    for member, imp in artifact.flagged_imports:  # one line per import, however many members perform it
-        members.setdefault((f"{imp.module}.{imp.name}", imp.risk), []).append(member)
-    for (name, risk), where in members.items():
+    members: dict[tuple[str, str, str | None], list[str]] = {}
+    for member, imp in artifact.flagged_imports:  # one line per import (and why, if it is a call), however many members perform it
+        members.setdefault((f"{imp.module}.{imp.name}", imp.risk, imp.unresolved), []).append(member)
+    for (name, risk, why), where in members.items():
         shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
-        found.append(f"{artifact.cache.path}: {_plural(len(where), 'pickle')} ({shown}) would import {name} ({risk}) if unpickled")
+        found.append(f"{artifact.cache.path}: {_plural(len(where), 'pickle')} ({shown}) would import {name} ({risk}) if unpickled"
+                     + (f": {why}" if why else ""))
     found.extend(f"{artifact.cache.path}: {finding_text(scan, None)}" for scan, imp in artifact.cache_findings if imp is None)
     pending = pending_path(Path(artifact.cache.path)) if artifact.cache.path else None
     if pending is not None and os.path.lexists(pending):

@@ -36,7 +36,8 @@ def _integrity(mega: MegaCache) -> list[Check]:
         for entry in mega.entries if entry.scan is not None for imp in entry.scan.flagged}.values())
     flagged += [(entry, None) for entry in mega.entries if entry.scan is not None and entry.scan.problem]
     checks += [Check(name="mega-cache pickle", status="fail",
-                     message=(f"{entry.kind} {entry.key} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled" if imp
+                     message=(f"{entry.kind} {entry.key} would import {imp.module}.{imp.name} ({imp.risk}) if unpickled"
+                              + (f": {imp.unresolved}" if imp.unresolved else "") if imp
                               else f"{entry.kind} {entry.key}: the scan stopped: {entry.scan.problem if entry.scan else ''}"),
                      remedy="do not load this blob; treat it as hostile") for entry, imp in flagged]
     if not flagged:

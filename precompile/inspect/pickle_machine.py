@@ -12,6 +12,7 @@ from collections.abc import Callable
 from precompile.inspect.model import Risk
 from precompile.inspect.pickle_ops import looks_like_pickle, read_ops
 from precompile.inspect.pickle_policy import GETATTR, MODULE, MODULE_IMPORTERS, PARTIAL, STORED_CALLABLES, classify, resolve
+from precompile.inspect.pickle_shapes import CallShape, off_shape
 from precompile.inspect.pickle_symbols import Computed, Global, dict_key, summarize
 
 HIGHEST_PROTOCOL = 5
@@ -39,13 +40,16 @@ _LATIN1 = frozenset({"latin1", "latin-1", "latin_1", "iso-8859-1", "iso8859-1", 
 
 
 class Shared:
-    """What one top-level scan and all its nested scans share: the nested-pickle budget, and which
-    names off the data-only list are reviewed for where this pickle sits (see `scan_pickle`)."""
+    """What one top-level scan and all its nested scans share: the nested-pickle budget, which names
+    off the data-only list are reviewed for where this pickle sits, and how each may be built there
+    (see `scan_pickle`)."""
 
-    def __init__(self, reviewed: Callable[[str, str], bool] | None = None) -> None:
+    def __init__(self, reviewed: Callable[[str, str], bool] | None = None,
+                 call_shape: Callable[[str, str], CallShape | None] | None = None) -> None:
         self.nested_bytes = MAX_NESTED_BYTES
         self.nested_scans = MAX_NESTED_SCANS
         self.reviewed = reviewed
+        self.call_shape = call_shape
 
 
 class Machine:
@@ -255,12 +259,11 @@ class Machine:
         self.push(Global("<copyreg extension>", str(arg), resolved=False), pos)
 
     def reduce(self, name: str, arg, pos: int) -> None:
-        """REDUCE and NEWOBJ call the callable below the arguments; NEWOBJ_EX drops the keywords first."""
-        if name == "NEWOBJ_EX":
-            self.pop()
+        """REDUCE and NEWOBJ call the callable below the arguments; NEWOBJ_EX with keywords above them."""
+        kwargs = self.pop() if name == "NEWOBJ_EX" else None
         args = self.pop()
         func = self.pop()
-        self.push(self.call(func, args, pos, name), pos)
+        self.push(self.call(func, args, pos, name, kwargs), pos)
 
     def obj(self, name: str, arg, pos: int) -> None:
         items = self.pop_mark()
@@ -303,7 +306,7 @@ class Machine:
         reviewed = self.budget.reviewed
         return "allowed" if risk == "unknown" and reviewed is not None and reviewed(module, name) else risk
 
-    def call(self, func, args, pos: int, opcode: str):
+    def call(self, func, args, pos: int, opcode: str, kwargs=None):
         if not isinstance(func, (Global, Computed)):
             raise _Stop(f"{opcode} at offset {pos} calls {summarize(func)}, which is not callable")
         if isinstance(func, Computed):
@@ -314,6 +317,9 @@ class Machine:
             return Computed(f"{func.module}.{func.name}(...)")
         if (func.module, func.name) in STORED_CALLABLES:
             self.unresolved(f"{opcode} calls it while unpickling", pos, opcode, func.module, func.name)
+        if self.budget.call_shape is not None:
+            for cls, why in off_shape(self.budget.call_shape, func, args, kwargs, opcode):
+                self.unresolved(why, pos, opcode, cls.module, cls.name)
         if func.judged_by_use and opcode == "REDUCE" and isinstance(args, tuple):
             used = self.safe_use(func, args, pos)
             if used is not None:

@@ -104,6 +104,81 @@ def test_a_reviewed_name_is_allowed_only_where_it_was_reviewed(capsys, tmp_path,
         assert "torch.fx.graph_module.reduce_graph_module at offset" in out and "REDUCE calls it while unpickling" in out
 
 
+P4 = b"\x80\x04"
+GRAPH = _global("torch._inductor.output_code", "CompiledFxGraph")
+GRAPH_NAME = "torch._inductor.output_code.CompiledFxGraph"
+SCHEMAS = "torch._functorch._aot_autograd.schemas"
+SOURCE = "torch._dynamo.source"
+ORDERED_SET = _global("torch.utils._ordered_set", "OrderedSet")
+# The shapes torch's own pickling writes for a reviewed class, each allowed where its review says.
+BUILT_SHAPES = {
+    "newobj-then-build": (P4 + GRAPH + b")\x81}" + _text("source_code") + _text("x = 1") + b"sb.", "inductor"),
+    "newobj-ex-trivial": (P4 + GRAPH + b")}\x92.", "inductor"),
+    "reconstructor-on-object": (b"\x80\x02" + _global("copyreg", "_reconstructor") + GRAPH + _global("builtins", "object")
+                                + b"N\x87R}b.", "inductor"),
+    "enum-by-value": (P4 + _global(SCHEMAS, "MutationType") + b"K\x01\x85R.", "aot_autograd"),
+    "ordered-set-of-a-list": (P4 + ORDERED_SET + b"](K\x01K\x02e\x85R.", "inductor"),
+    "source-by-its-fields": (P4 + _global(SOURCE, "AttrSource") + _global(SOURCE, "LocalSource") + _text("x") + b"\x85R"
+                             + _text("weight") + b"\x86R.", "aot_autograd"),
+}
+# Any other call of a reviewed class: (content, kind, the class named, what the finding says it does).
+HOSTILE_SHAPES = {
+    "reduce-with-a-path": (P4 + GRAPH + _text("/tmp/graph.py") + b"\x85R.", "inductor", GRAPH_NAME,
+                           "REDUCE calls it with 1 argument ('/tmp/graph.py')"),
+    "newobj-with-arguments": (P4 + GRAPH + _text("x") + b"\x85\x81.", "inductor", GRAPH_NAME,
+                              "NEWOBJ builds it with 1 argument ('x')"),
+    "newobj-ex-with-keywords": (P4 + GRAPH + b")}" + _text("current_callable") + _text("x") + b"s\x92.", "inductor",
+                                GRAPH_NAME, "NEWOBJ_EX builds it with no arguments and keywords dict (1 keys)"),
+    "copyreg-newobj-with-arguments": (P4 + _global("copyreg", "__newobj__") + GRAPH + _text("x") + b"\x86R.", "inductor",
+                                      GRAPH_NAME, "copyreg.__newobj__ builds it with 1 argument ('x')"),
+    "reconstructor-on-a-reviewed-base": (b"\x80\x02" + _global("copyreg", "_reconstructor")
+                                         + _global("torch._inductor.utils", "BoxedBool") + GRAPH + _text("x") + b"\x87R.",
+                                         "inductor", GRAPH_NAME, "copyreg._reconstructor calls it as the base of"),
+    "rebuild-from-type": (P4 + _global("torch._tensor", "_rebuild_from_type_v2") + b"(" + GRAPH + _global("torch", "Tensor")
+                          + _text("x") + b"\x85}tR.", "aot_autograd",
+                          GRAPH_NAME, "torch._tensor._rebuild_from_type_v2 calls it with 1 argument ('x')"),
+    "inst-protocol-0": (b"(S'x'\nitorch._inductor.output_code\nCompiledFxGraph\n.", "inductor", GRAPH_NAME,
+                        "INST calls it with 1 argument ('x')"),
+    "enum-functional-api": (P4 + _global(SCHEMAS, "MutationType") + _text("Evil") + _text("A B") + b"\x86R.", "aot_autograd",
+                            f"{SCHEMAS}.MutationType", "REDUCE calls it with 2 arguments ('Evil', 'A B')"),
+    "ordered-set-of-a-string": (P4 + ORDERED_SET + _text("abc") + b"\x85R.", "inductor",
+                                "torch.utils._ordered_set.OrderedSet", "REDUCE calls it with 1 argument ('abc')"),
+    "tensor-called": (P4 + _global("torch", "Tensor") + b")R.", "aot_autograd", "torch.Tensor",
+                      "REDUCE calls it with no arguments"),
+    "pgo-state-called": (P4 + _global("torch._dynamo.pgo", "CodeState") + _text("x") + b"\x85R.", "pgo",
+                         "torch._dynamo.pgo.CodeState", "REDUCE calls it with 1 argument ('x')"),
+}
+
+
+@pytest.mark.parametrize("case", BUILT_SHAPES)
+def test_a_reviewed_class_built_the_way_torch_pickles_it_is_clean(capsys, tmp_path, case):
+    content, kind = BUILT_SHAPES[case]
+    path = tmp_path / "mc.bin"
+    path.write_bytes(_mega_cache([(kind, "k", content)]))
+    rc, out, err = run_cli(capsys, ["show", str(path)])
+    assert rc == 0, (out, err)
+
+
+@pytest.mark.parametrize("case", HOSTILE_SHAPES)
+def test_any_other_call_of_a_reviewed_class_is_a_finding_naming_the_class_and_the_call(capsys, tmp_path, case):
+    content, kind, name, call = HOSTILE_SHAPES[case]
+    path = tmp_path / "mc.bin"
+    path.write_bytes(_mega_cache([(kind, "k", content)]))
+    rc, out, err = run_cli(capsys, ["show", str(path)])
+    assert rc == 1, (out, err)
+    finding = next((line for line in out.splitlines() if f"{name} at offset" in line), "")
+    assert call in finding, out
+    assert f"would import {name} (dangerous) if unpickled: {call}" in err
+
+
+def test_verify_host_fails_a_reviewed_class_called_with_arguments(capsys, tmp_path):
+    content, kind, name, call = HOSTILE_SHAPES["reduce-with-a-path"]
+    path = tmp_path / "mc.bin"
+    path.write_bytes(_mega_cache([(kind, "k", content)]))
+    rc, out, err = run_cli(capsys, ["verify", "--host", str(path)])
+    assert rc == 1 and f"FAIL  mega-cache pickle: inductor k would import {name} (dangerous) if unpickled: {call}" in out
+
+
 def test_guards_and_plain_verify_say_a_mega_cache_is_not_supported(capsys, tmp_path):
     blob = _blob(tmp_path, "torch-2.13.0.bin")
     rc, out, err = run_cli(capsys, ["guards", blob])

@@ -10,9 +10,9 @@ Layout (torch/utils/_appending_byte_serializer.py and torch/compiler/_cache.py, 
 
 where bytes are a u64 big-endian length and the bytes, and a str is bytes holding the base64 of its
 UTF-8. Each entry's content goes to one of torch's caches when loaded; content that is a pickle is
-scanned with `scan_pickle` against the classes reviewed for its kind (`mega_cache_policy`), never
-unpickled, and read for the code it carries and the keys it records (`mega_cache_code`). Every length is checked against what is left before
-anything is sliced.
+scanned with `scan_pickle` against the classes reviewed for its kind and the shape each may be
+built in (`mega_cache_policy`), never unpickled, and read for the code it carries and the keys it
+records (`mega_cache_code`). Every length is checked against what is left before anything is sliced.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import hashlib
 import zlib
 
 from precompile.inspect.formats.mega_cache_code import entry_code, recorded_keys
-from precompile.inspect.formats.mega_cache_policy import reviewed_for, with_stored_callables
+from precompile.inspect.formats.mega_cache_policy import call_shape_for, reviewed_for, with_stored_callables
 from precompile.inspect.model import Blob, MegaCache, MegaCacheContent, MegaCacheEntry
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 
@@ -134,7 +134,8 @@ def read_mega_cache(data: bytes, *, where: str) -> MegaCache:
             scan = None
             if what == "pickle":
                 pickles.append(content)
-                scan = with_stored_callables(scan_pickle(content, member=f"{kind}/{key}", reviewed=reviewed_for(kind)), kind)
+                scan = with_stored_callables(scan_pickle(content, member=f"{kind}/{key}", reviewed=reviewed_for(kind),
+                                                         call_shape=call_shape_for(kind)), kind)
             entries.append(MegaCacheEntry(
                 kind=kind,
                 key=key,
