@@ -11,7 +11,8 @@ by content; `evaluate` gives the value a pickle of plain data holds (formats/pic
 Sound by construction: an import is *resolved* only when its module and name are `str` values that
 a string opcode pushed (directly or through the memo); any other operand of STACK_GLOBAL, an EXT
 registry code, a call of something that is not an import, and a BUILD or APPEND/SETITEM that
-mutates an imported object itself are *unresolved* findings, risk "dangerous". Bytes and strings
+mutates an imported object itself are *unresolved* findings, risk "dangerous", as is a call of a
+reviewed class in a shape its review does not allow (`pickle_shapes`). Bytes and strings
 that hold a pickle (and the bytes `_codecs.encode` builds from a string) are scanned too, to a
 bounded depth. Malformed input ends the run where the unpickler itself would stop, with `problem`
 set; every import seen up to there is kept, since the unpickler would have performed them. A run

@@ -171,6 +171,18 @@ def test_any_other_call_of_a_reviewed_class_is_a_finding_naming_the_class_and_th
     assert f"would import {name} (dangerous) if unpickled: {call}" in err
 
 
+def test_the_committed_blob_calling_a_reviewed_class_exits_1_naming_the_call(capsys, monkeypatch):
+    monkeypatch.syspath_prepend(str(HOSTILE.parent))
+    from make_hostile import CONTAINERS
+
+    called = HOSTILE.parent / "mega_cache_graph_called.bin"
+    assert called.read_bytes() == CONTAINERS[called.name]  # the script writes it; never unpickle it
+    rc, out, err = run_cli(capsys, ["show", str(called)])
+    assert rc == 1 and "verdict: 1 finding" in out
+    assert (f"would import {GRAPH_NAME} (dangerous) if unpickled: REDUCE calls it with 1 argument "
+            "('/tmp/PRECOMPILE_POISON_MARKER.py'); torch builds it only by copyreg reconstruction") in err
+
+
 def test_verify_host_fails_a_reviewed_class_called_with_arguments(capsys, tmp_path):
     content, kind, name, call = HOSTILE_SHAPES["reduce-with-a-path"]
     path = tmp_path / "mc.bin"
