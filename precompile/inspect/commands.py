@@ -2,7 +2,8 @@
 
 `register(verbs)` adds them to the CLI's subparsers. Every verb takes an artifact as
 PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME (show, diff and extract also
-one file alone, of any kind `reader.open_one` tells by content); has `--json`; prints data on
+one file alone, of any kind `reader.open_one` tells by content; guards and verify say a bare Mega-Cache
+is not supported, except `verify --host`, which judges whether this host would hit it); has `--json`; prints data on
 stdout and diagnostics on stderr; and exits 0 (clean), 1 (a finding: different, failed check,
 unpaired or flagged) or 2 (trouble: a file is unreadable, foreign or newer than understood).
 """
@@ -19,7 +20,7 @@ from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
-from precompile.inspect.reader import open_artifact, open_given, python_code_bytes, resolve_pair
+from precompile.inspect.reader import is_mega_cache_file, open_artifact, open_given, python_code_bytes, resolve_pair
 from precompile.inspect.terminal_text import printable
 
 ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
@@ -68,12 +69,13 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
     found = []
     if artifact.pairs is False:
         found.append(f"{artifact.cache.path} does not pair with {artifact.python_code.path}: {artifact.pairing_problem}")
-    members: dict[tuple[str, str], list[str]] = {}
-    for member, imp in artifact.flagged_imports:  # one line per import, however many members perform it
-        members.setdefault((f"{imp.module}.{imp.name}", imp.risk), []).append(member)
-    for (name, risk), where in members.items():
+    members: dict[tuple[str, str, str | None], list[str]] = {}
+    for member, imp in artifact.flagged_imports:  # one line per import (and why, if it is a call), however many members perform it
+        members.setdefault((f"{imp.module}.{imp.name}", imp.risk, imp.unresolved), []).append(member)
+    for (name, risk, why), where in members.items():
         shown = ", ".join(where[:3]) + (f" and {len(where) - 3} more" if len(where) > 3 else "")
-        found.append(f"{artifact.cache.path}: {_plural(len(where), 'pickle')} ({shown}) would import {name} ({risk}) if unpickled")
+        found.append(f"{artifact.cache.path}: {_plural(len(where), 'pickle')} ({shown}) would import {name} ({risk}) if unpickled"
+                     + (f": {why}" if why else ""))
     found.extend(f"{artifact.cache.path}: {finding_text(scan, None)}" for scan, imp in artifact.cache_findings if imp is None)
     pending = pending_path(Path(artifact.cache.path)) if artifact.cache.path else None
     if pending is not None and os.path.lexists(pending):
@@ -117,9 +119,21 @@ def _signature_line(artifact: Artifact) -> list:
     return [] if verdict.message.startswith("unsigned") else [(f"signature: {verdict.message}", None)]
 
 
+def _mega_cache_alone(paths: list[str], verb: str, remedy: str) -> str | None:
+    """The path when the one file given is a bare Mega-Cache blob; raises for a verb that cannot read one."""
+    if len(paths) != 1 or not is_mega_cache_file(paths[0]):
+        return None
+    if remedy:
+        raise PrecompileError(f"{verb} is not supported for Mega-Cache {paths[0]}: {remedy}")
+    return paths[0]
+
+
 def _guards(args, out, err) -> int:
     from precompile.inspect.api import guards_report
 
+    _mega_cache_alone(args.artifact, "guards", (
+        "it holds no guards (torch looks its entries up by cache key when a compile asks for them; its PGO entries, if any, "
+        "record automatic-dynamic sizes); `precompile show` lists its entries and kernels"))
     report = guards_report(_artifact(args.artifact), frame=args.frame, kind=args.type, risky_only=args.risky)
     _emit(args, out, report, render_text.render_guards(report) if not args.json else ())
     _diagnose(err, report.problems, report.findings)
@@ -181,6 +195,10 @@ def _fail_on(value: str | None) -> tuple[str, ...] | None:
 def _verify(args, out, err) -> int:
     from precompile.inspect.api import verify_report
 
+    if _mega_cache_alone(args.artifact, "verify", "" if args.host else (
+            "it is no precompile pair (nothing to pair or sign); `precompile verify --host` says whether this host would hit "
+            "its entries, `precompile show` scans them")):
+        return _verify_mega_cache_host(args, out, err)
     artifact = _artifact(args.artifact, deep=True)
     report = verify_report(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key),
                            expect=_expectations(args.expect_name, args.min_release), proof_memory_mib=args.proof_memory)
@@ -195,6 +213,17 @@ def _mib(text: str) -> int:
     if not text.strip().isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB (1 or more)")
     return int(text)
+
+
+def _verify_mega_cache_host(args, out, err) -> int:
+    from precompile.inspect.mega_cache_host import mega_cache_host_report
+
+    if args.trusted_key:
+        raise PrecompileError(f"--trusted-key: Mega-Cache {args.artifact[0]} carries no signature; verify --host it without the flag")
+    report = mega_cache_host_report(open_given(args.artifact))
+    _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())
+    _diagnose(err, (), [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"])
+    return 0 if report.ok else 1
 
 
 def _trusted_keys(paths: list[str] | None):

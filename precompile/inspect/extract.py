@@ -4,8 +4,9 @@ Layout under DIR: `python_code/NN-<section>.py` (the captured graph is `NN-graph
 `subgraphs/<name>.py` for each Inductor output module a Dynamo artifact holds as a string, `metadata.json`, `envelope.json`, and `bundle/<path>` for each kernel bundle file (hash-checked by
 `codec.decode_payload`); for an upstream torch.save cache, `cache/<member>` holds each zip member's
 raw bytes (nothing is unpickled). A Mega-Cache (an upstream precompile cache's `artifact` field, or a
-bare blob) gives `mega_cache.bin` (its bytes) and `mega_cache/NNN-<kind>-<key>` (each entry's raw
-content); upstream python_code gives its sections and `metadata.json` (its calling-convention
+bare blob) gives `mega_cache.bin` (its bytes), `mega_cache/NNN-<kind>-<key>` (each entry's raw
+content), `mega_cache/kernels/<name>.cpp|.py` (each kernel by its Inductor name) and `mega_cache/code/`
+(the output modules and graph code the entries carry); upstream python_code gives its sections and `metadata.json` (its calling-convention
 literals as written); a bare pickle gives `cache/<file name>`. DIR must be new or empty; bundle paths
 that would escape it are refused.
 """
@@ -85,6 +86,38 @@ def _mega_cache_files(cache, problems: list[str]) -> list[tuple[str, bytes, str]
     for index, (kind, key, content) in enumerate(entry_contents(data)):
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{kind}-{key}")[:120].strip(".") or "entry"
         planned.append((f"mega_cache/{index:03d}-{name}", content, f"Mega-Cache entry {kind} {key} (raw content, never loaded)"))
+    mega = upstream.mega_cache or (upstream.precompile.artifact if upstream.precompile is not None else None)
+    return planned + (_mega_cache_code(mega) if mega is not None else [])
+
+
+_CODE_SUFFIX = {"cpp": "cpp", "triton": "py", "wrapper": "py", "graph": "py"}
+
+
+def _mega_cache_code(mega) -> list[tuple[str, bytes, str]]:
+    """The code the entries carry, as text read from their pickles: each kernel once (by Inductor name
+    and source) as `mega_cache/kernels/<name>.<cpp|py>`, a second source of one name as `<name>-2`; each
+    entry's output modules and graph modules' code as `mega_cache/code/NNN-<kind>-<n>.py`."""
+    planned: list[tuple[str, bytes, str]] = []
+    seen: set[tuple[str, str]] = set()
+    stems: set[str] = set()
+    for index, entry in enumerate(mega.entries):
+        counts: dict[str, int] = {}
+        for code in entry.code:
+            if code.kind in ("cpp", "triton"):  # an Inductor name: an identifier, safe as a file name
+                if (code.name, code.sha256) in seen:
+                    continue
+                seen.add((code.name, code.sha256))
+                stem, count = code.name, 1
+                while stem in stems:
+                    count += 1
+                    stem = f"{code.name}-{count}"
+                stems.add(stem)
+                planned.append((f"mega_cache/kernels/{stem}.{_CODE_SUFFIX[code.kind]}", code.source.encode("utf-8", "surrogatepass"),
+                                f"{code.kind} kernel {code.name} of {entry.kind} {entry.key} (read from its pickle, never run)"))
+            else:
+                counts[code.kind] = counts.get(code.kind, 0) + 1
+                planned.append((f"mega_cache/code/{index:03d}-{code.kind}-{counts[code.kind]}.py", code.source.encode("utf-8", "surrogatepass"),
+                                f"{code.name} of {entry.kind} {entry.key} ({code.kind}; load runs it)"))
     return planned
 
 

@@ -232,6 +232,7 @@ def _kernels(page: ArtifactPage, artifact: Artifact, source: str | None, code: b
         for index, (path, content, what) in enumerate(modules):
             page.kernels.append(_code(f"{page.id}-subgraph-{index}", path.removeprefix("subgraphs/"), what,
                                       content.decode("utf-8", "replace"), "python"))
+    _mega_cache_code(page, artifact)
     bundle = artifact.cache.envelope.bundle if artifact.cache.envelope is not None else None
     if bundle is None or not bundle.files:
         return
@@ -252,6 +253,21 @@ def _kernels(page: ArtifactPage, artifact: Artifact, source: str | None, code: b
                                       entry_bytes.decode("utf-8", "replace"), language_of(entry.path)))
         else:
             page.binaries.append({"path": entry.path, "kind": entry.kind, "size": entry.size, "sha256": entry.sha256})
+
+
+def _mega_cache_code(page: ArtifactPage, artifact: Artifact) -> None:
+    """A Mega-Cache's kernels by Inductor name, each once, then the output modules and graph code its entries carry."""
+    upstream = artifact.cache.upstream
+    mega = upstream.mega_cache or (upstream.precompile.artifact if upstream.precompile else None) if upstream else None
+    if mega is None:
+        return
+    for index, kernel in enumerate(mega.kernels):
+        page.kernels.append(_code(f"{page.id}-kernel-{index}", kernel.name, f"{kernel.kind} kernel, sha256 {kernel.sha256}",
+                                  kernel.source, "cpp" if kernel.kind == "cpp" else "python"))
+    others = [(entry, code) for entry in mega.entries for code in entry.code if code.kind in ("wrapper", "graph")]
+    for index, (entry, code) in enumerate(others):
+        page.kernels.append(_code(f"{page.id}-code-{index}", f"{code.name} ({entry.kind} {entry.key})",
+                                  f"{code.kind}: loading runs it", code.source, "python"))
 
 
 def _sections(page: ArtifactPage, artifact: Artifact, source: str | None) -> None:

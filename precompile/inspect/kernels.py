@@ -106,9 +106,38 @@ def kernel_diffs(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes |
     """The kernels that differ, by Inductor name, each with a unified diff of its source (`files`: each
     bundle's files, read once by the caller); () when the bundles' kernel sources are the same bytes,
     or a bundle could not be read (None: its entries say so)."""
+    mega = mega_cache_kernels(a), mega_cache_kernels(b)
+    if mega[0] is not None or mega[1] is not None:
+        return _named_diffs(mega[0] or {}, mega[1] or {}, context)
     if _source_digests(a) == _source_digests(b) or files[0] is None or files[1] is None:
         return ()
-    ka, kb = named_kernels(a, a_code, files[0]), named_kernels(b, b_code, files[1])
+    return _named_diffs(named_kernels(a, a_code, files[0]), named_kernels(b, b_code, files[1]), context)
+
+
+def mega_cache_kernels(artifact: Artifact) -> dict[str, tuple[str, str]] | None:
+    """{Inductor name: (the entry that holds it, source)} of the kernels a Mega-Cache's entries carry
+    (a bare blob's, or an upstream precompile cache's `artifact`); None when the cache holds none."""
+    upstream = artifact.cache.upstream
+    mega = upstream.mega_cache or (upstream.precompile.artifact if upstream.precompile else None) if upstream else None
+    if mega is None:
+        return None
+    kernels: dict[str, tuple[str, str]] = {}
+    seen: set[tuple[str, str]] = set()
+    for entry in mega.entries:
+        for kernel in entry.kernels:
+            if (kernel.name, kernel.sha256) in seen:  # one kernel in two entries (a graph and its AOTAutograd entry)
+                continue
+            seen.add((kernel.name, kernel.sha256))
+            key, count = kernel.name, 1
+            while key in kernels:
+                count += 1
+                key = f"{kernel.name}#{count}"
+            kernels[key] = (f"{entry.kind} {entry.key}", kernel.source)
+    return kernels
+
+
+def _named_diffs(ka: dict[str, tuple[str, str]], kb: dict[str, tuple[str, str]], context: int) -> tuple[KernelDiff, ...]:
+    """The kernels of {name: (where, source)} maps that differ by source, paired by name, then renamed."""
     removed = [name for name in ka if name not in kb]
     added = [name for name in kb if name not in ka]
     pairs = [(name, name) for name in ka if name in kb and ka[name][1] != kb[name][1]]

@@ -137,6 +137,20 @@ class ZipMember(msgspec.Struct, frozen=True, kw_only=True):
 MegaCacheContent = Literal["pickle", "text", "binary"]
 
 
+MegaCacheCodeKind = Literal["cpp", "triton", "wrapper", "graph"]
+
+
+class MegaCacheCode(msgspec.Struct, frozen=True, kw_only=True):
+    """Code an entry carries that loading it compiles or runs, read from the pickle's strings: a C++ or
+    Triton kernel by its Inductor name, the Inductor output module (`wrapper`) that binds and calls
+    them, or an FX graph module's forward (`graph`, which AOTAutograd rebuilds with exec)."""
+
+    kind: MegaCacheCodeKind
+    name: str
+    source: str
+    sha256: str
+
+
 class MegaCacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One artifact of a Mega-Cache: which of torch's caches it primes, under which key, and what it holds."""
 
@@ -147,6 +161,12 @@ class MegaCacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     content: MegaCacheContent
     scan: PickleScan | None = None
     """The static scan of the content when it is a pickle: what loading it would import."""
+    code: tuple[MegaCacheCode, ...] = ()
+    """The kernels, output modules and graph code the entry carries, each once (by kind, name and source)."""
+
+    @property
+    def kernels(self) -> tuple[MegaCacheCode, ...]:
+        return tuple(code for code in self.code if code.kind in ("cpp", "triton"))
 
 
 class MegaCache(msgspec.Struct, frozen=True, kw_only=True):
@@ -158,6 +178,18 @@ class MegaCache(msgspec.Struct, frozen=True, kw_only=True):
     encoding_version: int | None = None
     entries: tuple[MegaCacheEntry, ...] = ()
     problem: str | None = None
+    recorded: tuple[NamedValue, ...] = ()
+    """What the entries record of the host and torch that wrote them (`torch version`, `C++ compiler`,
+    `devices`, ...), each the one value all entries agree on or every value seen, joined by " | "."""
+
+    @property
+    def kernels(self) -> tuple[MegaCacheCode, ...]:
+        """Every entry's kernels, each (name and source) once, in entry order."""
+        seen: dict[tuple[str, str], MegaCacheCode] = {}
+        for entry in self.entries:
+            for kernel in entry.kernels:
+                seen.setdefault((kernel.name, kernel.sha256), kernel)
+        return tuple(seen.values())
 
 
 class UpstreamPrecompile(msgspec.Struct, frozen=True, kw_only=True):

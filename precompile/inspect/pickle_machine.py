@@ -1,18 +1,19 @@
 """The pickle machine, run symbolically: `Machine` steps through a pickle's opcodes (read by
 `pickle_ops.read_ops` exactly as the C unpickler reads them) by the dispatch table `DISPATCH`, as
 pickle.py does, with the same stack, mark stack and memo. Values are literals, containers of values,
-imported objects (`_Global`) or results nothing static can know (`_Computed`). Nothing is ever called or
+imported objects or results nothing static can know (`pickle_symbols`). Nothing is ever called or
 imported; each import is recorded with its risk (pickle_policy). `pickle_scan` is its public face.
 """
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Callable
 
 from precompile.inspect.model import Risk
 from precompile.inspect.pickle_ops import looks_like_pickle, read_ops
-from precompile.inspect.pickle_policy import GETATTR, MODULE, MODULE_IMPORTERS, PARTIAL, classify, resolve
+from precompile.inspect.pickle_policy import GETATTR, MODULE, MODULE_IMPORTERS, PARTIAL, STORED_CALLABLES, classify, resolve
+from precompile.inspect.pickle_shapes import CallShape, off_shape
+from precompile.inspect.pickle_symbols import Computed, Global, dict_key, summarize
 
 HIGHEST_PROTOCOL = 5
 MAX_OPS = 2_000_000
@@ -24,34 +25,6 @@ MAX_NESTED_SCANS = 10_000
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
-class _Global:
-    """An object an import would produce; `resolved` is False when its names were not literals."""
-
-    __slots__ = ("module", "name", "resolved", "judged_by_use")
-
-    def __init__(self, module: str, name: str, resolved: bool = True) -> None:
-        self.module, self.name, self.resolved = module, name, resolved
-        self.judged_by_use = resolved and ((module, name) in (GETATTR, PARTIAL) or (module, name) in MODULE_IMPORTERS)
-
-
-class _Computed:
-    """A value the scan cannot know without running code: a call's result, a persistent id, a buffer."""
-
-    __slots__ = ("what",)
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-
-class _Unhashable:
-    """A dict key standing for a value that is not a plain literal (only used for summaries)."""
-
-    __slots__ = ("what",)
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-
 class _Stop(Exception):
     """The unpickler itself would raise here: the run ends with this message as its problem."""
 
@@ -60,56 +33,23 @@ class _Limit(_Stop):
     """The scan's own bound is reached where the unpickler would go on: nothing past it is vouched for."""
 
 
-_SCALARS = (type(None), bool, int, float, str)
-_LITERAL_KEYS = (type(None), bool, int, float, str, bytes)
 _STRING_OPS = frozenset("STRING BINSTRING SHORT_BINSTRING UNICODE BINUNICODE SHORT_BINUNICODE BINUNICODE8".split())
 _BYTES_OPS = frozenset("BINBYTES SHORT_BINBYTES BINBYTES8 BYTEARRAY8".split())
 _NUMBER_OPS = frozenset("INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT".split())
 _LATIN1 = frozenset({"latin1", "latin-1", "latin_1", "iso-8859-1", "iso8859-1", "l1"})
 
 
-def summarize(value) -> str:
-    if isinstance(value, _Computed):
-        return value.what
-    if isinstance(value, _Global):
-        return f"{value.module}.{value.name}"
-    if isinstance(value, _Unhashable):
-        return value.what
-    if isinstance(value, str):
-        return repr(value) if len(value) <= 80 else f"str ({len(value)} chars)"
-    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
-        return f"int ({value.bit_length()} bits)"  # repr of a huge int is refused (and quadratic)
-    if isinstance(value, _SCALARS):
-        return repr(value)
-    if isinstance(value, (bytes, bytearray)):
-        return f"bytes ({len(value)} bytes, sha256 {hashlib.sha256(value).hexdigest()[:16]})"
-    if isinstance(value, dict):
-        return f"dict ({len(value)} keys)"
-    if isinstance(value, list):
-        return f"list ({len(value)} items)"
-    if isinstance(value, tuple):
-        return f"tuple ({len(value)} items)"
-    if isinstance(value, (set, frozenset)):
-        return f"{type(value).__name__} ({len(value)} items)"
-    return type(value).__name__
-
-
-def _dict_key(value):
-    return value if isinstance(value, _LITERAL_KEYS) else _Unhashable(summarize(value))
-
-
-def key_text(value) -> str:
-    return value if isinstance(value, str) else summarize(value)
-
-
 class Shared:
-    """What one top-level scan and all its nested scans share: the nested-pickle budget, and which
-    names off the data-only list are reviewed for where this pickle sits (see `scan_pickle`)."""
+    """What one top-level scan and all its nested scans share: the nested-pickle budget, which names
+    off the data-only list are reviewed for where this pickle sits, and how each may be built there
+    (see `scan_pickle`)."""
 
-    def __init__(self, reviewed: Callable[[str, str], bool] | None = None) -> None:
+    def __init__(self, reviewed: Callable[[str, str], bool] | None = None,
+                 call_shape: Callable[[str, str], CallShape | None] | None = None) -> None:
         self.nested_bytes = MAX_NESTED_BYTES
         self.nested_scans = MAX_NESTED_SCANS
         self.reviewed = reviewed
+        self.call_shape = call_shape
 
 
 class Machine:
@@ -173,7 +113,7 @@ class Machine:
 
     def copy(self, value, offset: int) -> None:
         """Push a second reference (GET, DUP): each reference to a callable judged by use counts."""
-        if isinstance(value, _Global) and value.judged_by_use:
+        if isinstance(value, Global) and value.judged_by_use:
             self.refs.setdefault((value.module, value.name), []).append(offset)
         self.stack.append(value)
 
@@ -289,10 +229,10 @@ class Machine:
         items = self.pop_mark()
         if len(items) % 2:
             raise _Stop("DICT with an odd number of items")
-        self.push({_dict_key(items[i]): items[i + 1] for i in range(0, len(items), 2)}, pos)
+        self.push({dict_key(items[i]): items[i + 1] for i in range(0, len(items), 2)}, pos)
 
     def frozenset_(self, name: str, arg, pos: int) -> None:
-        self.push(frozenset(_dict_key(item) for item in self.pop_mark()), pos)
+        self.push(frozenset(dict_key(item) for item in self.pop_mark()), pos)
 
     def global_(self, name: str, arg, pos: int) -> None:
         """GLOBAL imports; INST imports and calls the import on the items above the mark."""
@@ -311,20 +251,19 @@ class Machine:
         shown_module = module if type(module) is str else f"<{summarize(module)}>"
         shown_name = attr if type(attr) is str else f"<{summarize(attr)}>"
         self.unresolved("STACK_GLOBAL operands are not strings pushed by string opcodes", pos, name, shown_module, shown_name)
-        self.push(_Global(shown_module, shown_name, resolved=False), pos)
+        self.push(Global(shown_module, shown_name, resolved=False), pos)
 
     def ext(self, name: str, arg, pos: int) -> None:
         self.unresolved(f"extension code {arg} names its import in the copyreg registry", pos, name,
                         "<copyreg extension>", str(arg))
-        self.push(_Global("<copyreg extension>", str(arg), resolved=False), pos)
+        self.push(Global("<copyreg extension>", str(arg), resolved=False), pos)
 
     def reduce(self, name: str, arg, pos: int) -> None:
-        """REDUCE and NEWOBJ call the callable below the arguments; NEWOBJ_EX drops the keywords first."""
-        if name == "NEWOBJ_EX":
-            self.pop()
+        """REDUCE and NEWOBJ call the callable below the arguments; NEWOBJ_EX with keywords above them."""
+        kwargs = self.pop() if name == "NEWOBJ_EX" else None
         args = self.pop()
         func = self.pop()
-        self.push(self.call(func, args, pos, name), pos)
+        self.push(self.call(func, args, pos, name, kwargs), pos)
 
     def obj(self, name: str, arg, pos: int) -> None:
         items = self.pop_mark()
@@ -335,25 +274,25 @@ class Machine:
     def build(self, name: str, arg, pos: int) -> None:
         self.pop()
         target = self.top()
-        if isinstance(target, _Global) and target.resolved:
+        if isinstance(target, Global) and target.resolved:
             self.unresolved(f"BUILD sets state on the imported object {target.module}.{target.name} itself",
                             pos, name, target.module, target.name)
 
     def persistent_id(self, name: str, arg, pos: int) -> None:
         what = repr(arg) if name == "PERSID" else summarize(self.pop())
-        self.push(_Computed(f"persistent id {what}"), pos)
+        self.push(Computed(f"persistent id {what}"), pos)
 
     def next_buffer(self, name: str, arg, pos: int) -> None:
-        self.push(_Computed("out-of-band buffer"), pos)
+        self.push(Computed("out-of-band buffer"), pos)
 
     def readonly_buffer(self, name: str, arg, pos: int) -> None:
         self.top()  # makes the buffer on top read-only, in place
 
-    def import_(self, module: str, name: str, pos: int, opcode: str) -> _Global:
+    def import_(self, module: str, name: str, pos: int, opcode: str) -> Global:
         module, name = resolve(module, name, self.protocol)
-        return self.reach(_Global(module, name), pos, opcode)
+        return self.reach(Global(module, name), pos, opcode)
 
-    def reach(self, value: _Global, pos: int, opcode: str) -> _Global:
+    def reach(self, value: Global, pos: int, opcode: str) -> Global:
         """Record an import, or a reference to a callable judged by use (see call() and run())."""
         if value.judged_by_use:
             self.refs.setdefault((value.module, value.name), []).append(pos)
@@ -367,15 +306,20 @@ class Machine:
         reviewed = self.budget.reviewed
         return "allowed" if risk == "unknown" and reviewed is not None and reviewed(module, name) else risk
 
-    def call(self, func, args, pos: int, opcode: str):
-        if not isinstance(func, (_Global, _Computed)):
+    def call(self, func, args, pos: int, opcode: str, kwargs=None):
+        if not isinstance(func, (Global, Computed)):
             raise _Stop(f"{opcode} at offset {pos} calls {summarize(func)}, which is not callable")
-        if isinstance(func, _Computed):
+        if isinstance(func, Computed):
             self.unresolved(f"{opcode} calls a value that is not an import ({summarize(func)})", pos, opcode,
                             "<computed>", summarize(func))
-            return _Computed(f"{summarize(func)}(...)")
+            return Computed(f"{summarize(func)}(...)")
         if not func.resolved:
-            return _Computed(f"{func.module}.{func.name}(...)")
+            return Computed(f"{func.module}.{func.name}(...)")
+        if (func.module, func.name) in STORED_CALLABLES:
+            self.unresolved(f"{opcode} calls it while unpickling", pos, opcode, func.module, func.name)
+        if self.budget.call_shape is not None:
+            for cls, why in off_shape(self.budget.call_shape, func, args, kwargs, opcode):
+                self.unresolved(why, pos, opcode, cls.module, cls.name)
         if func.judged_by_use and opcode == "REDUCE" and isinstance(args, tuple):
             used = self.safe_use(func, args, pos)
             if used is not None:
@@ -384,29 +328,29 @@ class Machine:
             return self.encoded(args, pos)
         if (func.module, func.name) == ("builtins", "bytes") and args == ():
             return b""  # protocol 2's spelling of empty bytes
-        return _Computed(f"{func.module}.{func.name}(...)")
+        return Computed(f"{func.module}.{func.name}(...)")
 
-    def safe_use(self, func: _Global, args: tuple, pos: int) -> _Global | _Computed | None:
+    def safe_use(self, func: Global, args: tuple, pos: int) -> Global | Computed | None:
         """A REDUCE of a callable judged by use in one of its safe shapes (getattr of an import by a
         literal name, importing a module by a literal name, partial of an import), or None."""
         key = (func.module, func.name)
         if key == GETATTR and len(args) == 2:
             owner, attr = args
-            if isinstance(owner, _Global) and owner.resolved and type(attr) is str and _IDENT.match(attr):
+            if isinstance(owner, Global) and owner.resolved and type(attr) is str and _IDENT.match(attr):
                 # getattr(imported object, "literal") is the import of a dotted name: judged as one
                 self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
                 name = f"{owner.name}.{attr}" if owner.name != MODULE else attr
-                return self.reach(_Global(owner.module, name), pos, "REDUCE getattr")
+                return self.reach(Global(owner.module, name), pos, "REDUCE getattr")
         elif key in MODULE_IMPORTERS and len(args) == 1 and type(args[0]) is str and _IDENT.match(args[0]):
             self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
-            return self.reach(_Global(args[0], MODULE), pos, f"REDUCE {func.name}")
-        elif key == PARTIAL and args and isinstance(args[0], _Global) and args[0].resolved:
+            return self.reach(Global(args[0], MODULE), pos, f"REDUCE {func.name}")
+        elif key == PARTIAL and args and isinstance(args[0], Global) and args[0].resolved:
             self.safe_uses[key] = self.safe_uses.get(key, 0) + 1
             self.record(*PARTIAL, "allowed", pos, "REDUCE partial")
-            return _Computed(f"functools.partial({args[0].module}.{args[0].name}, ...)")
+            return Computed(f"functools.partial({args[0].module}.{args[0].name}, ...)")
         return None
 
-    def encoded(self, args: tuple, pos: int) -> bytes | _Computed:
+    def encoded(self, args: tuple, pos: int) -> bytes | Computed:
         """_codecs.encode(text, encoding), protocol 2's spelling of bytes: the bytes (scanned as a
         nested pickle too) where the encoding is one of the few it uses, else a computed value."""
         encoding = args[1] if len(args) > 1 else "utf-8"
@@ -414,10 +358,10 @@ class Machine:
             try:
                 data = args[0].encode(encoding)
             except (UnicodeEncodeError, LookupError):
-                return _Computed("_codecs.encode(...)")
+                return Computed("_codecs.encode(...)")
             self.nested_pickle(data, pos, "_codecs.encode")
             return data
-        return _Computed("_codecs.encode(...)")
+        return Computed("_codecs.encode(...)")
 
     def mutate(self, name: str, arg, pos: int) -> None:
         """APPEND(S), SETITEM(S), ADDITEMS: fill the container below; mutating an import itself is a finding."""
@@ -429,7 +373,7 @@ class Machine:
         else:
             items = self.pop_mark()
         target = self.top()
-        if isinstance(target, _Global):
+        if isinstance(target, Global):
             if target.resolved:
                 self.unresolved(f"{name} mutates the imported object {target.module}.{target.name} itself", pos, name,
                                 target.module, target.name)
@@ -439,9 +383,9 @@ class Machine:
             if len(items) % 2:
                 raise _Stop("SETITEMS with an odd number of items")
             for i in range(0, len(items), 2):
-                target[_dict_key(items[i])] = items[i + 1]
+                target[dict_key(items[i])] = items[i + 1]
         elif name == "ADDITEMS" and isinstance(target, set):
-            target.update(_dict_key(item) for item in items)
+            target.update(dict_key(item) for item in items)
 
     def nested_pickle(self, value, pos: int, opcode: str) -> None:
         """Scan a bytes or str literal that holds a pickle, and keep what it would import."""

@@ -158,6 +158,9 @@ GETATTR = ("builtins", "getattr")
 PARTIAL = ("functools", "partial")
 """partial(import, *args) only binds arguments to a callable the pickle imports, which is judged by itself;
 recorded as allowed on that use alone (functools is otherwise dangerous: reduce calls, wraps, ...)."""
+STORED_CALLABLES = frozenset({("torch.fx.graph_module", "reduce_graph_module")})
+"""Dangerous callables torch's own pickles hold as a value (a Mega-Cache's SerializedGraphModule.fn,
+see `formats.mega_cache_policy.STORED`): their call while unpickling is recorded as a finding of its own."""
 MODULE_IMPORTERS = frozenset({("torch._dynamo.guards", "GuardsStatePickler._unpickle_python_module")})
 
 

@@ -4,14 +4,15 @@
 top of it `Machine` runs the pickle machine symbolically, opcode by opcode (by the dispatch table
 `DISPATCH`, as pickle.py does): the same stack, the same mark stack, the same memo. Values are
 literals (exactly as the string, bytes and number opcodes push them), containers of values, imported
-objects (`_Global`) or results nothing static can know (`_Computed`: a call, a persistent id, an
+objects (`Global`) or results nothing static can know (`Computed`: a call, a persistent id, an
 out-of-band buffer). Nothing is ever called or imported. `is_pickle` tells a pickle of any protocol
 by content; `evaluate` gives the value a pickle of plain data holds (formats/pickle_values).
 
 Sound by construction: an import is *resolved* only when its module and name are `str` values that
 a string opcode pushed (directly or through the memo); any other operand of STACK_GLOBAL, an EXT
 registry code, a call of something that is not an import, and a BUILD or APPEND/SETITEM that
-mutates an imported object itself are *unresolved* findings, risk "dangerous". Bytes and strings
+mutates an imported object itself are *unresolved* findings, risk "dangerous", as is a call of a
+reviewed class in a shape its review does not allow (`pickle_shapes`). Bytes and strings
 that hold a pickle (and the bytes `_codecs.encode` builds from a string) are scanned too, to a
 bounded depth. Malformed input ends the run where the unpickler itself would stop, with `problem`
 set; every import seen up to there is kept, since the unpickler would have performed them. A run
@@ -24,8 +25,10 @@ import warnings
 from collections.abc import Callable
 
 from precompile.inspect.model import Blob, Field, PickleImport, PickleScan
-from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Machine, Shared, key_text, summarize
+from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Machine, Shared
 from precompile.inspect.pickle_ops import OPCODE_BYTES
+from precompile.inspect.pickle_shapes import CallShape
+from precompile.inspect.pickle_symbols import key_text, summarize
 
 MAX_PICKLE_SIZE = 256 * 1024 * 1024
 MAX_FIELDS = 200
@@ -63,18 +66,21 @@ def evaluate(data: bytes) -> tuple[object, str | None]:
         return machine.run()
 
 
-def scan_pickle(data: bytes, *, member: str, reviewed: Callable[[str, str], bool] | None = None) -> PickleScan:
+def scan_pickle(data: bytes, *, member: str, reviewed: Callable[[str, str], bool] | None = None,
+                call_shape: Callable[[str, str], CallShape | None] | None = None) -> PickleScan:
     """Scan one pickle; malformed input gives a scan with `problem` set, never an exception.
 
     `reviewed(module, name)` marks names off the data-only list that are allowed in this pickle, and
     makes every other name off it a finding (`PickleScan.findings`): for a pickle `load` itself
-    unpickles, where "unknown" is not good enough (the opaque state, see `dynamo_state_reviewed`)."""
+    unpickles, where "unknown" is not good enough (the opaque state, see `dynamo_state_reviewed`).
+    `call_shape(module, name)` is how a reviewed name may be built there (`pickle_shapes`): any
+    other call of it is an unresolved finding naming the class and the call."""
     blob = Blob(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     strict = reviewed is not None
     if len(data) > MAX_PICKLE_SIZE:
         return PickleScan(member=member, blob=blob, unpickled_by_load=strict,
                           problem=f"{len(data)} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
-    machine = Machine(bytes(data), Shared(reviewed), 0, None)
+    machine = Machine(bytes(data), Shared(reviewed, call_shape), 0, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # escape_decode on odd STRING escapes: not our reader's noise
         result, problem = machine.run()

@@ -363,6 +363,14 @@ def _is_cache_content(head: bytes, path: str) -> bool:
     return looks_like_mega_cache(_read_prefix(path, SNIFF_SIZE)) or _is_text_pickle(path, os.stat(path).st_size, head)
 
 
+def is_mega_cache_file(path: str) -> bool:
+    """Whether `path` is a regular file whose content is a bare Mega-Cache blob (told as read_cache tells it)."""
+    try:
+        return os.path.isfile(path) and looks_like_mega_cache(_read_prefix(path, SNIFF_SIZE))
+    except OSError:
+        return False
+
+
 def open_one(path: str, *, deep: bool = False) -> Artifact:
     """One file alone, of any kind this reader knows, told apart by its content (not its name): a
     precompile or upstream cache, a bare Mega-Cache blob, a bare pickle, or python_code (ours or upstream's)."""

@@ -5,11 +5,15 @@ only when the console has colour. The text itself never depends on terminal widt
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 from precompile.artifact import bytecode
 from precompile.artifact.bundle_keys import provenance, requirements
 from precompile.artifact.bundle_rules import unserved_reason
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.inspect.diff import SECTIONS
+from precompile.inspect.formats.mega_cache_policy import review_reason
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
 from precompile.inspect.line_diff import shown
@@ -71,15 +75,16 @@ def _literal_pickles(info: PythonCodeInfo) -> list[Line]:
     return lines
 
 
-def _import_lines(scan: PickleScan, indent: str) -> list[Line]:
-    """What a pickle would import, in the order it would, each name once (nested pickles included)."""
+def _import_lines(scan: PickleScan, indent: str, reviewed_as: Callable[[str, str], str] | None = None) -> list[Line]:
+    """What a pickle would import, in the order it would, each name once (nested pickles included);
+    `reviewed_as(module, name)` says why a reviewed name is allowed where the pickle sits."""
     counts: dict[tuple[str, str, str], int] = {}
     for imp in scan.imports:
         key = (imp.module, imp.name, imp.risk)
         counts[key] = counts.get(key, 0) + imp.count
     lines: list[Line] = [(f"{indent}imports ({len(counts)})", None)]
     for (module, name, risk), count in counts.items():
-        flag, style = _risk_flag(scan, module, name, risk)
+        flag, style = _risk_flag(scan, module, name, risk, reviewed_as)
         times = f" (x{count})" if count > 1 else ""
         lines.append((f"{indent}  {module}.{name}{times}{flag}", style))
     lines.extend((f"{indent}  {imp.module}.{imp.name} at offset {imp.offset}: {imp.unresolved}", BAD)
@@ -89,11 +94,14 @@ def _import_lines(scan: PickleScan, indent: str) -> list[Line]:
     return lines
 
 
-def _risk_flag(scan: PickleScan, module: str, name: str, risk: str) -> tuple[str, str | None]:
-    """How an import is marked: data-only (nothing), reviewed for the opaque state, unknown, or flagged."""
+def _risk_flag(scan: PickleScan, module: str, name: str, risk: str,
+               reviewed_as: Callable[[str, str], str] | None) -> tuple[str, str | None]:
+    """How an import is marked: data-only (nothing), reviewed where it sits, unknown, or flagged."""
     if risk == "allowed":
-        reviewed = scan.unpickled_by_load and (module, name) not in DATA_ONLY and (module, name) != PARTIAL
-        return ("  (reviewed: part of Dynamo's state or the captured code)" if reviewed else ""), None
+        if not scan.unpickled_by_load or (module, name) in DATA_ONLY or (module, name) == PARTIAL:
+            return "", None
+        why = reviewed_as(module, name) if reviewed_as else "part of Dynamo's state or the captured code"
+        return f"  (reviewed: {why})", None
     if risk == "unknown" and scan.unpickled_by_load:
         return "  FLAGGED: not on the data-only or reviewed lists, and load unpickles this", BAD
     if risk == "unknown":
@@ -128,12 +136,29 @@ def _mega_cache(mega: MegaCache, title: str) -> list[Line]:
     version = mega.encoding_version if mega.encoding_version is not None else "?"
     lines: list[Line] = [(f"  {title}: Mega-Cache ({mega.blob.size} bytes, sha256 {mega.blob.sha256}, encoding version {version}, "
                           f"crc32 {mega.crc32 or '?'}), {len(mega.entries)} entries, never loaded", None)]
+    lines.extend((f"    recorded {value.name}: {value.value}", None) for value in mega.recorded)
+    if not any(value.name == "torch version" for value in mega.recorded):
+        lines.append(("    recorded torch version: none in clear (an entry may keep only a digest of torch's sources)", None))
     for entry in mega.entries:
         lines.append((f"    {entry.kind} {entry.key}  {entry.content} {entry.file.size} bytes sha256 {entry.file.sha256}", None))
         if entry.scan is not None:
-            lines.extend(_import_lines(entry.scan, "      "))
+            lines.extend(_import_lines(entry.scan, "      ", functools.partial(review_reason, entry.kind)))
+        lines.extend(_code_lines(entry.code))
     if mega.problem:
         lines.append((f"    problem: {mega.problem}", BAD))
+    return lines
+
+
+def _code_lines(code) -> list[Line]:
+    """The code an entry carries that loading runs: its kernels by name, then its modules and graphs counted."""
+    if not code:
+        return []
+    kernels = [item for item in code if item.kind in ("cpp", "triton")]
+    modules = sum(item.kind == "wrapper" for item in code)
+    graphs = sum(item.kind == "graph" for item in code)
+    lines: list[Line] = [(f"      code loading runs: {len(kernels)} kernels, {modules} output modules, {graphs} graph modules", None)]
+    lines.extend((f"        kernel {item.name} ({item.kind}, {len(item.source.splitlines())} lines, sha256 {item.sha256[:16]})", None)
+                 for item in kernels)
     return lines
 
 

@@ -166,7 +166,7 @@ def test_report_takes_one_or_two_artifacts(capsys, tmp_path):
 def test_every_fixture_gets_a_page_or_a_clear_error(capsys, tmp_path, name):
     rc, _, err, html = _report(capsys, tmp_path, f"fixtures/{name}")
     assert "Traceback" not in err
-    if name.startswith("v1/"):
+    if name.startswith(("v1/", "upstream/")):  # upstream's Mega-Cache holds only torch's reviewed classes
         assert rc == 0 and not err, err
     else:
         assert rc in (1, 2) and "precompile: " in err

@@ -10,8 +10,9 @@ Layout (torch/utils/_appending_byte_serializer.py and torch/compiler/_cache.py, 
 
 where bytes are a u64 big-endian length and the bytes, and a str is bytes holding the base64 of its
 UTF-8. Each entry's content goes to one of torch's caches when loaded; content that is a pickle is
-scanned with `scan_pickle`, never unpickled. Every length is checked against what is left before
-anything is sliced.
+scanned with `scan_pickle` against the classes reviewed for its kind and the shape each may be
+built in (`mega_cache_policy`), never unpickled, and read for the code it carries and the keys it
+records (`mega_cache_code`). Every length is checked against what is left before anything is sliced.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import binascii
 import hashlib
 import zlib
 
+from precompile.inspect.formats.mega_cache_code import entry_code, recorded_keys
+from precompile.inspect.formats.mega_cache_policy import call_shape_for, reviewed_for, with_stored_callables
 from precompile.inspect.model import Blob, MegaCache, MegaCacheContent, MegaCacheEntry
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 
@@ -123,20 +126,28 @@ def read_mega_cache(data: bytes, *, where: str) -> MegaCache:
             f"{where}: Mega-Cache encoding version {version}, this reader understands {ENCODING_VERSION}; "
             "inspect it with the torch that wrote it"))
     entries: list[MegaCacheEntry] = []
+    pickles: list[bytes] = []
     problem = None
     try:
         for kind, key, content in _entries(reader):
             what = _content_kind(content)
+            scan = None
+            if what == "pickle":
+                pickles.append(content)
+                scan = with_stored_callables(scan_pickle(content, member=f"{kind}/{key}", reviewed=reviewed_for(kind),
+                                                         call_shape=call_shape_for(kind)), kind)
             entries.append(MegaCacheEntry(
                 kind=kind,
                 key=key,
                 file=Blob(size=len(content), sha256=hashlib.sha256(content).hexdigest()),
                 content=what,
-                scan=scan_pickle(content, member=f"{kind}/{key}") if what == "pickle" else None,
+                scan=scan,
+                code=entry_code(content) if what == "pickle" else (),
             ))
     except _Truncated as exc:
         problem = f"{where}: Mega-Cache {exc}"
-    return MegaCache(blob=blob, crc32=stored, encoding_version=version, entries=tuple(entries), problem=problem)
+    return MegaCache(blob=blob, crc32=stored, encoding_version=version, entries=tuple(entries), problem=problem,
+                     recorded=recorded_keys(pickles))
 
 
 def entry_contents(data: bytes) -> list[tuple[str, str, bytes]]:

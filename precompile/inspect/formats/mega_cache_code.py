@@ -1,0 +1,134 @@
+"""The code a Mega-Cache entry carries, and what it records of the torch and host that wrote it, read
+from the strings its pickle pushes (never unpickled).
+
+What loading an entry runs is code it holds as text: an Inductor entry's `CompiledFxGraph` holds its
+output module (`source_code`, and again in `_cached_files`), which binds each kernel by its Inductor
+name (`cpp_fused_relu_0 = async_compile.cpp_pybinding([...], r'''<C++>''')`, `triton_poi_fused_relu_0
+= async_compile.triton('triton_poi_fused_relu_0', '''<Triton>''')`) and which load writes out and
+imports; an AOTAutograd entry holds such graphs too, and its saved FX graph modules' `forward`, which
+`reduce_graph_module` rebuilds with exec. Every string and UTF-8 bytes value of the pickle (and of a
+pickle nested in bytes, as precompile entries nest them) is read; a value that is an output module is
+split into its kernels, one that is a graph module's code is kept whole.
+
+Recorded keys, from the text Inductor stores beside the code: the repro header of each graph
+(`# torch version: 2.13.0+cpu`, `# torch cuda version: None`), the cache key's debug lines
+(`[<hash>] inductor_config[cpp.cxx]: (None, 'g++')`) and the example inputs' devices; and from a
+precompile entry's SystemInfo (torch 2.14) its `python_version` and `torch_version`.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+
+from precompile.inspect.model import MegaCacheCode, NamedValue
+from precompile.inspect.pickle_ops import PickleStreamError, read_ops
+
+MAX_DEPTH = 3
+"""Pickles nested in bytes read for strings, below the entry's own (precompile entries nest two deep)."""
+_TEXT_OPS = frozenset({"UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8", "STRING", "BINSTRING", "SHORT_BINSTRING"})
+_BYTES_OPS = frozenset({"BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "BYTEARRAY8"})
+_OUTPUT_MODULE = re.compile(r"^async_compile = AsyncCompile\(\)$", re.MULTILINE)
+_BINDING = re.compile(r"^(?P<name>[A-Za-z_]\w*) = async_compile\.(?P<how>cpp_pybinding|cpp|triton)\(", re.MULTILINE)
+_LITERAL = re.compile(r"r?'''(?P<source>.*?)'''", re.DOTALL)
+_GRAPH = re.compile(r"^\s*def forward\(self\b")
+_AOT_ID = re.compile(r"^# AOT ID: \[?'?(?P<id>[^'\]\n]*)")
+_REPRO = re.compile(r"^# torch (?P<what>version|cuda version|git version): (?P<value>\S+)$", re.MULTILINE)
+_DEBUG_LINE = re.compile(r"^\[[a-z0-9]{40,64}\] (?P<key>inductor_config\[cpp\.cxx\]|default_dtype): (?P<value>.+)$")
+_DEVICE = re.compile(r"device=device\(type='(?P<type>[a-z_]+)'")
+_SYSTEM_INFO = {"python_version": "python version", "torch_version": "torch version"}
+"""The fields of a precompile entry's SystemInfo (torch 2.14) whose values are versions in clear: the
+value is the first version-like string within the next few (a TorchVersion is its class, then the text)."""
+_VERSION = re.compile(r"^[0-9]+\.[0-9]+(?:\.[0-9]+)?(?:[a-z0-9.+-]*)$")
+_LOOKAHEAD = 3
+_KEYS = {"version": "torch version", "cuda version": "torch cuda version", "git version": "torch git version",
+         "inductor_config[cpp.cxx]": "C++ compiler (inductor_config cpp.cxx)", "default_dtype": "default dtype"}
+
+
+def _texts(data: bytes, depth: int = 0):
+    """Each str, and each bytes value that is UTF-8 text, the pickle pushes; nested pickles' too."""
+    try:
+        for name, arg, _ in read_ops(data):
+            if name in _TEXT_OPS and isinstance(arg, (str, bytes)):
+                yield arg if isinstance(arg, str) else arg.decode("latin-1")
+            elif name in _BYTES_OPS and isinstance(arg, (bytes, bytearray)):
+                if arg[:1] == b"\x80" and depth < MAX_DEPTH:
+                    yield from _texts(bytes(arg), depth + 1)
+                else:
+                    try:
+                        yield bytes(arg).decode("utf-8")
+                    except UnicodeDecodeError:
+                        continue
+    except (PickleStreamError, ValueError, EOFError):
+        return  # the scan reports where the stream breaks; the code before it is still shown
+
+
+def _code(kind, name: str, source: str) -> MegaCacheCode:
+    return MegaCacheCode(kind=kind, name=name, source=source, sha256=hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest())
+
+
+def _kernels(module: str) -> list[MegaCacheCode]:
+    bindings = list(_BINDING.finditer(module))
+    found = []
+    for binding, after in zip(bindings, [*bindings[1:], None]):
+        literal = _LITERAL.search(module, binding.end(), after.start() if after is not None else len(module))
+        if literal is not None:
+            kind = "triton" if binding.group("how") == "triton" else "cpp"
+            found.append(_code(kind, binding.group("name"), literal.group("source").strip("\n")))
+    return found
+
+
+def entry_code(content: bytes) -> tuple[MegaCacheCode, ...]:
+    """The output modules, their kernels and the graph modules' code an entry's pickle holds, each once."""
+    seen: dict[tuple[str, str, str], MegaCacheCode] = {}
+    modules = 0
+    for text in _texts(content):
+        if _OUTPUT_MODULE.search(text):
+            aot_id = _AOT_ID.match(text)
+            modules += 1
+            name = f"output module {aot_id.group('id') if aot_id else modules}"
+            for code in [_code("wrapper", name, text), *_kernels(text)]:
+                seen.setdefault((code.kind, code.name, code.sha256), code)
+        elif _GRAPH.match(text):
+            code = _code("graph", "forward", text)
+            seen.setdefault((code.kind, code.name, code.sha256), code)
+    return tuple(seen.values())
+
+
+def _keys_in(text: str) -> list[tuple[str, str]]:
+    """(key, value) pairs one string records: a cache-key debug line and its devices, or a repro header."""
+    if text.startswith("["):
+        line = _DEBUG_LINE.match(text)
+        found = [(_KEYS[line.group("key")], line.group("value"))] if line is not None else []
+        return found + [("devices", device.group("type")) for device in _DEVICE.finditer(text)]
+    if "# torch version: " in text:
+        return [(_KEYS[repro.group("what")], repro.group("value")) for repro in _REPRO.finditer(text)]
+    return []
+
+
+def _recorded_pairs(texts) -> list[tuple[str, str]]:
+    """(key, value) of everything the string stream records: each SystemInfo field it names, valued by the
+    first version-like string within the next `_LOOKAHEAD`, and the keys each string holds (`_keys_in`)."""
+    found: list[tuple[str, str]] = []
+    pending: tuple[str, int] | None = None
+    for text in texts:
+        if pending is not None and _VERSION.match(text):
+            found.append((pending[0], text))
+            pending = None
+        elif pending is not None:
+            pending = (pending[0], pending[1] - 1) if pending[1] > 1 else None
+        if text in _SYSTEM_INFO:
+            pending = (_SYSTEM_INFO[text], _LOOKAHEAD)
+        found.extend(_keys_in(text))
+    return found
+
+
+def recorded_keys(contents: list[bytes]) -> tuple[NamedValue, ...]:
+    """What the entries record of the torch and host that wrote them; a key whose entries disagree
+    shows every value, joined by " | "."""
+    values: dict[str, list[str]] = {}
+    for content in contents:
+        for key, value in _recorded_pairs(_texts(content)):
+            if value not in values.setdefault(key, []):
+                values[key].append(value)
+    order = list(dict.fromkeys([*_KEYS.values(), "python version", "devices"]))
+    return tuple(NamedValue(name=key, value=" | ".join(values[key])) for key in order if key in values)
