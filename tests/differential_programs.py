@@ -15,8 +15,12 @@ import textwrap
 
 from hypothesis import strategies as st
 
-FEATURES = ("a_float", "a_int", "a_bool", "a_str", "a_enum", "a_dtype", "a_dict", "a_list", "cfg", "bn",
-            "g_num", "g_flag", "g_int", "g_tensor", "buffer", "closure")
+FEATURES = ("a_float", "a_int", "a_bool", "a_str", "a_enum", "a_dtype", "a_dict", "a_list", "a_act", "cfg", "bn",
+            "g_num", "g_flag", "g_int", "g_tensor", "buffer", "closure", "opt", "method", "hook")
+
+ADDED = ("opt", "method", "hook")
+"""State a change adds where the capture found none: an attribute read by getattr with a default, a
+method replaced on the instance, a forward hook; their drawn value is only what the change sets."""
 
 VALUES = {
     "a_float": st.sampled_from([0.5, 1.5, -2.0, 2, True]),  # an int or bool where a float was read
@@ -27,6 +31,10 @@ VALUES = {
     "a_dtype": st.sampled_from(["float32", "float64", "bfloat16"]),
     "a_dict": st.sampled_from([2.0, 3.0, 0.5]),
     "a_list": st.sampled_from([1.0, -1.0, 4.0]),
+    "a_act": st.sampled_from(["relu", "tanh", "sigmoid"]),
+    "opt": st.sampled_from([2.0, 0.5]),
+    "method": st.sampled_from([2.0, 3.0]),
+    "hook": st.sampled_from([2.0, -1.0]),
     "cfg": st.sampled_from([1.5, 0.25, 1]),
     "bn": st.booleans(),
     "g_num": st.sampled_from([2.5, 0.5, 1.0, 1]),
@@ -65,7 +73,7 @@ def changes_nothing(change: dict, spec: dict) -> bool:
     """A change that sets a value to what it was (same type too): the call must serve, not be refused."""
     if change["what"] == "none":
         return True
-    if change["what"] in ("grad", "default_dtype"):
+    if change["what"] in ("grad", "default_dtype", *ADDED):
         return False
     before = spec["values"][change["what"]]
     return type(before) is type(change["value"]) and before == change["value"]
@@ -88,6 +96,9 @@ def source(spec: dict) -> str:
         "a_enum": ("self.a_enum = Mode.{}", "if self.a_enum is Mode.B:\n    y = -y"),
         "a_dict": ("self.a_dict = {{'k': {!r}}}", "y = y * self.a_dict['k']"),
         "a_list": ("self.a_list = [{!r}]", "y = y + self.a_list[0]"),
+        "a_act": ("self.a_act = torch.{}", "y = self.a_act(y)"),
+        "opt": (None, "extra = getattr(self, 'extra', None)\nif extra is not None:\n    y = y * extra"),
+        "method": (None, "y = self.helper(y)"),
         "cfg": ("self.cfg = Config({!r})", "y = y * self.cfg.gain"),
         "g_num": (None, "y = y * G_NUM"),
         "g_flag": (None, "if G_FLAG:\n    y = y - 0.5"),
@@ -121,6 +132,7 @@ def source(spec: dict) -> str:
         "class M(torch.nn.Module):",
         "    def __init__(self):", "        super().__init__()", "        self.lin = torch.nn.Linear(4, 4)",
         textwrap.indent("\n".join(init), " " * 8) if init else "",
+        "    def helper(self, y):", "        return y + 1.0", "",
         "    def forward(self, x):", textwrap.indent("\n".join(body), " " * 8), "",
         "def build():", "    torch.manual_seed(0)", "    return M()", "",
         fn,
@@ -129,6 +141,8 @@ def source(spec: dict) -> str:
 
 def apply_to_model(change: dict, model) -> None:
     """The part of a change made to each side's own model."""
+    import types
+
     import torch
 
     what, value = change["what"], change["value"]
@@ -136,8 +150,14 @@ def apply_to_model(change: dict, model) -> None:
         setattr(model, what, value)
     elif what == "a_enum":
         model.a_enum = type(model.a_enum)[value]
-    elif what == "a_dtype":
-        model.a_dtype = getattr(torch, value)
+    elif what in ("a_dtype", "a_act"):
+        setattr(model, what, getattr(torch, value))
+    elif what == "opt":
+        model.extra = value
+    elif what == "method":
+        model.helper = types.MethodType(lambda self, y, k=value: y * k, model)
+    elif what == "hook":
+        model.lin.register_forward_hook(lambda module, inputs, output, k=value: output * k)
     elif what == "a_dict":
         model.a_dict["k"] = value
     elif what == "a_list":

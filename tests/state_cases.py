@@ -202,3 +202,54 @@ def reads_modes(model, x):
     """A branch on membership in a set attribute."""
     y = model.lin(x)
     return y * 2 if "a" in model.modes else y
+
+
+class CallsHelper(torch.nn.Module):
+    """Calls a method of its own: one replaced on the instance after capture changes what runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def helper(self, y):
+        return y + 1
+
+    def forward(self, x):
+        return self.helper(self.lin(x))
+
+
+class OptionalExtra(torch.nn.Module):
+    """Reads an attribute it may lack (`getattr(self, "extra", None)`): absent at capture, set after."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        extra = getattr(self, "extra", None)
+        return y if extra is None else y * extra
+
+
+class AsksBackendFlag(torch.nn.Module):
+    """Branches on a torch.backends flag, as code choosing a fast path does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * 2 if torch.backends.mkldnn.enabled else y
+
+
+class Activated(torch.nn.Module):
+    """Keeps its activation as a setting: swapping it for another function changes what runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.act = torch.relu
+
+    def forward(self, x):
+        return self.act(self.lin(x))

@@ -18,7 +18,7 @@ import torch
 
 import dynamo_cases
 import precompile
-from conftest import dynamo_modules_read, fresh_json
+from conftest import dynamo_modules_read, fresh_json, run_fresh
 from precompile.examples import transformer
 
 
@@ -740,3 +740,48 @@ def test_notes_on_many_guards_of_one_kind_and_reason_fold_into_one_counted_line(
         *(f"{label}: dimension markings" for label, _ in few),
         "TENSOR_MATCH x: another reason",
     ]
+
+
+
+_SERVE_CHANGED = r"""
+import sys, torch, precompile, state_cases as sc
+served = precompile.load(sys.argv[1], sys.argv[2])
+m, x = sc.Activated(), torch.randn(2, 4)
+with torch.no_grad():
+    assert torch.equal(served(m, x), sc.step(m, x))
+    change = sys.argv[3]
+    if change == "act":
+        m.act = torch.tanh
+    elif change == "hook":
+        m.lin.register_forward_hook(lambda module, inputs, output: output * 2)
+    else:
+        m.register_forward_pre_hook(lambda module, args: None)
+    try:
+        served(m, x)
+    except precompile.CallMismatch as exc:
+        print(repr(str(exc)))
+        sys.exit(0)
+print(repr("served"))
+"""
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ("act", r"BUILTIN_MATCH model\.act is torch:relu"),
+    ("hook", r"EMPTY_NN_MODULE_HOOKS_DICT model\._modules\['lin'\]\._forward_hooks"),
+    ("pre hook", r"EMPTY_NN_MODULE_HOOKS_DICT model\._forward_pre_hooks"),
+])
+def test_a_function_kept_as_a_setting_or_a_hook_registered_after_capture_is_refused(tmp_path_factory, change, message):
+    """Both served the captured computation silently before: torch's builtins are named by
+    qualname (torch.relu's is _VariableFunctionsClass.relu, which names another object), so their
+    identity guard was dropped; Dynamo skips its guards on module hooks unless told not to."""
+    import ast
+
+    import state_cases as sc
+
+    directory = tmp_path_factory.getbasetemp() / "activated"
+    if not (directory / "act.cache").exists():
+        directory.mkdir(exist_ok=True)
+        _capture(directory, "act", sc.step, [((sc.Activated(), torch.randn(2, 4)), {})])
+    proc = run_fresh(_SERVE_CHANGED, str(directory / "act.py"), str(directory / "act.cache"), change)
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(message, ast.literal_eval(proc.stdout.strip().splitlines()[-1]))

@@ -239,3 +239,28 @@ def test_a_set_attribute_changed_in_place_is_refused(tmp_path):
         m.modes.discard("a")
         with pytest.raises(CallMismatch, match=r"args\[0\]\.modes is set\(\{'b'\}\) but the artifact was captured with set\(\{'a', 'b'\}\)"):
             served(m, x)
+
+
+@pytest.mark.parametrize(("model", "change", "message"), [
+    (sc.CallsHelper, lambda m: setattr(m, "helper", lambda y: y - 1),
+     r"args\[0\]\.helper is function test_makefx_reads\.\S*<lambda> \(line \d+\) but the artifact was captured with method state_cases\.CallsHelper\.helper"),
+    (sc.CallsHelper, lambda m: setattr(sc.CallsHelper, "helper", lambda self, y: y - 1),
+     r"args\[0\]\.helper is method test_makefx_reads\.\S*<lambda> \(line \d+\) but the artifact was captured with method state_cases\.CallsHelper\.helper"),
+    (sc.OptionalExtra, lambda m: setattr(m, "extra", 2.0), r"args\[0\]\.extra is 2\.0 but the artifact was captured with missing"),
+    (sc.AsksBackendFlag, lambda m: setattr(torch.backends.mkldnn, "enabled", False),
+     r"global torch\.backends\.mkldnn\.enabled is False but the artifact was captured with True"),
+])
+def test_a_method_replaced_an_attribute_added_or_a_backend_flag_flipped_after_capture_is_refused(tmp_path, monkeypatch, model, change, message):
+    """Each served the captured computation silently before: a method replaced on the instance or
+    its class, an attribute the trace found absent (`getattr(self, "extra", None)`) set after, a
+    branch on torch.backends.mkldnn.enabled."""
+    monkeypatch.setattr(torch.backends.mkldnn, "enabled", True)
+    monkeypatch.setattr(sc.CallsHelper, "helper", sc.CallsHelper.helper)
+    m, x = model(), torch.ones(2, 4)
+    served = precompile.load(*_capture(tmp_path, sc.step, m, x))
+    with torch.no_grad():
+        assert torch.equal(served(m, x), sc.step(m, x))
+        assert torch.equal(served(m, x), sc.step(m, x))  # the fast path of later calls
+        change(m)
+        with pytest.raises(CallMismatch, match=message):
+            served(m, x)

@@ -107,6 +107,9 @@ with precompile.no_compilation(), torch.no_grad():
                                         torch.equal(printing(model, other), ic.run(model, other))]
     with printing:
         report["inside with"] = torch.equal(printing(model, x), ic.run(model, x))
+    hook = model.child.register_forward_hook(lambda module, inputs, output: output * 2)
+    report["hook on the child"] = refused(lambda: printing(model, x))
+    hook.remove()
     printing.unload()
     report["after unload"] = torch.equal(printing(model, x), ic.run(model, x))
 train = load("train")
@@ -136,6 +139,9 @@ def test_installed_artifacts_serve_in_a_fresh_process_with_the_stance_rules(inst
     assert report["force_eager"] is True
     assert report["eager_on_recompile"] == [True, True]
     assert report["inside with"] is True and report["after unload"] is True
+    # A hook registered after capture: the parent's variant misses and the call reaches the hook, a
+    # frame the capture never compiled (never the hook-less graph).
+    assert "the call reached <lambda>" in (report["hook on the child"] or "")
     assert report["train losses equal"] and report["train grads equal"]
     assert report["compiles"] == {}
 

@@ -155,13 +155,11 @@ class _Variant:
         return (getattr(guard.create_fn, "keywords", None) or {}).get(name)
 
     # -- one guard ------------------------------------------------------------------------------
-    def add(self, guard, skip_hook_guards: bool) -> None:
+    def add(self, guard) -> None:
         kind = guard.create_fn_name()
         label = slot_text((kind, slot_source(guard.name)))
         if kind in _COVERED_BY_GLOBAL_STATE:
             self.notes.append((label, "checked by GLOBAL_STATE (torch adds no check of its own)"))
-        elif kind == "EMPTY_NN_MODULE_HOOKS_DICT" and skip_hook_guards:
-            self.notes.append((label, "skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)"))
         elif kind in _RENDERERS:
             getattr(self, _RENDERERS[kind])(guard, label, kind)
         else:
@@ -438,12 +436,13 @@ _RENDERERS = {
     "DICT_KEYS_MATCH": "dict_keys",
     "HASATTR": "has_attribute",
     "SEQUENCE_LENGTH": "sequence_length",
+    "EMPTY_NN_MODULE_HOOKS_DICT": "sequence_length",  # a module's hook table: empty, as at capture (session.py)
     "AUTOGRAD_SAVED_TENSORS_HOOKS": "saved_tensors_hooks",
 }
 
 
 def render_variant(frame: int, variant: int, title: str, state, policy: frozenset, by_name: tuple[str, ...],
-                   renames: dict[str, str], skip_hook_guards: bool, seen: dict | None = None,
+                   renames: dict[str, str], seen: dict | None = None,
                    module_globals: dict | None = None) -> RenderedVariant:
     """The rendered check of one variant (its guards state loaded, the policy's slots left out, its by-name
     identity lines; `module_globals`: its module's live globals), or Unrenderable naming the first guard it cannot render."""
@@ -454,7 +453,7 @@ def render_variant(frame: int, variant: int, title: str, state, policy: frozense
     for guard in guards:
         if slot_text((guard.create_fn_name(), slot_source(guard.name))) in policy:
             continue
-        rendering.add(guard, skip_hook_guards)
+        rendering.add(guard)
     for line in by_name:
         rendering.identity_line(line)
     return RenderedVariant(function=f"guards_{rendering.prefix}", source=guard_function(rendering, title),

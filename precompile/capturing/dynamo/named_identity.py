@@ -43,6 +43,18 @@ def reference(value) -> str | None:
         module, qualname = _text(getattr(value, "__module__", None)), _text(getattr(value, "__qualname__", None))
     if module is None or qualname is None or module == "__main__" or "<" in qualname:
         return None
+    names = [qualname]
+    name = _text(getattr(value, "__name__", None))
+    if name is not None and name != qualname and not isinstance(value, type):
+        names.append(name)  # a builtin a module exports under its name: torch.relu's qualname is _VariableFunctionsClass.relu
+    for candidate in names:
+        ref = _unwrapped_to(value, module, candidate)
+        if ref is not None:
+            return ref
+    return None
+
+
+def _unwrapped_to(value, module: str, qualname: str) -> str | None:
     try:
         found = resolve(f"{module}:{qualname}")
     except Exception:  # a name that does not resolve is no reference

@@ -201,7 +201,10 @@ class DynamoSession:
 
         if self.backend == "inductor":  # the eager backend builds no kernels
             self.kernel_build = self._stack.enter_context(kernels.private_inductor_cache())
-        self._stack.enter_context(dynamo_config.patch(recompile_limit=self.tracer.recompile_limit))
+        # Dynamo skips its guards on module hooks by default (a hook added after compiling is silently
+        # not run); the artifact checks them, so a hook registered after capture is a CallMismatch.
+        self._stack.enter_context(dynamo_config.patch(recompile_limit=self.tracer.recompile_limit,
+                                                      skip_nnmodule_hook_guards=False))
         # Guard state is pickled as each frame compiles: a module whose class pickles itself is written so.
         self._stack.enter_context(faithful_module_pickling())
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")

@@ -163,7 +163,7 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
     """`seen`: {(frame qualname, variant): what its kept guards' sources held as Dynamo built them}
     (GuardLedger.seen), which the rendered checks compare with."""
     from precompile.codegen.drivers.dynamo import read_guards_state
-    from precompile.torch_compat import SerializedCode, dynamo_config
+    from precompile.torch_compat import SerializedCode
 
     states = {
         (index, variant): read_guards_state(guarded.guards_state)
@@ -204,7 +204,6 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
             try:
                 variant_code = render_variant(index, variant, title, states[(index, variant)],
                                               frozenset(meta.policy_dropped), meta.by_name, renames,
-                                              dynamo_config.skip_nnmodule_hook_guards,
                                               (seen or {}).get((frame.qualname, variant)),
                                               getattr(sys.modules.get(code.python_module), "__dict__", None))
             except Exception as exc:  # whatever stops a faithful rendering refuses the capture

@@ -69,6 +69,7 @@ def _skipped(filename: str) -> bool:
 _MAX_CHAIN = 4
 """How many attributes one chain is followed through (self.config.text_config.flag)."""
 _MISSING = object()
+_ABSENT = object()
 
 
 @dataclass(frozen=True, order=True)
@@ -87,8 +88,9 @@ class ReadLog:
     """(owner, attribute) -> the spelling of the value the first call that loaded it saw."""
     globals: dict[tuple[str, str], str] = field(default_factory=dict)
     """(module name, global name) -> the spelling of its value, for globals of the code that ran."""
-    globals_of: dict[str, dict] = field(default_factory=dict)
-    """module name -> its globals dict (to read the values again once the trace is done)."""
+    globals_of: dict[str, dict | types.ModuleType] = field(default_factory=dict)
+    """module name -> its globals dict, or the module where its value is read by getattr (a
+    torch.backends flag), to read the values again once the trace is done."""
     closures: dict[tuple[str, str], str] = field(default_factory=dict)
     """(function's qualified name, free variable) -> the spelling of the value its first call saw."""
     owners: dict[int, tuple[Owner, object]] = field(default_factory=dict)
@@ -105,6 +107,8 @@ class _Loads:
     globals: tuple[str, ...]
     free: tuple[str, ...]
     state: tuple[str, ...] = ()
+    optional: tuple[tuple[str, str], ...] = ()
+    """(root, name) read by getattr or hasattr with a constant name: an absence there is a value."""
 
 
 # torch's functions that read global state a branch may depend on, by the GLOBAL_STATE name they read
@@ -121,7 +125,8 @@ def _loads(code: types.CodeType) -> _Loads:
     for index, instruction in enumerate(scan.instructions):
         scan.step(index, instruction)
     scan.close()
-    return _Loads(tuple(sorted(scan.chains)), tuple(sorted(scan.globals)), tuple(sorted(scan.free)), tuple(sorted(scan.state)))
+    return _Loads(tuple(sorted(scan.chains)), tuple(sorted(scan.globals)), tuple(sorted(scan.free)),
+                  tuple(sorted(scan.state)), tuple(sorted(scan.optional)))
 
 
 class _LoadScan:
@@ -137,6 +142,7 @@ class _LoadScan:
         self.globals: set[str] = set()
         self.free: set[str] = set()
         self.state: set[str] = set()
+        self.optional: set[tuple[str, str]] = set()
         self.root: str | None = None
         self.path: list[str] = []
 
@@ -173,6 +179,7 @@ class _LoadScan:
         following = self.instructions[index + 1] if index + 1 < len(self.instructions) else None
         if self.root is not None and _getattr_call(self.instructions, index) and following is not None:
             self.chains.add((self.root, (following.argval,)))
+            self.optional.add((self.root, following.argval))
         if instruction.opname == "LOAD_DEREF" and instruction.argval in self.code.co_freevars:
             self.free.add(instruction.argval)
 
@@ -182,10 +189,10 @@ _GLOBAL = "global:"
 
 
 def _getattr_call(instructions: list, index: int) -> bool:
-    """Whether the load at `index` is getattr's first argument with a constant string name after it."""
+    """Whether the load at `index` is getattr's or hasattr's first argument with a constant string name after it."""
     before = instructions[index - 1] if index else None
     after = instructions[index + 1] if index + 1 < len(instructions) else None
-    return (before is not None and before.opname in ("LOAD_GLOBAL", "LOAD_NAME") and before.argval == "getattr"
+    return (before is not None and before.opname in ("LOAD_GLOBAL", "LOAD_NAME") and before.argval in ("getattr", "hasattr")
             and after is not None and after.opname == "LOAD_CONST" and isinstance(after.argval, str))
 
 
@@ -196,9 +203,14 @@ def _followable(value: object) -> bool:
             and not callable(value) and kind.__module__ != "builtins" and not kind.__module__.startswith("torch"))
 
 
+ABSENT = "missing"
+"""The spelling of an attribute obj does not have, as a served call's check spells it."""
+
+
 def plain_attribute(obj: object, name: str) -> object:
-    """obj.name where it is plain data (the instance's dict, a module's submodule, or a class
-    attribute that is no descriptor); _MISSING otherwise. Runs no code of obj's."""
+    """obj.name where it is plain data (the instance's dict, a module's submodule, a class attribute
+    that is no descriptor, or a method of a class outside torch, bound to obj); _MISSING otherwise,
+    _ABSENT where obj plainly has no such attribute. Runs no code of obj's."""
     if name == "__class__":
         return type(obj)
     try:
@@ -215,9 +227,28 @@ def plain_attribute(obj: object, name: str) -> object:
         return instance[name]
     if isinstance(obj, torch.nn.Module) and name in instance.get("_modules", {}):
         return instance["_modules"][name]
-    if found is _MISSING or hasattr(type(found), "__get__"):
-        return _MISSING  # not there, or a method
+    if found is _MISSING:
+        return _ABSENT if _plainly_absent(obj, instance, name) else _MISSING
+    if isinstance(found, types.FunctionType) and not (found.__module__ or "torch").startswith("torch"):
+        return types.MethodType(found, obj)  # replaced on the instance or its class, another function runs
+    if hasattr(type(found), "__get__"):
+        return _MISSING  # a torch method, a classmethod or another descriptor
     return found
+
+
+def _plainly_absent(obj: object, instance: dict, name: str) -> bool:
+    """Whether reading obj.name fails without running code of obj's: no __getattr__ but nn.Module's,
+    and for a module, no parameter, buffer or submodule of that name."""
+    hook = getattr(type(obj), "__getattr__", None)
+    if hook is not None and hook is not torch.nn.Module.__getattr__:
+        return False
+    return not any(name in instance.get(table, {}) for table in ("_parameters", "_buffers", "_modules"))
+
+
+def attribute_spelling(obj: object, name: str) -> str | None:
+    """The spelling of obj.name as noted at capture (ABSENT where it plainly is not there)."""
+    value = plain_attribute(obj, name)
+    return ABSENT if value is _ABSENT else None if value is _MISSING else spelled(value)
 
 
 class _FrameHook:
@@ -246,9 +277,9 @@ class _FrameHook:
             local = frame.f_locals
             for root, path in loads.chains:
                 if root.startswith(_GLOBAL):
-                    self.note_module_attribute(frame.f_globals.get(root[len(_GLOBAL):]), path[0])
+                    self.note_module_attribute(frame.f_globals.get(root[len(_GLOBAL):]), path)
                 else:
-                    self.note_chain(local.get(root, _MISSING), path)
+                    self.note_chain(local.get(root, _MISSING), path, (root, path[0]) in loads.optional)
         if loads.globals:
             module = frame.f_globals.get("__name__", "?")
             log.globals_of.setdefault(module, frame.f_globals)
@@ -267,10 +298,17 @@ class _FrameHook:
                 if spelling is not None:
                     log.closures[key] = spelling
 
-    def note_module_attribute(self, module: object, name: str) -> None:
-        """`cfg.SCALE` where cfg is a module: a global of that module."""
+    def note_module_attribute(self, module: object, path: tuple[str, ...]) -> None:
+        """`cfg.SCALE` where cfg is a module: a global of that module; `torch.backends.mkldnn.enabled`:
+        a flag of torch's backends."""
+        if module is torch and path[0] == "backends":
+            module, path = torch.backends, path[1:]
+        if isinstance(module, types.ModuleType) and module.__name__.startswith("torch.backends"):
+            self.note_backend_flag(module, path)
+            return
         if not isinstance(module, types.ModuleType) or _skipped(getattr(module, "__file__", None) or "<"):
             return
+        name = path[0]
         key = (module.__name__, name)
         value = vars(module).get(name, _MISSING)
         spelling = None if value is _MISSING or key in self.log.globals else spelled(value)
@@ -278,7 +316,22 @@ class _FrameHook:
             self.log.globals[key] = spelling
             self.log.globals_of.setdefault(module.__name__, vars(module))
 
-    def note_chain(self, obj: object, path: tuple[str, ...]) -> None:
+    def note_backend_flag(self, module: types.ModuleType, path: tuple[str, ...]) -> None:
+        """A flag of a torch.backends module (torch's own property over its C state), read as the
+        served call's check reads it: by getattr on the module sys.modules holds under that name."""
+        for name in path:
+            value = getattr(module, name, _MISSING)
+            if isinstance(value, types.ModuleType) and value.__name__.startswith("torch.backends."):
+                module = value
+                continue
+            key = (module.__name__, name)
+            if (value is None or type(value) in (bool, int, float, str)) and key not in self.log.globals:
+                self.log.globals[key] = str(spelled(value))
+                self.log.globals_of.setdefault(module.__name__, module)
+            return
+
+    def note_chain(self, obj: object, path: tuple[str, ...], optional: bool = False) -> None:
+        """`optional`: the chain is one attribute read by getattr or hasattr, so its absence is noted."""
         log = self.log
         for name in path:
             known = log.owners.get(id(obj))
@@ -286,7 +339,9 @@ class _FrameHook:
                 return
             owner = known[0]
             value = plain_attribute(obj, name)
-            if value is _MISSING:
+            if value is _ABSENT and optional:
+                log.attributes.setdefault((owner, name), ABSENT)
+            if value is _MISSING or value is _ABSENT:
                 return
             spelling = spelled(value)
             if spelling is not None:

@@ -12,7 +12,7 @@ import sys
 import warnings
 
 from precompile.artifact.metadata import SpecializedValue, specialized_source
-from precompile.capturing.makefx.reads import ReadLog, plain_attribute
+from precompile.capturing.makefx.reads import ReadLog, attribute_spelling
 from precompile.codegen.drivers.makefx import GLOBAL_STATE, MODULE_HOOKS, module_hooks, spelled
 from precompile.errors import CaptureRefused, PrecompileWarning
 
@@ -41,7 +41,10 @@ def global_state(before: dict[str, str], grad_matters: bool, read: set[str]) -> 
 
 def _importable(module: str) -> bool:
     loaded = sys.modules.get(module)
-    return module != "__main__" and loaded is not None and getattr(loaded, "__spec__", None) is not None
+    # torch.backends.cudnn and its siblings replace their module by an instance of a subclass, whose
+    # __spec__ is None: importing torch brings them back under their names.
+    return module != "__main__" and loaded is not None and (getattr(loaded, "__spec__", None) is not None
+                                                            or module.startswith("torch.backends."))
 
 
 def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
@@ -53,12 +56,13 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
     for (owner, name), value in sorted(read.attributes.items(), key=lambda item: (item[0][0], item[0][1])):
         record = SpecializedValue(kind="attribute", name=name, value=value, module=owner.module,
                                   arg=owner.arg, chain=owner.chain)
-        _refuse_changed(record, spelled(plain_attribute(objects[owner], name)))
+        _refuse_changed(record, attribute_spelling(objects[owner], name))
         out.append(record)
     for (module, name), value in sorted(read.globals.items()):
         record = SpecializedValue(kind="global", name=name, value=value, module=module,
                                   checked=_importable(module))
-        _refuse_changed(record, spelled(read.globals_of[module].get(name)))
+        where = read.globals_of[module]
+        _refuse_changed(record, spelled(where.get(name) if isinstance(where, dict) else getattr(where, name, None)))
         out.append(record)
     for (function, name), value in sorted(read.closures.items()):
         out.append(SpecializedValue(kind="closure", name=name, value=value, module=function, checked=False))

@@ -391,7 +391,9 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
     builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
     if builtins_key:
         _seed_builtins(scope, builtins_key, artifact)
-    manager = load_guard_manager(state, target, scope)
+    # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+        manager = load_guard_manager(state, target, scope)
     for line in by_name:
         _check_by_name(manager, line, scope, artifact)
     return _TorchGuards(manager), global_state, builtins_key
