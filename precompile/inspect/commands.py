@@ -22,7 +22,8 @@ from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import open_artifact, open_given, python_code_bytes, resolve_pair
 from precompile.inspect.terminal_text import printable
 
-ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
+ARTIFACT_HELP = ("the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME; each a path or an "
+                 "fsspec URL (s3://, gs://, https://, hf://, file://; needs precompile[remote])")
 ONE_FILE_HELP = (f"{ARTIFACT_HELP}; or one file alone of any kind known (told by content): a precompile or upstream "
                  "torch.compiler.precompile cache, a Mega-Cache blob, a bare pickle, python_code")
 
@@ -297,11 +298,15 @@ def _schema(args, out, err) -> int:
 
 
 def guarded(handler):
-    """Turn OS-level failures into the CLI's `precompile: error:` exit 2; never a traceback."""
+    """Fetch artifacts given as URLs (remote_arguments.py), and turn OS-level failures into the CLI's
+    `precompile: error:` exit 2; never a traceback."""
 
     def run(args, out, err) -> int:
+        from precompile.inspect.remote_arguments import fetched_arguments
+
         try:
-            return handler(args, out, err)
+            with fetched_arguments(args, out, err):
+                return handler(args, out, err)
         except PrecompileError:
             raise
         except (OSError, ValueError, RecursionError, MemoryError) as exc:
