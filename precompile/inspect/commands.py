@@ -260,7 +260,9 @@ def _report(args, out, err) -> int:
         problems += [p for p in report.problems if p not in problems]
     problems += [p for page in pages for p in page.problems if p not in problems]
     findings += [f for page in pages for f in page.findings if f not in findings]
-    html = render(pages, report).encode("utf-8")
+    from precompile.inspect.remote_arguments import relabel
+
+    html = relabel(render(pages, report), getattr(args, "fetched_from", {})).encode("utf-8")  # URLs, not the fetch cache
     with open(args.output, "wb") as handle:
         handle.write(html)
     sections = tuple(f"{page.id}{part}" for page in pages for part in ("", "-summary", "-frames", "-guards", "-kernels", "-code"))

@@ -51,6 +51,7 @@ def fetched_arguments(args, out, err):
                 labels[str(staged.view)] = staged.parent_url
                 local[index] = staged.local
         setattr(args, attribute, local)
+    args.fetched_from = labels  # for what a verb writes into a file (report's HTML page)
     if not labels:
         yield
         return

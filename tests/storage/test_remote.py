@@ -69,6 +69,8 @@ def test_show_verify_and_diff_read_an_s3_artifact_in_every_form_a_local_path_tak
         assert proc.returncode == 0, proc.stderr
         assert f"{prefix}.py" in proc.stdout and f"{prefix}.cache" in proc.stdout
         assert str(fetch_cache) not in proc.stdout + proc.stderr  # the URL is shown, not where it was fetched to
+    guards = _cli("guards", f"{prefix}.py", f"{prefix}.cache", env=env)
+    assert guards.returncode == 0, guards.stderr
     verify = _cli("verify", prefix, "--json", env=env)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert json.loads(verify.stdout)["ok"] is True
@@ -178,6 +180,11 @@ def test_an_http_url_keeps_its_double_slash_in_show_and_load(http_root, eager_pa
     proc = _cli("show", f"{base}/mlp.py", env=env)
     assert proc.returncode == 0, proc.stderr
     assert f"{base}/mlp.py" in proc.stdout
+    page = fetch_cache.parent / "report.html"
+    report = _cli("report", f"{base}/mlp", "-o", str(page), env=env)
+    assert report.returncode == 0, report.stderr
+    html = page.read_text(encoding="utf-8")
+    assert f"{base}/mlp.py" in html and str(fetch_cache) not in html
     assert _load(f"{base}/mlp.py", f"{base}/mlp.cache", env) == {"max_abs_diff": 0.0, "cache_used": True}
 
 
