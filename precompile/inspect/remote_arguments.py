@@ -43,7 +43,7 @@ def fetched_arguments(args, out, err):
             continue
         from precompile.storage.forms import stage
 
-        inputs = len(given) - 1 if args.verb == "extract" else len(given)
+        inputs = len(given) - 1 if getattr(args, "verb", None) == "extract" else len(given)
         local = list(given)
         for index in range(inputs):
             if is_url(given[index]):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import tempfile
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from precompile.storage import remote
 from precompile.storage.owner_only import created_problem
 
 ROOT_ENV = "PRECOMPILE_FETCH_CACHE"
+
+log = logging.getLogger("precompile")
 
 
 @dataclass(frozen=True)
@@ -108,18 +111,22 @@ def fetch(url: str, what: str, limit: int) -> Fetched:
     found = remote.stat(url, what)
     reused = _recorded(cache, found, what, limit)
     if reused is not None:
+        log.info("using %s from the fetch cache (%s): the store's %s is unchanged", url, reused.path, found.stamp[0][0])
         return reused
     data = remote.read(found, what, limit)
     sha256 = _digest(data)
     path = cache / "objects" / sha256
     try:
         _write_atomically(path, data)
-        if found.stamp:
+        # recorded only if the store's stamp still holds after the read: bytes written between the two
+        # are never filed under the stamp of the ones before
+        if found.stamp and remote.stat(url, what).stamp == found.stamp:
             entry = {"url": url, "stamp": [list(s) for s in found.stamp], "sha256": sha256}
             _write_atomically(cache / "index" / _digest(url.encode()), json.dumps(entry, sort_keys=True).encode())
     except OSError as exc:
         raise PrecompileError(f"could not write {what} {url} into the fetch cache {cache}: {exc.strerror or exc}; "
                               f"free space there or set {ROOT_ENV} elsewhere") from None
+    log.info("fetched %s (%d bytes, sha256 %s) into %s", url, len(data), sha256, path)
     return Fetched(url=url, path=path, data=data, sha256=sha256, reused=False)
 
 

@@ -54,6 +54,7 @@ def stat(url: str, what: str) -> RemoteObject:
     """What the store says of the object at `url`: a PrecompileError if it is missing or a directory."""
     fs, path = filesystem(url)
     try:
+        fs.invalidate_cache(path)  # the store's word now, not a listing this process cached before
         info = fs.info(path)
     except Exception as exc:  # every backend raises its own kinds: each becomes a PrecompileError naming the URL
         raise _failure(url, what, exc) from None
@@ -84,12 +85,15 @@ def read(found: RemoteObject, what: str, limit: int) -> bytes:
 
 
 def exists(url: str) -> bool:
-    """Whether `url` names a file (a failure to ask counts as no: the read that follows names it)."""
+    """Whether `url` names a file; a PrecompileError where the store cannot be asked (credentials,
+    network), so that the reason is named rather than taken for absence."""
     fs, path = filesystem(url)
     try:
-        return bool(fs.isfile(path))
-    except Exception:  # see stat()
+        return fs.info(path).get("type") != "directory"
+    except FileNotFoundError:
         return False
+    except Exception as exc:  # see stat()
+        raise _failure(url, "file", exc) from None
 
 
 def listing(url: str) -> list[str] | None:

@@ -131,6 +131,8 @@ def test_a_remote_pair_is_checked_as_a_local_one_signature_pins_included(s3, s3_
     s3.put(str(local.with_suffix(".sig")), f"{BUCKET}/signed/mlp.sig")
     pinned = {"trusted_keys": [str(tmp_path / "release.pub")]}
     assert _load(f"{prefix}.py", f"{prefix}.cache", env, **pinned)["cache_used"] is True
+    verify = _cli("verify", prefix, "--trusted-key", str(tmp_path / "release.pub"), env=env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
 
     s3.pipe(f"{BUCKET}/signed/mlp.cache", eager_pair["plain_function"][1].read_bytes())  # another capture's cache
     refused = run_fresh(LOAD, f"{prefix}.py", f"{prefix}.cache", json.dumps(pinned), env=env)
@@ -197,11 +199,26 @@ def test_load_says_what_it_takes_when_given_bytes_or_one_url_and_one_path(fetch_
         precompile.load("s3://bucket/x.py", "x.cache")
 
 
-def test_without_fsspec_a_url_names_the_extra_to_install(tmp_path):
-    code = ("import sys; sys.modules['fsspec'] = None\n"
+@pytest.mark.parametrize(("missing", "expected"), [
+    ("fsspec", "s3://bucket/step.py is a URL, and reading URLs needs fsspec: pip install 'precompile[remote]'"),
+    ("s3fs", "s3://bucket/step.py: the backend for this URL is not installed (Install s3fs to access S3); "
+             "pip install 'precompile[remote]' installs s3://"),
+])
+def test_without_the_remote_extra_a_url_names_it(tmp_path, missing, expected):
+    code = (f"import sys; sys.modules[{missing!r}] = None\n"
             "import precompile\n"
             "try:\n    precompile.load('s3://bucket/step.py', 's3://bucket/step.cache')\n"
             "except precompile.PrecompileError as exc:\n    print(exc)\n")
     proc = run_fresh(code, env={"PRECOMPILE_FETCH_CACHE": str(tmp_path / "fetch")})
     assert proc.returncode == 0, proc.stderr
-    assert "s3://bucket/step.py is a URL, and reading URLs needs fsspec: pip install 'precompile[remote]'" in proc.stdout
+    assert expected in proc.stdout
+
+
+def test_a_file_url_is_fetched_like_any_other(tmp_path, fetch_cache):
+    from precompile.storage.fetch_cache import fetch
+
+    (tmp_path / "blob.cache").write_bytes(b"local")
+    fetched = fetch(f"file://{tmp_path}/blob.cache", "cache", 100)
+    assert (fetched.data, fetched.path.read_bytes()) == (b"local", b"local")
+    with pytest.raises(PrecompileError, match=r"cache file://\S+/nothing.cache does not exist"):
+        fetch(f"file://{tmp_path}/nothing.cache", "cache", 100)
