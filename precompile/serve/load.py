@@ -208,6 +208,17 @@ def _fetched(artifact_path, cache_path):
     return fetch_pair(str(given[0]), str(given[1]))
 
 
+@contextlib.contextmanager
+def _urls_named(fetched):
+    """A PrecompileError raised while a fetched pair loads names the URLs, not the fetch cache's copies."""
+    try:
+        yield
+    except PrecompileError as exc:
+        if fetched is not None and exc.args and isinstance(exc.args[0], str):
+            exc.args = (fetched.named(exc.args[0]), *exc.args[1:])
+        raise
+
+
 def _read_pair(artifact_path: Path, cache_path: Path, pins, expect, fetched):
     """python_code's bytes, their sha256 and the cache read header-first: read from the files, or as
     fetched (sha256-checked in the fetch cache); where keys or an identity are pinned (precompile.signing),
@@ -390,7 +401,7 @@ def load(
     # Load builds long-lived objects (the metadata, python_code's code and namespace): the collector
     # waits until it is done, as it does for load's own imports (see the top of this module), unless
     # python_code is to compile something here (its bytecode, or kernels no bundle primed).
-    with contextlib.ExitStack() as collector:
+    with contextlib.ExitStack() as collector, _urls_named(fetched):
         collector.enter_context(cyclic_gc_paused())
         if fetched is not None:  # the bytes fetched (and sha256-checked) are the ones used, named in the fetch cache
             artifact_path, cache_path = fetched.python_code_path, fetched.cache_path

@@ -85,6 +85,14 @@ class FetchedPair:
     python_code_path: Path
     cache_path: Path
     """The two in a view directory, beside the pair's .sig where the store holds one."""
+    urls: dict[str, str]
+    """Each file in the view directory by the URL it was fetched from."""
+
+    def named(self, text: str) -> str:
+        """`text` naming the URLs where it names the files in the view directory."""
+        for local, url in self.urls.items():
+            text = text.replace(local, url)
+        return text
 
 
 def fetch_pair(python_code_url: str, cache_url: str) -> FetchedPair:
@@ -102,4 +110,5 @@ def fetch_pair(python_code_url: str, cache_url: str) -> FetchedPair:
         files[signature_name] = fetch_cache.fetch(f"{code_parent}/{signature_name}", "signature", MAX_SIGNATURE_SIZE)
     view = fetch_cache.view(files)
     cache_in_view = next((name for name, f in files.items() if f is cache), cache_name)
-    return FetchedPair(python_code=code, cache=cache, python_code_path=view / code_name, cache_path=view / cache_in_view)
+    return FetchedPair(python_code=code, cache=cache, python_code_path=view / code_name, cache_path=view / cache_in_view,
+                       urls={str(view / name): f.url for name, f in files.items()} | {str(view / cache_in_view): cache_url})
