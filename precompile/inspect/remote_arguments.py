@@ -36,6 +36,12 @@ def relabel(text: str, labels: dict[str, str]) -> str:
 def fetched_arguments(args, out, err):
     """Fetch the URLs among `args`' artifact arguments and replace them by local paths; while the verb
     runs, `out` and `err` (and a PrecompileError it raises) name the URLs again."""
+    outputs = [args.paths[-1]] if getattr(args, "verb", None) == "extract" and args.paths else []
+    outputs += [args.output] if isinstance(getattr(args, "output", None), str) else []
+    written = next((output for output in outputs if is_url(output)), None)
+    if written is not None:
+        raise PrecompileError(f"{written} is a URL: {args.verb} writes a local file or directory; pass a local path "
+                              "(and copy it to the store after)")
     labels: dict[str, str] = {}
     for attribute in ARGUMENT_LISTS:
         given = getattr(args, attribute, None)

@@ -45,20 +45,22 @@ def _wait_for(host: str, port: int) -> None:
 
 @pytest.fixture(scope="session")
 def s3_server():
-    """(endpoint URL, request log, the environment a process needs to reach it with s3fs)."""
+    """(endpoint URL, request log, the environment a process needs to reach it with s3fs), the environment
+    also set in this process while the session lasts."""
     pytest.importorskip("s3fs")
     server_module = pytest.importorskip("moto.server")
     log = RequestLog()
-    logging.getLogger("werkzeug").addHandler(log)
-    logging.getLogger("werkzeug").setLevel(logging.INFO)
+    werkzeug = logging.getLogger("werkzeug")
+    werkzeug.addHandler(log)
+    werkzeug.setLevel(logging.INFO)
     server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    saved = {name: os.environ.get(name) for name in env}
     try:
-        host, port = server.get_host_and_port()
         _wait_for(host, port)
-        env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
-        saved = {name: os.environ.get(name) for name in env}
         os.environ.update(env)
         import s3fs
 
@@ -66,13 +68,13 @@ def s3_server():
         s3fs.S3FileSystem().mkdir(BUCKET)
         yield env["AWS_ENDPOINT_URL"], log, env
     finally:
-        for name, value in locals().get("saved", {}).items():
+        for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
         server.stop()
-        logging.getLogger("werkzeug").removeHandler(log)
+        werkzeug.removeHandler(log)
 
 
 @pytest.fixture
@@ -81,8 +83,7 @@ def s3(s3_server):
     import s3fs
 
     s3fs.S3FileSystem.clear_instance_cache()
-    client = s3fs.S3FileSystem(skip_instance_cache=True)
-    return client
+    return s3fs.S3FileSystem(skip_instance_cache=True)
 
 
 @pytest.fixture(scope="session")

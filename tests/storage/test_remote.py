@@ -221,3 +221,14 @@ def test_a_file_url_is_fetched_like_any_other(tmp_path, fetch_cache):
     assert (fetched.data, fetched.path.read_bytes()) == (b"local", b"local")
     with pytest.raises(PrecompileError, match=r"cache file://\S+/nothing.cache does not exist"):
         fetch(f"file://{tmp_path}/nothing.cache", "cache", 100)
+
+
+@pytest.mark.parametrize("argv", [["extract", "PAIR", "s3://bucket/out"], ["report", "PAIR", "-o", "s3://bucket/out.html"]])
+def test_what_a_verb_writes_goes_to_a_local_path_not_a_url(capsys, tmp_path, monkeypatch, argv):
+    from test_inspect_helpers import FIXTURES, run_cli
+
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run_cli(capsys, [str(FIXTURES / "v1" / "mlp") if a == "PAIR" else a for a in argv])
+    assert rc == 2
+    assert f"{argv[-1]} is a URL: {argv[0]} writes a local file or directory; pass a local path" in err
+    assert not (tmp_path / "s3:").exists()
