@@ -32,6 +32,15 @@ def relabel(text: str, labels: dict[str, str]) -> str:
     return text
 
 
+def local_forms(paths: list[str]) -> list[str]:
+    """`paths` with each URL fetched and replaced by the same form of a local path."""
+    if not any(is_url(p) for p in paths):
+        return paths
+    from precompile.storage.forms import stage
+
+    return [stage(p).local if is_url(p) else p for p in paths]
+
+
 @contextlib.contextmanager
 def fetched_arguments(args, out, err):
     """Fetch the URLs among `args`' artifact arguments and replace them by local paths; while the verb

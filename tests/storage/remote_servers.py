@@ -43,6 +43,25 @@ def _wait_for(host: str, port: int) -> None:
             time.sleep(0.05)
 
 
+def _bounded(call, what: str) -> None:
+    """`call()`, given STARTUP_TIMEOUT seconds (in a daemon thread, abandoned if it takes longer)."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # reported in the test's thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(STARTUP_TIMEOUT)
+    if thread.is_alive():
+        raise TimeoutError(f"could not {what} within {STARTUP_TIMEOUT} s")
+    if failure:
+        raise failure[0]
+
+
 @pytest.fixture(scope="session")
 def s3_server():
     """(endpoint URL, request log, the environment a process needs to reach it with s3fs), the environment
@@ -54,7 +73,7 @@ def s3_server():
     werkzeug.addHandler(log)
     werkzeug.setLevel(logging.INFO)
     server = server_module.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    _bounded(server.start, "start moto's S3 server")  # start() itself waits for the server without a timeout
     host, port = server.get_host_and_port()
     env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1"}
@@ -73,7 +92,7 @@ def s3_server():
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        server.stop()
+        _bounded(server.stop, "stop moto's S3 server")
         werkzeug.removeHandler(log)
 
 

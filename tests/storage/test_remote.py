@@ -161,6 +161,16 @@ def test_the_fetch_cache_refetches_a_changed_object_and_never_uses_a_copy_altere
         fetch(url, "cache", 5)
 
 
+def test_the_python_api_opens_an_s3_artifact(s3, s3_server, eager_pair, fetch_cache):
+    from precompile.inspect import api
+
+    prefix = _upload(s3, eager_pair["mlp_batchnorm"], "api")
+    artifact = api.open_path(prefix)
+    assert artifact.pairs is True and api.problems_of(artifact) == ()
+    assert api.show_report(artifact).problems == ()
+    assert Path(artifact.python_code.path).is_relative_to(fetch_cache)
+
+
 def test_a_fetch_cache_another_user_could_write_is_refused(s3, s3_server, tmp_path, monkeypatch):
     from precompile.storage.fetch_cache import fetch
 
