@@ -45,6 +45,7 @@ finally:
 # set), the interrupted-write recovery.
 if TYPE_CHECKING:
     from precompile.signing.pair import TrustedKeys
+    from precompile.storage.forms import FetchedPair
 
 _TRUSTED_KEYS_ENV = "PRECOMPILE_TRUSTED_KEYS"
 _IDENTITY_ENV = ("PRECOMPILE_EXPECT_NAME", "PRECOMPILE_MIN_RELEASE")
@@ -195,7 +196,7 @@ def _read_if_present(cache_path: Path) -> bytes | None:
         return None  # the signature check names what is missing
 
 
-def _fetched(artifact_path, cache_path):
+def fetched_if_urls(artifact_path: str | os.PathLike, cache_path: str | os.PathLike) -> FetchedPair | None:
     """The pair fetched into the local fetch cache (storage/) where it is given as URLs; None for paths."""
     given = checked(artifact_path, "artifact_path", "load"), checked(cache_path, "cache_path", "load")
     urls = [is_url(location) for location in given]
@@ -209,7 +210,7 @@ def _fetched(artifact_path, cache_path):
 
 
 @contextlib.contextmanager
-def _urls_named(fetched):
+def _urls_named(fetched: FetchedPair | None):
     """A PrecompileError raised while a fetched pair loads names the URLs, not the fetch cache's copies."""
     try:
         yield
@@ -397,7 +398,7 @@ def load(
     another name, an older release (PEP 440 order) or no identity (see `_expectations`).
     """
     started = time.perf_counter()
-    fetched = _fetched(artifact_path, cache_path)
+    fetched = fetched_if_urls(artifact_path, cache_path)
     # Load builds long-lived objects (the metadata, python_code's code and namespace): the collector
     # waits until it is done, as it does for load's own imports (see the top of this module), unless
     # python_code is to compile something here (its bytecode, or kernels no bundle primed).

@@ -242,3 +242,40 @@ def test_what_a_verb_writes_goes_to_a_local_path_not_a_url(capsys, tmp_path, mon
     assert rc == 2
     assert f"{argv[-1]} is a URL: {argv[0]} writes a local file or directory; pass a local path" in err
     assert not (tmp_path / "s3:").exists()
+
+
+RANK = """
+import json, sys
+import torch
+import torch.distributed as dist
+import precompile.distributed
+from cases import CASES
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+served = precompile.distributed.load_everywhere(sys.argv[3] + ".py", sys.argv[3] + ".cache")
+case = CASES["mlp_batchnorm"]
+args = case.args(seed=1)
+with torch.no_grad():
+    print(json.dumps({"max_abs_diff": (served(*args) - case.fn(*args)).abs().max().item(), "cache_used": served.cache_used}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # two ranks
+def test_load_everywhere_fetches_on_one_rank_and_ships_the_pair_to_the_others(s3, s3_server, eager_pair, tmp_path):
+    _, log, env = s3_server
+    prefix = _upload(s3, eager_pair["mlp_batchnorm"], "everywhere")
+    env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
+    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(tmp_path / "rendezvous"), prefix], text=True,
+                              env={**env, "PRECOMPILE_FETCH_CACHE": str(tmp_path / f"fetch-{rank}")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in range(2)]
+    try:
+        outputs = [proc.communicate(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    for proc, (out, err) in zip(procs, outputs):
+        assert proc.returncode == 0, err[-4000:]
+        assert json.loads(out.strip().splitlines()[-1]) == {"max_abs_diff": 0.0, "cache_used": True}
+    assert log.gets("everywhere/mlp.cache") == 1  # only rank 0 downloaded it
+    assert not (tmp_path / "fetch-1").exists()
