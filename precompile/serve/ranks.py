@@ -177,8 +177,8 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
     """Load one artifact on every rank of the default process group; the files need only exist on `src`.
 
     Call it on every rank with the same arguments. Rank `src` reads both files (and the pair's
-    signature NAME.sig, if there is one; given URLs, it fetches them as load does) and broadcasts their bytes and sha256 over the default group
-    (raw bytes in tensors: nothing is pickled); every other rank checks the digests, writes them into a
+    signature NAME.sig, if there is one; given URLs, it fetches them as load does) and broadcasts
+    their bytes and sha256 over the default group (raw bytes in tensors: nothing is pickled); every other rank checks the digests, writes them into a
     private temporary dir and loads the pair from there. Every rank loads with `trusted_keys` (key
     paths must exist on every rank) and its own PRECOMPILE_TRUSTED_KEYS, so each checks the signature,
     and with `expect_name` / `min_release` and its own PRECOMPILE_EXPECT_NAME / PRECOMPILE_MIN_RELEASE,
