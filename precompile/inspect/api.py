@@ -23,8 +23,11 @@ def open_path(*paths: str, deep: bool = False) -> Artifact:
     """The artifact the paths name, as the CLI takes them: PYTHON_CODE CACHE, a directory holding one
     pair, a prefix DIR/NAME, or one file alone of any kind `show` knows (told by its content).
     `deep=True` also reads the cache's payload (what `verify_report` checks the bundle against).
-    Raises PrecompileError when nothing readable is named."""
-    return open_given(list(paths), deep=deep)
+    Each may be an fsspec URL (docs/remote.md): fetched into the fetch cache, where the artifact's
+    paths then point. Raises PrecompileError when nothing readable is named."""
+    from precompile.inspect.remote_arguments import local_forms
+
+    return open_given(local_forms(list(paths)), deep=deep)
 
 
 def problems_of(artifact: Artifact) -> tuple[str, ...]:

@@ -23,7 +23,8 @@ from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import is_mega_cache_file, open_artifact, open_given, python_code_bytes, resolve_pair
 from precompile.inspect.terminal_text import printable
 
-ARTIFACT_HELP = "the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME"
+ARTIFACT_HELP = ("the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME; each a path or an "
+                 "fsspec URL (s3://, gs://, https://, hf://, file://; needs precompile[remote])")
 ONE_FILE_HELP = (f"{ARTIFACT_HELP}; or one file alone of any kind known (told by content): a precompile or upstream "
                  "torch.compiler.precompile cache, a Mega-Cache blob, a bare pickle, python_code")
 
@@ -294,7 +295,9 @@ def _report(args, out, err) -> int:
         problems += [p for p in report.problems if p not in problems]
     problems += [p for page in pages for p in page.problems if p not in problems]
     findings += [f for page in pages for f in page.findings if f not in findings]
-    html = render(pages, report).encode("utf-8")
+    from precompile.inspect.remote_arguments import relabel
+
+    html = relabel(render(pages, report), getattr(args, "fetched_from", {})).encode("utf-8")  # URLs, not the fetch cache
     with open(args.output, "wb") as handle:
         handle.write(html)
     sections = tuple(f"{page.id}{part}" for page in pages for part in ("", "-summary", "-frames", "-guards", "-kernels", "-code"))
@@ -332,11 +335,15 @@ def _schema(args, out, err) -> int:
 
 
 def guarded(handler):
-    """Turn OS-level failures into the CLI's `precompile: error:` exit 2; never a traceback."""
+    """Fetch artifacts given as URLs (remote_arguments.py), and turn OS-level failures into the CLI's
+    `precompile: error:` exit 2; never a traceback."""
 
     def run(args, out, err) -> int:
+        from precompile.inspect.remote_arguments import fetched_arguments
+
         try:
-            return handler(args, out, err)
+            with fetched_arguments(args, out, err):
+                return handler(args, out, err)
         except PrecompileError:
             raise
         except (OSError, ValueError, RecursionError, MemoryError) as exc:

@@ -36,6 +36,7 @@ try:
     from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused, parse_source
     from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
     from precompile.serve import environment, source_lines
+    from precompile.storage.locations import checked, is_url
 finally:
     if _collecting:
         gc.enable()
@@ -44,6 +45,7 @@ finally:
 # set), the interrupted-write recovery.
 if TYPE_CHECKING:
     from precompile.signing.pair import TrustedKeys
+    from precompile.storage.forms import FetchedPair
 
 _TRUSTED_KEYS_ENV = "PRECOMPILE_TRUSTED_KEYS"
 _IDENTITY_ENV = ("PRECOMPILE_EXPECT_NAME", "PRECOMPILE_MIN_RELEASE")
@@ -105,7 +107,7 @@ class PrecompiledRunnable:
 
 def _read_cache_for(python_code: bytes, digest: str, cache_path: Path, signed: bytes | None = None):
     """The cache file, read header-first (not yet judged). `signed`: the cache's bytes a signature
-    was checked on, used as they are (never a pending cache)."""
+    was checked on, or that were fetched from a URL, used as they are (never a pending cache)."""
     cache = read_cache(cache_path, MAX_CACHE_SIZE) if signed is None else parse_cache(cache_path, signed)
     if signed is None and cache.envelope is not None and cache.envelope.code_hash != digest:
         # A write interrupted between its renames, or one still renaming (resolving waits for its
@@ -192,6 +194,46 @@ def _read_if_present(cache_path: Path) -> bytes | None:
         return read_bytes(cache_path, "cache", MAX_CACHE_SIZE)
     except PrecompileError:
         return None  # the signature check names what is missing
+
+
+def fetched_if_urls(artifact_path: str | os.PathLike, cache_path: str | os.PathLike) -> FetchedPair | None:
+    """The pair fetched into the local fetch cache (storage/) where it is given as URLs; None for paths."""
+    given = checked(artifact_path, "artifact_path", "load"), checked(cache_path, "cache_path", "load")
+    urls = [is_url(location) for location in given]
+    if not any(urls):
+        return None
+    if not all(urls):
+        raise PrecompileError(f"load({given[0]!s}, {given[1]!s}): pass both files as URLs or both as local paths")
+    from precompile.storage.forms import fetch_pair
+
+    return fetch_pair(str(given[0]), str(given[1]))
+
+
+@contextlib.contextmanager
+def _urls_named(fetched: FetchedPair | None):
+    """A PrecompileError raised while a fetched pair loads names the URLs, not the fetch cache's copies."""
+    try:
+        yield
+    except PrecompileError as exc:
+        if fetched is not None and exc.args and isinstance(exc.args[0], str):
+            exc.args = (fetched.named(exc.args[0]), *exc.args[1:])
+        raise
+
+
+def _read_pair(artifact_path: Path, cache_path: Path, pins, expect, fetched):
+    """python_code's bytes, their sha256 and the cache read header-first: read from the files, or as
+    fetched (sha256-checked in the fetch cache); where keys or an identity are pinned (precompile.signing),
+    the pair's signature is checked on the very bytes used."""
+    code_data = read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE) if fetched is None else fetched.python_code.data
+    given_cache = fetched.cache.data if fetched is not None and fetched.cache is not None else None
+    if pins or expect:
+        from precompile.signing.pair import require_trusted
+
+        if fetched is None:
+            given_cache = _read_if_present(cache_path)
+        require_trusted(artifact_path, cache_path, pins, (code_data, given_cache), expect)
+    digest = code_hash(code_data)
+    return code_data, digest, _read_cache_for(code_data, digest, cache_path, given_cache)
 
 
 def _forbidden_cause(exc: BaseException) -> CompilationForbidden | None:
@@ -344,6 +386,11 @@ def load(
     backend under the process-wide stance; a standalone artifact has no compiler behind it, so
     passing it there is a PrecompileError.
 
+    Either may be an fsspec URL (s3://, gs://, http(s)://, hf://, file://; needs precompile[remote]), then
+    both are: the pair, and the .sig beside python_code, are fetched into the local content-addressed
+    fetch cache (storage/fetch_cache.py; reused while the store's ETag or checksum is unchanged) and
+    checked as local files are.
+
     Signed pairs: with `trusted_keys` (public key paths or PEM bytes) or PRECOMPILE_TRUSTED_KEYS set,
     a pair none of those keys signed (`precompile sign`), whose files changed since, or whose cache is
     missing, is a PrecompileError raised before anything of it is parsed or executed; with `expect_name`
@@ -351,22 +398,17 @@ def load(
     another name, an older release (PEP 440 order) or no identity (see `_expectations`).
     """
     started = time.perf_counter()
+    fetched = fetched_if_urls(artifact_path, cache_path)
     # Load builds long-lived objects (the metadata, python_code's code and namespace): the collector
     # waits until it is done, as it does for load's own imports (see the top of this module), unless
     # python_code is to compile something here (its bytecode, or kernels no bundle primed).
-    with environment.restored(), contextlib.ExitStack() as collector:
+    with environment.restored(), contextlib.ExitStack() as collector, _urls_named(fetched):
         collector.enter_context(cyclic_gc_paused())
+        if fetched is not None:  # the bytes fetched (and sha256-checked) are the ones used, named in the fetch cache
+            artifact_path, cache_path = fetched.python_code_path, fetched.cache_path
         artifact_path, cache_path = Path(artifact_path), Path(cache_path)
         pins, expect = _pins(trusted_keys), _expectations(expect_name, min_release)
-        code_data = read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE)
-        signed_cache = None
-        if pins or expect:  # signed pairs (precompile.signing): checked on the very bytes used below
-            from precompile.signing.pair import require_trusted
-
-            signed_cache = _read_if_present(cache_path)
-            require_trusted(artifact_path, cache_path, pins, (code_data, signed_cache), expect)
-        digest = code_hash(code_data)
-        cache_file = _read_cache_for(code_data, digest, cache_path, signed_cache)
+        code_data, digest, cache_file = _read_pair(artifact_path, cache_path, pins, expect, fetched)
         paired = cache_file.envelope if cache_file.envelope is not None and cache_file.envelope.code_hash == digest else None
         python_code = read_python_code(artifact_path, code_data, envelope=paired, digest=digest)
         if allow_serve_time_compiles and python_code.header.serving_mode != "installed":

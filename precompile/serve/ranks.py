@@ -177,8 +177,8 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
     """Load one artifact on every rank of the default process group; the files need only exist on `src`.
 
     Call it on every rank with the same arguments. Rank `src` reads both files (and the pair's
-    signature NAME.sig, if there is one) and broadcasts their bytes and sha256 over the default group
-    (raw bytes in tensors: nothing is pickled); every other rank checks the digests, writes them into a
+    signature NAME.sig, if there is one; given URLs, it fetches them as load does) and broadcasts
+    their bytes and sha256 over the default group (raw bytes in tensors: nothing is pickled); every other rank checks the digests, writes them into a
     private temporary dir and loads the pair from there. Every rank loads with `trusted_keys` (key
     paths must exist on every rank) and its own PRECOMPILE_TRUSTED_KEYS, so each checks the signature,
     and with `expect_name` / `min_release` and its own PRECOMPILE_EXPECT_NAME / PRECOMPILE_MIN_RELEASE,
@@ -187,7 +187,7 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
     """
     import torch
 
-    from precompile.serve.load import MAX_CACHE_SIZE, load
+    from precompile.serve.load import MAX_CACHE_SIZE, fetched_if_urls, load
     from precompile.signing.envelope import MAX_SIGNATURE_SIZE, signature_path
 
     dist = _initialized()
@@ -199,12 +199,17 @@ def load_everywhere(artifact_path: str | os.PathLike, cache_path: str | os.PathL
     size, rank = dist.get_world_size(), dist.get_rank()
     if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < size:
         raise PrecompileError(f"load_everywhere() src must be a rank of this world of size {size}, got {src!r}")
+    given = artifact_path, cache_path
     artifact_path, cache_path = Path(artifact_path), Path(cache_path)
     paths = (artifact_path, cache_path, signature_path(artifact_path))
     device = _device(dist)
     pair, problem = (b"", b"", b""), ""
     if rank == src:
         try:  # as load reads them: regular files only (a FIFO is refused, not waited on), within its limits
+            fetched = fetched_if_urls(*given)
+            if fetched is not None:  # URLs: rank src fetches them (and the .sig) and ships their bytes as it ships files
+                artifact_path, cache_path = fetched.python_code_path, fetched.cache_path
+                paths = (artifact_path, cache_path, signature_path(artifact_path))
             signed = os.path.lexists(paths[2])  # an unsigned pair ships no signature
             signature = read_bytes(paths[2], "signature", MAX_SIGNATURE_SIZE) if signed else b""
             pair = (read_bytes(artifact_path, "python_code", MAX_PYTHON_CODE_SIZE),

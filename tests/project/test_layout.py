@@ -18,16 +18,17 @@ PACKAGE = Path(precompile.__file__).parent
 # room -> the rooms it may import (besides itself and the package's top-level helper modules)
 ALLOWED = {
     "artifact": set(),
+    "storage": {"artifact"},
     "signing": {"artifact"},
-    "inspect": {"artifact", "signing"},
+    "inspect": {"artifact", "signing", "storage"},
     "codegen": {"artifact"},
-    "serve": {"artifact", "codegen", "signing"},
+    "serve": {"artifact", "codegen", "signing", "storage"},
     "capturing": {"artifact", "codegen", "serve"},
-    "cli": {"artifact", "codegen", "serve", "capturing", "inspect", "signing", "examples"},
+    "cli": {"artifact", "codegen", "serve", "capturing", "inspect", "signing", "storage", "examples"},
     "testing": {"artifact", "inspect", "serve", "capturing"},
     "examples": set(),
 }
-TORCH_FREE = {"artifact", "inspect", "signing"}
+TORCH_FREE = {"artifact", "inspect", "signing", "storage"}
 
 
 def _modules() -> dict[str, ast.Module]:
