@@ -6,8 +6,13 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from collections import deque
+from collections.abc import Iterator
 
 from precompile.artifact.metadata import DynamoMetadata
+from precompile.artifact.opaque_state import nodes
+from precompile.errors import PrecompileError
+from precompile.inspect.chunked_parse import parsed_chunks
 
 
 def shape_text(shape) -> str:
@@ -82,23 +87,32 @@ def _state_text(key: str, value) -> str:
 
 def _literal_calls(source: str | bytes | None, name: re.Pattern) -> list[tuple[str, ast.Call]]:
     """The top-level `NAME = Call(arg, ...)` statements of python_code whose NAME matches `name`."""
-    tree = _parsed(source)
-    if tree is None:
-        return []
-    return [(node.targets[0].id, node.value) for node in tree.body
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-            and isinstance(node.value, ast.Call) and node.value.args and name.fullmatch(node.targets[0].id)]
+    return [(node.targets[0].id, node.value) for node, _ in _statements(source) or ()
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.args
+            and name.fullmatch(node.targets[0].id)]  # type: ignore[attr-defined]
+
+
+def _read(node: ast.stmt) -> bool:
+    """A top-level statement the readers here read: a guard function, or `NAME = ...` of a rendered row."""
+    if isinstance(node, ast.FunctionDef):
+        return _FUNCTION.fullmatch(node.name) is not None
+    return (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and (_TENSORS.fullmatch(node.targets[0].id) or _GLOBAL_STATE.fullmatch(node.targets[0].id)) is not None)
 
 
 @functools.lru_cache(maxsize=2)
-def _parsed(source: str | bytes | None) -> ast.Module | None:
-    """python_code parsed once for the readers of its rendered guards (None: not Python text).
-    The tree is shared: its readers never change it."""
+def _statements(source: str | bytes | None) -> list[tuple[ast.stmt, int]] | None:
+    """The top-level statements of python_code the readers of its rendered guards read, each with the
+    number of lines before the part it was parsed in (None: not Python text). python_code is parsed a
+    part at a time (`chunked_parse`) and only these statements' trees are kept; they are shared: their
+    readers never change them."""
     if source is None:
         return None
     try:
-        return ast.parse(source.decode("utf-8") if isinstance(source, bytes) else source)
-    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
+        text = source.decode("utf-8") if isinstance(source, bytes) else source
+        return [(node, chunk.first_line - 1) for chunk in parsed_chunks(text, filename="python_code")
+                for node in chunk.tree.body if _read(node)]
+    except (PrecompileError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return None
 
 
@@ -112,19 +126,19 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
     """{(frame, variant): {guard label: the condition that runs}} of a standalone artifact whose
     guards python_code renders as functions `guards_F_V` (read with ast, never executed); a guard
     torch itself skips maps to "not checked: why". Empty for artifacts without rendered guards."""
-    tree = _parsed(source)
-    if tree is None or source is None:
+    statements = _statements(source)
+    if statements is None or source is None:
         return {}
     text = source.decode("utf-8") if isinstance(source, bytes) else source
     lines = text.splitlines()  # once: the comments and segments below index into it
     found: dict[tuple[str, int], dict[str, str]] = {}
-    for node in tree.body:
+    for node, before in statements:
         match = _FUNCTION.fullmatch(node.name) if isinstance(node, ast.FunctionDef) else None
         if match is None or int(match.group(1)) >= len(meta.frames):
             continue
         key = (meta.frames[int(match.group(1))].qualname or meta.frames[int(match.group(1))].name, int(match.group(2)))
         checks: dict[str, str] = {}
-        first, last = node.lineno, node.end_lineno or node.lineno
+        first, last = node.lineno + before, (node.end_lineno or node.lineno) + before
         for line in lines[first:last]:
             note = line.strip()
             if note.startswith("# ") and ": " in note:
@@ -132,7 +146,7 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
                 checks.setdefault(label, f"not checked: {why}")
         failing: str | None = None  # the label the rendered guard assigns before its `if`
         spelled = _SpelledOut()
-        for statement in ast.walk(node):
+        for statement in _statements_within(node):
             targets = [getattr(t, "id", None) for t in statement.targets] if isinstance(statement, ast.Assign) else []
             if isinstance(statement, ast.Assign) and targets == ["failing"]:
                 value = statement.value.value if isinstance(statement.value, ast.Constant) else None
@@ -141,16 +155,32 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
                 spelled.bind(str(targets[0]), statement.value)
             elif isinstance(statement, ast.If) and failing is not None:
                 test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
-                checks[failing] = spelled.text(test) or " ".join(_segment(lines, test).split())
+                checks[failing] = spelled.text(test) or " ".join(_segment(lines, test, before).split())
                 failing = None
         found[key] = checks
     return found
 
 
-def _segment(lines: list[str], node: ast.expr) -> str:
-    """The source text of `node`, as ast.get_source_segment gives it (column offsets count UTF-8
-    bytes), from lines split once rather than once per call."""
-    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+def _statements_within(node: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of `node` that are not expressions, in the order `ast.walk` gives them (breadth first):
+    expressions hold no statement, so their subtrees, most of a guard function's nodes, are not walked."""
+    todo = deque([node])
+    while todo:
+        node = todo.popleft()
+        yield node
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if type(value) is list:
+                todo.extend(item for item in value if isinstance(item, ast.AST) and not isinstance(item, ast.expr))
+            elif isinstance(value, ast.AST) and not isinstance(value, (ast.expr, ast.expr_context)):
+                todo.append(value)
+
+
+def _segment(lines: list[str], node: ast.expr, before: int) -> str:
+    """The source text of `node` (parsed in a part of the file `before` lines in), as
+    ast.get_source_segment gives it (column offsets count UTF-8 bytes), from lines split once rather
+    than once per call."""
+    first, last = node.lineno - 1 + before, (node.end_lineno or node.lineno) - 1 + before
     if first < 0 or last >= len(lines) or node.end_col_offset is None:
         return ""
     if first == last:
@@ -214,8 +244,12 @@ class _SpelledOut:
 
     def text(self, test: ast.AST) -> str | None:
         """The check spelled out, or None where it reads no local this knows."""
-        names = [node.id for node in ast.walk(test) if isinstance(node, ast.Name) and node.id in self.paths]
-        if not _bound_within(test).isdisjoint(names):
+        names, binds = [], False
+        for node in nodes(test):
+            if type(node) is ast.Name and node.id in self.paths:  # type: ignore[attr-defined]
+                names.append(node.id)  # type: ignore[attr-defined]
+            binds = binds or isinstance(node, (ast.comprehension, ast.Lambda, ast.NamedExpr))
+        if binds and not _bound_within(test).isdisjoint(names):
             return None  # a name the check binds itself shadows the local there: as written
         if not names or sum(self.paths[name][1] for name in names) > self.MAX_CHECK:
             return None
