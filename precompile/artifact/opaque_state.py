@@ -102,22 +102,24 @@ def mentions(tree: ast.Module, names: tuple[str, ...]) -> dict[str, list[ast.AST
     reads: set[int] = set()
     for node in nodes(tree):
         kind = type(node)
-        if kind is ast.Constant:
+        if isinstance(node, ast.Subscript):
+            if isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant):
+                reads.add(id(node.slice))
+        elif isinstance(node, ast.Name):
+            if node.id in names and not isinstance(node.ctx, ast.Load):
+                found[node.id].append(node)
+        elif kind is ast.Constant:
             if id(node) not in reads:
-                for name in names:
-                    if _string_mentions(node, name):
-                        found[name].append(node)
-        elif kind is ast.Subscript:
-            if isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant):  # type: ignore[attr-defined]
-                reads.add(id(node.slice))  # type: ignore[attr-defined]
-        elif kind is ast.Name:
-            if node.id in names and not isinstance(node.ctx, ast.Load):  # type: ignore[attr-defined]
-                found[node.id].append(node)  # type: ignore[attr-defined]
+                _record(found, node, _string_mentions)
         elif isinstance(node, _BINDERS):
-            for name in names:
-                if _binds(node, name):
-                    found[name].append(node)
+            _record(found, node, _binds)
     return found
+
+
+def _record(found: dict[str, list[ast.AST]], node: ast.AST, test: Callable[[ast.AST, str], bool]) -> None:
+    for name, nodes_of_name in found.items():
+        if test(node, name):
+            nodes_of_name.append(node)
 
 
 def _find(tree: ast.Module, name: str, found: list[ast.AST], is_literal: Callable[[ast.expr], bool], what: str) -> Found:

@@ -97,9 +97,9 @@ class OpaqueReader:
         """Take the syntax tree of the part of python_code that starts at `first_line`."""
         self._scans.extend(self._literal_scans(tree, first_line))  # before the candidates' lines are moved
         found = mentions(tree, (STATE, BYTECODE))
-        for name, nodes in found.items():
-            self._mentions[name].extend(getattr(node, "lineno", 0) + first_line - 1 for node in nodes)
-            targets = {id(node) for node in nodes}
+        for name, mentioned in found.items():
+            self._mentions[name].extend(getattr(node, "lineno", 0) + first_line - 1 for node in mentioned)
+            targets = {id(node) for node in mentioned}
             for statement in tree.body:
                 if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and id(statement.targets[0]) in targets:
                     self._candidates[name].append(ast.increment_lineno(statement, first_line - 1))

@@ -88,8 +88,8 @@ def _state_text(key: str, value) -> str:
 def _literal_calls(source: str | bytes | None, name: re.Pattern) -> list[tuple[str, ast.Call]]:
     """The top-level `NAME = Call(arg, ...)` statements of python_code whose NAME matches `name`."""
     return [(node.targets[0].id, node.value) for node, _ in _statements(source) or ()
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and node.value.args
-            and name.fullmatch(node.targets[0].id)]  # type: ignore[attr-defined]
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)
+            and node.value.args and name.fullmatch(node.targets[0].id)]
 
 
 def _read(node: ast.stmt) -> bool:
@@ -201,7 +201,7 @@ class _SpelledOut:
     MAX_CHECK = 65536
 
     def __init__(self) -> None:
-        self.paths: dict[str, tuple[ast.expr, int]] = {}  # local: (its path spelled out, its length)
+        self.paths: dict[str, str] = {}  # local: its path spelled out, as ast.unparse writes it
 
     def bind(self, name: str, value: ast.expr) -> None:
         before = self.paths.pop(name, None)  # `s1 = s1.a` reads the s1 bound before
@@ -214,20 +214,45 @@ class _SpelledOut:
             node = node.value
         if not steps or not isinstance(node, ast.Name):
             return
-        base, length = (before if node.id == name else self.paths.get(node.id)) or (node, len(node.id))
+        parts = [(before if node.id == name else self.paths.get(node.id)) or node.id]
+        length = len(parts[0])
         for step in reversed(steps):
-            length += len(step.attr) + 1 if isinstance(step, ast.Attribute) else len(repr(step.slice.value)) + 2  # type: ignore[attr-defined]
+            # what ast.unparse writes for the step: a path's steps never need parentheses
+            parts.append(f".{step.attr}" if isinstance(step, ast.Attribute) else f"[{ast.unparse(step.slice)}]")
+            length += len(parts[-1])
             if length > self.MAX_SPELLED_OUT:
                 return
-            base = type(step)(**{**{f: getattr(step, f) for f in step._fields}, "value": base})
-        self.paths[name] = (base, length)
+        self.paths[name] = "".join(parts)
+
+    def text(self, test: ast.AST) -> str | None:
+        """The check spelled out, or None where it reads no local this knows: unparsed with each
+        local's name written as its path, as unparsing the check with the paths in place of the
+        names writes it (a path is an atom: no parentheses change), without copying the check or
+        unparsing every path again in every check."""
+        writer = _PathWriter(self.paths, self.MAX_CHECK)
+        try:
+            try:
+                written = writer.visit(test)
+            except _InFormattedString:  # unparse writes an f-string with a writer of its own: the paths put in the check
+                writer.names = [n.id for n in nodes(test) if isinstance(n, ast.Name) and n.id in self.paths]
+                writer.binds = True
+                if sum(len(self.paths[name]) for name in writer.names) > self.MAX_CHECK:
+                    return None
+                written = ast.unparse(self.substituted(test))
+        except (_TooLong, RecursionError, ValueError, MemoryError, SyntaxError):  # past MAX_CHECK, nested past the stack, an int past str()'s digits
+            return None
+        if not writer.names:
+            return None
+        if writer.binds and not _bound_within(test).isdisjoint(writer.names):
+            return None  # a name the check binds itself shadows the local there: as written
+        return written
+
 
     def substituted(self, node: ast.AST) -> ast.AST:
         """`node` with each local this knows replaced by its path; subtrees without one are shared,
         not copied, and `node` itself is left as it is."""
         if isinstance(node, ast.Name):
-            spelled = self.paths.get(node.id)
-            return node if spelled is None else spelled[0]
+            return node if node.id not in self.paths else ast.parse(self.paths[node.id], mode="eval").body
         changed: dict[str, object] = {}
         for field, value in ast.iter_fields(node):
             if isinstance(value, ast.AST):
@@ -242,21 +267,50 @@ class _SpelledOut:
             return node
         return type(node)(**{**{field: getattr(node, field, None) for field in node._fields}, **changed})
 
-    def text(self, test: ast.AST) -> str | None:
-        """The check spelled out, or None where it reads no local this knows."""
-        names, binds = [], False
-        for node in nodes(test):
-            if type(node) is ast.Name and node.id in self.paths:  # type: ignore[attr-defined]
-                names.append(node.id)  # type: ignore[attr-defined]
-            binds = binds or isinstance(node, (ast.comprehension, ast.Lambda, ast.NamedExpr))
-        if binds and not _bound_within(test).isdisjoint(names):
-            return None  # a name the check binds itself shadows the local there: as written
-        if not names or sum(self.paths[name][1] for name in names) > self.MAX_CHECK:
-            return None
-        try:
-            return ast.unparse(self.substituted(test))
-        except (RecursionError, ValueError, MemoryError):  # nested past the stack, an int past str()'s digits
-            return None
+
+class _TooLong(Exception):
+    pass
+
+
+class _InFormattedString(Exception):
+    pass
+
+
+class _PathWriter(ast._Unparser):  # type: ignore[name-defined]
+    """ast.unparse, each name of a local bound to a path written as the path; stops past `most`
+    characters of paths (a hostile file could name a long path any number of times)."""
+
+    def __init__(self, paths: dict[str, str], most: int) -> None:
+        super().__init__()
+        self.paths, self.most, self.written = paths, most, 0
+        self.names: list[str] = []
+        self.binds = False
+
+    def visit_Name(self, node: ast.Name) -> None:
+        path = self.paths.get(node.id)
+        if path is None:
+            self.write(node.id)
+            return
+        self.written += len(path)
+        if self.written > self.most:
+            raise _TooLong
+        self.names.append(node.id)
+        self.write(path)
+
+    def visit_comprehension(self, node: ast.comprehension) -> None:
+        self.binds = True
+        super().visit_comprehension(node)
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        self.binds = True
+        super().visit_Lambda(node)
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        self.binds = True
+        super().visit_NamedExpr(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        raise _InFormattedString
 
 
 def _bound_within(test: ast.AST) -> set[str]:
