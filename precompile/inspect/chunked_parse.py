@@ -44,7 +44,7 @@ def _cuts(source: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def _collector_paused() -> Iterator[None]:
+def collector_paused() -> Iterator[None]:
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -63,7 +63,7 @@ def parsed_chunks(source: str, *, filename: str) -> Iterator[Chunk]:
         while True:
             end = min(start + span, len(cuts) - 1)
             try:
-                with _collector_paused():
+                with collector_paused():
                     tree = parse_source(source[cuts[start]:cuts[end]], filename=filename)
                 break
             except PrecompileError:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from precompile.artifact.metadata import DynamoMetadata
 from precompile.artifact.opaque_state import nodes
 from precompile.errors import PrecompileError
-from precompile.inspect.chunked_parse import parsed_chunks
+from precompile.inspect.chunked_parse import collector_paused, parsed_chunks
 
 
 def shape_text(shape) -> str:
@@ -25,11 +25,11 @@ _TENSORS = re.compile(r"_tensors_(\d+)_(\d+)")
 _SOURCE_LOCAL = re.compile(r"s\d+")
 # What a --type filter names beyond a guard type itself: the part of a tensor's guard it checks.
 
-def tensor_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[str, str]]:
+def tensor_rows(source: str | bytes | None, lines: tuple[tuple[int, int], ...] | None = None) -> dict[tuple[int, int], dict[str, str]]:
     """{(frame index, variant): {tensor source: what its TENSOR_MATCH checks}} from the literal rows
     of each `_tensors_F_V = _TensorMatch((...))` python_code renders (read with ast, never executed)."""
     found: dict[tuple[int, int], dict[str, str]] = {}
-    for name, call in _literal_calls(source, _TENSORS):
+    for name, call in _literal_calls(source, _TENSORS, lines):
         try:
             rows = ast.literal_eval(call.args[0])
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -52,7 +52,7 @@ UNCHECKED_GLOBAL_STATE = ("num_threads",)
 count at the serving process's own (see codegen/drivers/dynamo_guards._GlobalState)."""
 
 
-def global_state_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[str, str]]:
+def global_state_rows(source: str | bytes | None, lines: tuple[tuple[int, int], ...] | None = None) -> dict[tuple[int, int], dict[str, str]]:
     """{(frame index, variant): {field: the value its GLOBAL_STATE guard checks}} from the JSON literal
     of each `_global_state_F_V = _GlobalState('...')` python_code renders (read with ast and json,
     never executed): grad_mode, default_dtype (by name), deterministic algorithms, autocast, ...;
@@ -60,7 +60,7 @@ def global_state_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[
     import json
 
     found: dict[tuple[int, int], dict[str, str]] = {}
-    for name, call in _literal_calls(source, _GLOBAL_STATE):
+    for name, call in _literal_calls(source, _GLOBAL_STATE, lines):
         argument = call.args[0]
         if not (isinstance(argument, ast.Constant) and isinstance(argument.value, str)):
             continue
@@ -85,9 +85,10 @@ def _state_text(key: str, value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def _literal_calls(source: str | bytes | None, name: re.Pattern) -> list[tuple[str, ast.Call]]:
+def _literal_calls(source: str | bytes | None, name: re.Pattern,
+                   lines: tuple[tuple[int, int], ...] | None) -> list[tuple[str, ast.Call]]:
     """The top-level `NAME = Call(arg, ...)` statements of python_code whose NAME matches `name`."""
-    return [(node.targets[0].id, node.value) for node, _ in _statements(source) or ()
+    return [(node.targets[0].id, node.value) for node, _ in _statements(source, lines) or ()
             if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)
             and node.value.args and name.fullmatch(node.targets[0].id)]
 
@@ -100,20 +101,54 @@ def _read(node: ast.stmt) -> bool:
             and (_TENSORS.fullmatch(node.targets[0].id) or _GLOBAL_STATE.fullmatch(node.targets[0].id)) is not None)
 
 
+def spans(tree: ast.Module, first_line: int = 1) -> list[tuple[int, int]]:
+    """The lines (first, last) in the file of the top-level statements of `tree` (a part of
+    python_code that starts at `first_line`) the readers here read: what `read_python_code`'s one
+    parse records, so that these readers parse only those lines again."""
+    return [(node.lineno + first_line - 1, (node.end_lineno or node.lineno) + first_line - 1) for node in tree.body if _read(node)]
+
+
 @functools.lru_cache(maxsize=2)
-def _statements(source: str | bytes | None) -> list[tuple[ast.stmt, int]] | None:
+def _statements(source: str | bytes | None, lines: tuple[tuple[int, int], ...] | None = None) -> list[tuple[ast.stmt, int]] | None:
     """The top-level statements of python_code the readers of its rendered guards read, each with the
-    number of lines before the part it was parsed in (None: not Python text). python_code is parsed a
-    part at a time (`chunked_parse`) and only these statements' trees are kept; they are shared: their
-    readers never change them."""
+    number of lines before the text it was parsed from (None: not Python text). Given `lines` (their
+    `spans`, from the parse that read the file), only those lines are parsed; otherwise python_code
+    is parsed a part at a time (`chunked_parse`); either way only these statements' trees are kept.
+    They are shared: their readers never change them."""
     if source is None:
         return None
     try:
         text = source.decode("utf-8") if isinstance(source, bytes) else source
+        if lines is not None:
+            found = _spanned(text, lines)
+            if found is not None:
+                return found
         return [(node, chunk.first_line - 1) for chunk in parsed_chunks(text, filename="python_code")
                 for node in chunk.tree.body if _read(node)]
     except (PrecompileError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return None
+
+
+def _spanned(text: str, lines: tuple[tuple[int, int], ...]) -> list[tuple[ast.stmt, int]] | None:
+    """The statements of `lines` parsed line span by line span; None where a span does not parse
+    alone (a statement after `;` on a line a construct began above) or holds other statements."""
+    starts = [0]
+    for _, last in lines:  # the offsets of the lines the spans need, found once, in order
+        while len(starts) <= last:
+            at = text.find("\n", starts[-1])
+            starts.append(len(text) if at < 0 else at + 1)
+    found = []
+    with collector_paused():
+        for first, last in lines:
+            try:
+                tree = ast.parse(text[starts[first - 1]:starts[last]])
+            except (SyntaxError, ValueError):
+                return None
+            kept = [node for node in tree.body if _read(node)]
+            if len(kept) != 1:
+                return None
+            found.append((kept[0], first - 1))
+    return found
 
 
 def _tensor_text(row: tuple) -> str:
@@ -122,15 +157,16 @@ def _tensor_text(row: tuple) -> str:
             f"requires_grad={requires_grad}")
 
 
-def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tuple[str, int], dict[str, str]]:
+def rendered_checks(source: str | bytes | None, meta: DynamoMetadata,
+                    lines: tuple[tuple[int, int], ...] | None = None) -> dict[tuple[str, int], dict[str, str]]:
     """{(frame, variant): {guard label: the condition that runs}} of a standalone artifact whose
     guards python_code renders as functions `guards_F_V` (read with ast, never executed); a guard
     torch itself skips maps to "not checked: why". Empty for artifacts without rendered guards."""
-    statements = _statements(source)
+    statements = _statements(source, lines)
     if statements is None or source is None:
         return {}
     text = source.decode("utf-8") if isinstance(source, bytes) else source
-    lines = text.splitlines()  # once: the comments and segments below index into it
+    file_lines = text.splitlines()  # once: the comments and segments below index into it
     found: dict[tuple[str, int], dict[str, str]] = {}
     for node, before in statements:
         match = _FUNCTION.fullmatch(node.name) if isinstance(node, ast.FunctionDef) else None
@@ -139,7 +175,7 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
         key = (meta.frames[int(match.group(1))].qualname or meta.frames[int(match.group(1))].name, int(match.group(2)))
         checks: dict[str, str] = {}
         first, last = node.lineno + before, (node.end_lineno or node.lineno) + before
-        for line in lines[first:last]:
+        for line in file_lines[first:last]:
             note = line.strip()
             if note.startswith("# ") and ": " in note:
                 label, _, why = note[2:].partition(": ")
@@ -155,7 +191,7 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
                 spelled.bind(str(targets[0]), statement.value)
             elif isinstance(statement, ast.If) and failing is not None:
                 test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
-                checks[failing] = spelled.text(test) or " ".join(_segment(lines, test, before).split())
+                checks[failing] = spelled.text(test) or " ".join(_segment(file_lines, test, before).split())
                 failing = None
         found[key] = checks
     return found
