@@ -1,16 +1,20 @@
-"""Time and peak memory of `precompile show`, `diff` and `verify` on big python_code, side by side.
+"""Time and peak memory of each inspect verb on big python_code, beside a bare `ast.parse` of the same file.
 
-    python bench/inspect_big.py [--sizes 1,10,100] [--shape mixed|code] [--timeout 600]
+    python bench/inspect_big.py [--artifact PREFIX] [--sizes 1,10,100] [--shape mixed|code] [--timeout 600]
 
-Builds python_code of each size (MB) from the dynamo_rows fixture by appending what a big artifact
-holds, and its cache beside it, sealed as capture seals one: it carries python_code's bytecode and
-typed metadata, so `verify` proves the bytecode (compiling python_code again, in a child bounded in
-memory: inspect/bytecode_proof.py; its peak is the larger of the two processes'). `mixed`: a third each of an opaque-state-like base64 literal (the
-renderer's one-chunk lines), a metadata-like tuple literal of one string per line, and plain code
-lines. `code`: plain code lines only, the costliest shape to parse (its syntax tree takes about 250
-bytes per byte, which is why python_code is parsed a part at a time). The `diff` compares the file with a copy whose every 50th appended line
-changed. Each command runs in a fresh process; its peak resident memory is read with wait4.
-Nothing needs torch.
+For each artifact, each of `show`, `guards`, `verify` and `diff` (against a copy) runs in a fresh
+process, and so does a bare `ast.parse` of its python_code, just before each verb; the table gives
+each verb's time and peak resident memory (read with wait4) and its time over the parse run beside
+it (so a busy host slows both alike), and the fastest parse. `--artifact PREFIX`: a real pair PREFIX.py PREFIX.cache (e.g. the zoo's
+densenet121 captured with the default tracer, eager backend), diffed against a copy of itself.
+`--sizes`: python_code of each size (MB) built from the dynamo_rows fixture by appending what a big
+artifact holds, and its cache beside it, sealed as capture seals one (it carries python_code's bytecode
+and typed metadata, so `verify` proves the bytecode, compiling python_code again in a child bounded in
+memory: inspect/bytecode_proof.py). `mixed`: a third each of an opaque-state-like base64
+literal (the renderer's one-chunk lines), a metadata-like tuple literal of one string per line, and
+plain code lines. `code`: plain code lines only, the costliest shape to parse (its syntax tree takes
+about 250 bytes per byte, which is why python_code is parsed a part at a time). The generated
+artifact's `diff` compares it with a copy whose every 50th appended line changed. Nothing needs torch.
 """
 from __future__ import annotations
 
@@ -114,14 +118,62 @@ def measure(argv: list[str], timeout: float) -> tuple[str, str]:
     return f"{seconds:.2f} s", f"{usage.ru_maxrss / 1024:.0f} MB"
 
 
+VERBS = ("show", "guards", "verify", "diff")
+PARSE = "import ast, sys; ast.parse(open(sys.argv[1], encoding='utf-8').read())"
+
+
+def measure_verbs(a: Path, b: Path, timeout: float) -> dict[str, tuple[str, str, str]]:
+    """{"parse" and each verb: (seconds, peak MB, time over the parse's)} of the pair `a` (a prefix),
+    `b` its copy for diff. The parse runs again just before each verb, and the verb is compared with
+    that run: a host whose load changes slows both alike."""
+    verb = [sys.executable, "-m", "precompile"]
+    pair = [str(a.with_suffix(".py")), str(a.with_suffix(".cache"))]
+    argv = {
+        "show": [*verb, "show", *pair],
+        "guards": [*verb, "guards", *pair],
+        "verify": [*verb, "verify", *pair],
+        "diff": [*verb, "diff", *pair, str(b.with_suffix(".py")), str(b.with_suffix(".cache"))],
+    }
+    parse = [sys.executable, "-c", PARSE, pair[0]]
+    out, parses = {}, []
+    for name, command in argv.items():
+        parses.append(measure(parse, timeout))
+        seconds, peak = measure(command, timeout)
+        out[name] = (seconds, peak, _ratio(seconds, parses[-1][0]))
+    fastest = min(parses, key=lambda p: float(p[0].split()[0]) if not p[0].startswith(">") else float("inf"))
+    return {"parse": (*fastest, "1.0x"), **out}
+
+
+def _ratio(verb: str, parse: str) -> str:
+    if verb.startswith(">") or parse.startswith(">"):
+        return "?"
+    return f"{float(verb.split()[0]) / float(parse.split()[0]):.1f}x"
+
+
+def _row(label: str, size: float, times: dict[str, tuple[str, str, str]]) -> str:
+    cells = [f"{label:<22}", f"{size:>7.1f} MB", f"parse {times['parse'][0]:>9} {times['parse'][1]:>7}"]
+    cells += [f"{verb} {times[verb][0]:>9} {times[verb][1]:>7} {times[verb][2]:>6}" for verb in VERBS]
+    return "  ".join(cells)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1,10,100", help="python_code sizes in MB, comma separated")
+    parser.add_argument("--artifact", action="append", default=[], metavar="PREFIX",
+                        help="a real pair PREFIX.py PREFIX.cache to measure too (repeatable)")
+    parser.add_argument("--sizes", default="1,10,100", help="generated python_code sizes in MB, comma separated ('' for none)")
     parser.add_argument("--shape", choices=("mixed", "code"), default="mixed")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one command may take")
     args = parser.parse_args()
     rows = []
-    for size_mb in (float(s) for s in args.sizes.split(",")):
+    for prefix in map(Path, args.artifact):
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = Path(tmp) / "copy"
+            for suffix in (".py", ".cache"):
+                shutil.copy(prefix.with_suffix(suffix), copy.with_suffix(suffix))
+            times = measure_verbs(prefix, copy, args.timeout)
+        rows.append(_row(prefix.name, prefix.with_suffix(".py").stat().st_size / 1e6, times))
+        print(rows[-1], file=sys.stderr)
+    for size_mb in (float(s) for s in args.sizes.split(",") if s):
         with tempfile.TemporaryDirectory() as tmp:
             lines = appended_lines(int(size_mb * 1024 * 1024), args.shape)
             a = write_pair(Path(tmp), "a", lines)
@@ -131,29 +183,12 @@ def main() -> None:
             # (a forked child holds them until it runs its command).
             subprocess.run([sys.executable, "-c", SEAL, str(a)], check=True)
             size = a.with_suffix(".py").stat().st_size / 1e6
-            show = measure([sys.executable, "-m", "precompile", "show", str(a)], args.timeout)
-            diff = measure([sys.executable, "-m", "precompile", "diff", str(a), str(b)], args.timeout)
-            verify = measure([sys.executable, "-m", "precompile", "verify", str(a)], args.timeout)
-        rows.append((f"{size:.1f} MB", *show, *diff, *verify, _ratio(verify, show)))
-        print(f"{rows[-1][0]:>10}  show {show[0]:>10} {show[1]:>8}   diff {diff[0]:>10} {diff[1]:>8}   "
-              f"verify {verify[0]:>10} {verify[1]:>8}", file=sys.stderr)
-    print(f"shape {args.shape}; diff against a copy with every {CHANGE_EVERY}th appended code line changed; "
-          "verify / show: the ratio of their times and of their peaks")
-    print(f"{'python_code':>12}  {'show time':>10}  {'show peak':>9}  {'diff time':>10}  {'diff peak':>9}  "
-          f"{'verify time':>11}  {'verify peak':>11}  {'verify / show':>13}")
-    for size, show_time, show_peak, diff_time, diff_peak, verify_time, verify_peak, ratio in rows:
-        print(f"{size:>12}  {show_time:>10}  {show_peak:>9}  {diff_time:>10}  {diff_peak:>9}  "
-              f"{verify_time:>11}  {verify_peak:>11}  {ratio:>13}")
-
-
-def _ratio(verify: tuple[str, str], show: tuple[str, str]) -> str:
-    """'time x, peak y' of verify over show, from measure's texts ('?' where one ran out of time)."""
-    try:
-        times = float(verify[0].split()[0]) / float(show[0].split()[0])
-        peaks = float(verify[1].split()[0]) / float(show[1].split()[0])
-    except ValueError:
-        return "?"
-    return f"{times:.1f}x, {peaks:.1f}x"
+            times = measure_verbs(a, b, args.timeout)
+        rows.append(_row(f"generated ({args.shape})", size, times))
+        print(rows[-1], file=sys.stderr)
+    print(f"each verb: time, peak resident memory, time over a bare ast.parse of the same python_code in its own process "
+          f"(generated: shape {args.shape}, diffed against a copy with every {CHANGE_EVERY}th appended code line changed)")
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

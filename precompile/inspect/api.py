@@ -52,12 +52,13 @@ def show_report(artifact: Artifact) -> ShowReport:
 def guards_report(artifact: Artifact, *, frame: str | None = None, kind: str | None = None,
                   risky_only: bool = False) -> GuardsReport:
     """`precompile guards --json`: what the artifact checks before serving a call and what it does
-    not (`guards` is None when python_code cannot be read), optionally only one frame, one guard type
-    or specialization kind, or the risky slots."""
+    not (`guards` is None when python_code cannot be read; `problems`: why either file cannot be read,
+    the CLI's exit 2), optionally only one frame, one guard type or specialization kind, or the risky
+    slots."""
     guards = guards_of(artifact, python_code_bytes(artifact))
     if guards is not None:
         guards = filtered(guards, frame=frame, kind=kind, risky_only=risky_only)
-    problems = (artifact.python_code.problem,) if guards is None and artifact.python_code.problem else ()
+    problems = problems_of(artifact)
     return GuardsReport(python_code=artifact.python_code.path, guards=guards, problems=problems,
                         pickles=artifact.python_code.pickles, findings=opaque_findings(artifact))
 

@@ -8,11 +8,15 @@ part that does not parse alone ends inside a construct (a bracket, a string, a d
 backslash continuation) and is parsed again together with the next parts, twice as many each time;
 a part that reaches the end of the file that way means the file does not parse, and the whole file
 is parsed once for its error. A file with carriage returns is parsed whole (lines are counted on
-newlines only).
+newlines only). The cyclic garbage collector is paused while a part is parsed: a syntax tree holds no
+cycles, and the collections its hundreds of thousands of new nodes trigger (each walking every tree
+still held) took a third of the parse's time.
 """
 from __future__ import annotations
 
 import ast
+import contextlib
+import gc
 import re
 from collections.abc import Iterator
 from typing import NamedTuple
@@ -39,6 +43,17 @@ def _cuts(source: str) -> list[int]:
     return [*cuts, len(source)] if cuts[-1] != len(source) else cuts
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def parsed_chunks(source: str, *, filename: str) -> Iterator[Chunk]:
     """The syntax trees of the file's parts in file order; a PrecompileError when the file does not parse."""
     cuts = [0, len(source)] if "\r" in source else _cuts(source)
@@ -48,7 +63,8 @@ def parsed_chunks(source: str, *, filename: str) -> Iterator[Chunk]:
         while True:
             end = min(start + span, len(cuts) - 1)
             try:
-                tree = parse_source(source[cuts[start]:cuts[end]], filename=filename)
+                with collector_paused():
+                    tree = parse_source(source[cuts[start]:cuts[end]], filename=filename)
                 break
             except PrecompileError:
                 if end == len(cuts) - 1:

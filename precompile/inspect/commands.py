@@ -5,7 +5,10 @@ PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME (show, dif
 one file alone, of any kind `reader.open_one` tells by content; guards and verify say a bare Mega-Cache
 is not supported, except `verify --host`, which judges whether this host would hit it); has `--json`; prints data on
 stdout and diagnostics on stderr; and exits 0 (clean), 1 (a finding: different, failed check,
-unpaired or flagged) or 2 (trouble: a file is unreadable, foreign or newer than understood).
+unpaired or flagged) or 2 (trouble: a file is unreadable, undecodable, foreign or newer than
+understood, or an option is wrong). With `--json`, stdout always holds one JSON object: the verb's
+report, or, where trouble leaves no report to make, an `ErrorReport` naming the error (which
+stderr prints too). docs/inspect.md has the table.
 """
 from __future__ import annotations
 
@@ -138,7 +141,7 @@ def _guards(args, out, err) -> int:
     report = guards_report(_artifact(args.artifact), frame=args.frame, kind=args.type, risky_only=args.risky)
     _emit(args, out, report, render_text.render_guards(report) if not args.json else ())
     _diagnose(err, report.problems, report.findings)
-    return 2 if report.guards is None else 1 if report.findings else 0
+    return 2 if report.guards is None or report.problems else 1 if report.findings else 0
 
 
 def _diff(args, out, err) -> int:
@@ -205,7 +208,9 @@ def _verify(args, out, err) -> int:
                            expect=_expectations(args.expect_name, args.min_release), proof_memory_mib=args.proof_memory)
     _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())
     failed = [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"]
-    trouble = artifact.python_code.problem is not None or artifact.cache.newer
+    # a file that cannot be read as a precompile artifact at all is trouble (2), as `show` says;
+    # one read whose checks fail is a finding (1)
+    trouble = artifact.python_code.problem is not None or artifact.cache.problem is not None or artifact.cache.newer
     _diagnose(err, failed if trouble else (), () if trouble else failed)
     return 2 if trouble else 0 if report.ok else 1
 
@@ -336,18 +341,25 @@ def _schema(args, out, err) -> int:
 
 def guarded(handler):
     """Fetch artifacts given as URLs (remote_arguments.py), and turn OS-level failures into the CLI's
-    `precompile: error:` exit 2; never a traceback."""
+    `precompile: error:` exit 2; never a traceback. With --json, the error is also stdout's one JSON
+    object (an ErrorReport), so that a tool reading stdout always gets JSON."""
 
     def run(args, out, err) -> int:
         from precompile.inspect.remote_arguments import fetched_arguments
 
         try:
-            with fetched_arguments(args, out, err):
-                return handler(args, out, err)
-        except PrecompileError:
+            try:
+                with fetched_arguments(args, out, err):
+                    return handler(args, out, err)
+            except (OSError, ValueError, RecursionError, MemoryError) as exc:
+                raise PrecompileError(f"{type(exc).__name__}: {exc}") from None
+        except PrecompileError as exc:
+            if getattr(args, "json", False):  # keygen has no --json
+                from precompile.inspect.report import ErrorReport, encode
+
+                out.file.write(encode(ErrorReport(verb=args.verb, error=str(exc))))
+                out.file.flush()
             raise
-        except (OSError, ValueError, RecursionError, MemoryError) as exc:
-            raise PrecompileError(f"{type(exc).__name__}: {exc}") from None
 
     return run
 

@@ -22,7 +22,7 @@ from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.bytecode_proof import NOT_PROVEN
 from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
-from precompile.inspect.guards import guards_of
+from precompile.inspect.guards import guards_of, rendered_lines
 from precompile.inspect.kernels import kernel_diffs
 from precompile.inspect.library_code import code_digest
 from precompile.inspect.line_diff import unified
@@ -142,7 +142,7 @@ def _guards(artifact: Artifact, code: bytes | None) -> dict[str, dict[str, str]]
     guards = guards_of(artifact, code)
     if guards is None:
         return out
-    global_state = global_state_rows(code) if guards.has_guards else {}
+    global_state = global_state_rows(code, rendered_lines(artifact, code)) if guards.has_guards else {}
     frame_index = {frame.qualname or frame.name: index for index, frame in enumerate(_frames(artifact))}
     verdicts: dict[tuple[str, str], set[str]] = {}
     for frame in guards.frames:

@@ -137,12 +137,14 @@ def _kept_check(slot_label: str, checks: dict[str, str], index: dict[str, list[s
     return " and ".join(dict.fromkeys(index.get(slot_label, ())))
 
 
-def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None) -> Guards:
+def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None,
+                  lines: tuple[tuple[int, int], ...] | None = None) -> Guards:
     """Per variant, the guards it keeps (with the condition that checks each, where python_code
-    renders them); first, under DROPPED_FRAME, the slots no variant checks."""
-    rendered_by_variant = rendered_checks(source, meta)
-    tensors = tensor_rows(source)
-    global_state = global_state_rows(source)
+    renders them); first, under DROPPED_FRAME, the slots no variant checks. `lines`: where python_code
+    renders them (`reader.rendered_guard_spans`), so that only those lines are parsed again."""
+    rendered_by_variant = rendered_checks(source, meta, lines)
+    tensors = tensor_rows(source, lines)
+    global_state = global_state_rows(source, lines)
     frame_index = {frame.qualname or frame.name: index for index, frame in enumerate(meta.frames)}
     summary = meta.summary
     risky = set(map(tuple, summary.risky_dropped_guards))
@@ -242,8 +244,18 @@ def guards_of(artifact: Artifact, source: str | bytes | None = None) -> Guards |
     if isinstance(meta, MakeFxMetadata):
         return makefx_guards(meta)
     if isinstance(meta, DynamoMetadata):
-        return dynamo_guards(meta, source)
+        return dynamo_guards(meta, source, rendered_lines(artifact, source))
     return None
+
+
+def rendered_lines(artifact: Artifact, source: str | bytes | None) -> tuple[tuple[int, int], ...] | None:
+    """Where python_code (`source`, as read for the artifact) renders its guards, from the parse that
+    read it (None: parse it again a part at a time)."""
+    from precompile.inspect.reader import rendered_guard_spans
+
+    if not isinstance(source, bytes) or not artifact.python_code.path:
+        return None
+    return rendered_guard_spans(source, artifact.python_code.path)
 
 
 def filter_values(guards: Guards) -> tuple[list[str], list[str]]:

@@ -17,8 +17,8 @@ import ast
 import base64
 import binascii
 import bisect
+import re
 import sys
-from collections.abc import Iterator
 
 from precompile.artifact.opaque_state import (
     BYTECODE,
@@ -29,12 +29,16 @@ from precompile.artifact.opaque_state import (
     bytecode_blobs,
     decode,
     mentions,
+    nodes,
 )
 from precompile.inspect.model import PickleImport, PickleScan, Section
 from precompile.inspect.pickle_policy import dynamo_state_reviewed
 from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 
 MIN_BLOB_CHARS = 16
+_PICKLE_BASE64 = re.compile(r"[^A-Za-z0-9+/]*g|[^A-Za-z0-9+/_-]*g")
+"""A str whose first base64 character, standard or URL-safe (`b64decode` drops any other), is `g`:
+the only ones that can decode to bytes starting 0x80, as a protocol 2-5 pickle does."""
 _CANONICAL_AS = {STATE: "a base64 str literal or None", BYTECODE: "a dict of str keys to base64 str literals"}
 
 
@@ -56,6 +60,8 @@ def pickle_of(value) -> bytes | None:
         data = b""
     if is_pickle(data):
         return data
+    if not _PICKLE_BASE64.match(value):  # the first byte would not be a pickle's 0x80: not decoded at all
+        return None
     for b64decode in (base64.b64decode, base64.urlsafe_b64decode):
         try:
             data = b64decode(value)
@@ -72,22 +78,6 @@ def _section_of(line: int, sections: tuple[Section, ...], starts: list[int]) -> 
     if index >= 0 and line < sections[index].first_line + sections[index].line_count:
         return sections[index].slug
     return "header"
-
-
-def _nodes(tree: ast.AST) -> Iterator[ast.AST]:
-    """Every node of the tree, each before its children; expression contexts (Load, Store) skipped.
-
-    `ast.walk` without its per-node generator and the contexts: a third less time on a big file."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node
-        for name in node._fields:
-            value = getattr(node, name, None)
-            if isinstance(value, list):
-                stack.extend(item for item in value if isinstance(item, ast.AST))
-            elif isinstance(value, ast.AST) and name != "ctx":
-                stack.append(value)
 
 
 class OpaqueReader:
@@ -107,9 +97,9 @@ class OpaqueReader:
         """Take the syntax tree of the part of python_code that starts at `first_line`."""
         self._scans.extend(self._literal_scans(tree, first_line))  # before the candidates' lines are moved
         found = mentions(tree, (STATE, BYTECODE))
-        for name, nodes in found.items():
-            self._mentions[name].extend(getattr(node, "lineno", 0) + first_line - 1 for node in nodes)
-            targets = {id(node) for node in nodes}
+        for name, mentioned in found.items():
+            self._mentions[name].extend(getattr(node, "lineno", 0) + first_line - 1 for node in mentioned)
+            targets = {id(node) for node in mentioned}
             for statement in tree.body:
                 if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and id(statement.targets[0]) in targets:
                     self._candidates[name].append(ast.increment_lineno(statement, first_line - 1))
@@ -165,7 +155,7 @@ class OpaqueReader:
         """Each literal of the part holding a pickle, with its line in the file and its node."""
         targets: dict[int, str] = {}
         found: list[tuple[int, int, PickleScan, ast.AST]] = []
-        for node in _nodes(tree):  # an assignment comes before the literal it assigns
+        for node in nodes(tree):  # an assignment comes before the literal it assigns
             if isinstance(node, (ast.Assign, ast.AnnAssign)):
                 names = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if len(names) == 1 and isinstance(names[0], ast.Name):

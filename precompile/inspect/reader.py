@@ -23,6 +23,7 @@ from precompile.artifact.envelope import FORMAT_VERSION, EnvelopeTag, without_bl
 from precompile.artifact.pair import PythonCode, pairing_problem, parse_cache, read_bytes
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, metadata_of
 from precompile.errors import PrecompileError
+from precompile.inspect import rendered_guards
 from precompile.inspect.chunked_parse import parsed_chunks
 from precompile.inspect.formats.mega_cache import looks_like_mega_cache, read_mega_cache
 from precompile.inspect.formats.upstream import (
@@ -89,30 +90,41 @@ def _blob(data: bytes) -> Blob:
 def read_python_code(path: str) -> tuple[PythonCodeInfo, PythonCode | None]:
     """The model of a python_code file; a file that cannot be read at all raises PrecompileError."""
     data = read_bytes(Path(path), "python_code", MAX_PYTHON_CODE_SIZE)
-    info, metadata = _parse_python_code(data, path)
+    info, metadata, _ = _parse_python_code(data, path)
     if metadata is None:
         return info, None
     return info, PythonCode.parsed(Path(path), data, data.decode("utf-8"), metadata)
 
 
+def rendered_guard_spans(data: bytes, path: str) -> tuple[tuple[int, int], ...] | None:
+    """The lines (first, last) of the top-level statements python_code renders its guards in
+    (`rendered_guards.spans`), as the one parse of `read_python_code` found them; None when
+    python_code does not parse."""
+    return _parse_python_code(data, path)[2]
+
+
 @functools.lru_cache(maxsize=4)
 def _parse_python_code(data: bytes, path: str):
     """Parsed once per content and path, a part at a time (`chunked_parse`: each part's syntax tree
-    serves the pickle scan and the metadata): `diff A A` and repeated verbs in one process reuse it."""
+    serves the pickle scan, the metadata and where the rendered guards are): `diff A A` and
+    repeated verbs in one process reuse it."""
     blob = _blob(data)
     try:
         source = decode_source(data, filename=path)
     except PrecompileError as exc:
-        return PythonCodeInfo(path=path, file=blob, problem=str(exc)), None
+        return PythonCodeInfo(path=path, file=blob, problem=str(exc)), None, None
     sections = tuple(section for section, _ in split_sections(source))
     opaque = OpaqueReader(source, sections)
     values: dict = {}
+    guard_spans: list[tuple[int, int]] = []
     try:
         for chunk in parsed_chunks(source, filename=path):
             opaque.add(chunk.tree, chunk.first_line)
             values.update(literal_assignments(chunk.tree, filename=path, first_line=chunk.first_line))
+            guard_spans.extend(rendered_guards.spans(chunk.tree, chunk.first_line))
     except PrecompileError as exc:
-        return PythonCodeInfo(path=path, file=blob, sections=sections, problem=str(exc)), None
+        return PythonCodeInfo(path=path, file=blob, sections=sections, problem=str(exc)), None, None
+    spans = tuple(guard_spans)
     pickles, opaque_problems = opaque.finish(values)
     version = values.get("FORMAT_VERSION")
     version = version if isinstance(version, int) and not isinstance(version, bool) else None
@@ -129,13 +141,13 @@ def _parse_python_code(data: bytes, path: str):
     )
     upstream = upstream_code(values)
     if upstream is not None:
-        return msgspec.structs.replace(info, upstream=upstream), None
+        return msgspec.structs.replace(info, upstream=upstream), None, spans
     try:
         metadata = metadata_of(values, filename=path)
     except PrecompileError as exc:
         newer = version is not None and version > FORMAT_VERSION
-        return msgspec.structs.replace(info, problem=str(exc), newer=newer), None
-    return msgspec.structs.replace(info, metadata=metadata), metadata
+        return msgspec.structs.replace(info, problem=str(exc), newer=newer), None, spans
+    return msgspec.structs.replace(info, metadata=metadata), metadata, spans
 
 
 def _read_prefix(path: str, size: int) -> bytes:

@@ -6,8 +6,13 @@ from __future__ import annotations
 import ast
 import functools
 import re
+from collections import deque
+from collections.abc import Iterator
 
 from precompile.artifact.metadata import DynamoMetadata
+from precompile.artifact.opaque_state import nodes
+from precompile.errors import PrecompileError
+from precompile.inspect.chunked_parse import collector_paused, parsed_chunks
 
 
 def shape_text(shape) -> str:
@@ -20,11 +25,11 @@ _TENSORS = re.compile(r"_tensors_(\d+)_(\d+)")
 _SOURCE_LOCAL = re.compile(r"s\d+")
 # What a --type filter names beyond a guard type itself: the part of a tensor's guard it checks.
 
-def tensor_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[str, str]]:
+def tensor_rows(source: str | bytes | None, lines: tuple[tuple[int, int], ...] | None = None) -> dict[tuple[int, int], dict[str, str]]:
     """{(frame index, variant): {tensor source: what its TENSOR_MATCH checks}} from the literal rows
     of each `_tensors_F_V = _TensorMatch((...))` python_code renders (read with ast, never executed)."""
     found: dict[tuple[int, int], dict[str, str]] = {}
-    for name, call in _literal_calls(source, _TENSORS):
+    for name, call in _literal_calls(source, _TENSORS, lines):
         try:
             rows = ast.literal_eval(call.args[0])
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
@@ -47,7 +52,7 @@ UNCHECKED_GLOBAL_STATE = ("num_threads",)
 count at the serving process's own (see codegen/drivers/dynamo_guards._GlobalState)."""
 
 
-def global_state_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[str, str]]:
+def global_state_rows(source: str | bytes | None, lines: tuple[tuple[int, int], ...] | None = None) -> dict[tuple[int, int], dict[str, str]]:
     """{(frame index, variant): {field: the value its GLOBAL_STATE guard checks}} from the JSON literal
     of each `_global_state_F_V = _GlobalState('...')` python_code renders (read with ast and json,
     never executed): grad_mode, default_dtype (by name), deterministic algorithms, autocast, ...;
@@ -55,7 +60,7 @@ def global_state_rows(source: str | bytes | None) -> dict[tuple[int, int], dict[
     import json
 
     found: dict[tuple[int, int], dict[str, str]] = {}
-    for name, call in _literal_calls(source, _GLOBAL_STATE):
+    for name, call in _literal_calls(source, _GLOBAL_STATE, lines):
         argument = call.args[0]
         if not (isinstance(argument, ast.Constant) and isinstance(argument.value, str)):
             continue
@@ -80,26 +85,70 @@ def _state_text(key: str, value) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-def _literal_calls(source: str | bytes | None, name: re.Pattern) -> list[tuple[str, ast.Call]]:
+def _literal_calls(source: str | bytes | None, name: re.Pattern,
+                   lines: tuple[tuple[int, int], ...] | None) -> list[tuple[str, ast.Call]]:
     """The top-level `NAME = Call(arg, ...)` statements of python_code whose NAME matches `name`."""
-    tree = _parsed(source)
-    if tree is None:
-        return []
-    return [(node.targets[0].id, node.value) for node in tree.body
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
-            and isinstance(node.value, ast.Call) and node.value.args and name.fullmatch(node.targets[0].id)]
+    return [(node.targets[0].id, node.value) for node, _ in _statements(source, lines) or ()
+            if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)
+            and node.value.args and name.fullmatch(node.targets[0].id)]
+
+
+def _read(node: ast.stmt) -> bool:
+    """A top-level statement the readers here read: a guard function, or `NAME = ...` of a rendered row."""
+    if isinstance(node, ast.FunctionDef):
+        return _FUNCTION.fullmatch(node.name) is not None
+    return (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+            and (_TENSORS.fullmatch(node.targets[0].id) or _GLOBAL_STATE.fullmatch(node.targets[0].id)) is not None)
+
+
+def spans(tree: ast.Module, first_line: int = 1) -> list[tuple[int, int]]:
+    """The lines (first, last) in the file of the top-level statements of `tree` (a part of
+    python_code that starts at `first_line`) the readers here read: what `read_python_code`'s one
+    parse records, so that these readers parse only those lines again."""
+    return [(node.lineno + first_line - 1, (node.end_lineno or node.lineno) + first_line - 1) for node in tree.body if _read(node)]
 
 
 @functools.lru_cache(maxsize=2)
-def _parsed(source: str | bytes | None) -> ast.Module | None:
-    """python_code parsed once for the readers of its rendered guards (None: not Python text).
-    The tree is shared: its readers never change it."""
+def _statements(source: str | bytes | None, lines: tuple[tuple[int, int], ...] | None = None) -> list[tuple[ast.stmt, int]] | None:
+    """The top-level statements of python_code the readers of its rendered guards read, each with the
+    number of lines before the text it was parsed from (None: not Python text). Given `lines` (their
+    `spans`, from the parse that read the file), only those lines are parsed; otherwise python_code
+    is parsed a part at a time (`chunked_parse`); either way only these statements' trees are kept.
+    They are shared: their readers never change them."""
     if source is None:
         return None
     try:
-        return ast.parse(source.decode("utf-8") if isinstance(source, bytes) else source)
-    except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
+        text = source.decode("utf-8") if isinstance(source, bytes) else source
+        if lines is not None:
+            found = _spanned(text, lines)
+            if found is not None:
+                return found
+        return [(node, chunk.first_line - 1) for chunk in parsed_chunks(text, filename="python_code")
+                for node in chunk.tree.body if _read(node)]
+    except (PrecompileError, ValueError, UnicodeDecodeError, RecursionError, MemoryError):
         return None
+
+
+def _spanned(text: str, lines: tuple[tuple[int, int], ...]) -> list[tuple[ast.stmt, int]] | None:
+    """The statements of `lines` parsed line span by line span; None where a span does not parse
+    alone (a statement after `;` on a line a construct began above) or holds other statements."""
+    starts = [0]
+    for _, last in lines:  # the offsets of the lines the spans need, found once, in order
+        while len(starts) <= last:
+            at = text.find("\n", starts[-1])
+            starts.append(len(text) if at < 0 else at + 1)
+    found = []
+    with collector_paused():
+        for first, last in lines:
+            try:
+                tree = ast.parse(text[starts[first - 1]:starts[last]])
+            except (SyntaxError, ValueError):
+                return None
+            kept = [node for node in tree.body if _read(node)]
+            if len(kept) != 1:
+                return None
+            found.append((kept[0], first - 1))
+    return found
 
 
 def _tensor_text(row: tuple) -> str:
@@ -108,31 +157,32 @@ def _tensor_text(row: tuple) -> str:
             f"requires_grad={requires_grad}")
 
 
-def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tuple[str, int], dict[str, str]]:
+def rendered_checks(source: str | bytes | None, meta: DynamoMetadata,
+                    lines: tuple[tuple[int, int], ...] | None = None) -> dict[tuple[str, int], dict[str, str]]:
     """{(frame, variant): {guard label: the condition that runs}} of a standalone artifact whose
     guards python_code renders as functions `guards_F_V` (read with ast, never executed); a guard
     torch itself skips maps to "not checked: why". Empty for artifacts without rendered guards."""
-    tree = _parsed(source)
-    if tree is None or source is None:
+    statements = _statements(source, lines)
+    if statements is None or source is None:
         return {}
     text = source.decode("utf-8") if isinstance(source, bytes) else source
-    lines = text.splitlines()  # once: the comments and segments below index into it
+    file_lines = text.splitlines()  # once: the comments and segments below index into it
     found: dict[tuple[str, int], dict[str, str]] = {}
-    for node in tree.body:
+    for node, before in statements:
         match = _FUNCTION.fullmatch(node.name) if isinstance(node, ast.FunctionDef) else None
         if match is None or int(match.group(1)) >= len(meta.frames):
             continue
         key = (meta.frames[int(match.group(1))].qualname or meta.frames[int(match.group(1))].name, int(match.group(2)))
         checks: dict[str, str] = {}
-        first, last = node.lineno, node.end_lineno or node.lineno
-        for line in lines[first:last]:
+        first, last = node.lineno + before, (node.end_lineno or node.lineno) + before
+        for line in file_lines[first:last]:
             note = line.strip()
             if note.startswith("# ") and ": " in note:
                 label, _, why = note[2:].partition(": ")
                 checks.setdefault(label, f"not checked: {why}")
         failing: str | None = None  # the label the rendered guard assigns before its `if`
         spelled = _SpelledOut()
-        for statement in ast.walk(node):
+        for statement in _statements_within(node):
             targets = [getattr(t, "id", None) for t in statement.targets] if isinstance(statement, ast.Assign) else []
             if isinstance(statement, ast.Assign) and targets == ["failing"]:
                 value = statement.value.value if isinstance(statement.value, ast.Constant) else None
@@ -141,16 +191,32 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata) -> dict[tu
                 spelled.bind(str(targets[0]), statement.value)
             elif isinstance(statement, ast.If) and failing is not None:
                 test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
-                checks[failing] = spelled.text(test) or " ".join(_segment(lines, test).split())
+                checks[failing] = spelled.text(test) or " ".join(_segment(file_lines, test, before).split())
                 failing = None
         found[key] = checks
     return found
 
 
-def _segment(lines: list[str], node: ast.expr) -> str:
-    """The source text of `node`, as ast.get_source_segment gives it (column offsets count UTF-8
-    bytes), from lines split once rather than once per call."""
-    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+def _statements_within(node: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of `node` that are not expressions, in the order `ast.walk` gives them (breadth first):
+    expressions hold no statement, so their subtrees, most of a guard function's nodes, are not walked."""
+    todo = deque([node])
+    while todo:
+        node = todo.popleft()
+        yield node
+        for field in node._fields:
+            value = getattr(node, field, None)
+            if type(value) is list:
+                todo.extend(item for item in value if isinstance(item, ast.AST) and not isinstance(item, ast.expr))
+            elif isinstance(value, ast.AST) and not isinstance(value, (ast.expr, ast.expr_context)):
+                todo.append(value)
+
+
+def _segment(lines: list[str], node: ast.expr, before: int) -> str:
+    """The source text of `node` (parsed in a part of the file `before` lines in), as
+    ast.get_source_segment gives it (column offsets count UTF-8 bytes), from lines split once rather
+    than once per call."""
+    first, last = node.lineno - 1 + before, (node.end_lineno or node.lineno) - 1 + before
     if first < 0 or last >= len(lines) or node.end_col_offset is None:
         return ""
     if first == last:
@@ -171,7 +237,7 @@ class _SpelledOut:
     MAX_CHECK = 65536
 
     def __init__(self) -> None:
-        self.paths: dict[str, tuple[ast.expr, int]] = {}  # local: (its path spelled out, its length)
+        self.paths: dict[str, str] = {}  # local: its path spelled out, as ast.unparse writes it
 
     def bind(self, name: str, value: ast.expr) -> None:
         before = self.paths.pop(name, None)  # `s1 = s1.a` reads the s1 bound before
@@ -184,20 +250,45 @@ class _SpelledOut:
             node = node.value
         if not steps or not isinstance(node, ast.Name):
             return
-        base, length = (before if node.id == name else self.paths.get(node.id)) or (node, len(node.id))
+        parts = [(before if node.id == name else self.paths.get(node.id)) or node.id]
+        length = len(parts[0])
         for step in reversed(steps):
-            length += len(step.attr) + 1 if isinstance(step, ast.Attribute) else len(repr(step.slice.value)) + 2  # type: ignore[attr-defined]
+            # what ast.unparse writes for the step: a path's steps never need parentheses
+            parts.append(f".{step.attr}" if isinstance(step, ast.Attribute) else f"[{ast.unparse(step.slice)}]")
+            length += len(parts[-1])
             if length > self.MAX_SPELLED_OUT:
                 return
-            base = type(step)(**{**{f: getattr(step, f) for f in step._fields}, "value": base})
-        self.paths[name] = (base, length)
+        self.paths[name] = "".join(parts)
+
+    def text(self, test: ast.AST) -> str | None:
+        """The check spelled out, or None where it reads no local this knows: unparsed with each
+        local's name written as its path, as unparsing the check with the paths in place of the
+        names writes it (a path is an atom: no parentheses change), without copying the check or
+        unparsing every path again in every check."""
+        writer = _PathWriter(self.paths, self.MAX_CHECK)
+        try:
+            try:
+                written = writer.visit(test)
+            except _InFormattedString:  # unparse writes an f-string with a writer of its own: the paths put in the check
+                writer.names = [n.id for n in nodes(test) if isinstance(n, ast.Name) and n.id in self.paths]
+                writer.binds = True
+                if sum(len(self.paths[name]) for name in writer.names) > self.MAX_CHECK:
+                    return None
+                written = ast.unparse(self.substituted(test))
+        except (_TooLong, RecursionError, ValueError, MemoryError, SyntaxError):  # past MAX_CHECK, nested past the stack, an int past str()'s digits
+            return None
+        if not writer.names:
+            return None
+        if writer.binds and not _bound_within(test).isdisjoint(writer.names):
+            return None  # a name the check binds itself shadows the local there: as written
+        return written
+
 
     def substituted(self, node: ast.AST) -> ast.AST:
         """`node` with each local this knows replaced by its path; subtrees without one are shared,
         not copied, and `node` itself is left as it is."""
         if isinstance(node, ast.Name):
-            spelled = self.paths.get(node.id)
-            return node if spelled is None else spelled[0]
+            return node if node.id not in self.paths else ast.parse(self.paths[node.id], mode="eval").body
         changed: dict[str, object] = {}
         for field, value in ast.iter_fields(node):
             if isinstance(value, ast.AST):
@@ -212,17 +303,50 @@ class _SpelledOut:
             return node
         return type(node)(**{**{field: getattr(node, field, None) for field in node._fields}, **changed})
 
-    def text(self, test: ast.AST) -> str | None:
-        """The check spelled out, or None where it reads no local this knows."""
-        names = [node.id for node in ast.walk(test) if isinstance(node, ast.Name) and node.id in self.paths]
-        if not _bound_within(test).isdisjoint(names):
-            return None  # a name the check binds itself shadows the local there: as written
-        if not names or sum(self.paths[name][1] for name in names) > self.MAX_CHECK:
-            return None
-        try:
-            return ast.unparse(self.substituted(test))
-        except (RecursionError, ValueError, MemoryError):  # nested past the stack, an int past str()'s digits
-            return None
+
+class _TooLong(Exception):
+    pass
+
+
+class _InFormattedString(Exception):
+    pass
+
+
+class _PathWriter(ast._Unparser):  # type: ignore[name-defined]
+    """ast.unparse, each name of a local bound to a path written as the path; stops past `most`
+    characters of paths (a hostile file could name a long path any number of times)."""
+
+    def __init__(self, paths: dict[str, str], most: int) -> None:
+        super().__init__()
+        self.paths, self.most, self.written = paths, most, 0
+        self.names: list[str] = []
+        self.binds = False
+
+    def visit_Name(self, node: ast.Name) -> None:
+        path = self.paths.get(node.id)
+        if path is None:
+            self.write(node.id)
+            return
+        self.written += len(path)
+        if self.written > self.most:
+            raise _TooLong
+        self.names.append(node.id)
+        self.write(path)
+
+    def visit_comprehension(self, node: ast.comprehension) -> None:
+        self.binds = True
+        super().visit_comprehension(node)
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        self.binds = True
+        super().visit_Lambda(node)
+
+    def visit_NamedExpr(self, node: ast.NamedExpr) -> None:
+        self.binds = True
+        super().visit_NamedExpr(node)
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> None:
+        raise _InFormattedString
 
 
 def _bound_within(test: ast.AST) -> set[str]:

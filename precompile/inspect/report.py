@@ -135,12 +135,22 @@ class HtmlReport(_Report, frozen=True, kw_only=True, tag="report"):
     findings: tuple[str, ...] = ()
 
 
+class ErrorReport(msgspec.Struct, frozen=True, kw_only=True):
+    """What a verb given `--json` prints on stdout when it cannot make its report at all (exit 2: no
+    readable artifact named, a bad option value, a file that cannot be written): the verb, and the
+    message it also prints on stderr. Not one of the verbs' reports: tools tell it by `error`."""
+
+    verb: str
+    report_version: str = REPORT_VERSION
+    error: str
+
+
 Report = Union[ShowReport, GuardsReport, DiffReport, VerifyReport, ExtractReport, HtmlReport]
 
 _encoder = msgspec.json.Encoder(order="deterministic")
 
 
-def encode(report: Report) -> str:
+def encode(report: Report | ErrorReport) -> str:
     return json.dumps(json.loads(_encoder.encode(report)), indent=2, sort_keys=False) + "\n"
 
 

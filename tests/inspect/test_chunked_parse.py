@@ -89,6 +89,6 @@ def test_a_file_that_does_not_parse_reports_the_whole_files_error(every_line_a_p
 def test_a_metadata_literal_that_is_not_one_is_named_at_its_line_in_the_file(every_line_a_part):
     source = (FIXTURES / "v1/mlp.py").read_text(encoding="utf-8") + "BACKEND = open('x')\n"
     reader._parse_python_code.cache_clear()
-    info, _ = reader._parse_python_code(source.encode(), "p.py")
+    info, _, _ = reader._parse_python_code(source.encode(), "p.py")
     reader._parse_python_code.cache_clear()
     assert info.problem == f"p.py has metadata that is not a Python literal: BACKEND (line {source.count(chr(10))})"
