@@ -499,7 +499,6 @@ def guards_0_0(L, G, explain=False):
     there fails its guard). L: the bound arguments, G: the globals of the frame's module;
     explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
-    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (the metadata's guard list names each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     failing = "(none yet)"
     try:
@@ -515,6 +514,24 @@ def guards_0_0(L, G, explain=False):
             return _tensors_0_0.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks'
+        if not (len(s1._backward_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks'
+        if not (len(s1._backward_pre_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks'
+        if not (len(s1._forward_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs'
+        if not (len(s1._forward_hooks_with_kwargs) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks'
+        if not (len(s1._forward_pre_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs'
+        if not (len(s1._forward_pre_hooks_with_kwargs) == 0):
             return failing
         failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
         if not ('forward' not in s1.__dict__):
@@ -588,7 +605,6 @@ def guards_0_1(L, G, explain=False):
     there fails its guard). L: the bound arguments, G: the globals of the frame's module;
     explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
-    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (the metadata's guard list names each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     failing = "(none yet)"
     try:
@@ -604,6 +620,24 @@ def guards_0_1(L, G, explain=False):
             return _tensors_0_1.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks'
+        if not (len(s1._backward_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks'
+        if not (len(s1._backward_pre_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks'
+        if not (len(s1._forward_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs'
+        if not (len(s1._forward_hooks_with_kwargs) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks'
+        if not (len(s1._forward_pre_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs'
+        if not (len(s1._forward_pre_hooks_with_kwargs) == 0):
             return failing
         failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
         if not ('forward' not in s1.__dict__):
@@ -1199,7 +1233,9 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
     builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
     if builtins_key:
         _seed_builtins(scope, builtins_key, artifact)
-    manager = load_guard_manager(state, target, scope)
+    # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+        manager = load_guard_manager(state, target, scope)
     for line in by_name:
         _check_by_name(manager, line, scope, artifact)
     return _TorchGuards(manager), global_state, builtins_key

@@ -91,8 +91,8 @@ except ImportError:  # served where only torch is installed: twins of the same n
 def spelled(value):
     """The spelling a specialized value is recorded and compared by (None: not comparable). Two
     values that spell alike behave alike where a trace could have read them: 1, 1.0 and True differ;
-    tuples, lists and dicts of such values spell by their items, in order, sets by their members; a class or a function by
-    its qualified name (a partial by its function and arguments); a numpy scalar by its type and value. A spelling over 256 characters is kept as its length
+    tuples, lists and dicts of such values spell by their items, in order, sets by their members; a class, a function or a
+    bound method by its qualified name (a partial by its function and arguments); a numpy scalar by its type and value. A spelling over 256 characters is kept as its length
     and sha256 (python_code stays readable; the comparison stays exact)."""
     text = _spelled(value, 0)
     if text is not None and len(text) > 256:
@@ -112,6 +112,8 @@ def _spelled(value, depth):
         return f"class {value.__module__}.{value.__qualname__}"
     if kind in (_types.FunctionType, _types.BuiltinFunctionType):
         return _function(value)
+    if kind is _types.MethodType:
+        return "method " + _function(value.__func__).removeprefix("function ")
     if kind is _functools.partial and depth <= 8:
         parts = [_spelled(value.func, depth + 1), *(_spelled(a, depth + 1) for a in value.args),
                  *(None if v is None else f"{k}={v}" for k, v in ((k, _spelled(a, depth + 1)) for k, a in value.keywords.items()))]
@@ -166,6 +168,25 @@ def _plainly_there(owner, name):
     if name not in instance or instance[name] is not getattr(owner, name, _ABSENT):
         return False
     return not any(hasattr(type(klass.__dict__[name]), "__set__") for klass in type(owner).__mro__ if name in klass.__dict__)
+
+
+def _method_dicts(owner, name):
+    """Where a method of owner's class lives, as (dict, name) pairs the next calls read instead of
+    binding it anew (a bound method is a new object each time): owner's instance dict, which lacks
+    it, and the dicts of owner's classes up to the one defining it. Empty where it is no method."""
+    try:
+        instance = vars(owner)
+    except TypeError:
+        return []
+    if name in instance:
+        return []
+    watched = [(instance, name)]
+    for klass in type(owner).__mro__:
+        found = klass.__dict__.get(name, _ABSENT)
+        watched.append((klass.__dict__, name))
+        if found is not _ABSENT:
+            return watched if isinstance(found, _types.FunctionType) else []
+    return []
 
 
 def _autocast(device):
@@ -293,9 +314,15 @@ class _Specialized:
                      "on it)", "serve it under the captured state (e.g. torch.no_grad() for grad_mode False), or capture again")
             fail(f"{where} is {now} but the artifact was captured with {record['value']} (the trace read it, so its "
                  "graph is specialized on that value)", "set it back, or capture again with this value")
-        plain = [(vars(owner), name) for owner, name in places if _plainly_there(owner, name)]
-        self.in_dicts = plain
-        self.by_getattr = [(owner, name) for owner, name in places if not _plainly_there(owner, name)]
+        self.in_dicts, self.by_getattr = [], []
+        for owner, name in places:
+            if _plainly_there(owner, name):
+                self.in_dicts.append((vars(owner), name))
+            else:
+                watched = _method_dicts(owner, name)
+                self.in_dicts += watched
+                if not watched:
+                    self.by_getattr.append((owner, name))
         self.seen = [d.get(k, _ABSENT) for d, k in self.in_dicts] + [getattr(o, n, _ABSENT) for o, n in self.by_getattr]
         self.mutable = [(i, spelled(value)) for i, value in enumerate(self.seen) if _holds_mutable(value)]
         self.state_seen = [get() for get in self.state]
