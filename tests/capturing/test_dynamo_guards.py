@@ -766,9 +766,10 @@ print(repr("served"))
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ("act", r"BUILTIN_MATCH model\.act is torch:relu"),
-    ("hook", r"EMPTY_NN_MODULE_HOOKS_DICT model\._modules\['lin'\]\._forward_hooks"),
-    ("pre hook", r"EMPTY_NN_MODULE_HOOKS_DICT model\._forward_pre_hooks"),
+    ("act", r"BUILTIN_MATCH model\.act is torch:relu \(this call's model\.act is torch\.\S*tanh\)"),
+    ("hook", r"EMPTY_NN_MODULE_HOOKS_DICT model\._modules\['lin'\]\._forward_hooks \(this call's "
+             r"model\._modules\['lin'\]\._forward_hooks is an OrderedDict of 1 item\)"),
+    ("pre hook", r"EMPTY_NN_MODULE_HOOKS_DICT model\._forward_pre_hooks \(this call's model\._forward_pre_hooks is an OrderedDict of 1 item\)"),
 ])
 def test_a_function_kept_as_a_setting_or_a_hook_registered_after_capture_is_refused(tmp_path_factory, change, message):
     """Both served the captured computation silently before: torch's builtins are named by

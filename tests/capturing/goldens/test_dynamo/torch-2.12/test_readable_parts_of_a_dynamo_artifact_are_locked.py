@@ -1178,7 +1178,50 @@ class _RenderedGuards:
         return self.function(f_locals, self.scope) is None
 
     def explain(self, f_locals):
-        return self.function(f_locals, self.scope, True) or "every guard holds"
+        failed = self.function(f_locals, self.scope, True)
+        if not failed:
+            return "every guard holds"
+        received = _received(failed, f_locals, self.scope)
+        return failed if received is None else f"{failed} (this call's {received})"
+
+
+def _received(failed, f_locals, scope):
+    """What the source a failed check names holds in this call, described ("model.act is
+    torch._VariableFunctionsClass.tanh"); None where the failure is not a plain source's (torch's own
+    words follow a tensor's or the global state's) or the source is not there."""
+    parts = failed.split(" ")
+    if len(parts) < 2 or parts[0] in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"):
+        return None
+    source = parts[1]
+    root = _re.match(_SOURCE_ROOT, source)
+    if root is None or not _re.fullmatch(f"(?:{_SOURCE_STEP})*", source[root.end():]):
+        return None
+    try:
+        value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
+        for attr, index, key in _re.findall(_SOURCE_STEP, source[root.end():]):
+            value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+    except Exception:  # a source that is not there: the failed check says so
+        return None
+    return f"{source} is {_described(value)}"
+
+
+def _described(value):
+    """A short, safe description of a value a guard checked: a constant as a literal, a class or
+    function by qualified name, a collection by its type and size, anything else by its type."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        text = repr(value)
+    elif isinstance(value, (dict, list, tuple, set, frozenset)):
+        text = f"{_article(kind.__name__)} {kind.__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
+    elif isinstance(value, type) or callable(value) and isinstance(getattr(value, "__qualname__", None), str):
+        text = f"{getattr(value, '__module__', None) or '?'}.{value.__qualname__}"
+    else:
+        text = f"{_article(kind.__module__)} {kind.__module__}.{kind.__qualname__}"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _article(word):
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 class _TorchGuards:

@@ -499,7 +499,6 @@ def guards_0_0(L, G, explain=False):
     there fails its guard). L: the bound arguments, G: the globals of the frame's module;
     explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
-    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (the metadata's guard list names each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH model._parameters['bias']: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
     # TENSOR_MATCH model._parameters['weight']: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -517,6 +516,24 @@ def guards_0_0(L, G, explain=False):
             return _tensors_0_0.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks'
+        if not (len(s1._backward_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks'
+        if not (len(s1._backward_pre_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks'
+        if not (len(s1._forward_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs'
+        if not (len(s1._forward_hooks_with_kwargs) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks'
+        if not (len(s1._forward_pre_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs'
+        if not (len(s1._forward_pre_hooks_with_kwargs) == 0):
             return failing
         failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
         if not ('forward' not in s1.__dict__):
@@ -587,7 +604,6 @@ def guards_0_1(L, G, explain=False):
     there fails its guard). L: the bound arguments, G: the globals of the frame's module;
     explain: say why the tensor or global-state check failed (torch's own words), not only its name."""
     # DETERMINISTIC_ALGORITHMS: checked by GLOBAL_STATE (torch adds no check of its own)
-    # EMPTY_NN_MODULE_HOOKS_DICT on 6 sources (the metadata's guard list names each): skipped by torch (torch._dynamo.config.skip_nnmodule_hook_guards)
     # GRAD_MODE: checked by GLOBAL_STATE (torch adds no check of its own)
     # TENSOR_MATCH model._parameters['bias']: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
     # TENSOR_MATCH model._parameters['weight']: dimension markings (mark_dynamic and the like): this torch's guard manager lets any markings pass, so they are not checked here either
@@ -606,6 +622,24 @@ def guards_0_1(L, G, explain=False):
             return _tensors_0_1.reason(tensors) if explain else failing
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks'
+        if not (len(s1._backward_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks'
+        if not (len(s1._backward_pre_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks'
+        if not (len(s1._forward_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs'
+        if not (len(s1._forward_hooks_with_kwargs) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks'
+        if not (len(s1._forward_pre_hooks) == 0):
+            return failing
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs'
+        if not (len(s1._forward_pre_hooks_with_kwargs) == 0):
             return failing
         failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
         if not ('forward' not in s1.__dict__):
@@ -1135,7 +1169,50 @@ class _RenderedGuards:
         return self.function(f_locals, self.scope) is None
 
     def explain(self, f_locals):
-        return self.function(f_locals, self.scope, True) or "every guard holds"
+        failed = self.function(f_locals, self.scope, True)
+        if not failed:
+            return "every guard holds"
+        received = _received(failed, f_locals, self.scope)
+        return failed if received is None else f"{failed} (this call's {received})"
+
+
+def _received(failed, f_locals, scope):
+    """What the source a failed check names holds in this call, described ("model.act is
+    torch._VariableFunctionsClass.tanh"); None where the failure is not a plain source's (torch's own
+    words follow a tensor's or the global state's) or the source is not there."""
+    parts = failed.split(" ")
+    if len(parts) < 2 or parts[0] in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"):
+        return None
+    source = parts[1]
+    root = _re.match(_SOURCE_ROOT, source)
+    if root is None or not _re.fullmatch(f"(?:{_SOURCE_STEP})*", source[root.end():]):
+        return None
+    try:
+        value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
+        for attr, index, key in _re.findall(_SOURCE_STEP, source[root.end():]):
+            value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+    except Exception:  # a source that is not there: the failed check says so
+        return None
+    return f"{source} is {_described(value)}"
+
+
+def _described(value):
+    """A short, safe description of a value a guard checked: a constant as a literal, a class or
+    function by qualified name, a collection by its type and size, anything else by its type."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        text = repr(value)
+    elif isinstance(value, (dict, list, tuple, set, frozenset)):
+        text = f"{_article(kind.__name__)} {kind.__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
+    elif isinstance(value, type) or callable(value) and isinstance(getattr(value, "__qualname__", None), str):
+        text = f"{getattr(value, '__module__', None) or '?'}.{value.__qualname__}"
+    else:
+        text = f"{_article(kind.__module__)} {kind.__module__}.{kind.__qualname__}"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _article(word):
+    return "an" if word[:1].lower() in "aeiou" else "a"
 
 
 class _TorchGuards:
@@ -1190,7 +1267,9 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
     builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
     if builtins_key:
         _seed_builtins(scope, builtins_key, artifact)
-    manager = load_guard_manager(state, target, scope)
+    # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+        manager = load_guard_manager(state, target, scope)
     for line in by_name:
         _check_by_name(manager, line, scope, artifact)
     return _TorchGuards(manager), global_state, builtins_key
