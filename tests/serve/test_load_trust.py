@@ -129,7 +129,7 @@ def test_a_kernel_map_naming_a_library_outside_the_bundle_is_refused(tmp_path, r
     _forge(cache, bundle=dict(kernels={SOURCE_SHA: str(outside)}))
     _load_warns(artifact, cache, r"kernel map value '.*evil\.so' \(for source aaaaaaaaaaaa\.\.\.\) is not in the bundle")
     rc, out = _cli(capsys, "verify", "-v", str(artifact), str(cache))
-    assert rc == 1 and "it must name a bundled kernel library" in out
+    assert rc == 2 and "it must name a bundled kernel library" in out  # a cache that breaks a bundle rule is refused: trouble, as show says
 
 
 def test_a_kernel_map_naming_a_bundle_file_that_is_not_a_kernel_is_refused(tmp_path):
@@ -179,7 +179,7 @@ def test_a_changed_header_field_fails_verify_and_is_ignored_by_load(tmp_path, ro
     data[position] ^= 0x01  # one bit, inside the header, with every hash left as written
     cache.write_bytes(bytes(data))
     rc, out = _cli(capsys, "verify", "-v", str(artifact), str(cache))
-    assert rc == 1 and ("does not match its header_sha256" in out or "invalid header" in out), out
+    assert rc == 2 and ("does not match its header_sha256" in out or "invalid header" in out), out  # a cache whose header is not its digest is not read as one: trouble (docs/inspect.md, exit codes)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert not precompile.load(artifact, cache).cache_used
@@ -229,7 +229,7 @@ def test_a_fifo_in_place_of_either_file_is_refused_without_blocking(tmp_path, ca
     with pytest.warns(precompile.PrecompileWarning, match="is not a regular file"):
         precompile.load(artifact, cache)
     rc, out = _cli(capsys, "verify", "-v", str(artifact), str(cache))
-    assert rc == 1 and "is not a regular file" in out
+    assert rc == 2 and "is not a regular file" in out  # unreadable input: trouble
     fifo = tmp_path / "f.py"
     os.mkfifo(fifo)
     with pytest.raises(precompile.PrecompileError, match=r"f\.py is not a regular file \(it is a FIFO\)"):
