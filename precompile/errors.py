@@ -13,6 +13,8 @@ defines twins of the same names and bases (tests/ check that they mirror this mo
 """
 from __future__ import annotations
 
+from typing import TypeVar
+
 __all__ = ["CacheFormatError", "CallMismatch", "CaptureRefused", "CompilationForbidden", "PairMismatch", "PrecompileError",
            "PrecompileWarning"]
 
@@ -56,3 +58,18 @@ class PrecompileWarning(UserWarning):
 for _public in (PrecompileError, CaptureRefused, PairMismatch, CallMismatch, CacheFormatError, CompilationForbidden, PrecompileWarning):
     _public.__module__ = "precompile"
 del _public
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def cause_of(exc: BaseException, kind: type[E]) -> E | None:
+    """The first exception of `kind` along `exc`'s chain of causes and contexts (exc itself first)."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, kind):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return None

@@ -25,7 +25,7 @@ import msgspec
 from precompile.artifact import bytecode
 from precompile.artifact.envelope import CompiledCode
 from precompile.artifact.pycode import code_hash, decode_source
-from precompile.errors import PrecompileError
+from precompile.errors import PrecompileError, cause_of
 from precompile.inspect.chunked_parse import parsed_chunks
 
 PROOF_MEMORY_ENV = "PRECOMPILE_PROOF_MEMORY"
@@ -111,21 +111,9 @@ def _problem(source: str, digest: str, compiled: CompiledCode) -> str | None:
     try:
         return bytecode.bytecode_problem(source, digest, compiled, parsed_chunks(source, filename="python_code"))
     except PrecompileError as exc:
-        if _out_of_memory(exc):
+        if cause_of(exc, MemoryError) is not None:
             raise MemoryError from None
         return str(exc)
-
-
-def _out_of_memory(exc: BaseException) -> bool:
-    """Whether an error was raised for a MemoryError (parse_source names it in a PrecompileError)."""
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        if isinstance(link, MemoryError):
-            return True
-        seen.add(id(link))
-        link = link.__cause__ or link.__context__
-    return False
 
 
 def _limit_address_space(extra: int) -> None:

@@ -15,13 +15,11 @@ still held) took a third of the parse's time.
 from __future__ import annotations
 
 import ast
-import contextlib
-import gc
 import re
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from precompile.artifact.pycode import parse_source
+from precompile.artifact.pycode import cyclic_gc_paused, parse_source
 from precompile.errors import PrecompileError
 
 CHUNK_CHARS = 256 * 1024
@@ -43,17 +41,6 @@ def _cuts(source: str) -> list[int]:
     return [*cuts, len(source)] if cuts[-1] != len(source) else cuts
 
 
-@contextlib.contextmanager
-def collector_paused() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def parsed_chunks(source: str, *, filename: str) -> Iterator[Chunk]:
     """The syntax trees of the file's parts in file order; a PrecompileError when the file does not parse."""
     cuts = [0, len(source)] if "\r" in source else _cuts(source)
@@ -63,7 +50,7 @@ def parsed_chunks(source: str, *, filename: str) -> Iterator[Chunk]:
         while True:
             end = min(start + span, len(cuts) - 1)
             try:
-                with collector_paused():
+                with cyclic_gc_paused():
                     tree = parse_source(source[cuts[start]:cuts[end]], filename=filename)
                 break
             except PrecompileError:

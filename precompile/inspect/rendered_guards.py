@@ -11,8 +11,9 @@ from collections.abc import Iterator
 
 from precompile.artifact.metadata import DynamoMetadata
 from precompile.artifact.opaque_state import nodes
+from precompile.artifact.pycode import cyclic_gc_paused
 from precompile.errors import PrecompileError
-from precompile.inspect.chunked_parse import collector_paused, parsed_chunks
+from precompile.inspect.chunked_parse import parsed_chunks
 
 
 def shape_text(shape) -> str:
@@ -138,7 +139,7 @@ def _spanned(text: str, lines: tuple[tuple[int, int], ...]) -> list[tuple[ast.st
             at = text.find("\n", starts[-1])
             starts.append(len(text) if at < 0 else at + 1)
     found = []
-    with collector_paused():
+    with cyclic_gc_paused():
         for first, last in lines:
             try:
                 tree = ast.parse(text[starts[first - 1]:starts[last]])

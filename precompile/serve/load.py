@@ -34,7 +34,7 @@ try:
         read_python_code,
     )
     from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused, parse_source
-    from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning
+    from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning, cause_of
     from precompile.serve import environment, source_lines
     from precompile.storage.locations import checked, is_url
 finally:
@@ -236,17 +236,6 @@ def _read_pair(artifact_path: Path, cache_path: Path, pins, expect, fetched):
     return code_data, digest, _read_cache_for(code_data, digest, cache_path, given_cache)
 
 
-def _forbidden_cause(exc: BaseException) -> CompilationForbidden | None:
-    seen: set[int] = set()
-    link: BaseException | None = exc
-    while link is not None and id(link) not in seen:
-        if isinstance(link, CompilationForbidden):
-            return link
-        seen.add(id(link))
-        link = link.__cause__ or link.__context__
-    return None
-
-
 def exec_registered(source: source_lines.Text, filename: str, namespace: dict[str, Any], tree: ast.Module | None = None,
                     code: types.CodeType | None = None) -> None:
     """Exec source we rendered into `namespace` as file `filename`, registered in linecache so
@@ -314,7 +303,7 @@ def execute(
     except PrecompileError:
         raise
     except Exception as exc:
-        forbidden = _forbidden_cause(exc)
+        forbidden = cause_of(exc, CompilationForbidden)
         if forbidden is not None:  # Inductor wraps what its compile workers raise
             raise forbidden from exc
         raise PrecompileError(f"python_code {filename} failed to execute: {type(exc).__name__}: {exc}") from exc

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+from precompile.serve import environment
+
 CACHE_DIR_VAR = "TRITON_CACHE_DIR"
 AUTOTUNE_CACHE_VAR = "TRITON_CACHE_AUTOTUNING"
 _UNSET = object()
@@ -142,16 +144,9 @@ def _instances(module: str, class_name: str) -> list:
 
 @contextlib.contextmanager
 def _environment(values: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
+    with environment.restored(tuple(values)):
+        os.environ.update(values)
         yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _knob_group(group: str):
