@@ -30,6 +30,7 @@ from precompile.inspect.chunked_parse import parsed_chunks
 
 PROOF_MEMORY_ENV = "PRECOMPILE_PROOF_MEMORY"
 MIN_PROOF_MEMORY = 256 * 1024 * 1024
+_MORE_THAN_ANY_MACHINE = 1 << 60
 MEMORY_PER_BYTE = 20
 NOT_PROVEN = "not proven"
 _MiB = 1024 * 1024
@@ -55,7 +56,7 @@ def proof_memory(python_code_size: int, given_mib: int | None = None) -> int:
             raise PrecompileError(f"{PROOF_MEMORY_ENV}={text!r} is not a whole number of MiB (1 or more): set it to, e.g., 4096")
         given_mib = int(text)
     if given_mib is not None:
-        return given_mib * _MiB
+        return min(given_mib * _MiB, _MORE_THAN_ANY_MACHINE)  # a larger number would overflow setrlimit's C long
     return max(MIN_PROOF_MEMORY, MEMORY_PER_BYTE * python_code_size)
 
 

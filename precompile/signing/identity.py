@@ -31,7 +31,7 @@ def release(text: str, what: str) -> Any:
                               f"install the extra: {EXTRA}") from None
     try:
         return Version(str(text))
-    except InvalidVersion:
+    except (InvalidVersion, ValueError):  # ValueError: a number over the interpreter's 4,300-digit limit
         raise PrecompileError(f"{what} {text!r} is not a release: pass an integer (1, 2, ...) or a PEP 440 version "
                               "(1.10, 2.0rc1) that grows with every release") from None
 
@@ -49,6 +49,11 @@ def expectation(source: str, name: str | None, min_release: str | int | None) ->
     """The pin `source` sets: a name, a minimum release (checked to be a release), or both; None for neither."""
     if name is None and min_release is None:
         return None
+    if name is not None and not isinstance(name, str):
+        raise PrecompileError(f"{source}: the expected name must be text, got {type(name).__name__} {name!r}"[:300])
+    if min_release is not None and (type(min_release) not in (str, int)):
+        raise PrecompileError(f"{source}: the minimum release must be an integer or a PEP 440 version as text "
+                              f"(\"1.10\", not the float 1.1), got {type(min_release).__name__} {min_release!r}"[:300])
     if name is not None and not name.strip():
         raise PrecompileError(f"{source}: the expected name is empty; pass the name the release was signed with, or none")
     floor = None if min_release is None else str(release(str(min_release), f"{source}: the minimum release"))

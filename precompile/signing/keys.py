@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from precompile.artifact.pair import read_bytes
 from precompile.errors import PrecompileError
 
 __all__ = ["EXTRA", "Key", "generate", "read_private_key", "read_public_key", "sign", "verify"]
@@ -64,15 +65,11 @@ def _supported(key: Any, source: str) -> None:
 
 
 def _read(path: Path, what: str) -> bytes:
-    try:
-        size = path.stat().st_size
-        if size > MAX_KEY_SIZE:
-            raise PrecompileError(f"{what} {path} is {size} bytes, over the {MAX_KEY_SIZE}-byte limit of a PEM key; pass a PEM key file")
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise PrecompileError(f"{what} {path} does not exist; pass the PEM file `precompile keygen` wrote") from None
-    except OSError as exc:
-        raise PrecompileError(f"could not read {what} {path}: {exc.strerror or exc}") from None
+    """A key file's bytes, read as every artifact file is: a regular file only (a FIFO or device is
+    refused without blocking), within MAX_KEY_SIZE."""
+    if not os.path.lexists(path):
+        raise PrecompileError(f"{what} {path} does not exist; pass the PEM file `precompile keygen` wrote")
+    return read_bytes(path, what, MAX_KEY_SIZE)
 
 
 def read_public_key(given: str | os.PathLike[str] | bytes) -> Key:

@@ -102,8 +102,11 @@ def sign_pair(python_code: str | os.PathLike[str], cache: str | os.PathLike[str]
         raise PrecompileError(f"--name {name!r} is not a release name: pass the model's name, one line of text")
     signed_release = None if release is None else str(parse_release(str(release), "--release"))
     signing_key = read_private_key(key)
-    files = _digests(Path(python_code), Path(cache))
     path = signature_path(python_code)
+    if os.path.exists(path) and any(os.path.exists(given) and os.path.samefile(path, given) for given in (python_code, cache)):
+        raise PrecompileError(f"the signature's path {path} is a file of the pair itself; rename the pair so that "
+                              "python_code's NAME.sig is neither file, then sign it")
+    files = _digests(Path(python_code), Path(cache))
     if name is None or signed_release is None:
         code, cached = files["python_code"][1], files["cache"][1]
         legacy = Signature(python_code=code, cache=cached, key=signing_key.fingerprint, signature=sign(signing_key, statement(code, cached)))
@@ -305,6 +308,9 @@ def pins_for(trusted_keys: TrustedKeys | None) -> Pins:
     """The keys load must find a pair signed by: `trusted_keys` and PRECOMPILE_TRUSTED_KEYS, each a pin
     of its own (neither loosens the other); [] when neither is set."""
     pins = []
+    if trusted_keys is not None and not isinstance(trusted_keys, (str, bytes, os.PathLike)) and not hasattr(trusted_keys, "__iter__"):
+        raise PrecompileError(f"load(trusted_keys=...) takes a public key file or PEM bytes, or a list of them, got "
+                              f"{type(trusted_keys).__name__} {trusted_keys!r}"[:300])
     if trusted_keys is not None:
         pins.append(("load(trusted_keys=...)", read_trusted_keys(trusted_keys)))
     pinned = trusted_keys_from_environment()

@@ -240,3 +240,39 @@ def test_bad_pins_name_the_pin(history, monkeypatch):
     monkeypatch.delenv(MIN_RELEASE_ENV)
     with pytest.raises(PrecompileError, match=r"load\(expect_name=, min_release=\): the expected name is empty"):
         expectations_for("", None, argument="load(expect_name=, min_release=)")
+
+
+@pytest.mark.parametrize(("name", "release", "message"), [
+    ("demo", 1.10, r"the minimum release must be an integer or a PEP 440 version as text .*got float 1\.1"),
+    (5, None, r"the expected name must be text, got int 5"),
+    ("demo", "9" * 5000, r"the minimum release '9{20}.*' is not a release"),
+])
+def test_a_pin_of_another_type_or_past_the_digit_limit_is_refused_not_misread(name, release, message):
+    """A float 1.10 read as release 1.1 let 1.9 pass; an int name and a 5,000-digit release raised a
+    raw AttributeError and ValueError (found by an attack on the change)."""
+    from precompile.signing.identity import expectations_for
+
+    with pytest.raises(PrecompileError, match=message):
+        expectations_for(name, release, argument="load(expect_name=, min_release=)")
+
+
+def test_a_key_file_that_is_a_fifo_or_not_a_list_of_keys_is_refused_without_blocking(history):
+    import os
+
+    os.mkfifo("fifo.pub")
+    with pytest.raises(PrecompileError, match=r"fifo\.pub is not a regular file"):
+        read_trusted_keys(["fifo.pub"])
+    from precompile.signing.pair import pins_for
+
+    with pytest.raises(PrecompileError, match=r"trusted_keys=\.\.\.\) takes a public key file or PEM bytes, or a list of them, got int 5"):
+        pins_for(5)
+
+
+def test_sign_refuses_a_signature_path_that_is_a_file_of_the_pair(history):
+    """`sign m.py m.sig` (the cache named as python_code's .sig) overwrote the cache with the envelope."""
+    directory = history["v1"]
+    shutil.copy(directory / "model.cache", directory / "model.sig")
+    before = (directory / "model.sig").read_bytes()
+    with pytest.raises(PrecompileError, match=r"model\.sig is a file of the pair itself"):
+        sign_pair(directory / "model.py", directory / "model.sig", "release.key", name="demo", release="3")
+    assert (directory / "model.sig").read_bytes() == before
