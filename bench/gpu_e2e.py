@@ -63,9 +63,35 @@ def reference(model, x):
     return model(x) * 2.0  # no Triton: eager ATen on the GPU
 
 
+def log_cache_keys(work: Path, process: str) -> None:
+    """Append each Triton compile's cache-key parts to work/keys.jsonl, named by kernel and process:
+    when the serving process misses a kernel the capture bundled, the part that differs says why."""
+    import json
+
+    from triton.compiler import compiler
+    from triton.runtime import cache
+
+    original = getattr(compiler, "get_cache_key", None)
+    if original is None:  # a Triton that computes its key elsewhere: nothing to log
+        return
+
+    def logged(src, backend, backend_options, env_vars):
+        parts = {
+            "triton": cache.triton_key()[:24], "src": src.hash(), "backend": backend.hash(),
+            "options": backend_options.hash(), "env": sorted(env_vars.items()),
+            "options_text": repr(backend_options),
+        }
+        with open(work / "keys.jsonl", "a") as out:
+            out.write(json.dumps({"process": process, "kernel": getattr(src, "name", "?"), **parts}) + "\n")
+        return original(src, backend, backend_options, env_vars)
+
+    compiler.get_cache_key = logged
+
+
 def capture(work: Path) -> None:
     import precompile
 
+    log_cache_keys(work, "capture")
     model, x = build()
     with torch.no_grad():
         user_scale(model(x))  # tuned and compiled before the block, into the user's TRITON_CACHE_DIR
@@ -76,6 +102,7 @@ def capture(work: Path) -> None:
 def serve(work: Path) -> None:
     import precompile
 
+    log_cache_keys(work, "serve")
     model, x = build()
     with torch.no_grad(), precompile.no_compilation():
         served = precompile.load(work / "m.py", work / "m.cache")(model, x)
@@ -102,6 +129,10 @@ def main() -> int:
                 tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
                 print(f"FAIL e2e-triton: the {name} process exited {proc.returncode}: {tail}")
                 sys.stderr.write(proc.stderr[-4000:])
+                primed = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file() and "triton" in str(p))
+                sys.stderr.write(f"\nTriton files under the work dir ({len(primed)}):\n" + "\n".join(primed) + "\n")
+                keys = work / "keys.jsonl"
+                sys.stderr.write("\nTriton cache-key parts per compile:\n" + (keys.read_text() if keys.exists() else "(none)\n"))
                 return 1
         bundled = sorted(p.name for p in (work / "serve-inductor").rglob("*.autotune.json"))
         print(f"PASS e2e-triton: captured, then served under no_compilation() in a fresh process (autotune results primed: {bundled})")

@@ -44,6 +44,8 @@ PRIVATE_NAMES: dict[str, str] = {
     "PrecompileContext": "torch._dynamo.precompile_context:PrecompileContext",
     "SerializedCode": "torch._dynamo.package:SerializedCode",
     "AsyncCompile": "torch._inductor.async_compile:AsyncCompile",
+    # Inductor's in-process memo of compiled Triton kernels by source (a class-level dict)
+    "compiled_triton_kernels": "torch._inductor.async_compile:CompiledTritonKernels._cache",
     "triton_hash_with_backend": "torch.utils._triton:triton_hash_with_backend",
     "traceable_collective_remaps": "torch.distributed._functional_collectives:traceable_collective_remaps",
     "resolve_process_group": "torch._C:_distributed_c10d._resolve_process_group",

@@ -143,7 +143,9 @@ def dynamo_modules_read(artifact: Path) -> list[str]:
 def run_fresh(code: str, *args: str, timeout: float = 300, env: dict | None = None,
               cwd: Path | None = None) -> subprocess.CompletedProcess:
     """Run `code` in a fresh interpreter with tests/ importable (and `env` added to the environment)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)]), **(env or {})}
+    # Ahead of any PYTHONPATH already set (bench/gpu_check.sh puts the carried wheels there).
+    path = [str(TESTS), str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), **(env or {})}
     proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=timeout,
                           cwd=cwd)
     return proc

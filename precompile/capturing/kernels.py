@@ -35,6 +35,10 @@ def collect_files(cache_dir: Path) -> dict[str, tuple[str, bytes]]:
             "could not freeze the Triton kernels the serving process needs: " + "; ".join(missing)
             + ". Let Triton compile them inside the capture block with its default file cache manager"
         )
+    return _kernel_files(cache_dir)
+
+
+def _kernel_files(cache_dir: Path) -> dict[str, tuple[str, bytes]]:
     files = {}
     for path in sorted(cache_dir.rglob("*")):
         if not path.is_file():
@@ -166,17 +170,37 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
             for relative, data in _PROBES.items():
                 (directory / relative).parent.mkdir(parents=True, exist_ok=True)
                 (directory / relative).write_bytes(data)
+            # compile_threads=1: Triton compiles in this process, under the block's cache dir and
+            # settings, as a serving process compiles; a worker pool compiles elsewhere (GPU check).
             with temporary_cache_dir(str(directory)), triton_cache.triton_block(directory / _TRITON_DIR), inductor_config.patch(
-                cpp_cache_precompile_headers=PRECOMPILED_HEADERS
-            ):
+                cpp_cache_precompile_headers=PRECOMPILED_HEADERS, compile_threads=1
+            ), _inductor_triton_memo_set_aside():
                 _forget_isa_probes()
                 yield KernelBuild(directory, commands)
-            for relative, (kind, data) in collect_files(directory).items():
+            # Only the probes: the Triton check ran inside the block (freeze), where the kernels the
+            # block compiled were still apart from those of the process before it.
+            for relative, (kind, data) in _kernel_files(directory).items():
                 if kind.startswith("isa-probe"):
                     _PROBES[relative] = data
         finally:
             cpp_builder.CppBuilder.get_command_line = original
             shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _inductor_triton_memo_set_aside() -> Iterator[None]:
+    """Inductor's in-process memo of compiled Triton kernels (by source), emptied for the block: a kernel
+    this process compiled before (an earlier capture, a torch.compile) is compiled again into the
+    block's dir, where it lands in the bundle, instead of being reused from memory. Afterwards the
+    block's entries are laid over the earlier ones, as for Triton's own caches (triton_cache.py)."""
+    from precompile.torch_compat import compiled_triton_kernels as memo
+
+    earlier = dict(memo)
+    memo.clear()
+    try:
+        yield
+    finally:
+        memo.update({source: future for source, future in earlier.items() if source not in memo})
 
 
 def reproducible(command: str) -> str:

@@ -98,6 +98,21 @@ def test_a_write_names_the_triton_kernel_it_cannot_freeze(tc, tmp_path):
             freezing.collect_files(tmp_path / "capture")
 
 
+def _cpu_double(x):
+    return x * 2
+
+
+def test_a_capture_is_not_refused_for_triton_kernels_compiled_before_its_block(tc, tmp_path):
+    # Found by the first GPU check: kernels the process compiled before the block (here into the
+    # user's TRITON_CACHE_DIR) were named as "outside the block's dir" once the block had put them back.
+    tc.launch_add_one(torch.zeros(8))
+    with precompile.capture(_cpu_double, artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache",
+                            tracer=precompile.MakeFxTracer(), backend="inductor") as cap:
+        cap(torch.ones(4))
+    assert (tmp_path / "m.cache").is_file()
+    assert _kernels(tc.add_one)  # the earlier kernel is still there for the program
+
+
 PRIMED_SERVE = r"""
 import json, os, sys
 import msgspec
@@ -220,12 +235,13 @@ def test_the_gate_reaches_a_benchmarker_bound_by_name_before_it_was_installed():
 
 CUDA_SERVE = r"""
 import sys, torch, precompile
+dtype = getattr(torch, sys.argv[3])
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).cuda()
-x = torch.randn(8, 32, device="cuda")
-with precompile.no_compilation():
+model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).cuda().to(dtype)
+x = torch.randn(8, 32, device="cuda", dtype=dtype)
+with torch.no_grad(), precompile.no_compilation():
     served = precompile.load(sys.argv[1], sys.argv[2])(model, x)
-torch.testing.assert_close(served, model(x))
+    torch.testing.assert_close(served, model(x))
 print("ok")
 """
 
@@ -236,13 +252,21 @@ def relu_mlp(model, x):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_check.sh runs this)")
-def test_a_cuda_inductor_capture_serves_in_a_fresh_process_under_no_compilation(tmp_path):
+@pytest.mark.parametrize(
+    ("tracer", "dtype"), [("makefx", "float32"), ("dynamo", "float32"), ("dynamo", "bfloat16")]
+)
+def test_a_cuda_inductor_capture_serves_in_a_fresh_process_under_no_compilation(tmp_path, tracer, dtype):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).cuda()
-    x = torch.randn(8, 32, device="cuda")
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()).cuda().to(getattr(torch, dtype))
+    x = torch.randn(8, 32, device="cuda", dtype=getattr(torch, dtype))
     artifact, cache = tmp_path / "m.py", tmp_path / "m.cache"
-    with precompile.capture(relu_mlp, artifact_path=artifact, cache_path=cache, tracer=precompile.MakeFxTracer()) as cap:
+    chosen = precompile.MakeFxTracer() if tracer == "makefx" else precompile.DynamoTracer()
+    with torch.no_grad(), precompile.capture(
+        relu_mlp, artifact_path=artifact, cache_path=cache, tracer=chosen, backend="inductor"
+    ) as cap:
         cap(model, x)
-    proc = run_fresh(CUDA_SERVE, str(artifact), str(cache), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "serve")})
+    proc = run_fresh(
+        CUDA_SERVE, str(artifact), str(cache), dtype, env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "serve")}
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("ok")
