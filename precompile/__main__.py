@@ -1,3 +1,3 @@
-from precompile.cli.main import main
+from precompile.cli.main import run
 
-raise SystemExit(main())
+run()

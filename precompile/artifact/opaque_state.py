@@ -77,6 +77,10 @@ _BINDERS = (ast.Name, ast.Attribute, ast.Global, ast.Nonlocal, ast.FunctionDef, 
 """The node types `_binds` can be true of: every other node is only checked as a string."""
 
 
+_LEAVES = (ast.Name, ast.Constant)
+"""The commonest nodes, which hold no node but an expression context: their fields are not looked into."""
+
+
 def nodes(tree: ast.AST):
     """Every node of the tree, each before its children, expression contexts (Load, Store) skipped:
     `ast.walk` without its per-node generator, a third less time on a big file."""
@@ -84,6 +88,8 @@ def nodes(tree: ast.AST):
     while stack:
         node = stack.pop()
         yield node
+        if type(node) in _LEAVES:
+            continue
         for field in node._fields:
             value = getattr(node, field, None)
             if type(value) is list:
@@ -92,27 +98,36 @@ def nodes(tree: ast.AST):
                 stack.append(value)
 
 
-def mentions(tree: ast.Module, names: tuple[str, ...]) -> dict[str, list[ast.AST]]:
+def mentions(tree: ast.Module, names: tuple[str, ...],
+             literals: list[tuple[ast.Constant, str | None]] | None = None) -> dict[str, list[ast.AST]]:
     """For each name, every node that binds it or spells it in a string other than as the key of a
     plain read `x["name"]` (the driver's own `metadata["_dynamo_bytecode"]`): `globals()["name"] = ...`,
     `setattr(m, "name", ...)`, `exec("name = ...")`, `dict(name=...)`. One walk, each node checked by
     its type once (not once per name); it visits a subscript before its key, so the reads are known
-    when the key is reached."""
+    when the key is reached. `literals`, when given, receives in the same walk every str and bytes
+    literal, with the name it is assigned to alone (`name = literal`, `name: T = literal`) or None."""
     found: dict[str, list[ast.AST]] = {name: [] for name in names}
     reads: set[int] = set()
+    assigned: dict[int, str] = {}
     for node in nodes(tree):
         kind = type(node)
-        if isinstance(node, ast.Subscript):
-            if isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant):
-                reads.add(id(node.slice))
-        elif isinstance(node, ast.Name):
-            if node.id in names and not isinstance(node.ctx, ast.Load):
-                found[node.id].append(node)
-        elif kind is ast.Constant:
+        if kind is ast.Constant:
+            if literals is not None and type(node.value) in (str, bytes):
+                literals.append((node, assigned.get(id(node))))
             if id(node) not in reads:
                 _record(found, node, _string_mentions)
+        elif kind is ast.Name:
+            if node.id in names and not isinstance(node.ctx, ast.Load):
+                found[node.id].append(node)
+        elif isinstance(node, ast.Subscript):
+            if isinstance(node.ctx, ast.Load) and isinstance(node.slice, ast.Constant):
+                reads.add(id(node.slice))
         elif isinstance(node, _BINDERS):
             _record(found, node, _binds)
+        elif literals is not None and (kind is ast.Assign or kind is ast.AnnAssign):
+            targets = node.targets if kind is ast.Assign else [node.target]
+            if len(targets) == 1 and type(targets[0]) is ast.Name and node.value is not None:
+                assigned[id(node.value)] = targets[0].id  # the walk reaches the value after its statement
     return found
 
 

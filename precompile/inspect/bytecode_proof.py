@@ -12,11 +12,15 @@ not made: the check fails with "not proven" and says how to allow more. Nothing 
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import resource
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,31 +68,82 @@ def proof_seconds(python_code_size: int) -> float:
     return 60 + 4 * python_code_size / 1e6
 
 
+def start(python_code: bytes, digest: str, compiled: CompiledCode, memory: int) -> None:
+    """Begin the proof of `prove` with these arguments now, in its child, so that it runs while the
+    caller goes on reading the pair (verify and diff start it before they parse python_code); `prove`
+    with the same arguments collects it. A child that cannot start is left to `prove` to report."""
+    key = (digest, compiled.sha256, memory)
+    if key not in _in_flight and key not in _made:
+        with contextlib.suppress(OSError):
+            _in_flight[key] = _Running(python_code, digest, compiled, memory)
+
+
 def prove(python_code: bytes, digest: str, compiled: CompiledCode, memory: int) -> Outcome:
     """Whether `compiled` is `python_code` (sha256 `digest`) compiled here: bytecode.bytecode_problem,
-    in a child limited to `memory` bytes more than it maps at start, and to proof_seconds."""
-    root = str(Path(__file__).resolve().parent.parent.parent)
-    request = msgspec.msgpack.encode((digest, python_code, compiled))
-    seconds = proof_seconds(len(python_code))
+    in a child limited to `memory` bytes more than it maps at start, and to proof_seconds (counted
+    from when it started, by `start` or here)."""
+    key = (digest, compiled.sha256, memory)
+    if key in _made:  # the same bytes proven again (diff of a pair and its copy): the same answer
+        return _made[key]
+    running = _in_flight.pop(key, None)
+    if running is None:
+        try:
+            running = _Running(python_code, digest, compiled, memory)
+        except OSError as exc:
+            return Outcome(not_proven=f"the proof's process could not start: {exc.strerror or exc}")
+    outcome = _made[key] = running.outcome()
+    return outcome
+
+
+_in_flight: dict[tuple[str, str, int], _Running] = {}
+_made: dict[tuple[str, str, int], Outcome] = {}
+
+
+class _Running:
+    """One proof's child, started: the request is handed over in an unnamed temporary file, so that
+    starting never waits for the child to read it."""
+
+    def __init__(self, python_code: bytes, digest: str, compiled: CompiledCode, memory: int) -> None:
+        root = str(Path(__file__).resolve().parent.parent.parent)
+        self.size, self.memory = len(python_code), memory
+        self.deadline = time.monotonic() + proof_seconds(len(python_code))
+        with tempfile.TemporaryFile() as request:
+            request.write(msgspec.msgpack.encode((digest, python_code, compiled)))
+            request.seek(0)
+            self.proc = subprocess.Popen([sys.executable, *_SAFE_PATH, "-c", _CHILD, root, str(memory)], stdin=request,
+                                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root)
+        atexit.register(self._stop)
+
+    def _stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def outcome(self) -> Outcome:
+        atexit.unregister(self._stop)
+        seconds = proof_seconds(self.size)
+        try:
+            stdout, stderr = self.proc.communicate(timeout=max(0.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self._stop()
+            self.proc.communicate()
+            return Outcome(not_proven=f"the proof took over {seconds:.0f} s (python_code is {self.size} bytes)")
+        return _answer(self.proc.returncode, stdout, stderr, self.size, self.memory)
+
+
+def _answer(returncode: int, stdout: bytes, stderr: bytes, size: int, memory: int) -> Outcome:
     allow = f"allow more with --proof-memory MIB or {PROOF_MEMORY_ENV}=MIB and verify again"
+    lines = stdout.decode("utf-8", "replace").strip().splitlines()
     try:
-        proc = subprocess.run([sys.executable, *_SAFE_PATH, "-c", _CHILD, root, str(memory)], input=request, cwd=root,
-                              capture_output=True, timeout=seconds)
-    except subprocess.TimeoutExpired:
-        return Outcome(not_proven=f"the proof took over {seconds:.0f} s (python_code is {len(python_code)} bytes)")
-    except OSError as exc:
-        return Outcome(not_proven=f"the proof's process could not start: {exc.strerror or exc}")
-    lines = proc.stdout.decode("utf-8", "replace").strip().splitlines()
-    try:
-        answer = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+        answer = json.loads(lines[-1]) if returncode == 0 and lines else None
     except ValueError:
         answer = None
     if isinstance(answer, dict) and "problem" in answer:
         return Outcome(problem=answer["problem"])
-    if isinstance(answer, dict) and answer.get("memory") or b"MemoryError" in proc.stderr or proc.returncode < 0:
-        return Outcome(not_proven=f"compiling python_code ({len(python_code)} bytes) needs more than the "
+    if isinstance(answer, dict) and answer.get("memory") or b"MemoryError" in stderr or returncode < 0:
+        return Outcome(not_proven=f"compiling python_code ({size} bytes) needs more than the "
                                   f"{memory // _MiB} MiB the proof may take; {allow}")
-    tail = proc.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+    tail = stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [f"exit status {returncode}"]
     return Outcome(not_proven=f"the proof's process failed ({tail[0][:300]})")
 
 

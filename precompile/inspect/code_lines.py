@@ -38,8 +38,8 @@ def _fingerprint(body: str, lines: int, opaque: bool) -> str:
 
 
 def _line(line: str, opaque: bool) -> str:
-    masked = mask_artifact_names(mask_process_ids(line.rstrip()))
-    return _LONG_TOKEN.sub(lambda token: _fingerprint(token.group(2), 1, opaque), masked)
+    """A line of text already masked, as compared: trailing blanks stripped, long literals fingerprinted."""
+    return _LONG_TOKEN.sub(lambda token: _fingerprint(token.group(2), 1, opaque), line.rstrip())
 
 
 def _chunk_run(run: list[re.Match[str]], opaque: bool) -> list[str]:
@@ -51,10 +51,12 @@ def _chunk_run(run: list[re.Match[str]], opaque: bool) -> list[str]:
 
 
 def compared_lines(text: str, *, opaque: bool) -> list[str]:
-    """The lines of a section as `diff` compares and shows them."""
+    """The lines of a section as `diff` compares and shows them. The names are masked in the whole
+    text at once (no mask spans lines, starts or ends in a blank, or matches a base64 chunk line), not
+    line by line."""
     out: list[str] = []
     run: list[re.Match[str]] = []
-    for line in text.splitlines():
+    for line in mask_artifact_names(mask_process_ids(text)).splitlines():
         chunk = _CHUNK_LINE.fullmatch(line)
         if chunk is not None:
             run.append(chunk)

@@ -32,9 +32,9 @@ ONE_FILE_HELP = (f"{ARTIFACT_HELP}; or one file alone of any kind known (told by
                  "torch.compiler.precompile cache, a Mega-Cache blob, a bare pickle, python_code")
 
 
-def _artifact(paths: list[str], *, deep: bool = False) -> Artifact:
+def _artifact(paths: list[str], *, deep: bool = False, prove: bool = False, proof_memory_mib: int | None = None) -> Artifact:
     python_code, cache = resolve_pair(paths)
-    return open_artifact(python_code, cache, deep=deep)
+    return open_artifact(python_code, cache, deep=deep, prove=prove, proof_memory_mib=proof_memory_mib)
 
 
 def _emit(args, out, report, lines) -> None:
@@ -148,9 +148,9 @@ def _diff(args, out, err) -> int:
     from precompile.inspect.api import diff_report
 
     if len(args.paths) == 4:
-        a, b = _artifact(args.paths[:2]), _artifact(args.paths[2:])
+        a, b = _artifact(args.paths[:2], prove=True), _artifact(args.paths[2:], prove=True)
     elif len(args.paths) == 2:
-        a, b = open_given(args.paths[:1]), open_given(args.paths[1:])
+        a, b = open_given(args.paths[:1], prove=True), open_given(args.paths[1:], prove=True)
     else:
         raise PrecompileError(f"diff compares two artifacts: A B, or A.py A.cache B.py B.cache; got {len(args.paths)} paths")
     fail_on = _fail_on(args.fail_on)
@@ -203,7 +203,7 @@ def _verify(args, out, err) -> int:
             "it is no precompile pair (nothing to pair or sign); `precompile verify --host` says whether this host would hit "
             "its entries, `precompile show` scans them")):
         return _verify_mega_cache_host(args, out, err)
-    artifact = _artifact(args.artifact, deep=True)
+    artifact = _artifact(args.artifact, deep=True, prove=True, proof_memory_mib=args.proof_memory)
     report = verify_report(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key),
                            expect=_expectations(args.expect_name, args.min_release), proof_memory_mib=args.proof_memory)
     _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())

@@ -27,7 +27,7 @@ from precompile.inspect.model import (
     SpecializationKind,
     UpstreamCodeInfo,
 )
-from precompile.inspect.rendered_guards import global_state_rows, rendered_checks, shape_text, tensor_rows
+from precompile.inspect.rendered_guards import Rendered, global_state_rows, rendered_checks, shape_text, tensor_rows
 
 _NOT_CHECKED_ALWAYS = (
     "tensor values: control flow that depended on them was fixed at capture",
@@ -138,11 +138,12 @@ def _kept_check(slot_label: str, checks: dict[str, str], index: dict[str, list[s
 
 
 def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None,
-                  lines: tuple[tuple[int, int], ...] | None = None) -> Guards:
+                  lines: Rendered | None = None) -> Guards:
     """Per variant, the guards it keeps (with the condition that checks each, where python_code
     renders them); first, under DROPPED_FRAME, the slots no variant checks. `lines`: where python_code
-    renders them (`reader.rendered_guard_spans`), so that only those lines are parsed again."""
-    rendered_by_variant = rendered_checks(source, meta, lines)
+    renders them (`reader.rendered_guards_found`), so that python_code is not parsed again."""
+    origins: dict[tuple[str, int], dict[str, str]] = {}
+    rendered_by_variant = rendered_checks(source, meta, lines, origins)
     tensors = tensor_rows(source, lines)
     global_state = global_state_rows(source, lines)
     frame_index = {frame.qualname or frame.name: index for index, frame in enumerate(meta.frames)}
@@ -177,7 +178,10 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None,
                 runs = tensor
             if guard_type == "GLOBAL_STATE" and at in global_state:
                 runs = ", ".join(f"{field} {value}" for field, value in global_state[at].items())
-            slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept", check=runs))
+            made_at = origins.get((variant.frame, variant.variant), {})
+            origin = made_at.get(f"{guard_type} {source}".strip()) or next(
+                iter(_check_index(made_at).get(f"{guard_type} {source}".strip(), ())), "") if made_at else ""
+            slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept", check=runs, origin=origin))
         # Artifacts since per-variant accounting also say which slots each variant does not check.
         slots += [unchecked(check.partition(" ")[::2], False) for check in variant.dropped]
         slots += [unchecked(check.partition(" ")[::2], True) for check in variant.policy_dropped]
@@ -248,14 +252,14 @@ def guards_of(artifact: Artifact, source: str | bytes | None = None) -> Guards |
     return None
 
 
-def rendered_lines(artifact: Artifact, source: str | bytes | None) -> tuple[tuple[int, int], ...] | None:
+def rendered_lines(artifact: Artifact, source: str | bytes | None) -> Rendered | None:
     """Where python_code (`source`, as read for the artifact) renders its guards, from the parse that
     read it (None: parse it again a part at a time)."""
-    from precompile.inspect.reader import rendered_guard_spans
+    from precompile.inspect.reader import rendered_guards_found
 
     if not isinstance(source, bytes) or not artifact.python_code.path:
         return None
-    return rendered_guard_spans(source, artifact.python_code.path)
+    return rendered_guards_found(source, artifact.python_code.path)
 
 
 def filter_values(guards: Guards) -> tuple[list[str], list[str]]:

@@ -298,6 +298,8 @@ class GuardSlot(msgspec.Struct, frozen=True, kw_only=True):
     status: SlotStatus
     check: str = ""
     risky: bool = False
+    origin: str = ""
+    """Where the user's code made the guard (`path:line in function: code`), where python_code says."""
 
 
 class FrameGuards(msgspec.Struct, frozen=True, kw_only=True):

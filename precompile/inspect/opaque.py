@@ -29,7 +29,6 @@ from precompile.artifact.opaque_state import (
     bytecode_blobs,
     decode,
     mentions,
-    nodes,
 )
 from precompile.inspect.model import PickleImport, PickleScan, Section
 from precompile.inspect.pickle_policy import dynamo_state_reviewed
@@ -95,8 +94,9 @@ class OpaqueReader:
 
     def add(self, tree: ast.Module, first_line: int = 1) -> None:
         """Take the syntax tree of the part of python_code that starts at `first_line`."""
-        self._scans.extend(self._literal_scans(tree, first_line))  # before the candidates' lines are moved
-        found = mentions(tree, (STATE, BYTECODE))
+        literals: list[tuple[ast.Constant, str | None]] = []
+        found = mentions(tree, (STATE, BYTECODE), literals)
+        self._scans.extend(self._literal_scans(literals, first_line))  # before the candidates' lines are moved
         for name, mentioned in found.items():
             self._mentions[name].extend(getattr(node, "lineno", 0) + first_line - 1 for node in mentioned)
             targets = {id(node) for node in mentioned}
@@ -151,23 +151,17 @@ class OpaqueReader:
         member = f"python_code section {_section_of(value.lineno, self._sections, self._starts)}: {STATE} (line {value.lineno})"
         return scan_pickle(data, member=member, reviewed=dynamo_state_reviewed(_captured_modules(values))), None
 
-    def _literal_scans(self, tree: ast.Module, first_line: int) -> list[tuple[int, int, PickleScan, ast.AST]]:
-        """Each literal of the part holding a pickle, with its line in the file and its node."""
-        targets: dict[int, str] = {}
+    def _literal_scans(self, literals: list[tuple[ast.Constant, str | None]],
+                       first_line: int) -> list[tuple[int, int, PickleScan, ast.AST]]:
+        """Each str or bytes literal of the part (with the name it is assigned to) holding a pickle,
+        with its line in the file and its node."""
         found: list[tuple[int, int, PickleScan, ast.AST]] = []
-        for node in nodes(tree):  # an assignment comes before the literal it assigns
-            if isinstance(node, (ast.Assign, ast.AnnAssign)):
-                names = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if len(names) == 1 and isinstance(names[0], ast.Name):
-                    targets[id(node.value)] = names[0].id
-                continue
-            if not isinstance(node, ast.Constant):
-                continue
+        for node, target in literals:
             data = pickle_of(node.value)
             if data is None:
                 continue
             line = node.lineno + first_line - 1
-            member = f"python_code section {_section_of(line, self._sections, self._starts)}: {targets.get(id(node), 'a literal')} (line {line})"
+            member = f"python_code section {_section_of(line, self._sections, self._starts)}: {target or 'a literal'} (line {line})"
             scan = scan_pickle(data, member=member)
             if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
                 found.append((line, node.col_offset, scan, node))

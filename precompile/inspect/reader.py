@@ -9,6 +9,7 @@ and hashes the payload, for verify and extract.
 """
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import os
@@ -21,7 +22,7 @@ import msgspec
 from precompile.artifact.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
 from precompile.artifact.envelope import FORMAT_VERSION, EnvelopeTag, without_blob_data
 from precompile.artifact.pair import PythonCode, pairing_problem, parse_cache, read_bytes
-from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, decode_source, literal_assignments, metadata_of
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, cyclic_gc_paused, decode_source, literal_assignments, metadata_of
 from precompile.errors import PrecompileError
 from precompile.inspect import rendered_guards
 from precompile.inspect.chunked_parse import parsed_chunks
@@ -96,10 +97,9 @@ def read_python_code(path: str) -> tuple[PythonCodeInfo, PythonCode | None]:
     return info, PythonCode.parsed(Path(path), data, data.decode("utf-8"), metadata)
 
 
-def rendered_guard_spans(data: bytes, path: str) -> tuple[tuple[int, int], ...] | None:
-    """The lines (first, last) of the top-level statements python_code renders its guards in
-    (`rendered_guards.spans`), as the one parse of `read_python_code` found them; None when
-    python_code does not parse."""
+def rendered_guards_found(data: bytes, path: str) -> rendered_guards.Rendered | None:
+    """Where python_code renders its guards (the top-level statements `rendered_guards` reads), as the
+    one parse of `read_python_code` found them; None when python_code does not parse."""
     return _parse_python_code(data, path)[2]
 
 
@@ -117,14 +117,25 @@ def _parse_python_code(data: bytes, path: str):
     opaque = OpaqueReader(source, sections)
     values: dict = {}
     guard_spans: list[tuple[int, int]] = []
+    kept: list[tuple[ast.stmt, int]] | None = []  # the rendered guards' trees, while within KEPT_LINES
+    kept_lines = 0
     try:
         for chunk in parsed_chunks(source, filename=path):
-            opaque.add(chunk.tree, chunk.first_line)
-            values.update(literal_assignments(chunk.tree, filename=path, first_line=chunk.first_line))
-            guard_spans.extend(rendered_guards.spans(chunk.tree, chunk.first_line))
+            with cyclic_gc_paused():  # walking a part's tree allocates enough to set off collections over it
+                opaque.add(chunk.tree, chunk.first_line)
+                values.update(literal_assignments(chunk.tree, filename=path, first_line=chunk.first_line))
+                for statement in rendered_guards.read_statements(chunk.tree):
+                    first = statement.lineno + chunk.first_line - 1
+                    last = (statement.end_lineno or statement.lineno) + chunk.first_line - 1
+                    guard_spans.append((first, last))
+                    kept_lines += last - first + 1
+                    if kept is not None:
+                        kept.append((statement, chunk.first_line - 1))
+                if kept_lines > rendered_guards.KEPT_LINES:
+                    kept = None
     except PrecompileError as exc:
         return PythonCodeInfo(path=path, file=blob, sections=sections, problem=str(exc)), None, None
-    spans = tuple(guard_spans)
+    spans = rendered_guards.Rendered(tuple(guard_spans), tuple(kept) if kept is not None else None)
     pickles, opaque_problems = opaque.finish(values)
     version = values.get("FORMAT_VERSION")
     version = version if isinstance(version, int) and not isinstance(version, bool) else None
@@ -328,8 +339,15 @@ def _read_bare_pickle(path: str, size: int) -> CacheInfo:
     )
 
 
-def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False) -> Artifact:
-    """The typed model of a pair; raises PrecompileError only when python_code cannot be read at all."""
+def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False, prove: bool = False,
+                  proof_memory_mib: int | None = None) -> Artifact:
+    """The typed model of a pair; raises PrecompileError only when python_code cannot be read at all.
+    `prove`: start the bytecode proof verify and diff make (with `proof_memory_mib`) first, so that
+    it runs while python_code is parsed."""
+    if prove:
+        from precompile.inspect.verify import start_proof
+
+        start_proof(python_code_path, cache_path, proof_memory_mib)
     code_info, code = read_python_code(python_code_path)
     cache = read_cache(cache_path, deep=deep)
     envelope = cache.upstream.precompile if cache.upstream is not None else None
@@ -399,7 +417,7 @@ def open_one(path: str, *, deep: bool = False) -> Artifact:
     return Artifact(python_code=code_info, cache=CacheInfo(path="", kind="absent"), pairs=None, given="python_code")
 
 
-def open_given(paths: list[str], *, deep: bool = False) -> Artifact:
+def open_given(paths: list[str], *, deep: bool = False, prove: bool = False) -> Artifact:
     """What the user named: a pair (two paths, a directory, a prefix, or one file of a pair whose
     sibling NAME.py/NAME.cache exists), or else one file alone."""
     if len(paths) == 1 and os.path.isfile(paths[0]):
@@ -409,4 +427,4 @@ def open_given(paths: list[str], *, deep: bool = False) -> Artifact:
         if sibling is None or not os.path.isfile(sibling):
             return open_one(given, deep=deep)
     python_code, cache = resolve_pair(paths)
-    return open_artifact(python_code, cache, deep=deep)
+    return open_artifact(python_code, cache, deep=deep, prove=prove)

@@ -292,6 +292,8 @@ def render_guards(report: GuardsReport) -> list[Line]:
         lines.append((f"frame {frame.frame} variant {frame.variant}: " + ", ".join(f"{k} {v}" for k, v in counts.items()), HEAD))
         for slot in frame.slots:
             lines.append((f"  {slot.status:<14} {slot.guard_type:<16} {slot.source}{'  [risky]' if slot.risky else ''}  {slot.check}".rstrip(), BAD if slot.risky else None))
+            if slot.origin:
+                lines.append((f"  {'':<14} {'':<16} made at {slot.origin}", None))
     lines.append((f"specializations ({len(guards.specializations)}), checked on every call:", HEAD))
     width = max((len(s.path) for s in guards.specializations), default=0)
     kind = max((len(s.kind) for s in guards.specializations), default=8)

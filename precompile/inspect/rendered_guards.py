@@ -8,6 +8,8 @@ import functools
 import re
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 from precompile.artifact.metadata import DynamoMetadata
 from precompile.artifact.opaque_state import nodes
@@ -26,7 +28,7 @@ _TENSORS = re.compile(r"_tensors_(\d+)_(\d+)")
 _SOURCE_LOCAL = re.compile(r"s\d+")
 # What a --type filter names beyond a guard type itself: the part of a tensor's guard it checks.
 
-def tensor_rows(source: str | bytes | None, lines: tuple[tuple[int, int], ...] | None = None) -> dict[tuple[int, int], dict[str, str]]:
+def tensor_rows(source: str | bytes | None, lines: Rendered | None = None) -> dict[tuple[int, int], dict[str, str]]:
     """{(frame index, variant): {tensor source: what its TENSOR_MATCH checks}} from the literal rows
     of each `_tensors_F_V = _TensorMatch((...))` python_code renders (read with ast, never executed)."""
     found: dict[tuple[int, int], dict[str, str]] = {}
@@ -53,7 +55,7 @@ UNCHECKED_GLOBAL_STATE = ("num_threads",)
 count at the serving process's own (see codegen/drivers/dynamo_guards._GlobalState)."""
 
 
-def global_state_rows(source: str | bytes | None, lines: tuple[tuple[int, int], ...] | None = None) -> dict[tuple[int, int], dict[str, str]]:
+def global_state_rows(source: str | bytes | None, lines: Rendered | None = None) -> dict[tuple[int, int], dict[str, str]]:
     """{(frame index, variant): {field: the value its GLOBAL_STATE guard checks}} from the JSON literal
     of each `_global_state_F_V = _GlobalState('...')` python_code renders (read with ast and json,
     never executed): grad_mode, default_dtype (by name), deterministic algorithms, autocast, ...;
@@ -87,7 +89,7 @@ def _state_text(key: str, value) -> str:
 
 
 def _literal_calls(source: str | bytes | None, name: re.Pattern,
-                   lines: tuple[tuple[int, int], ...] | None) -> list[tuple[str, ast.Call]]:
+                   lines: Rendered | None) -> list[tuple[str, ast.Call]]:
     """The top-level `NAME = Call(arg, ...)` statements of python_code whose NAME matches `name`."""
     return [(node.targets[0].id, node.value) for node, _ in _statements(source, lines) or ()
             if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Call)
@@ -102,26 +104,42 @@ def _read(node: ast.stmt) -> bool:
             and (_TENSORS.fullmatch(node.targets[0].id) or _GLOBAL_STATE.fullmatch(node.targets[0].id)) is not None)
 
 
-def spans(tree: ast.Module, first_line: int = 1) -> list[tuple[int, int]]:
-    """The lines (first, last) in the file of the top-level statements of `tree` (a part of
-    python_code that starts at `first_line`) the readers here read: what `read_python_code`'s one
-    parse records, so that these readers parse only those lines again."""
-    return [(node.lineno + first_line - 1, (node.end_lineno or node.lineno) + first_line - 1) for node in tree.body if _read(node)]
+KEPT_LINES = 100_000
+"""The most lines of rendered guards (about 8 MB) whose syntax trees the parse that read python_code
+keeps for these readers (about 40 bytes of tree per byte of text); past it they parse them again."""
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """Where python_code renders its guards, as the parse that read it found them: the lines (first,
+    last) of each top-level statement the readers here read and, when they are within KEPT_LINES,
+    their syntax trees with the number of lines before the part each was parsed in (compared and
+    hashed by the lines alone)."""
+
+    spans: tuple[tuple[int, int], ...]
+    statements: tuple[tuple[ast.stmt, int], ...] | None = dataclass_field(default=None, compare=False, hash=False)
+
+
+def read_statements(tree: ast.Module) -> list[ast.stmt]:
+    """The top-level statements of `tree` the readers here read."""
+    return [node for node in tree.body if _read(node)]
 
 
 @functools.lru_cache(maxsize=2)
-def _statements(source: str | bytes | None, lines: tuple[tuple[int, int], ...] | None = None) -> list[tuple[ast.stmt, int]] | None:
+def _statements(source: str | bytes | None, lines: Rendered | None = None) -> list[tuple[ast.stmt, int]] | None:
     """The top-level statements of python_code the readers of its rendered guards read, each with the
-    number of lines before the text it was parsed from (None: not Python text). Given `lines` (their
-    `spans`, from the parse that read the file), only those lines are parsed; otherwise python_code
-    is parsed a part at a time (`chunked_parse`); either way only these statements' trees are kept.
-    They are shared: their readers never change them."""
+    number of lines before the text it was parsed from (None: not Python text). Given `lines` (from
+    the parse that read the file), its trees are these statements, or where it kept none only its
+    lines are parsed again; otherwise python_code is parsed a part at a time (`chunked_parse`);
+    either way only these statements' trees are kept. They are shared: their readers never change them."""
     if source is None:
         return None
     try:
         text = source.decode("utf-8") if isinstance(source, bytes) else source
+        if lines is not None and lines.statements is not None:
+            return list(lines.statements)
         if lines is not None:
-            found = _spanned(text, lines)
+            found = _spanned(text, lines.spans)
             if found is not None:
                 return found
         return [(node, chunk.first_line - 1) for chunk in parsed_chunks(text, filename="python_code")
@@ -158,11 +176,13 @@ def _tensor_text(row: tuple) -> str:
             f"requires_grad={requires_grad}")
 
 
-def rendered_checks(source: str | bytes | None, meta: DynamoMetadata,
-                    lines: tuple[tuple[int, int], ...] | None = None) -> dict[tuple[str, int], dict[str, str]]:
+def rendered_checks(source: str | bytes | None, meta: DynamoMetadata, lines: Rendered | None = None,
+                    origins: dict[tuple[str, int], dict[str, str]] | None = None) -> dict[tuple[str, int], dict[str, str]]:
     """{(frame, variant): {guard label: the condition that runs}} of a standalone artifact whose
     guards python_code renders as functions `guards_F_V` (read with ast, never executed); a guard
-    torch itself skips maps to "not checked: why". Empty for artifacts without rendered guards."""
+    torch itself skips maps to "not checked: why". Empty for artifacts without rendered guards.
+    `origins`, when given, receives {(frame, variant): {guard label: the user's line that made it}},
+    from the comment beside each label (capturing/dynamo/guard_origin.py)."""
     statements = _statements(source, lines)
     if statements is None or source is None:
         return {}
@@ -188,6 +208,9 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata,
             if isinstance(statement, ast.Assign) and targets == ["failing"]:
                 value = statement.value.value if isinstance(statement.value, ast.Constant) else None
                 failing = value if isinstance(value, str) else None
+                made_at = _trailing_comment(file_lines, statement, before) if origins is not None else ""
+                if origins is not None and failing is not None and made_at:
+                    origins.setdefault(key, {})[failing] = made_at
             elif isinstance(statement, ast.Assign) and len(targets) == 1 and _SOURCE_LOCAL.fullmatch(targets[0] or ""):
                 spelled.bind(str(targets[0]), statement.value)
             elif isinstance(statement, ast.If) and failing is not None:
@@ -211,6 +234,15 @@ def _statements_within(node: ast.AST) -> Iterator[ast.AST]:
                 todo.extend(item for item in value if isinstance(item, ast.AST) and not isinstance(item, ast.expr))
             elif isinstance(value, ast.AST) and not isinstance(value, (ast.expr, ast.expr_context)):
                 todo.append(value)
+
+
+def _trailing_comment(lines: list[str], statement: ast.stmt, before: int) -> str:
+    """The comment after `statement` on its last line (its text after `# `), or ""."""
+    last = (statement.end_lineno or statement.lineno) - 1 + before
+    if last >= len(lines) or statement.end_col_offset is None:
+        return ""
+    rest = lines[last].encode("utf-8")[statement.end_col_offset:].decode("utf-8", "replace").strip()
+    return rest[2:].strip() if rest.startswith("# ") else ""
 
 
 def _segment(lines: list[str], node: ast.expr, before: int) -> str:

@@ -114,6 +114,29 @@ def _cache_pickles(artifact: Artifact) -> list[Check]:
             for scan, imp in artifact.cache_findings if imp is None or not shown]
 
 
+def _proof_inputs(python_code_path: str, cache_path: str):
+    """python_code's bytes and the cache's envelope with its blobs, read again for the proof."""
+    data = read_bytes(Path(python_code_path), "python_code", MAX_PYTHON_CODE_SIZE)
+    decode_source(data, filename=python_code_path)
+    full, _ = decode_header(read_bytes(Path(cache_path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + payload_limit()),
+                            source=f"cache {cache_path}")
+    return data, full
+
+
+def start_proof(python_code_path: str, cache_path: str, proof_memory_mib: int | None = None) -> None:
+    """Start the bytecode proof `prepared_checks` will need for this pair, in its child, before the
+    caller parses python_code: on a machine with a core to spare the two overlap. Nothing starts
+    where the proof would not run (no bytecode, another pair, another Python); a pair that cannot be
+    read is left to the checks, which say why."""
+    try:
+        data, full = _proof_inputs(python_code_path, cache_path)
+    except (PrecompileError, CacheFormatError):
+        return
+    compiled, digest = full.python_bytecode, code_hash(data)
+    if compiled is not None and full.code_hash == digest and compiled.magic == bytecode.magic():
+        bytecode_proof.start(data, digest, compiled, bytecode_proof.proof_memory(len(data), proof_memory_mib))
+
+
 def prepared_checks(artifact: Artifact, proof_memory_mib: int | None = None) -> list[Check]:
     """Proof that the bytecode and typed metadata the cache carries are python_code's: python_code
     compiled here marshals to the very bytes stored, and its literals convert to the metadata stored.
@@ -125,10 +148,7 @@ def prepared_checks(artifact: Artifact, proof_memory_mib: int | None = None) -> 
         return []
     names = ("python_code bytecode", "python_code typed metadata")
     try:
-        data = read_bytes(Path(artifact.python_code.path), "python_code", MAX_PYTHON_CODE_SIZE)
-        decode_source(data, filename=artifact.python_code.path)
-        full, _ = decode_header(read_bytes(Path(artifact.cache.path), "cache", PREFIX_SIZE + MAX_HEADER_SIZE + payload_limit()),
-                                source=f"cache {artifact.cache.path}")
+        data, full = _proof_inputs(artifact.python_code.path, artifact.cache.path)
     except (PrecompileError, CacheFormatError) as exc:
         return [Check(name=name, status="fail", message=f"could not read the pair again: {exc}", remedy=RECAPTURE) for name in names]
     digest, memory = code_hash(data), bytecode_proof.proof_memory(len(data), proof_memory_mib)

@@ -11,6 +11,7 @@ import math
 import re
 import sys
 import types
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -667,6 +668,27 @@ def test_precompile_guards_prints_for_each_kept_guard_the_condition_that_runs(ca
         for part in filter(None, check.split(" and ")):
             assert part in " ".join(text.split()), (slot, part)
     assert any(slot["check"] == "type(L['alpha']) is float and L['alpha'] == 1.0" for slot in kept), kept
+
+
+def test_a_kept_guard_names_the_users_line_that_made_it_in_python_code_and_in_precompile_guards(captured, capsys):
+    """As TORCH_LOGS=guards and depyf do: the user's file (by its module's path, never this machine's
+    absolute one), line, function and code beside the check, in python_code and `precompile guards`."""
+    import json
+
+    from test_inspect_helpers import run_cli
+
+    lines, first = inspect.getsourcelines(dynamo_cases.keyword_step)
+    at = next(first + i for i, line in enumerate(lines) if "alpha" in line and "def " not in line)
+    made_at = f"dynamo_cases.py:{at} in keyword_step: out = x.cos() * alpha"
+    path = captured["keywords"]["artifact"]
+    text = path.read_text(encoding="utf-8")
+    assert f"  # {made_at}\n" in text and str(Path(dynamo_cases.__file__).parent) not in text
+    rc, out, _ = run_cli(capsys, ["guards", "--json", str(path)])
+    assert rc == 0
+    slots = [slot for frame in json.loads(out)["guards"]["frames"] for slot in frame["slots"]]
+    assert [slot["origin"] for slot in slots if slot["guard_type"] == "CONSTANT_MATCH" and slot["source"] == "alpha"] == [made_at]
+    rc, out, _ = run_cli(capsys, ["guards", str(path)])
+    assert f"made at {made_at}" in out
 
 
 def _every_kind(a, b, /, c, d=4, *args, e, f=6, **kw):

@@ -27,6 +27,7 @@ from precompile.capturing.dynamo.guard_accounting import UNKEPT as _UNKEPT
 from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
 from precompile.capturing.dynamo.guard_expressions import Unrenderable, literal, names_in, reads_back
 from precompile.capturing.dynamo.guard_function import guard_function
+from precompile.capturing.dynamo.guard_origin import origin
 from precompile.capturing.dynamo.named_identity import CHECK, reference
 
 # Guard types Dynamo's guard builder adds no check for: GLOBAL_STATE's C++ guard covers them.
@@ -89,6 +90,7 @@ class _Variant:
         self.state, self.module_globals = state, module_globals or {}
         self.renames, self.seen = renames, seen or {}
         self.lines: list[tuple[str, str]] = []  # (label, condition that must hold)
+        self.origins: dict[str, str] = {}  # label: where the user's code made the guard (guard_origin)
         self.notes: list[tuple[str, str]] = []  # (label, why it adds no check)
         self.tensors: list[tuple] = []
         self.tensor_sources: list[str] = []
@@ -161,7 +163,12 @@ class _Variant:
         if kind in _COVERED_BY_GLOBAL_STATE:
             self.notes.append((label, "checked by GLOBAL_STATE (torch adds no check of its own)"))
         elif kind in _RENDERERS:
+            before = len(self.lines)
             getattr(self, _RENDERERS[kind])(guard, label, kind)
+            made_at = origin(guard)
+            if made_at is not None:
+                for added, _ in self.lines[before:]:
+                    self.origins.setdefault(added, made_at)
         else:
             raise Unrenderable(f"{label}: no exact rendering of a {kind} guard here")
 

@@ -5,7 +5,8 @@ check as collected, aliasing, dimension markings. The kept guards that add no ch
 named in comments at the top, with the reason; where many guards of one kind share a reason (every
 module's hook dicts, say), the comment says it once, with their count: the GUARDS literal lists each
 of them (the comment does not name it, so that the bytecode may leave it out: artifact/bytecode.py).
-A source the checks read more than once is read once into a local `sN` (see shared_sources).
+A source the checks read more than once is read once into a local `sN` (see shared_sources). A
+check Dynamo recorded the user's line for names it in a comment beside its label (guard_origin).
 """
 from __future__ import annotations
 
@@ -57,8 +58,10 @@ def guard_function(variant: Any, title: str) -> str:
         checks.append(('"NO_TENSOR_ALIASING: " + ' + repr(", ".join(slot_source(s) for s in variant.aliasing)),
                        f"len({{id(t) for t in ({', '.join(variant.aliasing)})}}) != {len(variant.aliasing)}", "fails"))
     checks += [(label, condition, "marking") for label, condition in variant.marking]
+    origins = getattr(variant, "origins", {})
     for (label, _, use), (bindings, expression) in zip(checks, shared_sources([c for _, c, _ in checks])):
-        body.append(f"    failing = {label if use == 'fails' else repr(label)}")
+        made_at = f"  # {origins[label]}" if use == "holds" and label in origins else ""
+        body.append(f"    failing = {label if use == 'fails' else repr(label)}{made_at}")
         body += [f"    {binding}" for binding in bindings]
         if use == "tensors":
             body += [f"    tensors = {expression}", f"    if not _tensors_{prefix}.check(tensors):",

@@ -517,47 +517,47 @@ def guards_0_0(L, G, explain=False):
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._backward_hooks) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._backward_pre_hooks) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._forward_hooks) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._forward_hooks_with_kwargs) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._forward_pre_hooks) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._forward_pre_hooks_with_kwargs) == 0):
             return failing
-        failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
+        failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not ('forward' not in s1.__dict__):
             return failing
         failing = 'TORCH_FUNCTION_STATE'
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
-        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         s4 = G['__precompile_import_torch_dot_nn_dot_modules_dot_module']
         if not (type(s4._global_backward_hooks) is _by_name['collections:OrderedDict']):
             return failing
-        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s4._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
             return failing
-        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s4._global_forward_hooks) is _by_name['collections:OrderedDict']):
             return failing
-        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s4._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
             return failing
-        failing = 'TYPE_MATCH model'
+        failing = 'TYPE_MATCH model'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s1) is _by_name['torch.nn.modules.linear:Linear']):
             return failing
-        failing = 'TYPE_MATCH model._parameters'
+        failing = 'TYPE_MATCH model._parameters'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s2) is _by_name['builtins:dict']):
             return failing
         failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
@@ -623,25 +623,25 @@ def guards_0_1(L, G, explain=False):
         failing = 'DEFAULT_DEVICE'
         if not (_device_module.CURRENT_DEVICE is None):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_hooks'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._backward_hooks) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._backward_pre_hooks'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._backward_pre_hooks) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._forward_hooks) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._forward_hooks_with_kwargs) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._forward_pre_hooks) == 0):
             return failing
-        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs'
+        failing = 'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (len(s1._forward_pre_hooks_with_kwargs) == 0):
             return failing
-        failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'
+        failing = 'NOT_PRESENT_IN_GENERIC_DICT model (forward)'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not ('forward' not in s1.__dict__):
             return failing
         failing = 'SHAPE_ENV: 2 <= x.size()[0]'
@@ -650,23 +650,23 @@ def guards_0_1(L, G, explain=False):
         failing = 'TORCH_FUNCTION_STATE'
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
-        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         s4 = G['__precompile_import_torch_dot_nn_dot_modules_dot_module']
         if not (type(s4._global_backward_hooks) is _by_name['collections:OrderedDict']):
             return failing
-        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s4._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
             return failing
-        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s4._global_forward_hooks) is _by_name['collections:OrderedDict']):
             return failing
-        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"
+        failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s4._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
             return failing
-        failing = 'TYPE_MATCH model'
+        failing = 'TYPE_MATCH model'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s1) is _by_name['torch.nn.modules.linear:Linear']):
             return failing
-        failing = 'TYPE_MATCH model._parameters'
+        failing = 'TYPE_MATCH model._parameters'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s2) is _by_name['builtins:dict']):
             return failing
         failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
@@ -725,7 +725,7 @@ def guards_1_0(L, G, explain=False):
         tensors = (s1,)
         if not _tensors_1_0.check(tensors):
             return _tensors_1_0.reason(tensors) if explain else failing
-        failing = 'CONSTANT_MATCH scale'
+        failing = 'CONSTANT_MATCH scale'  # dynamo_cases.py:12 in torch_dynamo_resume_in_break_and_scale_at_11: return (y * scale).sin()
         if not (type(L['scale']) is float and L['scale'] == 2.0):
             return failing
         failing = 'DEFAULT_DEVICE'
@@ -778,7 +778,7 @@ def guards_1_1(L, G, explain=False):
         failing = 'TORCH_FUNCTION_STATE'
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
-        failing = 'TYPE_MATCH scale'
+        failing = 'TYPE_MATCH scale'  # dynamo_cases.py:12 in torch_dynamo_resume_in_break_and_scale_at_11: return (y * scale).sin()
         if not (type(s2) is _by_name['builtins:float']):
             return failing
         failing = 'TENSOR_MATCH y: dimension markings (mark_dynamic and the like)'
@@ -828,7 +828,7 @@ def guards_1_2(L, G, explain=False):
         failing = 'TORCH_FUNCTION_STATE'
         if not (torch._C._len_torch_function_stack() == 0):
             return failing
-        failing = 'TYPE_MATCH scale'
+        failing = 'TYPE_MATCH scale'  # dynamo_cases.py:12 in torch_dynamo_resume_in_break_and_scale_at_11: return (y * scale).sin()
         if not (type(s2) is _by_name['builtins:float']):
             return failing
         failing = 'TENSOR_MATCH y: dimension markings (mark_dynamic and the like)'
