@@ -44,6 +44,8 @@ PRIVATE_NAMES: dict[str, str] = {
     "PrecompileContext": "torch._dynamo.precompile_context:PrecompileContext",
     "SerializedCode": "torch._dynamo.package:SerializedCode",
     "AsyncCompile": "torch._inductor.async_compile:AsyncCompile",
+    # which ptxas Triton runs (and keys its cache by), as Inductor picks it before it compiles
+    "set_triton_ptxas_path": "torch._inductor.runtime.compile_tasks:_set_triton_ptxas_path",
     # Inductor's in-process memo of compiled Triton kernels by source (a class-level dict)
     "compiled_triton_kernels": "torch._inductor.async_compile:CompiledTritonKernels._cache",
     "triton_hash_with_backend": "torch.utils._triton:triton_hash_with_backend",

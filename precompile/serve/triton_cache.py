@@ -37,6 +37,7 @@ def triton_block(directory: Path) -> Iterator[None]:
         with _environment({CACHE_DIR_VAR: str(directory), AUTOTUNE_CACHE_VAR: "1"}), _knobs(
             cache={"dir": str(directory)}, autotuning={"cache": True, "listener": log.listener()}
         ), _autotuners_caching(), _memory_caches_set_aside():
+            pick_ptxas_as_inductor_does()
             yield
     finally:
         del _open_blocks[str(directory)]
@@ -116,6 +117,7 @@ def serve_from(directory: Path) -> None:
     """
     with contextlib.suppress(ImportError):
         import triton  # noqa: F401  (its settings must outlive load; a Triton that cannot import launches nothing)
+    pick_ptxas_as_inductor_does()
     owner = _knob_group("cache")
     if not os.environ.get(CACHE_DIR_VAR) and not (owner is not None and vars(owner).get("dir")):
         os.environ[CACHE_DIR_VAR] = str(directory)
@@ -124,6 +126,23 @@ def serve_from(directory: Path) -> None:
     _set_knob("autotuning", "cache", True)
     for autotuner in _instances("triton.runtime.autotuner", "Autotuner"):
         autotuner.cache_results = True
+
+
+def pick_ptxas_as_inductor_does() -> None:
+    """Point Triton at the ptxas Inductor compiles with (TRITON_PTXAS_PATH, unless set: torch's own),
+    as Inductor does before it first compiles (and leaves for the process), and have Triton read its
+    version again. Triton keys every compiled kernel by that version, read once per process: a process
+    that compiled a kernel before Inductor set the variable (a user kernel, tuned before the capture
+    block) keyed the block's kernels by Triton's bundled ptxas, and a serving process, where Inductor
+    sets it first, missed them all (the first GPU check). Inductor's function runs once per process
+    (torch 2.11 caches it), so it is called past its cache."""
+    from precompile.torch_compat import set_triton_ptxas_path
+
+    getattr(set_triton_ptxas_path, "__wrapped__", set_triton_ptxas_path)()
+    nvidia = sys.modules.get("triton.backends.nvidia.compiler")
+    forget = getattr(getattr(nvidia, "get_ptxas_version", None), "cache_clear", None)
+    if forget is not None:
+        forget()
 
 
 # -- the pieces of a block ------------------------------------------------------------------------

@@ -113,6 +113,28 @@ def test_a_capture_is_not_refused_for_triton_kernels_compiled_before_its_block(t
     assert _kernels(tc.add_one)  # the earlier kernel is still there for the program
 
 
+def test_a_block_and_a_serving_process_key_kernels_by_the_ptxas_inductor_picks(tc, monkeypatch, tmp_path):
+    # Found by the first GPU check: Triton keys each kernel by its ptxas's version, read once per process.
+    # A process that compiled a kernel before Inductor pointed TRITON_PTXAS_PATH at torch's ptxas keyed
+    # the block's kernels by Triton's bundled one; the serving process, where Inductor sets it first,
+    # missed every one of them.
+    import functools
+
+    from triton.backends.nvidia import compiler as nvidia
+
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    monkeypatch.setattr(nvidia, "get_ptxas_version", functools.lru_cache()(lambda arch=80: nvidia.get_ptxas(arch).path))
+    nvidia.get_ptxas_version()  # a kernel compiled before the block: Triton's own ptxas, remembered
+    with triton_cache.triton_block(tmp_path / "block"):
+        in_block = nvidia.get_ptxas_version()
+    chosen = nvidia.get_ptxas(80).path  # Inductor's (torch's own ptxas, left set for the process), else Triton's
+    monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+    nvidia.get_ptxas_version.cache_clear()
+    nvidia.get_ptxas_version()  # a serving program that launched a kernel of its own before load
+    triton_cache.serve_from(tmp_path / "primed")
+    assert in_block == chosen == nvidia.get_ptxas_version()
+
+
 PRIMED_SERVE = r"""
 import json, os, sys
 import msgspec
