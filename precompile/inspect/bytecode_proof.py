@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import hashlib
 import json
 import os
 import resource
@@ -72,7 +73,7 @@ def start(python_code: bytes, digest: str, compiled: CompiledCode, memory: int) 
     """Begin the proof of `prove` with these arguments now, in its child, so that it runs while the
     caller goes on reading the pair (verify and diff start it before they parse python_code); `prove`
     with the same arguments collects it. A child that cannot start is left to `prove` to report."""
-    key = (digest, compiled.sha256, memory)
+    key = _key(digest, compiled, memory)
     if key not in _in_flight and key not in _made:
         with contextlib.suppress(OSError):
             _in_flight[key] = _Running(python_code, digest, compiled, memory)
@@ -82,8 +83,8 @@ def prove(python_code: bytes, digest: str, compiled: CompiledCode, memory: int) 
     """Whether `compiled` is `python_code` (sha256 `digest`) compiled here: bytecode.bytecode_problem,
     in a child limited to `memory` bytes more than it maps at start, and to proof_seconds (counted
     from when it started, by `start` or here)."""
-    key = (digest, compiled.sha256, memory)
-    if key in _made:  # the same bytes proven again (diff of a pair and its copy): the same answer
+    key = _key(digest, compiled, memory)
+    if key in _made:  # the same request proven again (diff of a pair and its copy): the same answer
         return _made[key]
     running = _in_flight.pop(key, None)
     if running is None:
@@ -97,6 +98,12 @@ def prove(python_code: bytes, digest: str, compiled: CompiledCode, memory: int) 
 
 _in_flight: dict[tuple[str, str, int], _Running] = {}
 _made: dict[tuple[str, str, int], Outcome] = {}
+
+
+def _key(digest: str, compiled: CompiledCode, memory: int) -> tuple[str, str, int]:
+    """A proof's request, whole: every field of the stored bytecode counts (its sha256 covers only
+    its bytes; a blob resealed with another filename or left_out list is another request)."""
+    return digest, hashlib.sha256(msgspec.msgpack.encode(compiled)).hexdigest(), memory
 
 
 class _Running:

@@ -79,3 +79,16 @@ def test_a_proof_started_but_never_collected_is_stopped_at_exit(sealed, events):
     (running,) = bytecode_proof._in_flight.values()
     running._stop()  # what atexit runs
     assert running.proc.poll() is not None
+
+
+def test_a_blob_resealed_with_other_fields_is_proven_again_not_answered_from_memory(sealed, events):
+    # Found by the full suite: the memo was keyed by the blob's sha256, which covers its bytes only,
+    # so a blob forged with another filename was answered with the earlier blob's "identical".
+    data = sealed.with_suffix(".py").read_bytes()
+    compiled = codec.decode_header(sealed.with_suffix(".cache").read_bytes())[0].python_bytecode
+    memory = bytecode_proof.proof_memory(len(data))
+    first = bytecode_proof.prove(data, code_hash(data), compiled, memory)
+    forged = bytecode_proof.prove(data, code_hash(data), msgspec.structs.replace(compiled, filename="<elsewhere>"), memory)
+    assert first.problem is None and first.not_proven is None
+    assert forged.problem is not None and "compiled as '<elsewhere>'" in forged.problem
+    assert events.count("proof started") == 2
