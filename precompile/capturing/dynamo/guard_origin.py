@@ -26,7 +26,7 @@ def origin(guard) -> str | None:
     frames = list(getattr(guard, "user_stack", None) or ())
     if not frames:
         return None
-    frame = next((f for f in reversed(frames) if not os.path.realpath(f.filename).startswith(_TORCH_DIR)), frames[-1])
+    frame = next((f for f in reversed(frames) if not _in_torch(f.filename)), frames[-1])
     where = f"{_display_path(frame.filename)}:{frame.lineno} in {frame.name}"
     code = " ".join(_code_of(frame).split())
     text = f"{where}: {code if len(code) <= MAX_CODE else code[:MAX_CODE - 3] + '...'}" if code else where
@@ -41,11 +41,16 @@ def _code_of(frame: traceback.FrameSummary) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
+def _in_torch(filename: str) -> bool:
+    return os.path.realpath(filename).startswith(_TORCH_DIR)
+
+
+@functools.lru_cache(maxsize=1024)
 def _display_path(filename: str) -> str:
-    real = os.path.realpath(filename)
+    real, base = os.path.realpath(filename), os.path.basename(filename)
     for name, module in list(sys.modules.items()):
-        file = getattr(module, "__file__", None)
-        if isinstance(file, str) and os.path.realpath(file) == real:
+        file = getattr(module, "__file__", None)  # the base name first: a realpath per module is slow
+        if isinstance(file, str) and os.path.basename(file) == base and os.path.realpath(file) == real:
             package = os.path.basename(file) == "__init__.py"
             return name.replace(".", "/") + ("/__init__.py" if package else ".py")
     return os.path.basename(filename)
