@@ -162,6 +162,7 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None,
     )
     frames = [FrameGuards(frame=DROPPED_FRAME, variant=0, slots=dropped)]
     indexes: dict[tuple[str, int], dict[str, list[str]]] = {}  # each variant's checks by label
+    origin_indexes: dict[tuple[str, int], dict[str, list[str]]] = {}  # and the user lines behind them
     for variant in meta.guards:
         slots = []
         for check in variant.checks:
@@ -178,9 +179,9 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None,
                 runs = tensor
             if guard_type == "GLOBAL_STATE" and at in global_state:
                 runs = ", ".join(f"{field} {value}" for field, value in global_state[at].items())
-            made_at = origins.get((variant.frame, variant.variant), {})
-            origin = made_at.get(f"{guard_type} {source}".strip()) or next(
-                iter(_check_index(made_at).get(f"{guard_type} {source}".strip(), ())), "") if made_at else ""
+            if (variant.frame, variant.variant) not in origin_indexes:
+                origin_indexes[variant.frame, variant.variant] = _check_index(origins.get((variant.frame, variant.variant), {}))
+            origin = next(iter(origin_indexes[variant.frame, variant.variant].get(f"{guard_type} {source}".strip(), ())), "")
             slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept", check=runs, origin=origin))
         # Artifacts since per-variant accounting also say which slots each variant does not check.
         slots += [unchecked(check.partition(" ")[::2], False) for check in variant.dropped]

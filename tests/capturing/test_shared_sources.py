@@ -29,7 +29,7 @@ class Box:
 
 def _variant(checks):
     return types.SimpleNamespace(prefix="0_0", global_state=None, tensors=(), tensor_sources=(), lines=checks,
-                                 aliasing=(), marking=(), notes=[])
+                                 aliasing=(), marking=(), notes=[], origins={})
 
 
 def _spelled_out_verdict(L, G):

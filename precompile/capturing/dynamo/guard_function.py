@@ -58,7 +58,7 @@ def guard_function(variant: Any, title: str) -> str:
         checks.append(('"NO_TENSOR_ALIASING: " + ' + repr(", ".join(slot_source(s) for s in variant.aliasing)),
                        f"len({{id(t) for t in ({', '.join(variant.aliasing)})}}) != {len(variant.aliasing)}", "fails"))
     checks += [(label, condition, "marking") for label, condition in variant.marking]
-    origins = getattr(variant, "origins", {})
+    origins = variant.origins
     for (label, _, use), (bindings, expression) in zip(checks, shared_sources([c for _, c, _ in checks])):
         made_at = f"  # {origins[label]}" if use == "holds" and label in origins else ""
         body.append(f"    failing = {label if use == 'fails' else repr(label)}{made_at}")
