@@ -370,7 +370,8 @@ def _names(names: tuple[str, ...], most: int = 5) -> str:
 def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: Statements) -> str | None:
     """Why the stored bytecode is not python_code compiled (verify's proof), or None.
 
-    python_code is compiled again here and marshalled; the stored bytes are compared, never loaded.
+    python_code is compiled again here and marshalled; the stored bytes are compared (by sha256, so that
+    they are not held while it compiles), never loaded.
     `tree`: its syntax tree or its top-level statements (see expected_code). A MemoryError is the
     caller's: verify runs this in a child whose memory is bounded (inspect/bytecode_proof.py)."""
     problem = blob_problem(compiled)
@@ -389,7 +390,7 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
     if problem is not None:
         return problem
     try:
-        stored = decompressed(compiled)
+        stored = hashlib.sha256(decompressed(compiled)).digest()  # not held while python_code compiles
     except ValueError as exc:
         return str(exc)
     if compiled.left_out:
@@ -401,9 +402,9 @@ def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: 
         expected, found = expected_code(source, code_hash, tree, compiled.optimize, compiled.left_out)
     except (SyntaxError, ValueError, RecursionError) as exc:
         return f"python_code does not compile here ({type(exc).__name__})"
-    if expected != stored:
+    if hashlib.sha256(expected).digest() != stored:
         return "its bytes differ from python_code compiled here: it is not this python_code's bytecode"
-    del expected, stored
+    del expected
     return _opaque_mismatch(compiled.opaque, found)
 
 
