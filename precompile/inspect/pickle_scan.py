@@ -21,6 +21,7 @@ that stops, for that reason or at one of the scan's limits, is a finding whereve
 from __future__ import annotations
 
 import hashlib
+import pickletools
 import warnings
 from collections.abc import Callable
 
@@ -32,6 +33,13 @@ from precompile.inspect.pickle_symbols import key_text, summarize
 
 MAX_PICKLE_SIZE = 256 * 1024 * 1024
 MAX_FIELDS = 200
+STOPS_AT_ONCE = frozenset(op.code.encode("latin-1")[0] for op in pickletools.opcodes if op.name in (
+    "STOP", "POP", "POP_MARK", "DUP", "MEMOIZE", "GET", "BINGET", "LONG_BINGET", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3",
+    "LIST", "DICT", "FROZENSET", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS", "STACK_GLOBAL", "REDUCE",
+    "NEWOBJ", "NEWOBJ_EX", "OBJ", "BUILD", "BINPERSID", "READONLY_BUFFER"))
+"""Opcodes that, first in a stream, stop the unpickler before it imports or calls anything: each
+takes from the stack, the mark stack or the memo, all empty there (INST is not one: pickle.py
+imports its class before it looks for the mark). Text often starts with one (`e`, `a`, `s`, `t`)."""
 
 
 def is_pickle(data: bytes) -> bool:
@@ -43,7 +51,7 @@ def is_pickle(data: bytes) -> bool:
     bare files, python_code literals) sniffs its content with this."""
     if len(data) >= 2 and data[0] == 0x80:
         return data[1] <= HIGHEST_PROTOCOL
-    if not data or data[0] not in OPCODE_BYTES or len(data) > MAX_PICKLE_SIZE:
+    if not data or data[0] not in OPCODE_BYTES or data[0] in STOPS_AT_ONCE or len(data) > MAX_PICKLE_SIZE:
         return False
     machine = Machine(bytes(data), Shared(), MAX_NESTED_DEPTH, None)  # at the depth limit: nothing nested is scanned
     with warnings.catch_warnings():

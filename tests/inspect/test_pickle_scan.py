@@ -12,6 +12,8 @@ import sys
 import zipfile
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from fickling.analysis import Severity, check_safety
 from fickling.fickle import Pickled
 from picklescan.scanner import SafetyLevel, scan_pickle_bytes
@@ -19,7 +21,8 @@ from picklescan.scanner import SafetyLevel, scan_pickle_bytes
 from test_inspect_helpers import FIXTURES, ROOT, run_cli
 
 from precompile.inspect.pickle_policy import DATA_ONLY, classify
-from precompile.inspect.pickle_scan import scan_pickle
+from precompile.inspect.pickle_machine import MAX_NESTED_DEPTH, Machine, Shared
+from precompile.inspect.pickle_scan import STOPS_AT_ONCE, is_pickle, scan_pickle
 
 HOSTILE = FIXTURES / "hostile"
 EXPECTED = json.loads((HOSTILE / "expected.json").read_text())
@@ -392,6 +395,27 @@ def test_memo_indexes_are_read_as_the_c_unpickler_reads_them():
 
 
 # ---- protocol 0 and 1 pickles are told by content in every container -------------------------------
+
+
+_HOSTILE_TAILS = [b"os\nsystem\n", b"cos\nsystem\n(S'ls'\ntR.", b"(cos\nsystem\nS'ls'\ntR.", b"\x8c\x02os\x8c\x06system\x93.",
+                  pickle.dumps(print, protocol=0), pickle.dumps(print, protocol=2)[2:], pickle.dumps(print, protocol=4)[2:]]
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(first=st.sampled_from(sorted(STOPS_AT_ONCE)), rest=st.one_of(st.binary(max_size=64), st.sampled_from(_HOSTILE_TAILS)))
+def test_a_stream_whose_first_opcode_needs_what_is_not_there_is_told_no_pickle_as_the_machine_runs_it(first, rest):
+    """is_pickle tells text starting with such an opcode (`entry 3: ...` starts with APPENDS) no
+    pickle without running the machine: the machine, run, stops there having imported nothing."""
+    data = bytes([first]) + rest
+    machine = Machine(data, Shared(), MAX_NESTED_DEPTH, None)
+    machine.run()
+    assert not machine.imports and not machine.incomplete and not machine.refs
+    assert not is_pickle(data)
+
+
+def test_inst_is_run_first_in_a_stream_as_pickle_py_imports_its_class_before_it_looks_for_the_mark():
+    assert ord("i") not in STOPS_AT_ONCE and is_pickle(b"ios\nsystem\n")
+
 
 def test_protocol_0_pickle_in_a_mega_cache_entry_is_scanned(capsys, monkeypatch):
     """`cos\\nsystem\\n(S'...'\\ntR.` is valid UTF-8: sniffed as text, torch.compiler.load_cache_artifacts
