@@ -181,8 +181,9 @@ class Blob:
     """(size, sha256) from the comment line above the entry; None when there is none."""
 
 
-def bytecode_blobs(assignment: ast.Assign, lines: list[str]) -> list[Blob]:
-    """Each entry of the canonical `_dynamo_bytecode` dict with its label (`lines`: the source's lines)."""
+def bytecode_blobs(assignment: ast.Assign, lines: list[str], before: int = 0) -> list[Blob]:
+    """Each entry of the canonical `_dynamo_bytecode` dict with its label (`lines`: the source's lines;
+    `before`: the lines of the file before the part `assignment` was parsed from)."""
     value = assignment.value
     assert isinstance(value, ast.Dict)
     blobs = []
@@ -190,9 +191,10 @@ def bytecode_blobs(assignment: ast.Assign, lines: list[str]) -> list[Blob]:
         # find_parts accepted only a dict of str constants (_is_bytecode_literal)
         assert isinstance(key, ast.Constant) and isinstance(key.value, str)
         assert isinstance(text, ast.Constant) and isinstance(text.value, str)
-        match = _LABEL.match(lines[key.lineno - 2]) if key.lineno >= 2 else None
+        line = key.lineno + before
+        match = _LABEL.match(lines[line - 2]) if line >= 2 else None
         label = (int(match.group(1)), match.group(2)) if match else None
-        blobs.append(Blob(key=key.value, line=key.lineno, text=text.value, label=label))
+        blobs.append(Blob(key=key.value, line=line, text=text.value, label=label))
     return blobs
 
 

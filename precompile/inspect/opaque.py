@@ -8,8 +8,10 @@ it, every str literal that decodes (base64, standard or URL-safe, as leniently a
 pickle, and every str or bytes literal that is one, anywhere in the file, is scanned by `pickle_scan`,
 and named by its section, the name it is assigned to and its line.
 
-python_code is read a part at a time (`chunked_parse`), so `OpaqueReader` takes each part's syntax
-tree in turn and decides what is canonical once it has seen them all.
+python_code is read a part at a time (`chunked_parse`): `read_part` finds what one part's syntax
+tree holds, with lines counted from the part's first (so that a part two files share is read once),
+and `OpaqueReader` takes each part's reading in turn, decides what is canonical once it has seen
+them all, and scans the pickles then.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import binascii
 import bisect
 import re
 import sys
+from typing import NamedTuple
 
 from precompile.artifact.opaque_state import (
     BYTECODE,
@@ -79,6 +82,36 @@ def _section_of(line: int, sections: tuple[Section, ...], starts: list[int]) -> 
     return "header"
 
 
+class OpaquePart(NamedTuple):
+    """What one part of python_code holds for the opaque-state rule and the pickle scan, found by
+    one walk of its syntax tree; lines are counted from the part's first."""
+
+    mentions: dict[str, list[int]]
+    """Each name's bindings and string spellings, by line."""
+    candidates: dict[str, list[ast.Assign]]
+    """Each name's top-level `name = value` statements."""
+    pickles: list[tuple[int, int, str | None, bytes]]
+    """(line, column, the name it is assigned to alone or None, the pickle) of each str or bytes literal holding one."""
+
+
+def read_part(tree: ast.Module) -> OpaquePart:
+    """The OpaquePart of one part's syntax tree (its statements are kept, never changed)."""
+    literals: list[tuple[ast.Constant, str | None]] = []
+    found = mentions(tree, (STATE, BYTECODE), literals)
+    pickles = []
+    for node, target in literals:
+        data = pickle_of(node.value)
+        if data is not None:
+            pickles.append((node.lineno, node.col_offset, target, data))
+    candidates: dict[str, list[ast.Assign]] = {}
+    for name, mentioned in found.items():
+        targets = {id(node) for node in mentioned}
+        candidates[name] = [statement for statement in tree.body if isinstance(statement, ast.Assign)
+                            and len(statement.targets) == 1 and id(statement.targets[0]) in targets]
+    return OpaquePart({name: [getattr(node, "lineno", 0) for node in mentioned] for name, mentioned in found.items()},
+                      candidates, pickles)
+
+
 class OpaqueReader:
     """The pickles of python_code and the problems of its opaque parts, read one part at a time."""
 
@@ -88,21 +121,19 @@ class OpaqueReader:
         self._starts = [section.first_line for section in sections]
         self._mentions: dict[str, list[int]] = {STATE: [], BYTECODE: []}
         """Each name's bindings and string spellings, by line in the file."""
-        self._candidates: dict[str, list[ast.Assign]] = {STATE: [], BYTECODE: []}
-        """Top-level `name = value` statements, their line numbers made the file's."""
-        self._scans: list[tuple[int, int, PickleScan, ast.AST]] = []
+        self._candidates: dict[str, list[tuple[ast.Assign, int]]] = {STATE: [], BYTECODE: []}
+        """Top-level `name = value` statements, each with the number of lines before its part."""
+        self._pickles: list[tuple[int, int, str | None, bytes]] = []
+        """The literals holding a pickle, at their lines in the file."""
 
-    def add(self, tree: ast.Module, first_line: int = 1) -> None:
-        """Take the syntax tree of the part of python_code that starts at `first_line`."""
-        literals: list[tuple[ast.Constant, str | None]] = []
-        found = mentions(tree, (STATE, BYTECODE), literals)
-        self._scans.extend(self._literal_scans(literals, first_line))  # before the candidates' lines are moved
-        for name, mentioned in found.items():
-            self._mentions[name].extend(getattr(node, "lineno", 0) + first_line - 1 for node in mentioned)
-            targets = {id(node) for node in mentioned}
-            for statement in tree.body:
-                if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and id(statement.targets[0]) in targets:
-                    self._candidates[name].append(ast.increment_lineno(statement, first_line - 1))
+    def add(self, part: OpaquePart, first_line: int = 1) -> None:
+        """Take the reading of the part of python_code that starts at `first_line`."""
+        before = first_line - 1
+        for name, lines in part.mentions.items():
+            self._mentions[name].extend(line + before for line in lines)
+        for name, statements in part.candidates.items():
+            self._candidates[name].extend((statement, before) for statement in statements)
+        self._pickles.extend((line + before, column, target, data) for line, column, target, data in part.pickles)
 
     def finish(self, values: dict) -> tuple[tuple[PickleScan, ...], tuple[str, ...]]:
         """The pickles in file order (the opaque state scanned strictly when canonical) and the
@@ -112,60 +143,48 @@ class OpaqueReader:
         state = self._canonical(STATE)
         bytecode = self._canonical(BYTECODE)
         problems.extend(problem for problem in (state, bytecode) if isinstance(problem, str))
-        if isinstance(bytecode, ast.Assign):
-            blobs = bytecode_blobs(bytecode, self._source.splitlines())
+        if isinstance(bytecode, tuple):
+            blobs = bytecode_blobs(bytecode[0], self._source.splitlines(), before=bytecode[1])
             problems.extend(problem for problem in map(blob_problem, blobs) if problem is not None)
+        value, before = (state[0].value, state[1]) if isinstance(state, tuple) else (None, 0)
+        at = (value.lineno + before, value.col_offset) if value is not None else None
         found: list[tuple[int, int, PickleScan]] = []
-        state_value = state.value if isinstance(state, ast.Assign) else None
-        for line, column, scan, node in self._scans:
-            if node is not state_value:
+        for line, column, target, data in self._pickles:
+            if (line, column) == at:
+                continue  # the opaque state: scanned strictly below
+            member = f"python_code section {_section_of(line, self._sections, self._starts)}: {target or 'a literal'} (line {line})"
+            scan = scan_pickle(data, member=member)
+            if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
                 found.append((line, column, scan))
-        if isinstance(state_value, ast.Constant) and state_value.value:
-            state_scan, state_problem = self._state_scan(state_value, values)
+        if isinstance(value, ast.Constant) and isinstance(value.value, str) and value.value and at is not None:
+            state_scan, state_problem = self._state_scan(value.value, at[0], values)
             problems.extend([state_problem] if state_problem is not None else [])
-            found.extend([(state_value.lineno, state_value.col_offset, state_scan)] if state_scan is not None else [])
+            found.extend([(*at, state_scan)] if state_scan is not None else [])
         return tuple(scan for _, _, scan in sorted(found, key=lambda item: item[:2])), tuple(problems)
 
-    def _canonical(self, name: str) -> ast.Assign | str | None:
-        """The name's one canonical assignment, None when it is absent, or the problem."""
+    def _canonical(self, name: str) -> tuple[ast.Assign, int] | str | None:
+        """The name's one canonical assignment (with the number of lines before its part), None when
+        it is absent, or the problem."""
         lines = self._mentions[name]
         if not lines:
             return None
         candidates = self._candidates[name]
         literal = _is_state_literal if name == STATE else _is_bytecode_literal
-        if len(lines) == 1 and len(candidates) == 1 and literal(candidates[0].value):
+        if len(lines) == 1 and len(candidates) == 1 and literal(candidates[0][0].value):
             return candidates[0]
         shown = ", ".join(str(line) for line in sorted(set(lines)))
         return (f"{name} (line {shown}) {NOT_CANONICAL}: load reads it as written once, at top level, as {_CANONICAL_AS[name]}; "
                 f"this file spells it otherwise (another expression, several bindings, or a write through a string name); {REMEDY}")
 
-    def _state_scan(self, value: ast.Constant, values: dict) -> tuple[PickleScan | None, str | None]:
-        """The scan of the pickle load would unpickle from `_dynamo_state`, or why there is none;
-        strict: an import neither data-only nor reviewed for Dynamo's state is a finding."""
-        text = value.value
-        assert isinstance(text, str)  # canonical (_is_state_literal) and not None: finish checked both
+    def _state_scan(self, text: str, line: int, values: dict) -> tuple[PickleScan | None, str | None]:
+        """The scan of the pickle load would unpickle from `_dynamo_state` (`text`, at `line`), or why
+        there is none; strict: an import neither data-only nor reviewed for Dynamo's state is a finding."""
         try:
             data = decode(text)
         except ValueError as exc:
-            return None, f"{STATE} (line {value.lineno}) is {exc}: load refuses it, and it cannot be scanned; {REMEDY}"
-        member = f"python_code section {_section_of(value.lineno, self._sections, self._starts)}: {STATE} (line {value.lineno})"
+            return None, f"{STATE} (line {line}) is {exc}: load refuses it, and it cannot be scanned; {REMEDY}"
+        member = f"python_code section {_section_of(line, self._sections, self._starts)}: {STATE} (line {line})"
         return scan_pickle(data, member=member, reviewed=dynamo_state_reviewed(_captured_modules(values))), None
-
-    def _literal_scans(self, literals: list[tuple[ast.Constant, str | None]],
-                       first_line: int) -> list[tuple[int, int, PickleScan, ast.AST]]:
-        """Each str or bytes literal of the part (with the name it is assigned to) holding a pickle,
-        with its line in the file and its node."""
-        found: list[tuple[int, int, PickleScan, ast.AST]] = []
-        for node, target in literals:
-            data = pickle_of(node.value)
-            if data is None:
-                continue
-            line = node.lineno + first_line - 1
-            member = f"python_code section {_section_of(line, self._sections, self._starts)}: {target or 'a literal'} (line {line})"
-            scan = scan_pickle(data, member=member)
-            if scan.top_level is not None or scan.imports:  # a pickle, or enough of one to import something
-                found.append((line, node.col_offset, scan, node))
-        return found
 
 
 def _is_state_literal(value: ast.expr) -> bool:

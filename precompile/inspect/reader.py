@@ -10,6 +10,7 @@ and hashes the payload, for verify and extract.
 from __future__ import annotations
 
 import ast
+import collections
 import functools
 import hashlib
 import os
@@ -22,10 +23,10 @@ import msgspec
 from precompile.artifact.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
 from precompile.artifact.envelope import FORMAT_VERSION, EnvelopeTag, without_blob_data
 from precompile.artifact.pair import PythonCode, pairing_problem, parse_cache, read_bytes
-from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, cyclic_gc_paused, decode_source, literal_assignments, metadata_of
+from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, decode_source, metadata_of
 from precompile.errors import PrecompileError
-from precompile.inspect import rendered_guards
-from precompile.inspect.chunked_parse import parsed_chunks
+from precompile.inspect import part_readings, rendered_guards
+from precompile.inspect.chunked_parse import read_parts
 from precompile.inspect.formats.mega_cache import looks_like_mega_cache, read_mega_cache
 from precompile.inspect.formats.upstream import (
     CACHE_VERSION,
@@ -106,8 +107,9 @@ def rendered_guards_found(data: bytes, path: str) -> rendered_guards.Rendered | 
 @functools.lru_cache(maxsize=4)
 def _parse_python_code(data: bytes, path: str):
     """Parsed once per content and path, a part at a time (`chunked_parse`: each part's syntax tree
-    serves the pickle scan, the metadata and where the rendered guards are): `diff A A` and
-    repeated verbs in one process reuse it."""
+    serves the pickle scan, the metadata and where the rendered guards are), the parts this file
+    shares with the file read before it not parsed again (`part_readings`): `diff A B` parses B's
+    differences only, and repeated verbs in one process reuse the whole result."""
     blob = _blob(data)
     try:
         source = decode_source(data, filename=path)
@@ -119,22 +121,22 @@ def _parse_python_code(data: bytes, path: str):
     guard_spans: list[tuple[int, int]] = []
     kept: list[tuple[ast.stmt, int]] | None = []  # the rendered guards' trees, while within KEPT_LINES
     kept_lines = 0
+    parts: dict[str, part_readings.PartReading | None] = {}  # every part met, by sha256 (None: not parsed alone)
     try:
-        for chunk in parsed_chunks(source, filename=path):
-            with cyclic_gc_paused():  # walking a part's tree allocates enough to set off collections over it
-                opaque.add(chunk.tree, chunk.first_line)
-                values.update(literal_assignments(chunk.tree, filename=path, first_line=chunk.first_line))
-                for statement in rendered_guards.read_statements(chunk.tree):
-                    first = statement.lineno + chunk.first_line - 1
-                    last = (statement.end_lineno or statement.lineno) + chunk.first_line - 1
-                    guard_spans.append((first, last))
-                    kept_lines += last - first + 1
-                    if kept is not None:
-                        kept.append((statement, chunk.first_line - 1))
-                if kept_lines > rendered_guards.KEPT_LINES:
-                    kept = None
+        for part, first_line in read_parts(source, filename=path, read=part_readings.read,
+                                           known=collections.ChainMap(parts, part_readings.last_file())):
+            before = first_line - 1
+            opaque.add(part.opaque, first_line)
+            values.update(part.values_at(before))
+            guard_spans.extend((first + before, last + before) for first, last in part.guard_spans)
+            kept_lines += sum(last - first + 1 for first, last in part.guard_spans)
+            if kept is not None and part.guards is not None and kept_lines <= rendered_guards.KEPT_LINES:
+                kept.extend((statement, before) for statement in part.guards)
+            else:
+                kept = None
     except PrecompileError as exc:
         return PythonCodeInfo(path=path, file=blob, sections=sections, problem=str(exc)), None, None
+    part_readings.remember(parts, trees=kept is not None)
     spans = rendered_guards.Rendered(tuple(guard_spans), tuple(kept) if kept is not None else None)
     pickles, opaque_problems = opaque.finish(values)
     version = values.get("FORMAT_VERSION")
@@ -417,14 +419,20 @@ def open_one(path: str, *, deep: bool = False) -> Artifact:
     return Artifact(python_code=code_info, cache=CacheInfo(path="", kind="absent"), pairs=None, given="python_code")
 
 
-def open_given(paths: list[str], *, deep: bool = False, prove: bool = False) -> Artifact:
-    """What the user named: a pair (two paths, a directory, a prefix, or one file of a pair whose
-    sibling NAME.py/NAME.cache exists), or else one file alone."""
+def given_pair(paths: list[str]) -> tuple[str, str] | None:
+    """The pair the user named (two paths, a directory, a prefix, or one file of a pair whose sibling
+    NAME.py/NAME.cache exists), or None for one file alone."""
     if len(paths) == 1 and os.path.isfile(paths[0]):
-        given = paths[0]
-        stem, suffix = os.path.splitext(given)
+        stem, suffix = os.path.splitext(paths[0])
         sibling = {".py": f"{stem}.cache", ".cache": f"{stem}.py"}.get(suffix)
         if sibling is None or not os.path.isfile(sibling):
-            return open_one(given, deep=deep)
-    python_code, cache = resolve_pair(paths)
-    return open_artifact(python_code, cache, deep=deep, prove=prove)
+            return None
+    return resolve_pair(paths)
+
+
+def open_given(paths: list[str], *, deep: bool = False, prove: bool = False) -> Artifact:
+    """What the user named: a pair (`given_pair`), or else one file alone."""
+    pair = given_pair(paths)
+    if pair is None:
+        return open_one(paths[0], deep=deep)
+    return open_artifact(*pair, deep=deep, prove=prove)

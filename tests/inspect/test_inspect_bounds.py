@@ -140,7 +140,7 @@ class _CountedSections(tuple):
 def test_the_pickle_scan_reads_the_section_list_once_not_once_per_pickle():
     import ast
 
-    from precompile.inspect.opaque import OpaqueReader
+    from precompile.inspect.opaque import OpaqueReader, read_part
     from precompile.inspect.sections import split_sections
 
     blob = base64.b64encode(pickle.dumps({"k": 1}, protocol=4)).decode()
@@ -148,7 +148,7 @@ def test_the_pickle_scan_reads_the_section_list_once_not_once_per_pickle():
     source = "".join(f"{banner}# 1. part-{i}: Part\n{banner}_s{i} = {blob!r}\n" for i in range(2_000))
     sections = _CountedSections(section for section, _ in split_sections(source))
     reader = OpaqueReader(source, sections)
-    reader.add(ast.parse(source))
+    reader.add(read_part(ast.parse(source)))
     scans, problems = reader.finish({})
     assert len(scans) == 2_000 and scans[-1].member == "python_code section part-1999: _s1999 (line 8000)" and problems == ()
     assert _CountedSections.reads == 1
