@@ -2,11 +2,12 @@
 
     python bench/inspect_big.py [--artifact PREFIX] [--sizes 1,10,100] [--shape mixed|code] [--timeout 600]
 
-For each artifact, each of `show`, `guards`, `verify` and `diff` (against a copy) runs in a fresh
+For each artifact, each of `show`, `guards`, `verify` and `diff` (against a changed copy) runs in a fresh
 process, and so does a bare `ast.parse` of its python_code, just before each verb; the table gives
 each verb's time and peak resident memory (read with wait4) and its time over the parse run beside
 it (so a busy host slows both alike), and the fastest parse. `--artifact PREFIX`: a real pair PREFIX.py PREFIX.cache (e.g. the zoo's
-densenet121 captured with the default tracer, eager backend), diffed against a copy of itself.
+densenet121 captured with the default tracer, eager backend), diffed against a copy with one
+statement added in the middle of its python_code (two releases that differ in one place).
 `--sizes`: python_code of each size (MB) built from the dynamo_rows fixture by appending what a big
 artifact holds, and its cache beside it, sealed as capture seals one (it carries python_code's bytecode
 and typed metadata, so `verify` proves the bytecode, compiling python_code again in a child bounded in
@@ -97,6 +98,17 @@ def changed(lines: list[str]) -> list[str]:
             for i, line in enumerate(lines)]
 
 
+def one_statement_added(source: str) -> str:
+    """python_code with one statement added before the top-level statement nearest its middle line:
+    the release that differs from it in one place (its cache is sealed again to pair with it)."""
+    import ast
+
+    lines = source.splitlines(keepends=True)
+    starts = [node.lineno for node in ast.parse(source).body]
+    at = min(starts, key=lambda line: abs(line - len(lines) // 2))
+    return "".join([*lines[:at - 1], "_bench_added = 1\n", *lines[at - 1:]])
+
+
 def measure(argv: list[str], timeout: float) -> tuple[str, str]:
     """(seconds, peak MB) of one command in a fresh process, or ('> timeout', '?') past the limit."""
     started = time.perf_counter()
@@ -168,8 +180,10 @@ def main() -> None:
     for prefix in map(Path, args.artifact):
         with tempfile.TemporaryDirectory() as tmp:
             copy = Path(tmp) / "copy"
-            for suffix in (".py", ".cache"):
-                shutil.copy(prefix.with_suffix(suffix), copy.with_suffix(suffix))
+            copy.with_suffix(".py").write_text(one_statement_added(prefix.with_suffix(".py").read_text(encoding="utf-8")),
+                                               encoding="utf-8")
+            shutil.copy(prefix.with_suffix(".cache"), copy.with_suffix(".cache"))
+            subprocess.run([sys.executable, "-c", SEAL, str(copy)], check=True)
             times = measure_verbs(prefix, copy, args.timeout)
         rows.append(_row(prefix.name, prefix.with_suffix(".py").stat().st_size / 1e6, times))
         print(rows[-1], file=sys.stderr)
@@ -187,7 +201,8 @@ def main() -> None:
         rows.append(_row(f"generated ({args.shape})", size, times))
         print(rows[-1], file=sys.stderr)
     print(f"each verb: time, peak resident memory, time over a bare ast.parse of the same python_code in its own process "
-          f"(generated: shape {args.shape}, diffed against a copy with every {CHANGE_EVERY}th appended code line changed)")
+          f"(a real pair diffed against a copy with one statement added in its middle; generated: shape {args.shape}, "
+          f"diffed against a copy with every {CHANGE_EVERY}th appended code line changed)")
     print("\n".join(rows))
 
 

@@ -23,7 +23,15 @@ from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
-from precompile.inspect.reader import is_mega_cache_file, open_artifact, open_given, python_code_bytes, resolve_pair
+from precompile.inspect.reader import (
+    given_pair,
+    is_mega_cache_file,
+    open_artifact,
+    open_given,
+    open_one,
+    python_code_bytes,
+    resolve_pair,
+)
 from precompile.inspect.terminal_text import printable
 
 ARTIFACT_HELP = ("the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME; each a path or an "
@@ -146,13 +154,16 @@ def _guards(args, out, err) -> int:
 
 def _diff(args, out, err) -> int:
     from precompile.inspect.api import diff_report
+    from precompile.inspect.verify import start_proof
 
-    if len(args.paths) == 4:
-        a, b = _artifact(args.paths[:2], prove=True), _artifact(args.paths[2:], prove=True)
-    elif len(args.paths) == 2:
-        a, b = open_given(args.paths[:1], prove=True), open_given(args.paths[1:], prove=True)
-    else:
+    if len(args.paths) not in (2, 4):
         raise PrecompileError(f"diff compares two artifacts: A B, or A.py A.cache B.py B.cache; got {len(args.paths)} paths")
+    sides = [args.paths[:1], args.paths[1:]] if len(args.paths) == 2 else [args.paths[:2], args.paths[2:]]
+    pairs = [given_pair(side) if len(args.paths) == 2 else resolve_pair(side) for side in sides]
+    for pair in pairs:  # both proofs run beside the reading of either artifact
+        if pair is not None:
+            start_proof(*pair)
+    a, b = (open_artifact(*pair, prove=True) if pair is not None else open_one(side[0]) for pair, side in zip(pairs, sides))
     fail_on = _fail_on(args.fail_on)
     output = _diff_format(args)
     report = diff_report(a, b, context=args.context, provenance=args.provenance)

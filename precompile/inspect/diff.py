@@ -337,25 +337,28 @@ def _entries(mega: MegaCache) -> dict[str, str]:
     return out
 
 
-def _code_sections(data: bytes | None) -> dict[str, list[str]]:
-    """Each section of python_code by its slug, as `code_lines` compares it; {} when not text."""
+def _code_sections(data: bytes | None) -> dict[str, str]:
+    """Each section's text of python_code by its slug; {} when not text."""
     if data is None:
         return {}
     try:
         source = decode_source(data)
     except PrecompileError:
         return {}
-    return {section.slug: compared_lines(text, opaque=section.slug.startswith("opaque"))
-            for section, text in split_sections(source)}
+    return {section.slug: text for section, text in split_sections(source)}
 
 
 def _code_diffs(a_code: bytes | None, b_code: bytes | None, context: int) -> list[CodeDiff]:
-    """The sections that differ, each a unified diff; past MAX_CHANGED_LINES in all, lines are counted, not shown."""
-    ca, cb = _code_sections(a_code), _code_sections(b_code)
+    """The sections that differ as `code_lines` compares them, each a unified diff; past
+    MAX_CHANGED_LINES in all, lines are counted, not shown. Sections of the same text are not compared."""
+    ta, tb = _code_sections(a_code), _code_sections(b_code)
     room = MAX_CHANGED_LINES
     code: list[CodeDiff] = []
-    for slug in [*ca, *(slug for slug in cb if slug not in ca)]:
-        left, right = ca.get(slug), cb.get(slug)
+    for slug in [*ta, *(slug for slug in tb if slug not in ta)]:
+        if ta.get(slug) == tb.get(slug):
+            continue
+        left, right = (compared_lines(text, opaque=slug.startswith("opaque")) if text is not None else None
+                       for text in (ta.get(slug), tb.get(slug)))
         if left == right:
             continue
         shown = unified(left or [], right or [], f"a/{slug}", f"b/{slug}", context=context, max_lines=room)

@@ -182,43 +182,65 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata, lines: Ren
     guards python_code renders as functions `guards_F_V` (read with ast, never executed); a guard
     torch itself skips maps to "not checked: why". Empty for artifacts without rendered guards.
     `origins`, when given, receives {(frame, variant): {guard label: the user's line that made it}},
-    from the comment beside each label (capturing/dynamo/guard_origin.py)."""
+    from the comment beside each label (capturing/dynamo/guard_origin.py). A function of the same
+    text as one the call before read (the other release of a diff) is not read again."""
+    global _last_functions
     statements = _statements(source, lines)
     if statements is None or source is None:
         return {}
     text = source.decode("utf-8") if isinstance(source, bytes) else source
     file_lines = text.splitlines()  # once: the comments and segments below index into it
     found: dict[tuple[str, int], dict[str, str]] = {}
+    functions: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
     for node, before in statements:
-        match = _FUNCTION.fullmatch(node.name) if isinstance(node, ast.FunctionDef) else None
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        match = _FUNCTION.fullmatch(node.name)
         if match is None or int(match.group(1)) >= len(meta.frames):
             continue
         key = (meta.frames[int(match.group(1))].qualname or meta.frames[int(match.group(1))].name, int(match.group(2)))
-        checks: dict[str, str] = {}
-        first, last = node.lineno + before, (node.end_lineno or node.lineno) + before
-        for line in file_lines[first:last]:
-            note = line.strip()
-            if note.startswith("# ") and ": " in note:
-                label, _, why = note[2:].partition(": ")
-                checks.setdefault(label, f"not checked: {why}")
-        failing: str | None = None  # the label the rendered guard assigns before its `if`
-        spelled = _SpelledOut()
-        for statement in _statements_within(node):
-            targets = [getattr(t, "id", None) for t in statement.targets] if isinstance(statement, ast.Assign) else []
-            if isinstance(statement, ast.Assign) and targets == ["failing"]:
-                value = statement.value.value if isinstance(statement.value, ast.Constant) else None
-                failing = value if isinstance(value, str) else None
-                made_at = _trailing_comment(file_lines, statement, before) if origins is not None else ""
-                if origins is not None and failing is not None and made_at:
-                    origins.setdefault(key, {})[failing] = made_at
-            elif isinstance(statement, ast.Assign) and len(targets) == 1 and _SOURCE_LOCAL.fullmatch(targets[0] or ""):
-                spelled.bind(str(targets[0]), statement.value)
-            elif isinstance(statement, ast.If) and failing is not None:
-                test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
-                checks[failing] = spelled.text(test) or " ".join(_segment(file_lines, test, before).split())
-                failing = None
-        found[key] = checks
+        written = "\n".join(file_lines[node.lineno + before - 1:(node.end_lineno or node.lineno) + before])
+        read = functions.get(written) or _last_functions.get(written) or _function_checks(node, before, file_lines)
+        functions[written] = read
+        found[key] = dict(read[0])
+        if origins is not None and read[1]:
+            origins.setdefault(key, {}).update(read[1])
+    _last_functions = functions
     return found
+
+
+_last_functions: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
+"""What `_function_checks` read of each guard function the last `rendered_checks` call read, by its text."""
+
+
+def _function_checks(node: ast.FunctionDef, before: int, file_lines: list[str]) -> tuple[dict[str, str], dict[str, str]]:
+    """({guard label: the condition that runs, or "not checked: why"}, {guard label: the user's line
+    that made it}) of one rendered guard function (parsed `before` lines into the file)."""
+    checks: dict[str, str] = {}
+    made: dict[str, str] = {}
+    first, last = node.lineno + before, (node.end_lineno or node.lineno) + before
+    for line in file_lines[first:last]:
+        note = line.strip()
+        if note.startswith("# ") and ": " in note:
+            label, _, why = note[2:].partition(": ")
+            checks.setdefault(label, f"not checked: {why}")
+    failing: str | None = None  # the label the rendered guard assigns before its `if`
+    spelled = _SpelledOut()
+    for statement in _statements_within(node):
+        targets = [getattr(t, "id", None) for t in statement.targets] if isinstance(statement, ast.Assign) else []
+        if isinstance(statement, ast.Assign) and targets == ["failing"]:
+            value = statement.value.value if isinstance(statement.value, ast.Constant) else None
+            failing = value if isinstance(value, str) else None
+            made_at = _trailing_comment(file_lines, statement, before)
+            if failing is not None and made_at:
+                made[failing] = made_at
+        elif isinstance(statement, ast.Assign) and len(targets) == 1 and _SOURCE_LOCAL.fullmatch(targets[0] or ""):
+            spelled.bind(str(targets[0]), statement.value)
+        elif isinstance(statement, ast.If) and failing is not None:
+            test = statement.test.operand if isinstance(statement.test, ast.UnaryOp) else statement.test
+            checks[failing] = spelled.text(test) or " ".join(_segment(file_lines, test, before).split())
+            failing = None
+    return checks, made
 
 
 def _statements_within(node: ast.AST) -> Iterator[ast.AST]:

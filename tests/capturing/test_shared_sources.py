@@ -115,6 +115,19 @@ def test_precompile_guards_spells_the_locals_out_again():
     assert rendered_checks(text, meta)[("fn", 0)] == dict(CHECKS)
 
 
+def test_a_guard_function_read_again_is_read_from_its_text_and_a_changed_one_anew():
+    """The checks of a function whose text the call before read (the other release of a diff) are
+    those read then; one check changed in it is read anew, both ways round."""
+    from precompile.artifact.metadata import DynamoFrame
+
+    meta = types.SimpleNamespace(frames=(DynamoFrame(name="fn", module="m", variants=1),))
+    changed = [(label, check.replace("== 1", "== 7")) for label, check in CHECKS]
+    a, b = (guard_function(_variant(checks), "Frame 0 (fn), variant 0") for checks in (CHECKS, changed))
+    assert a != b and dict(changed) != dict(CHECKS)
+    for text, expected in [(a, CHECKS), (a, CHECKS), (b, changed), (a, CHECKS)]:
+        assert rendered_checks(text, meta)[("fn", 0)] == dict(expected)
+
+
 def test_spelling_out_a_hostile_chain_of_locals_stays_bounded():
     """Locals that chain into text of any length are spelled out only up to a bound; a check reading
     many of them is left as written."""
