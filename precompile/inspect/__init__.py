@@ -15,22 +15,21 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-from precompile.inspect.model import (
-    Artifact,
-    FrameGuards,
-    Guards,
-    GuardSlot,
-    PickleImport,
-    PickleScan,
-    Specialization,
-)
-from precompile.inspect.reader import open_artifact, resolve_pair
-
 if TYPE_CHECKING:
     from precompile.inspect.api import diff_report, guards_report, open_path, show_report, verify_report
     from precompile.inspect.diff import CATEGORIES
+    from precompile.inspect.model import (
+        Artifact,
+        FrameGuards,
+        Guards,
+        GuardSlot,
+        PickleImport,
+        PickleScan,
+        Specialization,
+    )
     from precompile.inspect.pickle_scan import scan_pickle
     from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
+    from precompile.inspect.reader import open_artifact, resolve_pair
     from precompile.inspect.report import (
         Check,
         CodeDiff,
@@ -50,8 +49,12 @@ __all__ = [
 ]
 
 # Imported on first use, so the CLI's start (which imports this package for every verb) stays as quick as
-# before the API was exported: name -> the module that defines it.
+# before the API was exported, and the bytecode proof's child imports only what it runs: name -> the module
+# that defines it.
 _LAZY = {
+    **dict.fromkeys(("Artifact", "FrameGuards", "Guards", "GuardSlot", "PickleImport", "PickleScan", "Specialization"),
+                    "precompile.inspect.model"),
+    **dict.fromkeys(("open_artifact", "resolve_pair"), "precompile.inspect.reader"),
     **dict.fromkeys(("diff_report", "guards_report", "open_path", "show_report", "verify_report"), "precompile.inspect.api"),
     "CATEGORIES": "precompile.inspect.diff",
     "scan_pickle": "precompile.inspect.pickle_scan",

@@ -3,12 +3,15 @@ and time are bounded, so that what a cache carries cannot make verify (or diff) 
 
 The proof compiles python_code whole and compares the marshalled bytes (artifact/bytecode.py): the
 stored code is one module code object, which no compilation in parts reproduces. Compiling takes
-about 40 bytes of memory per byte of literal-heavy python_code and up to 150 per byte of dense code
-(measured on Python 3.11; the syntax tree `ast` builds, which the proof no longer holds whole, takes
-250). So the child gets an address-space limit (RLIMIT_AS, above what it maps when it starts) of
-`--proof-memory` MiB, else PRECOMPILE_PROOF_MEMORY, else the larger of 256 MiB and 20 times
-python_code's size, and a time limit of a minute plus 4 seconds per MB. A proof that needs more is
-not made: the check fails with "not proven" and says how to allow more. Nothing is loaded or run.
+about 40 bytes of memory per byte of literal-heavy python_code (37 for bench/inspect_big.py's mixed
+shape: 4.1 GB for 110 MB) and up to 150 per byte of dense code (measured on Python 3.11; the syntax
+tree `ast` builds, which the proof never holds whole, takes 250). So the child gets an address-space
+limit (RLIMIT_AS, above what it maps when it starts) of `--proof-memory` MiB, else
+PRECOMPILE_PROOF_MEMORY, else 50 times python_code's size, at least 256 MiB and at most 1.5 GiB (so
+that a verb and its proof each stay under 2 GB unless told otherwise: literal-heavy python_code is
+proven up to about 30 MB, dense code up to about 1.7 MB), and a time limit of a minute plus 4 seconds
+per MB. A proof that needs more is not made: the check fails with "not proven" and says how to allow
+more. Nothing is loaded or run.
 """
 from __future__ import annotations
 
@@ -36,8 +39,10 @@ from precompile.inspect.chunked_parse import parsed_chunks
 
 PROOF_MEMORY_ENV = "PRECOMPILE_PROOF_MEMORY"
 MIN_PROOF_MEMORY = 256 * 1024 * 1024
+MAX_DEFAULT_PROOF_MEMORY = 1536 * 1024 * 1024
+"""The most a proof takes unless told to take more: with the reading verb beside it, under 2 GB a process."""
 _MORE_THAN_ANY_MACHINE = 1 << 60
-MEMORY_PER_BYTE = 20
+MEMORY_PER_BYTE = 50
 NOT_PROVEN = "not proven"
 _MiB = 1024 * 1024
 _CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from precompile.inspect.bytecode_proof import child_main; child_main()"
@@ -55,7 +60,7 @@ class Outcome:
 
 def proof_memory(python_code_size: int, given_mib: int | None = None) -> int:
     """Bytes the proof may map: `given_mib` (--proof-memory), else PRECOMPILE_PROOF_MEMORY (MiB),
-    else max(MIN_PROOF_MEMORY, MEMORY_PER_BYTE * python_code_size)."""
+    else MEMORY_PER_BYTE * python_code_size, at least MIN_PROOF_MEMORY and at most MAX_DEFAULT_PROOF_MEMORY."""
     if given_mib is None and os.environ.get(PROOF_MEMORY_ENV, "").strip():
         text = os.environ[PROOF_MEMORY_ENV].strip()
         if not text.isdigit() or int(text) < 1:
@@ -63,7 +68,7 @@ def proof_memory(python_code_size: int, given_mib: int | None = None) -> int:
         given_mib = int(text)
     if given_mib is not None:
         return min(given_mib * _MiB, _MORE_THAN_ANY_MACHINE)  # a larger number would overflow setrlimit's C long
-    return max(MIN_PROOF_MEMORY, MEMORY_PER_BYTE * python_code_size)
+    return min(MAX_DEFAULT_PROOF_MEMORY, max(MIN_PROOF_MEMORY, MEMORY_PER_BYTE * python_code_size))
 
 
 def proof_seconds(python_code_size: int) -> float:

@@ -421,7 +421,7 @@ def register(verbs: argparse._SubParsersAction) -> None:
         "release put back fails; needs --trusted-key"))
     verify.add_argument("--proof-memory", type=_mib, metavar="MIB", help=(
         "memory the proof that the cache's bytecode is python_code's may take, in MiB (default: PRECOMPILE_PROOF_MEMORY, "
-        "else 20 times python_code's size, at least 256); a proof that needs more fails as 'not proven' (exit 1)"))
+        "else 50 times python_code's size, at least 256 and at most 1536); a proof that needs more fails as 'not proven' (exit 1)"))
     extract = add("extract", "write python_code sections, metadata, envelope and bundle files into a new directory", _extract, artifact=False)
     extract.add_argument("paths", nargs="+", metavar="ARTIFACT... DIR", help=f"{ONE_FILE_HELP}; then the directory to create")
     report = add("report", "write one self-contained HTML page about an artifact, or two and their diff side by side; "
