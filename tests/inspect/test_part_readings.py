@@ -8,6 +8,8 @@ import pickle
 import re
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from test_inspect_helpers import FIXTURES
 
@@ -15,6 +17,14 @@ from precompile.inspect import chunked_parse, part_readings, reader, rendered_gu
 
 PICKLE = base64.b64encode(pickle.dumps({"k": "v" * 40}, protocol=4)).decode()
 TAIL = f"_blob = {PICKLE!r}\nBACKEND = open('x')\n"
+
+
+@pytest.fixture
+def every_statement_a_part(monkeypatch):
+    monkeypatch.setattr(chunked_parse, "CHUNK_CHARS", 1)
+    reader._parse_python_code.cache_clear()
+    yield
+    reader._parse_python_code.cache_clear()
 
 
 @pytest.fixture
@@ -33,7 +43,7 @@ def counted_parses(monkeypatch):
 def _read(source: str) -> tuple:
     """What the reader found, the rendered guards' trees as dumps at their lines in the file."""
     info, metadata, rendered = reader._parse_python_code(source.encode(), "p.py")
-    trees = [(ast.dump(node, include_attributes=True), before) for node, before in rendered.statements or ()]
+    trees = [(ast.dump(node, include_attributes=True), before) for node, before in (rendered and rendered.statements) or ()]
     return info, metadata, rendered, trees
 
 
@@ -69,3 +79,23 @@ def test_parts_past_the_kept_lines_are_remembered_without_their_trees(counted_pa
     monkeypatch.setattr(rendered_guards, "KEPT_LINES", 100_000)
     info, _, rendered, _ = _read("INSERTED_NOTE = 1\n" + source)
     assert rendered.statements is None and rendered.spans and info.metadata is not None
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(edits=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(["insert", "delete", "duplicate"])), max_size=4))
+def test_any_file_reads_after_another_as_it_reads_alone(every_statement_a_part, edits):
+    """B made from A by a few line edits (which may break a statement: the part then fails alone, or
+    the file does not parse) reads after A exactly as alone."""
+    lines = ((FIXTURES / "v1/dynamo_lowered.py").read_text(encoding="utf-8") + TAIL).splitlines(keepends=True)
+    a = "".join(lines)
+    for at, edit in edits:
+        at %= len(lines)
+        lines[at:at + 1] = {"insert": ["NOTE_ADDED = 2\n", lines[at]], "delete": [], "duplicate": [lines[at]] * 2}[edit]
+    b = "".join(lines)
+    part_readings._last = {}
+    reader._parse_python_code.cache_clear()
+    alone = _read(b)
+    part_readings._last = {}
+    reader._parse_python_code.cache_clear()
+    _read(a)
+    assert _read(b) == alone
