@@ -35,6 +35,13 @@ def problems_of(artifact: Artifact) -> tuple[str, ...]:
     return tuple(p for p in (artifact.python_code.problem, artifact.cache.problem) if p is not None)
 
 
+def pairing_findings(artifact: Artifact) -> tuple[str, ...]:
+    """That the cache does not pair with python_code (load would not use it), naming both files."""
+    if artifact.pairs is False:
+        return (f"{artifact.cache.path} does not pair with {artifact.python_code.path}: {artifact.pairing_problem}",)
+    return ()
+
+
 def opaque_findings(artifact: Artifact) -> tuple[str, ...]:
     """What the scan of python_code's opaque state flags: a spelling load refuses, a dangerous or
     unresolved import, each naming the file."""
@@ -60,7 +67,7 @@ def guards_report(artifact: Artifact, *, frame: str | None = None, kind: str | N
         guards = filtered(guards, frame=frame, kind=kind, risky_only=risky_only)
     problems = problems_of(artifact)
     return GuardsReport(python_code=artifact.python_code.path, guards=guards, problems=problems,
-                        pickles=artifact.python_code.pickles, findings=opaque_findings(artifact))
+                        pickles=artifact.python_code.pickles, findings=pairing_findings(artifact) + opaque_findings(artifact))
 
 
 def diff_report(a: Artifact, b: Artifact, *, context: int = 3, provenance: bool = False) -> DiffReport:

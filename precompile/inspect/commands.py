@@ -76,11 +76,9 @@ def _diagnose(err, problems, warnings=()) -> None:
 
 
 def _findings(artifact: Artifact) -> tuple[str, ...]:
-    from precompile.inspect.api import opaque_findings
+    from precompile.inspect.api import opaque_findings, pairing_findings
 
-    found = []
-    if artifact.pairs is False:
-        found.append(f"{artifact.cache.path} does not pair with {artifact.python_code.path}: {artifact.pairing_problem}")
+    found = list(pairing_findings(artifact))
     members: dict[tuple[str, str, str | None], list[str]] = {}
     for member, imp in artifact.flagged_imports:  # one line per import (and why, if it is a call), however many members perform it
         members.setdefault((f"{imp.module}.{imp.name}", imp.risk, imp.unresolved), []).append(member)

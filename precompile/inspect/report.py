@@ -37,7 +37,8 @@ class GuardsReport(_Report, frozen=True, kw_only=True, tag="guards"):
     pickles: tuple[PickleScan, ...] = ()
     """The opaque state's pickles (guard trees live there for Dynamo artifacts), scanned, never unpickled."""
     findings: tuple[str, ...] = ()
-    """Dangerous or unresolved imports of those pickles, each naming the section, the import and its opcode offset."""
+    """That the cache does not pair with python_code (naming both), and the dangerous or unresolved imports of
+    those pickles, each naming the section, the import and its opcode offset."""
 
 
 class DiffEntry(msgspec.Struct, frozen=True, kw_only=True):

@@ -57,3 +57,13 @@ def test_a_cache_that_reads_but_fails_a_check_is_a_finding(tmp_path, capsys):
     rc, stdout, stderr = run_cli(capsys, ["verify", "--json", *pair])
     assert rc == 1 and json.loads(stdout)["ok"] is False
     assert "precompile: warning:" in stderr
+
+
+@pytest.mark.parametrize("verb", ["show", "guards"])
+def test_a_cache_that_does_not_pair_is_a_finding_that_names_both_files(verb, tmp_path, capsys):
+    """guards printed the checks of python_code beside a cache of another capture and exited 0."""
+    shutil.copy(FIXTURES / "v1/dynamo_rows.py", tmp_path / "a.py")
+    shutil.copy(FIXTURES / "v1/dynamo_lowered.cache", tmp_path / "a.cache")
+    rc, stdout, stderr = run_cli(capsys, [verb, str(tmp_path / "a.py"), str(tmp_path / "a.cache")])
+    assert rc == 1 and stdout
+    assert f"precompile: warning: {tmp_path / 'a.cache'} does not pair with {tmp_path / 'a.py'}" in " ".join(stderr.split())
