@@ -46,13 +46,6 @@ def _is_bytecode_literal(value: ast.expr) -> bool:
         isinstance(node, ast.Constant) and type(node.value) is str for node in (*value.keys, *value.values))
 
 
-def _string_mentions(node: ast.AST, name: str) -> bool:
-    value = node.value if isinstance(node, ast.Constant) else None
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    return isinstance(value, str) and name in value
-
-
 def _binds(node: ast.AST, name: str) -> bool:
     """Whether `node` binds or deletes `name` (anywhere: a module, a function, a class, a pattern)."""
     if isinstance(node, ast.Name):
@@ -112,10 +105,8 @@ def mentions(tree: ast.Module, names: tuple[str, ...],
     for node in nodes(tree):
         kind = type(node)
         if kind is ast.Constant:
-            if literals is not None and type(node.value) in (str, bytes):
-                literals.append((node, assigned.get(id(node))))
-            if id(node) not in reads:
-                _record(found, node, _string_mentions)
+            if type(node.value) is str or type(node.value) is bytes:  # a number, None, ...: spells no name
+                _note_literal(node, found, node.value if id(node) not in reads else None, literals, assigned)
         elif kind is ast.Name:
             if node.id in names and not isinstance(node.ctx, ast.Load):
                 found[node.id].append(node)
@@ -129,6 +120,20 @@ def mentions(tree: ast.Module, names: tuple[str, ...],
             if len(targets) == 1 and type(targets[0]) is ast.Name and node.value is not None:
                 assigned[id(node.value)] = targets[0].id  # the walk reaches the value after its statement
     return found
+
+
+def _note_literal(node: ast.Constant, found: dict[str, list[ast.AST]], value: str | bytes | None,
+                  literals: list[tuple[ast.Constant, str | None]] | None, assigned: dict[int, str]) -> None:
+    """A str or bytes literal for `mentions`: each name its `value` spells (None: a plain read's key;
+    bytes read as Latin-1), and the literal itself when `literals` collects them. One call a literal:
+    a call per name took a third of the walk."""
+    if literals is not None:
+        literals.append((node, assigned.get(id(node))))
+    if value is not None:
+        text = value.decode("latin-1") if isinstance(value, bytes) else value
+        for name in found:
+            if name in text:
+                found[name].append(node)
 
 
 def names_a_part(statement: ast.stmt) -> bool:
