@@ -20,15 +20,18 @@ BASE = ROOT / "fixtures" / "v1" / "dynamo_rows"
 @pytest.fixture
 def sealed(tmp_path):
     """dynamo_rows with its cache sealed around the bytecode and metadata capture compiles from it."""
-    prefix = tmp_path / "rows"
-    data = BASE.with_suffix(".py").read_bytes()
+    return _sealed(tmp_path / "rows", BASE.with_suffix(".py").read_bytes())
+
+
+def _sealed(prefix, data: bytes):
+    """python_code `data` at `prefix`.py with dynamo_rows' cache sealed around what capture compiles from it."""
     prefix.with_suffix(".py").write_bytes(data)
     source = decode_source(data)
     tree = parse_source(source)
     compiled, metadata = bytecode.prepare(source, code_hash(data), parse_metadata(tree), tree)
     raw = BASE.with_suffix(".cache").read_bytes()
     envelope, offset = codec.decode_header(raw)
-    envelope = msgspec.structs.replace(envelope, python_bytecode=compiled, metadata_msgpack=metadata)
+    envelope = msgspec.structs.replace(envelope, code_hash=code_hash(data), python_bytecode=compiled, metadata_msgpack=metadata)
     prefix.with_suffix(".cache").write_bytes(codec.encode_cache(envelope, raw[offset:]))
     return prefix
 
@@ -69,6 +72,14 @@ def test_diff_of_a_pair_and_its_byte_identical_copy_proves_the_bytecode_once(sea
     assert rc == 0, out
     assert events.count("proof started") == 1
     assert events.index("proof started") < events.index("python_code parsed")
+
+
+def test_diff_of_two_releases_starts_both_proofs_before_it_reads_either(sealed, events, capsys, tmp_path):
+    other = _sealed(tmp_path / "other", b"RELEASE_NOTE = 2\n" + BASE.with_suffix(".py").read_bytes())
+    rc, out, _ = run_cli(capsys, ["diff", "--json", str(sealed), str(other)])
+    assert rc == 1, out  # they differ: the added statement
+    assert events == ["proof started", "proof started", "python_code parsed", "python_code parsed"]
+    assert "DIFFERS" not in out and "not proven" not in out, out
 
 
 def test_a_proof_started_but_never_collected_is_stopped_at_exit(sealed, events):
