@@ -164,7 +164,7 @@ def child_main() -> None:
     """The child: limit its memory (argv[2] bytes above what it maps now), read the request from
     stdin, print {"problem": ...}, or {"memory": true} when the limit was reached. It runs with the
     cyclic collector off (the trees and code objects it builds hold no cycles; collections walking
-    them doubled the time to compile) and exits without freeing what it built."""
+    them took a fifth of its time) and exits without freeing what it built."""
     gc.disable()
     _limit_address_space(int(sys.argv[2]))
     try:
