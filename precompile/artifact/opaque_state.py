@@ -15,7 +15,7 @@ import base64
 import binascii
 import hashlib
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from precompile.artifact.envelope import OpaqueCheck
@@ -148,25 +148,39 @@ def _record(found: dict[str, list[ast.AST]], node: ast.AST, test: Callable[[ast.
             nodes_of_name.append(node)
 
 
-def _find(tree: ast.Module, name: str, found: list[ast.AST], is_literal: Callable[[ast.expr], bool], what: str) -> Found:
+_CANONICAL: dict[str, tuple[Callable[[ast.expr], bool], str]] = {
+    STATE: (_is_state_literal, "a base64 str literal or None"),
+    BYTECODE: (_is_bytecode_literal, "a dict of str keys to base64 str literals"),
+}
+
+
+def is_canonical_value(name: str, value: ast.expr) -> bool:
+    """Whether `value` is what load reads `name` (STATE or BYTECODE) as: one literal of its form."""
+    return _CANONICAL[name][0](value)
+
+
+def not_canonical(name: str, lines: Iterable[int]) -> str:
+    """The problem of a name spelled other than canonically, at `lines` (its bindings and spellings)."""
+    shown = ", ".join(str(line) for line in sorted(set(lines)))
+    return (f"{name} (line {shown}) {NOT_CANONICAL}: load reads it as written once, at top level, as {_CANONICAL[name][1]}; "
+            f"this file spells it otherwise (another expression, several bindings, or a write through a string name); {REMEDY}")
+
+
+def _find(tree: ast.Module, name: str, found: list[ast.AST]) -> Found:
     """The one top-level `name = <literal>` when that is the name's only binding, or the problem."""
     if not found:
         return Found()
     candidates = [node for node in tree.body
                   if isinstance(node, ast.Assign) and len(node.targets) == 1 and found[0] is node.targets[0]]
-    if len(found) == 1 and candidates and is_literal(candidates[0].value):
+    if len(found) == 1 and candidates and is_canonical_value(name, candidates[0].value):
         return Found(assignment=candidates[0])
-    lines = ", ".join(str(line) for line in sorted({getattr(node, "lineno", 0) for node in found}))
-    return Found(problem=(
-        f"{name} (line {lines}) {NOT_CANONICAL}: load reads it as written once, at top level, as {what}; "
-        f"this file spells it otherwise (another expression, several bindings, or a write through a string name); {REMEDY}"))
+    return Found(problem=not_canonical(name, (getattr(node, "lineno", 0) for node in found)))
 
 
 def find_parts(tree: ast.Module) -> tuple[Found, Found]:
     """The opaque state's and the marshalled bytecode's canonical assignments (or problems)."""
     found = mentions(tree, (STATE, BYTECODE))
-    return (_find(tree, STATE, found[STATE], _is_state_literal, "a base64 str literal or None"),
-            _find(tree, BYTECODE, found[BYTECODE], _is_bytecode_literal, "a dict of str keys to base64 str literals"))
+    return _find(tree, STATE, found[STATE]), _find(tree, BYTECODE, found[BYTECODE])
 
 
 def decode(text: str) -> bytes:

@@ -161,7 +161,7 @@ def _diff(args, out, err) -> int:
     for pair in pairs:  # both proofs run beside the reading of either artifact
         if pair is not None:
             start_proof(*pair)
-    a, b = (open_artifact(*pair, prove=True) if pair is not None else open_one(side[0]) for pair, side in zip(pairs, sides))
+    a, b = (open_artifact(*pair) if pair is not None else open_one(side[0]) for pair, side in zip(pairs, sides))
     fail_on = _fail_on(args.fail_on)
     output = _diff_format(args)
     report = diff_report(a, b, context=args.context, provenance=args.provenance)

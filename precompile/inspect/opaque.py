@@ -25,13 +25,14 @@ from typing import NamedTuple
 
 from precompile.artifact.opaque_state import (
     BYTECODE,
-    NOT_CANONICAL,
     REMEDY,
     STATE,
     blob_problem,
     bytecode_blobs,
     decode,
+    is_canonical_value,
     mentions,
+    not_canonical,
 )
 from precompile.inspect.model import PickleImport, PickleScan, Section
 from precompile.inspect.pickle_policy import dynamo_state_reviewed
@@ -41,7 +42,6 @@ MIN_BLOB_CHARS = 16
 _PICKLE_BASE64 = re.compile(r"[^A-Za-z0-9+/]*g|[^A-Za-z0-9+/_-]*g")
 """A str whose first base64 character, standard or URL-safe (`b64decode` drops any other), is `g`:
 the only ones that can decode to bytes starting 0x80, as a protocol 2-5 pickle does."""
-_CANONICAL_AS = {STATE: "a base64 str literal or None", BYTECODE: "a dict of str keys to base64 str literals"}
 
 
 def _is_pickle_header(data: bytes) -> bool:
@@ -169,12 +169,9 @@ class OpaqueReader:
         if not lines:
             return None
         candidates = self._candidates[name]
-        literal = _is_state_literal if name == STATE else _is_bytecode_literal
-        if len(lines) == 1 and len(candidates) == 1 and literal(candidates[0][0].value):
+        if len(lines) == 1 and len(candidates) == 1 and is_canonical_value(name, candidates[0][0].value):
             return candidates[0]
-        shown = ", ".join(str(line) for line in sorted(set(lines)))
-        return (f"{name} (line {shown}) {NOT_CANONICAL}: load reads it as written once, at top level, as {_CANONICAL_AS[name]}; "
-                f"this file spells it otherwise (another expression, several bindings, or a write through a string name); {REMEDY}")
+        return not_canonical(name, lines)
 
     def _state_scan(self, text: str, line: int, values: dict) -> tuple[PickleScan | None, str | None]:
         """The scan of the pickle load would unpickle from `_dynamo_state` (`text`, at `line`), or why
@@ -185,15 +182,6 @@ class OpaqueReader:
             return None, f"{STATE} (line {line}) is {exc}: load refuses it, and it cannot be scanned; {REMEDY}"
         member = f"python_code section {_section_of(line, self._sections, self._starts)}: {STATE} (line {line})"
         return scan_pickle(data, member=member, reviewed=dynamo_state_reviewed(_captured_modules(values))), None
-
-
-def _is_state_literal(value: ast.expr) -> bool:
-    return isinstance(value, ast.Constant) and (value.value is None or type(value.value) is str)
-
-
-def _is_bytecode_literal(value: ast.expr) -> bool:
-    return isinstance(value, ast.Dict) and all(
-        isinstance(node, ast.Constant) and type(node.value) is str for node in (*value.keys, *value.values))
 
 
 def _captured_modules(values: dict) -> frozenset[str]:
