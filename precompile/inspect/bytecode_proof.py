@@ -8,8 +8,8 @@ shape: 4.1 GB for 110 MB) and up to 150 per byte of dense code (measured on Pyth
 tree `ast` builds, which the proof never holds whole, takes 250). So the child gets an address-space
 limit (RLIMIT_AS, above what it maps when it starts) of `--proof-memory` MiB, else
 PRECOMPILE_PROOF_MEMORY, else 50 times python_code's size, at least 256 MiB and at most 1.5 GiB (so
-that a verb and its proof each stay under 2 GB unless told otherwise: literal-heavy python_code is
-proven up to about 30 MB, dense code up to about 1.7 MB), and a time limit of a minute plus 4 seconds
+that each process stays under 2 GB unless told otherwise, diff's two proofs about 3 GiB together;
+literal-heavy python_code is proven up to about 30 MB, dense code up to about 1.7 MB), and a time limit of a minute plus 4 seconds
 per MB. A proof that needs more is not made: the check fails with "not proven" and says how to allow
 more. Nothing is loaded or run.
 """

@@ -179,9 +179,11 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None,
                 runs = tensor
             if guard_type == "GLOBAL_STATE" and at in global_state:
                 runs = ", ".join(f"{field} {value}" for field, value in global_state[at].items())
+            made_at = origins.get((variant.frame, variant.variant), {})
             if (variant.frame, variant.variant) not in origin_indexes:
-                origin_indexes[variant.frame, variant.variant] = _check_index(origins.get((variant.frame, variant.variant), {}))
-            origin = next(iter(origin_indexes[variant.frame, variant.variant].get(f"{guard_type} {source}".strip(), ())), "")
+                origin_indexes[variant.frame, variant.variant] = _check_index(made_at)
+            label = f"{guard_type} {source}".strip()  # its own label first, as the checks are matched
+            origin = made_at.get(label) or next(iter(origin_indexes[variant.frame, variant.variant].get(label, ())), "")
             slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept", check=runs, origin=origin))
         # Artifacts since per-variant accounting also say which slots each variant does not check.
         slots += [unchecked(check.partition(" ")[::2], False) for check in variant.dropped]

@@ -13,7 +13,7 @@ from dataclasses import field as dataclass_field
 
 from precompile.artifact.metadata import DynamoMetadata
 from precompile.artifact.opaque_state import nodes
-from precompile.artifact.pycode import cyclic_gc_paused
+from precompile.artifact.pycode import code_lines, cyclic_gc_paused
 from precompile.errors import PrecompileError
 from precompile.inspect.chunked_parse import parsed_chunks
 
@@ -189,7 +189,9 @@ def rendered_checks(source: str | bytes | None, meta: DynamoMetadata, lines: Ren
     if statements is None or source is None:
         return {}
     text = source.decode("utf-8") if isinstance(source, bytes) else source
-    file_lines = text.splitlines()  # once: the comments and segments below index into it
+    # Once, numbered as the compiler numbers them (str.splitlines also breaks at a form feed, \x85,
+    # \u2028, ...): the comments, segments and each function's text below index into it.
+    file_lines = [line.rstrip("\r\n") for line in code_lines(text)]
     found: dict[tuple[str, int], dict[str, str]] = {}
     functions: dict[str, tuple[dict[str, str], dict[str, str]]] = {}
     for node, before in statements:

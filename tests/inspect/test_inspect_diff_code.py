@@ -3,8 +3,10 @@ and only the names Dynamo mints per process are masked."""
 from __future__ import annotations
 
 import base64
+import json
 import pickle
 import re
+import shutil
 
 import pytest
 
@@ -86,3 +88,36 @@ def test_a_minted_name_in_a_code_line_is_masked_and_nothing_else_is(capsys, tmp_
     assert rc == 0
     rc, out = _diff(capsys, tmp_path, a, source + line.format(f"3_{UUID_A}", "b" * 64))
     assert rc == 1 and f"+_graph = namespace['__compiled_fn_<n>_<uuid>'] if sha256(blob) == '{'b' * 64}' else None" in out
+
+
+def test_a_guard_change_after_form_feeds_is_a_guards_difference(tmp_path, capsys):
+    """Found by a hostile review: guard functions were read from lines split by str.splitlines, which
+    also breaks at a form feed; with a comment of form feeds above guards_0_0 the function's text (the
+    key its reading is remembered by) ended lines early, and a change to its last check read as the
+    other release's."""
+    source = (FIXTURES / "v1/dynamo_lowered.py").read_text(encoding="utf-8")
+    at = source.index("def guards_0_0(")
+    a = source[:at] + "# " + "\x0c" * 8 + "\n" + source[at:]
+    last_check = "if not (G['torch']._dynamo is _by_name['torch._dynamo:'])"
+    assert a.count(last_check) == 1
+    for name, text in (("a", a), ("b", a.replace(last_check, "if not (True)"))):
+        (tmp_path / f"{name}.py").write_text(text, encoding="utf-8")
+        shutil.copy(FIXTURES / "v1/dynamo_lowered.cache", tmp_path / f"{name}.cache")
+    rc, out, _ = run_cli(capsys, ["diff", "--fail-on", "guards", str(tmp_path / "a"), str(tmp_path / "b")])
+    assert rc == 1 and "guards" in out.splitlines()[-1], out
+
+
+def test_a_guard_names_the_line_behind_its_own_label_not_one_it_prefixes(tmp_path, capsys):
+    """Found by a hostile review: the origin was taken from the first label the slot's label prefixes
+    ('DEFAULT_DEVICE (decoy)') before its own."""
+    source = (FIXTURES / "v1/dynamo_lowered.py").read_text(encoding="utf-8")
+    own = "        failing = 'DEFAULT_DEVICE'\n"
+    assert source.count(own) >= 1
+    decoy = ("        failing = 'DEFAULT_DEVICE (decoy)'  # decoy.py:1 in f\n        if not (True):\n"
+             "            return failing\n        failing = 'DEFAULT_DEVICE'  # real.py:2 in g\n")
+    (tmp_path / "x.py").write_text(source.replace(own, decoy, 1), encoding="utf-8")
+    shutil.copy(FIXTURES / "v1/dynamo_lowered.cache", tmp_path / "x.cache")
+    rc, out, _ = run_cli(capsys, ["guards", "--json", str(tmp_path / "x")])
+    slots = [slot for frame in json.loads(out)["guards"]["frames"] for slot in frame["slots"]
+             if slot["guard_type"] == "DEFAULT_DEVICE" and slot["status"] == "kept"]
+    assert slots and slots[0]["origin"] == "real.py:2 in g", slots
