@@ -128,7 +128,8 @@ def main() -> int:
             if proc.returncode != 0:
                 tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
                 print(f"FAIL e2e-triton: the {name} process exited {proc.returncode}: {tail}")
-                sys.stderr.write(proc.stderr[-4000:])
+                warned = [line for line in proc.stderr.splitlines() if "Warning:" in line][:8]
+                sys.stderr.write("Warnings:\n" + ("\n".join(warned) or "(none)") + "\n\n" + proc.stderr[-4000:])
                 primed = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file() and "triton" in str(p))
                 sys.stderr.write(f"\nTriton files under the work dir ({len(primed)}):\n" + "\n".join(primed) + "\n")
                 keys = work / "keys.jsonl"

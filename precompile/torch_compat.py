@@ -48,7 +48,6 @@ PRIVATE_NAMES: dict[str, str] = {
     "set_triton_ptxas_path": "torch._inductor.runtime.compile_tasks:_set_triton_ptxas_path",
     # Inductor's in-process memo of compiled Triton kernels by source (a class-level dict)
     "compiled_triton_kernels": "torch._inductor.async_compile:CompiledTritonKernels._cache",
-    "triton_hash_with_backend": "torch.utils._triton:triton_hash_with_backend",
     "traceable_collective_remaps": "torch.distributed._functional_collectives:traceable_collective_remaps",
     "resolve_process_group": "torch._C:_distributed_c10d._resolve_process_group",
     "lookup_code": "torch._dynamo.package:_lookup_code",

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from precompile.artifact import bundle_keys
+from precompile.artifact import bundle_keys, triton_groups
 from precompile.artifact.bundle_rules import kind_of
 from precompile.errors import CaptureRefused
 from precompile.serve import triton_cache
@@ -45,8 +45,15 @@ def _kernel_files(cache_dir: Path) -> dict[str, tuple[str, bytes]]:
             continue
         relative = path.relative_to(cache_dir).as_posix()
         kind = kind_of(relative)
-        if kind is not None:
-            files[relative] = (kind, path.read_bytes())
+        if kind is None:
+            continue
+        data = path.read_bytes()
+        if triton_groups.is_group(relative):
+            try:
+                data = triton_groups.portable(data, relative)
+            except ValueError as exc:
+                raise CaptureRefused(f"could not freeze the Triton kernels the serving process needs: {exc}") from None
+        files[relative] = (kind, data)
     return files
 
 

@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from precompile.artifact import bundle_keys
+from precompile.artifact import bundle_keys, triton_groups
 from precompile.artifact.bundle_rules import destination
 from precompile.artifact.envelope import KernelBundle
 from precompile.serve import kernel_root, triton_cache
@@ -56,14 +56,29 @@ def gpu_keys() -> dict[str, str]:
         major, minor = torch.cuda.get_device_capability()
         keys["gpu_capability"] = f"{major}.{minor}"
         with contextlib.suppress(Exception):  # no Triton, or one whose backend cannot load here
-            from precompile.torch_compat import triton_hash_with_backend
-
-            keys["triton_key"] = triton_hash_with_backend()
+            keys["triton_key"] = _triton_key_as_triton_compiles()
     with contextlib.suppress(Exception):
         from triton._C.libtriton import get_cache_invalidating_env_vars
 
         keys["triton_env"] = " ".join(f"{k}={v}" for k, v in sorted(get_cache_invalidating_env_vars().items()))
     return keys
+
+
+def _triton_key_as_triton_compiles() -> str:
+    """torch.utils._triton.triton_hash_with_backend's value (Triton's build hash and its backend's, so
+    the keys of bundles already written still match), read as Triton's next compile reads them: with
+    the ptxas Inductor compiles with (triton_cache.pick_ptxas_as_inductor_does), as in the capture
+    block, and a backend made afresh, as triton.compile makes one. torch's helper keeps the first value
+    of the process, and each backend its first version of ptxas: read before torch's ptxas was picked,
+    a serving process keyed the bundle by Triton's own, judged it built for another assembler and
+    dropped its kernels, then compiled them under no_compilation() (the second GPU check)."""
+    from triton.compiler.compiler import make_backend
+    from triton.runtime.cache import triton_key
+    from triton.runtime.driver import driver
+
+    triton_cache.pick_ptxas_as_inductor_does()
+    backend = make_backend(driver.active.get_current_target())
+    return hashlib.sha256(f"{triton_key()}-{backend.hash()}".encode()).hexdigest().upper()
 
 
 def serving_keys(recorded: dict[str, str]) -> dict[str, str]:
@@ -152,7 +167,8 @@ def prime(bundle: KernelBundle, files: dict[str, bytes], cache_dir: Path) -> dic
     """Extract the bundle into `cache_dir`; return {kernel source sha256: absolute library path}.
 
     Triton's files go where this process's Triton reads its cache, and Triton is pointed there
-    (with its autotuning cache on), so captured Triton kernels launch without compiling or tuning.
+    (with its autotuning cache on), so captured Triton kernels launch without compiling or tuning;
+    its group files name their kernels' files there (artifact/triton_groups.py).
     """
     triton_dir = triton_cache.serving_dir(cache_dir)
     targets = {entry.path: destination(entry.path, cache_dir, triton_dir) for entry in bundle.files}
@@ -162,8 +178,13 @@ def prime(bundle: KernelBundle, files: dict[str, bytes], cache_dir: Path) -> dic
             raise OSError(f"not writing Triton kernels into {triton_dir}: {unsafe}; set TRITON_CACHE_DIR to a directory "
                           "you own that no one else can write (mode 0700)")
         triton_cache.serve_from(triton_dir)
-    for entry in bundle.files:
-        _place(targets[entry.path], files[entry.path], entry.sha256)
+    contents = {entry.path: (files[entry.path], entry.sha256) for entry in bundle.files}
+    for path, (data, _) in contents.items():
+        if triton_groups.is_group(path):  # its kernel's files, at their paths here (before anything is written)
+            data = triton_groups.served(data, path, set(targets), targets.__getitem__)
+            contents[path] = data, hashlib.sha256(data).hexdigest()
+    for path, (data, digest) in contents.items():
+        _place(targets[path], data, digest)
     return {digest: str(targets[path]) for digest, path in bundle.kernels.items()}
 
 

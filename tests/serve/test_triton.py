@@ -10,6 +10,8 @@ import collections
 import importlib.util
 import json
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -135,6 +137,41 @@ def test_a_block_and_a_serving_process_key_kernels_by_the_ptxas_inductor_picks(t
     assert in_block == chosen == nvidia.get_ptxas_version()
 
 
+def test_a_serving_process_judges_the_bundle_by_the_ptxas_inductor_picks(tc, monkeypatch, tmp_path):
+    # Found by the second GPU check: the serving process read its Triton key (Triton's build and
+    # backend, the ptxas version among it) before anything had picked torch's ptxas, judged the bundle
+    # built for another assembler, dropped its kernels and compiled them under no_compilation().
+    import functools
+
+    from torch.utils import _triton as torch_triton
+    from triton.backends.nvidia import compiler as nvidia
+
+    monkeypatch.setenv("TRITON_PTXAS_PATH", "")
+    monkeypatch.delenv("TRITON_PTXAS_PATH")  # unset now, and unset again after the test
+    monkeypatch.setattr(nvidia, "get_ptxas_version", functools.lru_cache()(lambda arch=80: nvidia.get_ptxas(arch).path))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *device: (9, 0))
+    memos = (torch_triton.triton_backend, torch_triton.triton_hash_with_backend)
+    try:
+        with triton_cache.triton_block(tmp_path / "block"):
+            captured = priming.gpu_keys()["triton_key"]
+            in_block = nvidia.get_ptxas_version()
+        # A fresh serving process that compiled a kernel of its own before load and had torch read
+        # its Triton key (Inductor does, for its own caches): both remember Triton's bundled ptxas.
+        monkeypatch.delenv("TRITON_PTXAS_PATH", raising=False)
+        nvidia.get_ptxas_version.cache_clear()
+        for memo in memos:
+            memo.cache_clear()
+        before_load = nvidia.get_ptxas_version()
+        assert torch_triton.triton_hash_with_backend() != captured or before_load == in_block
+        assert priming.gpu_keys()["triton_key"] == captured != "no GPU backend"
+    finally:
+        for memo in memos:
+            memo.cache_clear()  # nothing computed on the stand-in driver outlives the test
+    # Meaningful where torch ships a ptxas of its own (its CUDA builds): Triton's bundled one differs.
+    assert (before_load != in_block) == (Path(torch.__file__).parent / "bin" / "ptxas").is_file()
+
+
 PRIMED_SERVE = r"""
 import json, os, sys
 import msgspec
@@ -175,6 +212,14 @@ def test_a_primed_process_launches_the_captured_kernels_without_compiling_or_tun
         tc.launch_add_two(torch.zeros(8))
         files = freezing.collect_files(capture_dir)
     assert {kind for kind, _ in files.values()} == {"triton"}
+    # Found by the second GPU check: Triton's group files named the kernels' files by their paths in
+    # the capture's dir, gone once it returns (here, as there). They ship as <key>/<file>.
+    groups = {path: json.loads(data) for path, (_, data) in files.items() if "/__grp__" in path}
+    assert groups and all(
+        child == "/".join(path.split("/")[2:3] + [name]) for path, group in groups.items()
+        for name, child in group["child_paths"].items()
+    )
+    shutil.rmtree(capture_dir)
     bundle, payload = build_bundle(files, {})
     import msgspec
 

@@ -1,6 +1,7 @@
 """Where load puts a bundle's Triton files and where it points Triton: pure file logic, no triton needed."""
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -10,7 +11,7 @@ from precompile.serve import kernels
 from precompile.artifact.codec import build_bundle, decode_payload
 
 FILES = {
-    "triton/0/ABC/__grp__k.json": ("triton", b"{}"),
+    "triton/0/ABC/__grp__k.json": ("triton", b'{"child_paths": {"k.cubin": "ABC/k.cubin"}}'),
     "triton/0/ABC/k.cubin": ("triton", b"\x7fELF"),
     "triton/0/DEF/k.autotune.json": ("triton", b'{"key": [8]}'),
 }
@@ -54,3 +55,31 @@ def test_a_bundle_without_triton_files_leaves_triton_alone(clean_triton_env, tmp
     bundle, payload = build_bundle({"ab/k.best_config": ("autotune-result", b"{}")}, {})
     kernels.prime(bundle, decode_payload(bundle, payload, 0), tmp_path)
     assert "TRITON_CACHE_DIR" not in os.environ and "TRITON_CACHE_AUTOTUNING" not in os.environ
+
+
+def test_a_group_file_names_its_kernels_files_where_they_were_primed(clean_triton_env, tmp_path):
+    # Triton counts a group whose files do not exist a miss and compiles: the second GPU check's
+    # serving process did, each child still named by its path in the capture's dir, long gone.
+    _prime(tmp_path / "inductor")
+    primed = tmp_path / "inductor" / "triton" / "0"
+    group = json.loads((primed / "ABC" / "__grp__k.json").read_text())
+    assert group == {"child_paths": {"k.cubin": str(primed / "ABC" / "k.cubin")}}
+    assert os.path.isfile(group["child_paths"]["k.cubin"])
+
+
+def test_a_group_file_of_an_older_bundle_holding_the_capture_dirs_paths_is_served_the_same(clean_triton_env, tmp_path):
+    old = {**FILES, "triton/0/ABC/__grp__k.json": (
+        "triton", b'{"child_paths": {"k.cubin": "/tmp/precompile-capture-kernels-1000/triton/0/ABC/k.cubin"}}')}
+    bundle, payload = build_bundle(old, {})
+    kernels.prime(bundle, decode_payload(bundle, payload, 0), tmp_path / "inductor")
+    primed = tmp_path / "inductor" / "triton" / "0"
+    assert json.loads((primed / "ABC" / "__grp__k.json").read_text())["child_paths"]["k.cubin"] == str(primed / "ABC" / "k.cubin")
+
+
+@pytest.mark.parametrize("child", ["ABC/missing.cubin", "/etc/passwd", "../../ABC/k.cubin/..", "k.cubin", 7])
+def test_a_group_file_that_leads_out_of_the_bundle_refuses_the_bundle_before_anything_is_written(clean_triton_env, tmp_path, child):
+    hostile = {**FILES, "triton/0/ABC/__grp__k.json": ("triton", json.dumps({"child_paths": {"k.cubin": child}}).encode())}
+    bundle, payload = build_bundle(hostile, {})
+    with pytest.raises(ValueError, match=r"Triton group file 'triton/0/ABC/__grp__k.json' names"):
+        kernels.prime(bundle, decode_payload(bundle, payload, 0), tmp_path / "inductor")
+    assert not any(path.is_file() for path in tmp_path.rglob("*"))
