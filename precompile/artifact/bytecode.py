@@ -42,6 +42,7 @@ from __future__ import annotations
 import __future__
 
 import ast
+import copy
 import hashlib
 import importlib.util
 import marshal
@@ -49,6 +50,7 @@ import sys
 import types
 import unicodedata
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import msgspec
 import zstandard
@@ -72,9 +74,22 @@ LEFT_OUT = ("SUMMARY", "GUARDS")
 """The metadata literals caches written before left out of their bytecode, as no code in python_code
 names them: verify still proves such a blob, load runs none (see left_out_reason)."""
 
-Statements = ast.Module | Iterable[tuple[ast.Module, int]]
-"""python_code's syntax tree, or the trees of its parts in file order, each with the line of the file
-it starts at (inspect/chunked_parse.py): no tree of the whole file is then held."""
+
+
+@dataclass(frozen=True)
+class PartFacts:
+    """What one part of python_code (top-level statements) gives expected_code, decided by its text
+    alone, lines counted from its first: the Inductor modules it embeds ({sha256: (filename, text)}
+    items) and its statements that name an opaque part (never changed: expected_code moves copies)."""
+
+    embedded: tuple[tuple[str, tuple[str, str]], ...]
+    opaque: tuple[ast.stmt, ...]
+
+
+Statements = ast.Module | Iterable[tuple[ast.Module | PartFacts, int]]
+"""python_code's syntax tree, or its parts in file order, each with the line of the file it starts
+at (inspect/chunked_parse.py), as trees or as the facts `part_facts` takes from them: no tree of the
+whole file is then held."""
 
 _metadata_encoder = msgspec.msgpack.Encoder()
 _metadata_decoder = msgspec.msgpack.Decoder(ArtifactMetadata)
@@ -140,6 +155,8 @@ def _whole(tree: Statements) -> ast.Module:
         return tree
     body: list[ast.stmt] = []
     for part, first_line in tree:
+        if isinstance(part, PartFacts):
+            raise TypeError("the whole tree is built from the parts' trees, not from their facts")
         body.extend(ast.increment_lineno(part, first_line - 1).body if first_line > 1 else part.body)
     return ast.Module(body=body, type_ignores=[])
 
@@ -256,17 +273,23 @@ def expected_code(source: str, code_hash: str, tree: Statements, optimize: int =
     named = opaque_state.mentioned(source)
     opaque_statements = []
     for part, first_line in [(tree, 1)] if isinstance(tree, ast.Module) else tree:
-        for statement in part.body:
-            found = _embedded_module(statement)
-            if found is not None:
-                texts.setdefault(*found)
-            if named and opaque_state.names_a_part(statement):
-                opaque_statements.append(ast.increment_lineno(statement, first_line - 1) if first_line > 1 else statement)
+        facts = part if isinstance(part, PartFacts) else part_facts(part, named)
+        for digest, found in facts.embedded:
+            texts.setdefault(digest, found)
+        for statement in facts.opaque if named else ():
+            opaque_statements.append(ast.increment_lineno(copy.deepcopy(statement), first_line - 1))
     opaque = opaque_state.checked(ast.Module(body=opaque_statements, type_ignores=[]), source)
     modules = {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in texts.items()}
     del texts, opaque_statements
     code = compile_python_code(source, code_filename(code_hash), optimize)
     return marshal.dumps((code, modules), MARSHAL_VERSION), opaque
+
+
+def part_facts(part: ast.Module, opaque: bool) -> PartFacts:
+    """The facts expected_code takes from a part's tree; its statements are walked for opaque parts
+    only when `opaque` (python_code names one: opaque_state.mentioned)."""
+    embedded = tuple(found for found in map(_embedded_module, part.body) if found is not None)
+    return PartFacts(embedded, tuple(s for s in part.body if opaque_state.names_a_part(s)) if opaque else ())
 
 
 def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: Statements) -> tuple[CompiledCode | None, EncodedMetadata | None]:

@@ -12,11 +12,17 @@ that each process stays under 2 GB unless told otherwise, diff's two proofs abou
 literal-heavy python_code is proven up to about 30 MB, dense code up to about 1.7 MB), and a time limit of a minute plus 4 seconds
 per MB. A proof that needs more is not made: the check fails with "not proven" and says how to allow
 more. Nothing is loaded or run.
+
+diff's two proofs run in one child, one after the other, under the larger bound and the sum of the
+time limits: the second parses and walks only the parts of its python_code the first did not have
+(`chunked_parse.read_parts`, told by text), so two releases that differ in one place cost about one
+proof and a compile.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import gc
 import hashlib
 import json
@@ -31,11 +37,11 @@ from pathlib import Path
 
 import msgspec
 
-from precompile.artifact import bytecode
+from precompile.artifact import bytecode, opaque_state
 from precompile.artifact.envelope import CompiledCode
 from precompile.artifact.pycode import code_hash, decode_source
 from precompile.errors import PrecompileError, cause_of
-from precompile.inspect.chunked_parse import parsed_chunks
+from precompile.inspect.chunked_parse import parsed_chunks, read_parts
 
 PROOF_MEMORY_ENV = "PRECOMPILE_PROOF_MEMORY"
 MIN_PROOF_MEMORY = 256 * 1024 * 1024
@@ -48,6 +54,8 @@ _MiB = 1024 * 1024
 _CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from precompile.inspect.bytecode_proof import child_main; child_main()"
 _SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 _Request = tuple[str, bytes, CompiledCode]
+Request = tuple[bytes, str, CompiledCode, int]
+"""What `prove` takes: python_code's bytes, their sha256, the stored bytecode, the memory bound."""
 
 
 @dataclass(frozen=True)
@@ -75,14 +83,21 @@ def proof_seconds(python_code_size: int) -> float:
     return 60 + 4 * python_code_size / 1e6
 
 
-def start(python_code: bytes, digest: str, compiled: CompiledCode, memory: int) -> None:
-    """Begin the proof of `prove` with these arguments now, in its child, so that it runs while the
-    caller goes on reading the pair (verify and diff start it before they parse python_code); `prove`
-    with the same arguments collects it. A child that cannot start is left to `prove` to report."""
-    key = _key(digest, compiled, memory)
-    if key not in _in_flight and key not in _made:
+def start(*requests: Request) -> None:
+    """Begin the proofs `prove` will be asked for with these arguments now, in one child, so that they
+    run while the caller goes on reading (verify and diff start them before they parse python_code);
+    `prove` with the same arguments collects each. A child that cannot start is left to `prove` to
+    report; a request proven or started already is not started again."""
+    fresh: dict[tuple[str, str, int], Request] = {}
+    for request in requests:
+        key = _key(*request[1:])
+        if key not in _in_flight and key not in _made:
+            fresh.setdefault(key, request)
+    if fresh:
         with contextlib.suppress(OSError):
-            _in_flight[key] = _Running(python_code, digest, compiled, memory)
+            running = _Running(list(fresh.values()))
+            for index, key in enumerate(fresh):
+                _in_flight[key] = running, index
 
 
 def prove(python_code: bytes, digest: str, compiled: CompiledCode, memory: int) -> Outcome:
@@ -92,17 +107,17 @@ def prove(python_code: bytes, digest: str, compiled: CompiledCode, memory: int) 
     key = _key(digest, compiled, memory)
     if key in _made:  # the same request proven again (diff of a pair and its copy): the same answer
         return _made[key]
-    running = _in_flight.pop(key, None)
+    running, index = _in_flight.pop(key, (None, 0))
     if running is None:
         try:
-            running = _Running(python_code, digest, compiled, memory)
+            running = _Running([(python_code, digest, compiled, memory)])
         except OSError as exc:
             return Outcome(not_proven=f"the proof's process could not start: {exc.strerror or exc}")
-    outcome = _made[key] = running.outcome()
+    outcome = _made[key] = running.outcome(index)
     return outcome
 
 
-_in_flight: dict[tuple[str, str, int], _Running] = {}
+_in_flight: dict[tuple[str, str, int], tuple[_Running, int]] = {}
 _made: dict[tuple[str, str, int], Outcome] = {}
 
 
@@ -113,17 +128,21 @@ def _key(digest: str, compiled: CompiledCode, memory: int) -> tuple[str, str, in
 
 
 class _Running:
-    """One proof's child, started: the request is handed over in an unnamed temporary file, so that
-    starting never waits for the child to read it."""
+    """One child proving `requests` in order, started: they are handed over in an unnamed temporary
+    file, so that starting never waits for the child to read them. It may map the largest of their
+    bounds and take the sum of their time limits; it prints one answer a request."""
 
-    def __init__(self, python_code: bytes, digest: str, compiled: CompiledCode, memory: int) -> None:
+    def __init__(self, requests: list[Request]) -> None:
         root = str(Path(__file__).resolve().parent.parent.parent)
-        self.size, self.memory = len(python_code), memory
-        self.deadline = time.monotonic() + proof_seconds(len(python_code))
-        with tempfile.TemporaryFile() as request:
-            request.write(msgspec.msgpack.encode((digest, python_code, compiled)))
-            request.seek(0)
-            self.proc = subprocess.Popen([sys.executable, *_SAFE_PATH, "-c", _CHILD, root, str(memory)], stdin=request,
+        self.sizes = [len(python_code) for python_code, *_ in requests]
+        self.memory = max(memory for *_, memory in requests)
+        self.seconds = sum(map(proof_seconds, self.sizes))
+        self.deadline = time.monotonic() + self.seconds
+        self.answers: tuple[int, list[str], bytes, bool] | None = None
+        with tempfile.TemporaryFile() as handed:
+            handed.write(msgspec.msgpack.encode([(digest, python_code, compiled) for python_code, digest, compiled, _ in requests]))
+            handed.seek(0)
+            self.proc = subprocess.Popen([sys.executable, *_SAFE_PATH, "-c", _CHILD, root, str(self.memory)], stdin=handed,
                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root)
         atexit.register(self._stop)
 
@@ -132,23 +151,35 @@ class _Running:
             self.proc.kill()
             self.proc.wait()
 
-    def outcome(self) -> Outcome:
-        atexit.unregister(self._stop)
-        seconds = proof_seconds(self.size)
-        try:
-            stdout, stderr = self.proc.communicate(timeout=max(0.0, self.deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            self._stop()
-            self.proc.communicate()
-            return Outcome(not_proven=f"the proof took over {seconds:.0f} s (python_code is {self.size} bytes)")
-        return _answer(self.proc.returncode, stdout, stderr, self.size, self.memory)
+    def outcome(self, index: int) -> Outcome:
+        if self.answers is None:
+            atexit.unregister(self._stop)
+            timed_out = False
+            try:
+                stdout, stderr = self.proc.communicate(timeout=max(0.0, self.deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self._stop()
+                stdout, stderr = self.proc.communicate()
+                timed_out = True
+            lines = [line for line in stdout.decode("utf-8", "replace").splitlines() if line.strip()]
+            self.answers = self.proc.returncode, lines, stderr, timed_out
+        returncode, lines, stderr, timed_out = self.answers
+        size = self.sizes[index]
+        if index < len(lines):
+            return _answer(lines[index], 0, b"", size, self.memory)
+        if timed_out:
+            return Outcome(not_proven=f"the proofs took over {self.seconds:.0f} s (python_code is {size} bytes)")
+        # Unanswered: the memory limit stopped the child (its last line says so), or it failed.
+        return _answer(lines[-1] if lines and lines[-1] == _MEMORY_LINE else None, returncode, stderr, size, self.memory)
 
 
-def _answer(returncode: int, stdout: bytes, stderr: bytes, size: int, memory: int) -> Outcome:
+_MEMORY_LINE = '{"memory": true}'
+
+
+def _answer(line: str | None, returncode: int, stderr: bytes, size: int, memory: int) -> Outcome:
     allow = f"allow more with --proof-memory MIB or {PROOF_MEMORY_ENV}=MIB and verify again"
-    lines = stdout.decode("utf-8", "replace").strip().splitlines()
     try:
-        answer = json.loads(lines[-1]) if returncode == 0 and lines else None
+        answer = json.loads(line) if returncode == 0 and line is not None else None
     except ValueError:
         answer = None
     if isinstance(answer, dict) and "problem" in answer:
@@ -161,31 +192,44 @@ def _answer(returncode: int, stdout: bytes, stderr: bytes, size: int, memory: in
 
 
 def child_main() -> None:
-    """The child: limit its memory (argv[2] bytes above what it maps now), read the request from
-    stdin, print {"problem": ...}, or {"memory": true} when the limit was reached. It runs with the
-    cyclic collector off (the trees and code objects it builds hold no cycles; collections walking
-    them took a fifth of its time) and exits without freeing what it built."""
+    """The child: limit its memory (argv[2] bytes above what it maps now), read the requests from
+    stdin, print {"problem": ...} for each in turn, or {"memory": true} when the limit was reached
+    (and stop). It runs with the cyclic collector off (the trees and code objects it builds hold no
+    cycles; collections walking them took a fifth of its time) and exits without freeing what it built."""
     gc.disable()
     _limit_address_space(int(sys.argv[2]))
+    known: dict[bool, dict] = {False: {}, True: {}}  # part facts by the sha256 of a part's text, walked or not
     try:
-        digest, python_code, compiled = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=_Request)
-        if code_hash(python_code) != digest:
-            problem: str | None = "python_code is not the file verify read"
-        else:
-            source = decode_source(python_code)
-            del python_code  # its text is all the proof reads from here
-            problem = _problem(source, digest, compiled)
+        requests = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=list[_Request])
+        while requests:
+            digest, python_code, compiled = requests.pop(0)
+            if code_hash(python_code) != digest:
+                problem: str | None = "python_code is not the file verify read"
+            else:
+                source = decode_source(python_code)
+                del python_code  # its text is all the proof reads from here
+                problem = _problem(source, digest, compiled, known)
+                del source
+            sys.stdout.write(json.dumps({"problem": problem}) + "\n")
+            sys.stdout.flush()
     except MemoryError:
-        os.write(1, b'{"memory": true}\n')
-        os._exit(0)
-    sys.stdout.write(json.dumps({"problem": problem}) + "\n")
-    sys.stdout.flush()
+        os.write(1, b"\n" + _MEMORY_LINE.encode() + b"\n")  # on a line of its own, whatever was half written
     os._exit(0)
 
 
-def _problem(source: str, digest: str, compiled: CompiledCode) -> str | None:
+def _problem(source: str, digest: str, compiled: CompiledCode, known: dict[bool, dict]) -> str | None:
+    """bytecode_problem, from the facts of python_code's parts (`known` holds those of the parts
+    proven before in this child, by text and by whether they were walked for opaque parts), or from
+    its trees where the stored bytecode leaves literals out (that proof needs the whole tree)."""
+    parts: bytecode.Statements
+    if compiled.left_out:
+        parts = parsed_chunks(source, filename="python_code")
+    else:
+        named = opaque_state.mentioned(source)
+        read = functools.partial(bytecode.part_facts, opaque=named)
+        parts = read_parts(source, filename="python_code", read=read, known=known[named])
     try:
-        return bytecode.bytecode_problem(source, digest, compiled, parsed_chunks(source, filename="python_code"))
+        return bytecode.bytecode_problem(source, digest, compiled, parts)
     except PrecompileError as exc:
         if cause_of(exc, MemoryError) is not None:
             raise MemoryError from None

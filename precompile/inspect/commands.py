@@ -152,15 +152,13 @@ def _guards(args, out, err) -> int:
 
 def _diff(args, out, err) -> int:
     from precompile.inspect.api import diff_report
-    from precompile.inspect.verify import start_proof
+    from precompile.inspect.verify import start_proofs
 
     if len(args.paths) not in (2, 4):
         raise PrecompileError(f"diff compares two artifacts: A B, or A.py A.cache B.py B.cache; got {len(args.paths)} paths")
     sides = [args.paths[:1], args.paths[1:]] if len(args.paths) == 2 else [args.paths[:2], args.paths[2:]]
     pairs = [given_pair(side) if len(args.paths) == 2 else resolve_pair(side) for side in sides]
-    for pair in pairs:  # both proofs run beside the reading of either artifact
-        if pair is not None:
-            start_proof(*pair)
+    start_proofs(pair for pair in pairs if pair is not None)  # beside the reading of either artifact
     a, b = (open_artifact(*pair) if pair is not None else open_one(side[0]) for pair, side in zip(pairs, sides))
     fail_on = _fail_on(args.fail_on)
     output = _diff_format(args)

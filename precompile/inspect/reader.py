@@ -347,9 +347,9 @@ def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False,
     `prove`: start the bytecode proof verify and diff make (with `proof_memory_mib`) first, so that
     it runs while python_code is parsed."""
     if prove:
-        from precompile.inspect.verify import start_proof
+        from precompile.inspect.verify import start_proofs
 
-        start_proof(python_code_path, cache_path, proof_memory_mib)
+        start_proofs([(python_code_path, cache_path)], proof_memory_mib)
     code_info, code = read_python_code(python_code_path)
     cache = read_cache(cache_path, deep=deep)
     envelope = cache.upstream.precompile if cache.upstream is not None else None

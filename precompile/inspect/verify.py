@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from precompile.artifact import bytecode
@@ -123,18 +123,22 @@ def _proof_inputs(python_code_path: str, cache_path: str):
     return data, full
 
 
-def start_proof(python_code_path: str, cache_path: str, proof_memory_mib: int | None = None) -> None:
-    """Start the bytecode proof `prepared_checks` will need for this pair, in its child, before the
-    caller parses python_code: on a machine with a core to spare the two overlap. Nothing starts
-    where the proof would not run (no bytecode, another pair, another Python); a pair that cannot be
-    read is left to the checks, which say why."""
-    try:
-        data, full = _proof_inputs(python_code_path, cache_path)
-    except (PrecompileError, CacheFormatError):
-        return
-    compiled, digest = full.python_bytecode, code_hash(data)
-    if compiled is not None and full.code_hash == digest and compiled.magic == bytecode.magic():
-        bytecode_proof.start(data, digest, compiled, bytecode_proof.proof_memory(len(data), proof_memory_mib))
+def start_proofs(pairs: Iterable[tuple[str, str]], proof_memory_mib: int | None = None) -> None:
+    """Start the bytecode proofs `prepared_checks` will need for these pairs (python_code, cache), in
+    one child, before the caller parses python_code: on a machine with a core to spare the two
+    overlap, and a second python_code is proven from the parts the first did not have. Nothing starts
+    for a pair where the proof would not run (no bytecode, another pair, another Python); a pair that
+    cannot be read is left to the checks, which say why."""
+    requests = []
+    for python_code_path, cache_path in pairs:
+        try:
+            data, full = _proof_inputs(python_code_path, cache_path)
+        except (PrecompileError, CacheFormatError):
+            continue
+        compiled, digest = full.python_bytecode, code_hash(data)
+        if compiled is not None and full.code_hash == digest and compiled.magic == bytecode.magic():
+            requests.append((data, digest, compiled, bytecode_proof.proof_memory(len(data), proof_memory_mib)))
+    bytecode_proof.start(*requests)
 
 
 def prepared_checks(artifact: Artifact, proof_memory_mib: int | None = None) -> list[Check]:
