@@ -32,6 +32,8 @@ class _TooManyOps(Exception):
 def mask_process_ids(text: str) -> str:
     """`text` with every per-process graph uuid, continuation counter and opaque-state size and digest
     replaced by a placeholder."""
+    if "__" not in text and "pickled (" not in text:  # what each of them spells: most text, at a glance
+        return text
     text = _COMPILED_FN.sub("__compiled_fn_<n>_<uuid>", text)
     text = _PICKLED.sub("pickled (<size>, <sha256>)", text)
     text = _BUILTINS_DICT.sub("__builtins_dict___<n>", text)
@@ -41,7 +43,7 @@ def mask_process_ids(text: str) -> str:
 def mask_artifact_names(text: str) -> str:
     """`text` with the prefix each artifact gives the names it seeds (`__precompile_<12 hex>_`, drawn
     from its content) replaced by a placeholder: two releases of one model name the same things."""
-    return _ARTIFACT_PREFIX.sub("__precompile_<artifact>_", text)
+    return _ARTIFACT_PREFIX.sub("__precompile_<artifact>_", text) if "__precompile_" in text else text
 
 
 def _is_pickle(data: bytes | bytearray) -> bool:

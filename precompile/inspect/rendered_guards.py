@@ -15,6 +15,7 @@ from precompile.artifact.metadata import DynamoMetadata
 from precompile.artifact.opaque_state import nodes
 from precompile.artifact.pycode import code_lines, cyclic_gc_paused
 from precompile.errors import PrecompileError
+from precompile.inspect import check_text
 from precompile.inspect.chunked_parse import parsed_chunks
 
 
@@ -322,6 +323,13 @@ class _SpelledOut:
         local's name written as its path, as unparsing the check with the paths in place of the
         names writes it (a path is an atom: no parentheses change), without copying the check or
         unparsing every path again in every check."""
+        try:
+            fast, used = check_text.written(test, self.paths, self.MAX_CHECK)
+            return fast if used else None
+        except check_text.TooLong:
+            return None
+        except (check_text.Unwritten, RecursionError):
+            pass  # another shape: the unparser writes it
         writer = _PathWriter(self.paths, self.MAX_CHECK)
         try:
             try:
