@@ -18,6 +18,10 @@ compiling the source again and comparing bytes, never by loading the stored ones
   shared when its reference count in the producing process is above one, so the same code object
   marshals to different bytes in different processes.
 
+python_code over code_parts.WHOLE_MAX_CHARS (1 MiB) is stored a part at a time, one module code
+object a run of top-level statements, run in turn (artifact/code_parts.py): compiling it whole for the
+proof would take 37 to 150 bytes a byte of it, a part at a time the memory of a part.
+
 A Dynamo artifact lowered with Inductor carries each subgraph's output module as a string that its
 dynamo_subgraphs driver compiles at load (`inductor_subgraph(name, text)`); those are compiled at
 capture too, so the stored bytes are `marshal.dumps((code, modules), 2)` where `modules` maps the
@@ -55,7 +59,7 @@ from dataclasses import dataclass
 import msgspec
 import zstandard
 
-from precompile.artifact import opaque_state
+from precompile.artifact import code_parts, opaque_state
 from precompile.artifact.envelope import CompiledCode, EncodedMetadata, OpaqueCheck
 from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader
 from precompile.artifact.pycode import code_lines
@@ -149,7 +153,7 @@ def _embedded_module(statement: ast.stmt) -> tuple[str, tuple[str, str]] | None:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest(), (f"<precompile subgraph {name}>", text)
 
 
-def _whole(tree: Statements) -> ast.Module:
+def whole_tree(tree: Statements) -> ast.Module:
     """The syntax tree of the whole file from its parts (line numbers made the file's)."""
     if isinstance(tree, ast.Module):
         return tree
@@ -264,11 +268,19 @@ def expected_code(source: str, code_hash: str, tree: Statements, optimize: int =
     only those that name an opaque part are kept, so no syntax tree of the whole file is held; the
     source is compiled whole from its text (the compiler's own tree, a fraction of `ast`'s)."""
     if left_out:
-        whole = _whole(tree)
+        whole = whole_tree(tree)
         kept = ast.Module(body=[s for s in whole.body if _literal_name(s) not in left_out], type_ignores=whole.type_ignores)
         code = compile_python_code(kept, code_filename(code_hash), optimize)
         modules = {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in embedded_modules(whole).items()}
         return marshal.dumps((code, modules), MARSHAL_VERSION), opaque_state.checked(whole, source)
+    modules, opaque = modules_and_opaque(source, tree, optimize)
+    code = compile_python_code(source, code_filename(code_hash), optimize)
+    return marshal.dumps((code, modules), MARSHAL_VERSION), opaque
+
+
+def modules_and_opaque(source: str, tree: Statements, optimize: int) -> tuple[dict[str, types.CodeType], OpaqueCheck | None]:
+    """The code of the Inductor modules python_code carries as text, by their sha256, and what load's
+    opaque-state rule finds in it, from its statements looked at one by one (see expected_code)."""
     texts: dict[str, tuple[str, str]] = {}
     named = opaque_state.mentioned(source)
     opaque_statements = []
@@ -279,10 +291,7 @@ def expected_code(source: str, code_hash: str, tree: Statements, optimize: int =
         for statement in facts.opaque if named else ():
             opaque_statements.append(ast.increment_lineno(copy.deepcopy(statement), first_line - 1))
     opaque = opaque_state.checked(ast.Module(body=opaque_statements, type_ignores=[]), source)
-    modules = {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in texts.items()}
-    del texts, opaque_statements
-    code = compile_python_code(source, code_filename(code_hash), optimize)
-    return marshal.dumps((code, modules), MARSHAL_VERSION), opaque
+    return {digest: compile_python_code(text, filename, optimize) for digest, (filename, text) in texts.items()}, opaque
 
 
 def part_facts(part: ast.Module, opaque: bool) -> PartFacts:
@@ -294,8 +303,20 @@ def part_facts(part: ast.Module, opaque: bool) -> PartFacts:
 
 def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: Statements) -> tuple[CompiledCode | None, EncodedMetadata | None]:
     """The bytecode and typed metadata a capture carries in its cache (None for each when too big):
-    every statement compiled (see left_out_reason)."""
-    code, opaque = expected_code(source, code_hash, tree)
+    every statement compiled (see left_out_reason); python_code over code_parts.WHOLE_MAX_CHARS a
+    part at a time, where its statements allow (artifact/code_parts.py)."""
+    parts = None
+    part_lines: tuple[int, ...] = ()
+    if len(source) > code_parts.WHOLE_MAX_CHARS:
+        parts = code_parts.capture_parts(source, code_filename(code_hash), COMPILE_FLAGS, OPTIMIZE)
+    if parts is None:
+        code, opaque = expected_code(source, code_hash, tree)
+        flags = COMPILE_FLAGS
+    else:
+        modules, opaque = modules_and_opaque(source, tree, OPTIMIZE)
+        code = marshal.dumps((tuple(parts[1]), modules), MARSHAL_VERSION)
+        flags, part_lines = COMPILE_FLAGS | code_parts.PARTS, parts[0]
+        del parts, modules
     encoded = _metadata_encoder.encode(metadata)
     if max(len(code), len(encoded)) > MAX_PREPARED_SIZE:
         return None, None
@@ -304,10 +325,10 @@ def prepare(source: str, code_hash: str, metadata: ArtifactMetadata, tree: State
     if len(stored_code) + len(stored_meta) > MAX_STORED_SIZE:
         return None, None
     compiled = CompiledCode(
-        code_hash=code_hash, magic=magic(), filename=code_filename(code_hash), flags=COMPILE_FLAGS, optimize=OPTIMIZE,
+        code_hash=code_hash, magic=magic(), filename=code_filename(code_hash), flags=flags, optimize=OPTIMIZE,
         marshal_version=MARSHAL_VERSION, size=len(code), compressed_size=len(stored_code),
         sha256=hashlib.sha256(stored_code).hexdigest(), data=stored_code,
-        opaque=opaque,
+        opaque=opaque, part_lines=part_lines,
     )
     meta = EncodedMetadata(code_hash=code_hash, size=len(encoded), compressed_size=len(stored_meta),
                            sha256=hashlib.sha256(stored_meta).hexdigest(), data=stored_meta)
@@ -352,8 +373,11 @@ def unusable_reason(compiled: CompiledCode, code_hash: str) -> str | None:
         return f"it was compiled by a Python with magic number {compiled.magic}, this one's is {magic()}"
     if compiled.marshal_version != MARSHAL_VERSION:
         return f"it is marshal version {compiled.marshal_version}, not {MARSHAL_VERSION}"
-    if compiled.flags != COMPILE_FLAGS:
+    if compiled.flags & ~code_parts.PARTS != COMPILE_FLAGS:
         return f"it was compiled with flags {compiled.flags:#x}, not {COMPILE_FLAGS:#x}"
+    problem = layout_problem(compiled)
+    if problem is not None:
+        return problem
     if compiled.optimize != sys.flags.optimize:
         return f"it was compiled at optimization level {compiled.optimize}, this process runs at {sys.flags.optimize}"
     if compiled.filename != code_filename(code_hash):
@@ -371,7 +395,7 @@ def left_out_reason(compiled: CompiledCode) -> str | None:
     if not compiled.left_out:
         return None
     return left_out_problem(compiled) or (
-        f"it leaves out {_names(compiled.left_out)}, which python_code binds (a cache written before capture "
+        f"it leaves out {listed_names(compiled.left_out)}, which python_code binds (a cache written before capture "
         "compiled every statement): load runs only bytecode that binds every name python_code binds")
 
 
@@ -379,81 +403,25 @@ def left_out_problem(compiled: CompiledCode) -> str | None:
     """Why the statements the blob says it left out are not ones it may leave out, or None."""
     unknown = [name for name in compiled.left_out if name not in LEFT_OUT]
     if unknown or len(set(compiled.left_out)) != len(compiled.left_out):
-        return (f"it leaves out {_names(compiled.left_out)}; only {_names(LEFT_OUT)} "
+        return (f"it leaves out {listed_names(compiled.left_out)}; only {listed_names(LEFT_OUT)} "
                 "(literals no code in python_code reads) may be left out, each once")
     return None
 
 
-def _names(names: tuple[str, ...], most: int = 5) -> str:
+def listed_names(names: tuple[str, ...], most: int = 5) -> str:
     """Names for a message: each quoted as repr quotes it, the first `most` of them."""
     shown = ", ".join(repr(name[:80]) for name in names[:most])
     return shown + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
-def bytecode_problem(source: str, code_hash: str, compiled: CompiledCode, tree: Statements) -> str | None:
-    """Why the stored bytecode is not python_code compiled (verify's proof), or None.
-
-    python_code is compiled again here and marshalled; the stored bytes are compared (by sha256, so that
-    they are not held while it compiles), never loaded.
-    `tree`: its syntax tree or its top-level statements (see expected_code). A MemoryError is the
-    caller's: verify runs this in a child whose memory is bounded (inspect/bytecode_proof.py)."""
-    problem = blob_problem(compiled)
-    if problem is not None:
-        return problem
-    if compiled.code_hash != code_hash:
-        return f"it records the python_code it was compiled from as sha256 {compiled.code_hash}, not {code_hash}"
-    if compiled.filename != code_filename(code_hash):
-        return f"it was compiled as {compiled.filename!r}, python_code's bytecode is compiled as {code_filename(code_hash)!r}"
-    if compiled.marshal_version != MARSHAL_VERSION or compiled.flags != COMPILE_FLAGS:
-        return (f"it records marshal version {compiled.marshal_version} and flags {compiled.flags:#x}; capture writes "
-                f"version {MARSHAL_VERSION} and flags {COMPILE_FLAGS:#x}")
-    if compiled.optimize not in (0, 1, 2):
-        return f"it records optimization level {compiled.optimize}; Python compiles at 0, 1 or 2"
-    problem = left_out_problem(compiled)
-    if problem is not None:
-        return problem
-    try:
-        stored = hashlib.sha256(decompressed(compiled)).digest()  # not held while python_code compiles
-    except ValueError as exc:
-        return str(exc)
-    if compiled.left_out:
-        tree = _whole(tree)
-        problem = _unprovable_left_out(source, compiled, tree)
-        if problem is not None:
-            return problem
-    try:
-        expected, found = expected_code(source, code_hash, tree, compiled.optimize, compiled.left_out)
-    except (SyntaxError, ValueError, RecursionError) as exc:
-        return f"python_code does not compile here ({type(exc).__name__})"
-    if hashlib.sha256(expected).digest() != stored:
-        return "its bytes differ from python_code compiled here: it is not this python_code's bytecode"
-    del expected
-    return _opaque_mismatch(compiled.opaque, found)
-
-
-def _opaque_mismatch(recorded: OpaqueCheck | None, found: OpaqueCheck | None) -> str | None:
-    if recorded != found:
-        return (f"it records what load's opaque-state rule finds in python_code as {_opaque_text(recorded)}, but the rule "
-                f"finds {_opaque_text(found)}: load running it would not apply the rule as it applies it to python_code")
+def layout_problem(compiled: CompiledCode) -> str | None:
+    """Why the blob's parts (code_parts.PARTS in its flags, its part_lines) do not go together, or None."""
+    if bool(compiled.flags & code_parts.PARTS) != bool(compiled.part_lines):
+        return (f"its flags ({compiled.flags:#x}) and its {len(compiled.part_lines)} part lines disagree on whether "
+                "it is stored a part at a time")
+    if compiled.part_lines and compiled.left_out:
+        return "it is stored a part at a time and leaves literals out, which capture never wrote"
     return None
-
-
-def _unprovable_left_out(source: str, compiled: CompiledCode, tree: ast.Module) -> str | None:
-    allowed = left_out_literals(source, tree)
-    readable = [name for name in compiled.left_out if name not in allowed]
-    if readable:
-        return (f"it leaves out {_names(tuple(readable))}, which python_code does not assign once as a literal or names "
-                "elsewhere: what load would run differs from python_code")
-    return None
-
-
-def _opaque_text(check: OpaqueCheck | None) -> str:
-    """A record of the opaque-state rule's findings, for a message: its counts and a digest of it."""
-    if check is None:
-        return "nothing (python_code names no opaque part)"
-    digest = hashlib.sha256(msgspec.msgpack.encode(check)).hexdigest()[:12]
-    labels = "no marshalled code" if check.labels is None else f"{len(check.labels)} labelled marshalled code objects"
-    return f"{len(check.problems)} problems and {labels} (record {digest})"
 
 
 def decode_metadata(encoded: EncodedMetadata, code_hash: str) -> ArtifactMetadata | None:

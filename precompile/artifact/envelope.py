@@ -77,7 +77,7 @@ class CompiledCode(msgspec.Struct, frozen=True, kw_only=True):
     filename: str
     """The filename compiled in: fixed by the code_hash, so that compiling again gives the same bytes."""
     flags: int
-    """compile() flags (no flag is inherited)."""
+    """compile() flags (no flag is inherited), and code_parts.PARTS for python_code stored a part at a time."""
     optimize: int
     marshal_version: int
     size: int
@@ -86,7 +86,8 @@ class CompiledCode(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str
     """sha256 of `data` as stored (compressed)."""
     data: bytes = b""
-    """One zstd frame of marshal.dumps((code, modules), marshal_version): python_code's code, and
+    """One zstd frame of marshal.dumps((code, modules), marshal_version): python_code's code (a tuple
+    of its parts' code where stored a part at a time), and
     {sha256 of the text: code} of the Inductor output modules it carries as strings (see
     artifact/bytecode.py). `precompile verify` compiles python_code again and compares."""
     left_out: tuple[str, ...] = ()
@@ -97,6 +98,10 @@ class CompiledCode(msgspec.Struct, frozen=True, kw_only=True):
     opaque: OpaqueCheck | None = None
     """What load's opaque-state rule finds in python_code (None where python_code names no opaque
     part; a cache written before it carries none, and load compiles such a python_code instead)."""
+    part_lines: tuple[int, ...] = ()
+    """Where python_code stored a part at a time (`flags` carries code_parts.PARTS) has each part
+    start, from line 1: `data` then holds a tuple of module code objects, run in turn
+    (artifact/code_parts.py). Empty for python_code compiled whole."""
 
 
 class EncodedMetadata(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import msgspec
 
-from precompile.artifact import bytecode, opaque_state
+from precompile.artifact import bytecode, bytecode_check, opaque_state
 from precompile.artifact.envelope import CompiledCode
 from precompile.artifact.pycode import code_hash, decode_source
 from precompile.errors import PrecompileError, cause_of
@@ -229,7 +229,7 @@ def _problem(source: str, digest: str, compiled: CompiledCode, known: dict[bool,
         read = functools.partial(bytecode.part_facts, opaque=named)
         parts = read_parts(source, filename="python_code", read=read, known=known[named])
     try:
-        return bytecode.bytecode_problem(source, digest, compiled, parts)
+        return bytecode_check.bytecode_problem(source, digest, compiled, parts)
     except PrecompileError as exc:
         if cause_of(exc, MemoryError) is not None:
             raise MemoryError from None

@@ -138,8 +138,9 @@ def _usable_cache(python_code, cache):
     return cache
 
 
-def _prepared_code(envelope, python_code, filename: str) -> tuple[types.CodeType, dict[str, types.CodeType]] | None:
-    """python_code's bytecode from its (paired) cache, renamed to `filename`, and the code of the
+def _prepared_code(envelope, python_code, filename: str) -> tuple[tuple[types.CodeType, ...], dict[str, types.CodeType]] | None:
+    """python_code's bytecode from its (paired) cache, renamed to `filename` (its code objects, run in
+    turn: one, or one a part where it is stored a part at a time), and the code of the
     output modules it carries as text, by their sha256; None when the cache carries none this
     process can run (another Python, -O, a sha256 that does not match), so that python_code is
     compiled instead."""
@@ -158,13 +159,17 @@ def _prepared_code(envelope, python_code, filename: str) -> tuple[types.CodeType
     except (ValueError, EOFError, TypeError) as exc:
         log.debug("compiling python_code %s: its cached bytecode does not load (%s)", python_code.path, exc)
         return None
-    if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], types.CodeType)
-            and isinstance(loaded[1], dict) and all(isinstance(c, types.CodeType) for c in loaded[1].values())):
+    if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[1], dict)
+            and all(isinstance(c, types.CodeType) for c in loaded[1].values())):
         return None
-    if loaded[0].co_filename != filename:
-        log.debug("compiling python_code %s: its cached bytecode names another file (%s)", python_code.path, loaded[0].co_filename)
+    code = loaded[0]
+    parts = code if compiled.part_lines and isinstance(code, tuple) else (code,)  # a part at a time: code_parts.py
+    if not (parts and all(isinstance(part, types.CodeType) for part in parts)):
         return None
-    return loaded
+    if any(part.co_filename != filename for part in parts):
+        log.debug("compiling python_code %s: its cached bytecode names another file (%s)", python_code.path, parts[0].co_filename)
+        return None
+    return parts, loaded[1]
 
 
 def _pins(trusted_keys: TrustedKeys | None):
@@ -237,17 +242,19 @@ def _read_pair(artifact_path: Path, cache_path: Path, pins, expect, fetched):
 
 
 def exec_registered(source: source_lines.Text, filename: str, namespace: dict[str, Any], tree: ast.Module | None = None,
-                    code: types.CodeType | None = None) -> None:
+                    code: tuple[types.CodeType, ...] | None = None) -> None:
     """Exec source we rendered into `namespace` as file `filename`, registered in linecache so
     tracebacks and debuggers show its lines (attrs does the same for the code it generates).
     `tree`, the source already parsed, is compiled instead of parsing the source again; `code`, the
-    source already compiled (as `filename`), is run as it is. `source` may be a function that returns
-    the text: called to compile it, else when a traceback or debugger first reads a line of it."""
+    source already compiled (as `filename`: its code objects, run in turn), is run as it is. `source`
+    may be a function that returns the text: called to compile it, else when a traceback or debugger
+    first reads a line of it."""
     if code is None:
         source = source_lines.text_of(source)
-        code = bytecode.compile_python_code(source if tree is None else tree, filename, optimize=-1)
+        code = (bytecode.compile_python_code(source if tree is None else tree, filename, optimize=-1),)
     source_lines.register(filename, source)
-    exec(code, namespace)
+    for part in code:
+        exec(part, namespace)
 
 
 def _opaque_globals(found: OpaqueCheck | None, filename: str) -> dict[str, Any]:
@@ -269,7 +276,7 @@ def execute(
     primed_kernels: dict[str, str] | None = None,
     allow_serve_time_compiles: bool = False,
     tree: ast.Module | None = None,
-    code: types.CodeType | None = None,
+    code: tuple[types.CodeType, ...] | None = None,
     modules: dict[str, types.CodeType] | None = None,
     opaque: OpaqueCheck | None = None,
 ) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import zstandard
 from conftest import ROOT, TESTS, fresh_json
 
 import precompile
-from precompile.artifact import bytecode, codec
+from precompile.artifact import bytecode, bytecode_check, codec
 from precompile.cli.main import main
 
 FIXTURES = ROOT / "fixtures" / "v1"
@@ -475,9 +475,9 @@ def test_verify_refuses_bytecode_without_a_literal_python_code_names_elsewhere(r
     tree = ast.parse(source)
     assert bytecode.left_out_literals(source, tree) == ()
     digest, compiled = _compiled_blob(source, ("SUMMARY",))
-    assert "which python_code does not assign once as a literal or names elsewhere" in bytecode.bytecode_problem(source, digest, compiled, tree)
+    assert "which python_code does not assign once as a literal or names elsewhere" in bytecode_check.bytecode_problem(source, digest, compiled, tree)
     digest, whole = _compiled_blob(source, ())
-    assert bytecode.bytecode_problem(source, digest, whole, tree) is None
+    assert bytecode_check.bytecode_problem(source, digest, whole, tree) is None
 
 
 def test_verify_proves_bytecode_that_left_out_a_literal_nothing_names():
@@ -485,9 +485,9 @@ def test_verify_proves_bytecode_that_left_out_a_literal_nothing_names():
     tree = ast.parse(source)
     assert bytecode.left_out_literals(source, tree) == ("SUMMARY",)
     digest, compiled = _compiled_blob(source, ("SUMMARY",))
-    assert bytecode.bytecode_problem(source, digest, compiled, tree) is None
+    assert bytecode_check.bytecode_problem(source, digest, compiled, tree) is None
     digest, whole = _compiled_blob(source, ())  # a cache written before left_out existed
-    assert bytecode.bytecode_problem(source, digest, whole, tree) is None
+    assert bytecode_check.bytecode_problem(source, digest, whole, tree) is None
 
 
 def test_what_a_forged_blob_says_reaches_the_terminal_escaped(dynamo_eager, tmp_path, capsys):
@@ -531,7 +531,7 @@ def test_verify_refuses_a_literal_read_by_any_identifier_or_utf8_bytes(source):
     tree = ast.parse(source)
     assert bytecode.left_out_literals(source, tree) == ()
     digest, compiled = _compiled_blob(source, ("SUMMARY",))
-    assert "which python_code does not assign once as a literal or names elsewhere" in bytecode.bytecode_problem(source, digest, compiled, tree)
+    assert "which python_code does not assign once as a literal or names elsewhere" in bytecode_check.bytecode_problem(source, digest, compiled, tree)
 
 
 def test_the_literal_s_lines_are_the_compiler_s():
@@ -561,3 +561,30 @@ def test_the_cli_escapes_artifact_text_in_its_errors_and_what_a_terminal_would_h
     assert main(["verify", str(hostile), str(tmp_path / "m.cache")]) == 2
     err = capsys.readouterr().err
     assert "\x1b" not in err and "\x07" not in err and "\\x1b]0;pwned\\x07" in err
+
+
+def test_python_code_stored_a_part_at_a_time_serves_from_its_parts_and_verify_proves_them(tmp_path, monkeypatch, capsys):
+    """Big python_code is stored a part at a time (artifact/code_parts.py), so that verify proves it
+    in the memory of a part: here every python_code is big. A fresh process runs the parts in turn,
+    compiling nothing, and serves what eager computes; verify compiles the parts again and finds the
+    same bytes; a cut moved by a hand edit is caught."""
+    import dynamo_cases
+    import torch
+
+    from precompile.artifact import code_parts
+
+    monkeypatch.setattr(code_parts, "WHOLE_MAX_CHARS", 1000)
+    monkeypatch.setattr(code_parts, "PART_CHARS", 1000)
+    artifact, cache = tmp_path / "d.py", tmp_path / "d.cache"
+    with precompile.capture(dynamo_cases.uses_global, artifact_path=artifact, cache_path=cache, backend="eager") as cap:
+        cap(torch.ones(3, 4))
+    fields, _ = _fields(cache)
+    assert fields["python_bytecode"]["flags"] & code_parts.PARTS and len(fields["python_bytecode"]["part_lines"]) >= 5
+    report = fresh_json(SERVE_DYNAMO, str(artifact), str(cache))
+    assert report["close"] and report["bytecode"] and report["metadata"]
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 0 and checks["python_code bytecode"]["status"] == "ok", checks
+    lines = fields["python_bytecode"]["part_lines"]
+    _forge(cache, bytecode_fields={"part_lines": [1, *(line + 1 for line in lines[1:])]})
+    rc, checks = _verify(capsys, artifact, cache)
+    assert rc == 1 and checks["python_code bytecode"]["status"] == "fail", checks

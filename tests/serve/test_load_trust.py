@@ -319,7 +319,7 @@ def test_a_fifo_signature_is_refused_without_blocking(tmp_path, capsys):
 
 
 def test_an_optimization_level_python_cannot_compile_at_is_a_problem_not_a_traceback():
-    from precompile.artifact import bytecode
+    from precompile.artifact import bytecode, bytecode_check
     from precompile.artifact.pycode import code_hash, decode_source, parse_source
 
     data = (FIXTURES / "mlp.py").read_bytes()
@@ -327,7 +327,7 @@ def test_an_optimization_level_python_cannot_compile_at_is_a_problem_not_a_trace
     tree = parse_source(source)
     compiled, _ = bytecode.prepare(source, digest, _metadata(), tree)
     forged = msgspec.structs.replace(compiled, optimize=2**62)
-    assert bytecode.bytecode_problem(source, digest, forged, tree) == "it records optimization level 4611686018427387904; Python compiles at 0, 1 or 2"
+    assert bytecode_check.bytecode_problem(source, digest, forged, tree) == "it records optimization level 4611686018427387904; Python compiles at 0, 1 or 2"
 
 
 def _metadata():

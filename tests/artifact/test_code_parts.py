@@ -1,0 +1,144 @@
+"""python_code stored a part at a time runs as the module runs, and only where it can."""
+from __future__ import annotations
+
+import hashlib
+import marshal
+import traceback
+
+import pytest
+
+from precompile.artifact import bytecode, bytecode_check, code_parts
+from precompile.artifact.pycode import code_hash
+
+FILENAME = "<parts test>"
+FLAGS = bytecode.COMPILE_FLAGS
+# Top-level statements of every kind the renderer writes, and some it does not: strings at column 0
+# inside a statement (cuts there do not compile alone, so the part grows), decorators, clauses.
+SOURCE = '''"""The module's docstring."""
+DOC = __doc__
+import functools
+VALUE = 1
+TEXT = """
+line at column 0
+x = 1
+"""
+def double(x: int) -> int:
+    return 2 * x
+@functools.lru_cache
+def cached(x):
+    return x + VALUE
+class Box:
+    size: int = 3
+    def area(self):
+        return self.size ** 2
+if VALUE:
+    BRANCH = "if"
+else:
+    BRANCH = "else"
+try:
+    raise KeyError("k")
+except KeyError:
+    CAUGHT = True
+finally:
+    DONE = True
+SQUARES = [i * i for i in range(5)]
+annotated: "Box" = Box()
+def fails():
+    raise ValueError("from a later part")
+TAIL = (double(3), cached(2), Box().area(), DOC)
+'''
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    monkeypatch.setattr(code_parts, "PART_CHARS", 40)
+    monkeypatch.setattr(code_parts, "WHOLE_MAX_CHARS", 100)
+
+
+def _run(codes):
+    namespace = {"__name__": "m"}
+    for code in codes:
+        exec(code, namespace)
+    return namespace
+
+
+def _values(namespace):
+    return {k: v for k, v in namespace.items() if k.isupper() or k in ("__doc__", "__annotations__")}
+
+
+def test_the_parts_run_as_the_module_runs(small_parts):
+    lines, codes = code_parts.capture_parts(SOURCE, FILENAME, FLAGS, 0)
+    assert len(lines) >= 5 and lines[0] == 1
+    whole = _run([compile(SOURCE, FILENAME, "exec", flags=FLAGS, dont_inherit=True)])
+    parted = _run(codes)
+    assert _values(parted) == _values(whole) and parted["TAIL"][3] == "The module's docstring."
+    assert parted["__annotations__"] == whole["__annotations__"] == {"annotated": "'Box'"}  # stringified, as in the file
+    # A traceback names the file's own line, from whichever part the function was defined in.
+    for namespace in (whole, parted):
+        with pytest.raises(ValueError) as raised:
+            namespace["fails"]()
+        assert traceback.extract_tb(raised.value.__traceback__)[-1].lineno == SOURCE.splitlines().index('    raise ValueError("from a later part")') + 1
+    again = list(code_parts.compiled_parts(SOURCE, FILENAME, FLAGS, 0, lines))
+    assert marshal.dumps(tuple(again), 2) == marshal.dumps(tuple(codes), 2)
+
+
+def test_the_first_parts_future_features_are_every_parts(small_parts):
+    source = "from __future__ import barry_as_FLUFL\nA = 1\n" + "".join(f"X{i} = {i}\n" for i in range(30)) + "B = 1 <> 2\n"
+    lines, codes = code_parts.capture_parts(source, FILENAME, FLAGS, 0)
+    assert len(lines) > 2 and _run(codes)["B"] is True
+
+
+@pytest.mark.parametrize("later", ['"a string that would become __doc__"\n', "from __future__ import annotations\n",
+                                   "print(__doc__)\n"])
+def test_a_part_that_would_run_otherwise_alone_keeps_python_code_whole(small_parts, later):
+    source = "".join(f"X{i} = {i}\n" for i in range(20)) + later + "".join(f"Y{i} = {i}\n" for i in range(20))
+    parts = code_parts.capture_parts(source, FILENAME, FLAGS, 0)
+    assert parts is None or all(source.splitlines()[line - 1] != later.strip() for line in parts[0][1:])
+    if parts is not None:  # the statement landed inside a part that starts elsewhere
+        assert _values(_run(parts[1])) == _values(_run([compile(source, FILENAME, "exec", flags=FLAGS, dont_inherit=True)]))
+
+
+def test_carriage_returns_keep_python_code_whole(small_parts):
+    assert code_parts.capture_parts("A = 1\r\n" * 50, FILENAME, FLAGS, 0) is None
+
+
+def test_the_digest_is_the_marshalled_tuples(small_parts):
+    _, codes = code_parts.capture_parts(SOURCE, FILENAME, FLAGS, 0)
+    modules = {"ab": compile("y = 2", "<m>", "exec")}
+    assert code_parts.digest_of(iter(codes), len(codes), modules) == hashlib.sha256(marshal.dumps((tuple(codes), modules), 2)).digest()
+
+
+def _prepared(source):
+    digest = code_hash(source.encode())
+    compiled, _ = bytecode.prepare(source, digest, None, __import__("ast").parse(source))
+    return digest, compiled
+
+
+def test_capture_stores_big_python_code_in_parts_and_verify_proves_it(small_parts, monkeypatch):
+    monkeypatch.setattr(bytecode, "_metadata_encoder", type("E", (), {"encode": staticmethod(lambda m: b"")})())
+    digest, compiled = _prepared(SOURCE)
+    assert compiled.flags == FLAGS | code_parts.PARTS and len(compiled.part_lines) >= 5
+    tree = __import__("ast").parse(SOURCE)
+    assert bytecode_check.bytecode_problem(SOURCE, digest, compiled, tree) is None
+    assert bytecode.unusable_reason(compiled, digest) is None
+    replace = __import__("msgspec").structs.replace
+    shifted = replace(compiled, part_lines=(1, *(line + 1 for line in compiled.part_lines[1:])))
+    assert bytecode_check.bytecode_problem(SOURCE, digest, shifted, tree) is not None
+    unflagged = replace(compiled, flags=FLAGS)
+    for forged in (unflagged, replace(compiled, part_lines=())):
+        assert "disagree on whether it is stored a part at a time" in bytecode_check.bytecode_problem(SOURCE, digest, forged, tree)
+        assert "disagree" in bytecode.unusable_reason(forged, digest)
+    countless = tuple(range(1, code_parts.MAX_PARTS + 2))
+    for lines, problem in [((2, 5), "must start at line 1"), ((1, 9, 9), "not increasing"), ((1, 10_000), "past python_code's"),
+                           (countless, "capture writes at most 4096")]:
+        assert problem in bytecode_check.bytecode_problem(SOURCE, digest, replace(compiled, part_lines=lines), tree)
+
+
+def test_a_part_forged_to_start_at_a_string_is_refused_by_the_proof(small_parts, monkeypatch):
+    monkeypatch.setattr(bytecode, "_metadata_encoder", type("E", (), {"encode": staticmethod(lambda m: b"")})())
+    source = "".join(f"X{i} = {i}\n" for i in range(20)) + '"not a docstring in the file"\n' + "Y = 1\n"
+    digest, compiled = _prepared(source)
+    string_line = source.splitlines().index('"not a docstring in the file"') + 1
+    forged = __import__("msgspec").structs.replace(compiled, part_lines=(1, string_line))
+    problem = bytecode_check.bytecode_problem(source, digest, forged, __import__("ast").parse(source))
+    assert problem.startswith("python_code does not run as the parts it is stored in")
