@@ -130,7 +130,20 @@ def bundle_problem(bundle: KernelBundle) -> str | None:
             if stem in libraries:
                 return f"bundle kernels {libraries[stem]!r} and {entry.path!r} share the module name {stem!r}"
             libraries[stem] = entry.path
-    return _kernel_map_problem(bundle.kernels, seen)
+    return _directory_problem(targets) or _kernel_map_problem(bundle.kernels, seen)
+
+
+def _directory_problem(targets: dict[str, str]) -> str | None:
+    """An entry written where another needs a directory (`a/k.json` and `a/k.json/x`): load would
+    write some of the bundle and fail on the rest (found by a hostile review)."""
+    for target, path in targets.items():
+        root, _, rest = target.partition(":")
+        parts = rest.split("/")
+        for depth in range(1, len(parts)):
+            holder = targets.get(f"{root}:{'/'.join(parts[:depth])}")
+            if holder is not None:
+                return f"bundle entry {holder!r} is a file where {path!r} needs a directory"
+    return None
 
 
 def _rooted(path: str) -> str:

@@ -12,18 +12,34 @@ namespace, as the module's statements run one after another. The stored blob is
 and its flags carry PARTS, which readers that predate this layout do not accept: they compile
 python_code instead.
 
-Executing the parts in turn is executing the module when the first part starts at line 1 and each
-other at a later line within the file, each part compiles alone, and no part but the first names
-`__doc__` or `__future__`: compiled alone, a part that begins with a string binds it to `__doc__` (a
-docstring), and one that begins with a `from __future__` import compiles (in the file it is an
-error). `part_lines_problem` and the compile (`compiled_parts`) check exactly that, at capture and in
-verify's proof, which hashes the parts' marshalled code as it compiles them (marshal version 2
-writes a tuple as its items' bytes one after another), so no more than a part is held at once.
+Executing the parts in turn runs the module's statements as the module runs them when the first
+part starts at line 1 and each other at a later line within the file, each part compiles alone, and
+no part but the first does what a module does once, for its whole body, or what a frame fixes when
+it starts (found by the hostile review of this layout): names `__doc__` (a leading string would be
+bound as a docstring), `__future__` (a future import compiles alone, not in the file) or
+`__builtins__` (each part's frame takes its builtins when it starts; the module's frame, once), or
+declares a name `global` at module level (the module's symbol table refuses a name bound or used
+before that, which a part alone cannot see); nor may the first part name `__builtins__` or turn on
+`barry_as_FLUFL` (a parser flag the later parts would be compiled with). `capture_parts` stores
+python_code whole where one of those holds, and verify's proof (`compiled_parts`, after
+`part_lines_problem`) refuses such parts. A module that annotates a name anywhere sets
+`__annotations__` up before its first statement, a part only before its own: so where any part
+does (`sets_up_annotations`), load sets it up before the first part runs, as the module would.
+What remains different is what a frame or a code object is, not what the statements compute: each
+part runs in a frame of its own (`sys._getframe()` differs between parts), with constants of its
+own (`is` between equal literals of two parts); and a `__builtins__` rebound under a name computed
+at run time reaches the later parts, and a deleted `__annotations__` is set up again by the next
+part that annotates a name, where the module would raise NameError.
+The proof hashes the parts' marshalled code as it compiles them (marshal version 2 writes a tuple
+as its items' bytes one after another), so no more than a part is held at once.
 """
 from __future__ import annotations
 import __future__
 
+import ast
+import dis
 import hashlib
+import itertools
 import marshal
 import re
 import types
@@ -42,11 +58,14 @@ _STATEMENT_START = re.compile(r"\n(?=(?!(?:else|elif|except|finally)\b)[^\s#)\]}
 _FUTURE_FLAGS = 0
 for _feature in __future__.all_feature_names:
     _FUTURE_FLAGS |= getattr(__future__, _feature).compiler_flag
-_NOT_AFTER_THE_FIRST = frozenset({"__doc__", "__future__"})
+_NOT_AFTER_THE_FIRST = frozenset({"__doc__", "__future__", "__builtins__"})
+_BARRY = __future__.barry_as_FLUFL.compiler_flag
+_SETUP_ANNOTATIONS = dis.opmap["SETUP_ANNOTATIONS"]
+_GLOBAL_LINE = re.compile(r"^[ \t]*global\b", re.MULTILINE)
 
 
 class NotInParts(ValueError):
-    """A part but the first names `__doc__` or `__future__`: run alone it is not what it is in the file."""
+    """A part that would run otherwise alone than within the file (see the module's docstring)."""
 
 
 def compiled_parts(source: str, filename: str, flags: int, optimize: int,
@@ -60,18 +79,54 @@ def compiled_parts(source: str, filename: str, flags: int, optimize: int,
         code = _compiled(source, part_lines[index], start, end, filename, flags | future, optimize)
         if index == 0:
             future = code.co_flags & _FUTURE_FLAGS
-        elif not _NOT_AFTER_THE_FIRST.isdisjoint(code.co_names):
-            raise NotInParts(f"the part at line {part_lines[index]} names __doc__ or __future__, which it binds "
-                             "or imports otherwise alone than within the file")
+        problem = _alone_problem(code, index, len(part_lines), source[start:end])
+        if problem is not None:
+            raise NotInParts(f"the part at line {part_lines[index]} {problem}")
         yield code
+
+
+def _alone_problem(code: types.CodeType, index: int, count: int, text: str) -> str | None:
+    """What part `index` of `count` (its `code`, compiled from `text`) does that it would do otherwise
+    alone than within the file, or None (see the module's docstring)."""
+    if index == 0:
+        if count > 1 and "__builtins__" in code.co_names:
+            return "names __builtins__, which the later parts' frames would take otherwise than the module's frame"
+        if code.co_flags & _BARRY:
+            return "turns on barry_as_FLUFL, a parser flag the later parts would be compiled with"
+        return None
+    named = sorted(_NOT_AFTER_THE_FIRST.intersection(code.co_names))
+    if named:
+        return f"names {', '.join(named)}, which it would bind, import or read otherwise alone than within the file"
+    if _GLOBAL_LINE.search(text) and _declares_global(text):
+        return "declares a name global at module level, which the module's symbol table checks against the whole file"
+    return None
+
+
+def sets_up_annotations(codes: Iterable[types.CodeType]) -> bool:
+    """Whether any of the parts sets `__annotations__` up (the compiler does so first thing in a
+    module, or a part, that annotates a name at module level): load then sets it up before the first
+    part runs, as the module would before its first statement."""
+    return any(op.opcode == _SETUP_ANNOTATIONS for code in codes for op in itertools.islice(dis.get_instructions(code), 4))
+
+
+def _declares_global(text: str) -> bool:
+    """Whether `text` (a part, which compiles alone) has a `global` statement outside any function or class."""
+    todo: list[ast.AST] = list(ast.parse(text).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Global):
+            return True
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.expr)):
+            todo.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, ast.stmt | ast.excepthandler | ast.match_case))
+    return False
 
 
 def capture_parts(source: str, filename: str, flags: int, optimize: int) -> tuple[tuple[int, ...], list[types.CodeType]] | None:
     """The parts capture stores `source` in (the line each starts at, and its code): cut where a line
     can only start a statement, about PART_CHARS apart, each grown to the next cut while it does not
     compile alone. None where no such parts exist: a file with carriage returns (whose lines the
-    compiler counts otherwise), a part but the first that names `__doc__` or `__future__`, a file
-    that does not compile so."""
+    compiler counts otherwise), a part that would run otherwise alone than within the file (see the
+    module's docstring), a file that does not compile so."""
     if "\r" in source:
         return None
     cuts = _cuts(source)
@@ -93,7 +148,7 @@ def capture_parts(source: str, filename: str, flags: int, optimize: int) -> tupl
                 span *= 2
         if index == 0:
             future = code.co_flags & _FUTURE_FLAGS
-        elif not _NOT_AFTER_THE_FIRST.isdisjoint(code.co_names):
+        if _alone_problem(code, len(lines), 2, source[cuts[index][1]:cuts[end][1]]) is not None:
             return None
         lines.append(cuts[index][0])
         codes.append(code)

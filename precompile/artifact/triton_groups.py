@@ -19,6 +19,11 @@ import posixpath
 from precompile.artifact.bundle_rules import TRITON_PREFIX
 
 GROUP_PREFIX = "__grp__"
+MAX_GROUP_BYTES = 64 * 1024
+MAX_CHILDREN = 256
+"""Triton's groups name a handful of files (a kernel's binary, its IRs, its metadata) in a few hundred
+bytes; a group past these limits is refused, not rewritten (a small stored one could name a file
+millions of times: found by a hostile review)."""
 
 
 def is_group(path: str) -> bool:
@@ -55,12 +60,16 @@ def _tail(child: object, name: str, path: str) -> str:
 
 
 def _with_children(data: bytes, path: str, rename) -> bytes:
+    if len(data) > MAX_GROUP_BYTES:
+        raise ValueError(f"Triton group file {path!r} is {len(data)} bytes, over the {MAX_GROUP_BYTES} a group takes")
     try:
         group = json.loads(data)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"Triton group file {path!r} is not JSON ({exc})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ValueError(f"Triton group file {path!r} is not JSON ({type(exc).__name__})") from None
     children = group.get("child_paths") if isinstance(group, dict) else None
     if not isinstance(children, dict) or set(group) != {"child_paths"}:
         raise ValueError(f"Triton group file {path!r} is not {{\"child_paths\": {{file: path}}}} as Triton writes it")
+    if len(children) > MAX_CHILDREN:
+        raise ValueError(f"Triton group file {path!r} names {len(children)} files, over the {MAX_CHILDREN} a group names")
     renamed = {name: rename(name, child) for name, child in children.items()}
     return json.dumps({"child_paths": renamed}).encode()

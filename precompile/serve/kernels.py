@@ -172,17 +172,18 @@ def prime(bundle: KernelBundle, files: dict[str, bytes], cache_dir: Path) -> dic
     """
     triton_dir = triton_cache.serving_dir(cache_dir)
     targets = {entry.path: destination(entry.path, cache_dir, triton_dir) for entry in bundle.files}
+    contents = {entry.path: (files[entry.path], entry.sha256) for entry in bundle.files}
+    bundled = set(targets)
+    for path, (data, _) in contents.items():
+        if triton_groups.is_group(path):  # its kernel's files, at their paths here (before anything is changed)
+            data = triton_groups.served(data, path, bundled, targets.__getitem__)
+            contents[path] = data, hashlib.sha256(data).hexdigest()
     if any(entry.path.startswith("triton/") for entry in bundle.files):
         unsafe = kernel_root.problem(triton_dir)
         if unsafe is not None:
             raise OSError(f"not writing Triton kernels into {triton_dir}: {unsafe}; set TRITON_CACHE_DIR to a directory "
                           "you own that no one else can write (mode 0700)")
         triton_cache.serve_from(triton_dir)
-    contents = {entry.path: (files[entry.path], entry.sha256) for entry in bundle.files}
-    for path, (data, _) in contents.items():
-        if triton_groups.is_group(path):  # its kernel's files, at their paths here (before anything is written)
-            data = triton_groups.served(data, path, set(targets), targets.__getitem__)
-            contents[path] = data, hashlib.sha256(data).hexdigest()
     for path, (data, digest) in contents.items():
         _place(targets[path], data, digest)
     return {digest: str(targets[path]) for digest, path in bundle.kernels.items()}

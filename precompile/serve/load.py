@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 _collecting = gc.isenabled()
 gc.disable()
 try:
-    from precompile.artifact import bytecode, opaque_state
+    from precompile.artifact import bytecode, code_parts, opaque_state
     from precompile.artifact.envelope import OpaqueCheck
     from precompile.artifact.metadata import ArtifactMetadata, MetadataHeader
     from precompile.artifact.pair import (
@@ -246,13 +246,16 @@ def exec_registered(source: source_lines.Text, filename: str, namespace: dict[st
     """Exec source we rendered into `namespace` as file `filename`, registered in linecache so
     tracebacks and debuggers show its lines (attrs does the same for the code it generates).
     `tree`, the source already parsed, is compiled instead of parsing the source again; `code`, the
-    source already compiled (as `filename`: its code objects, run in turn), is run as it is. `source`
+    source already compiled (as `filename`: its code objects, run in turn, as artifact/code_parts.py
+    says), is run as it is. `source`
     may be a function that returns the text: called to compile it, else when a traceback or debugger
     first reads a line of it."""
     if code is None:
         source = source_lines.text_of(source)
         code = (bytecode.compile_python_code(source if tree is None else tree, filename, optimize=-1),)
     source_lines.register(filename, source)
+    if len(code) > 1 and code_parts.sets_up_annotations(code):
+        namespace.setdefault("__annotations__", {})  # the module sets it up before its first statement
     for part in code:
         exec(part, namespace)
 

@@ -180,8 +180,15 @@ def _knob(group: str, name: str):
 
 def _set_knob(group: str, name: str, value) -> None:
     owner = _knob_group(group)
-    if owner is not None and hasattr(type(owner), name):
+    if owner is not None and _is_knob(owner, name):
         vars(owner)[name] = value  # bypass the descriptor: it would also export an environment variable
+
+
+def _is_knob(owner, name: str) -> bool:
+    """Whether `name` is one of the settings of Triton's knob group `owner`: a descriptor of its class
+    (looked up in the classes' dicts: Triton's descriptors cannot be read from the class, so hasattr
+    on it is always false, and the knobs were never set: found by a hostile review)."""
+    return any(name in vars(klass) for klass in type(owner).__mro__)
 
 
 @contextlib.contextmanager
@@ -193,7 +200,7 @@ def _knobs(**groups: dict) -> Iterator[None]:
         if owner is None:
             continue
         for name, value in values.items():
-            if hasattr(type(owner), name) or name in vars(owner):
+            if _is_knob(owner, name) or name in vars(owner):
                 saved.append((owner, name, vars(owner).get(name, _UNSET)))
                 vars(owner)[name] = value
     try:

@@ -16,6 +16,7 @@ FLAGS = bytecode.COMPILE_FLAGS
 # inside a statement (cuts there do not compile alone, so the part grows), decorators, clauses.
 SOURCE = '''"""The module's docstring."""
 DOC = __doc__
+annotated: "Box" = None
 import functools
 VALUE = 1
 TEXT = """
@@ -42,7 +43,7 @@ except KeyError:
 finally:
     DONE = True
 SQUARES = [i * i for i in range(5)]
-annotated: "Box" = Box()
+annotated = Box()
 def fails():
     raise ValueError("from a later part")
 TAIL = (double(3), cached(2), Box().area(), DOC)
@@ -56,9 +57,11 @@ def small_parts(monkeypatch):
 
 
 def _run(codes):
+    """The namespace the codes leave, run as load runs them (serve/load.exec_registered)."""
+    from precompile.serve.load import exec_registered
+
     namespace = {"__name__": "m"}
-    for code in codes:
-        exec(code, namespace)
+    exec_registered("", FILENAME, namespace, code=tuple(codes))
     return namespace
 
 
@@ -83,9 +86,52 @@ def test_the_parts_run_as_the_module_runs(small_parts):
 
 
 def test_the_first_parts_future_features_are_every_parts(small_parts):
-    source = "from __future__ import barry_as_FLUFL\nA = 1\n" + "".join(f"X{i} = {i}\n" for i in range(30)) + "B = 1 <> 2\n"
+    source = "from __future__ import generator_stop, annotations\n" + "".join(f"X{i} = {i}\n" for i in range(30))
     lines, codes = code_parts.capture_parts(source, FILENAME, FLAGS, 0)
-    assert len(lines) > 2 and _run(codes)["B"] is True
+    assert len(lines) > 2 and all(code.co_flags & codes[0].co_flags & code_parts._FUTURE_FLAGS == codes[0].co_flags & code_parts._FUTURE_FLAGS
+                                  for code in codes)
+
+
+PAD = "pad = 0\n" * 8
+# Found by the hostile review of this layout: each ran otherwise as parts than as the module (or the
+# module did not compile while the parts did), with parts capture and verify's proof had accepted.
+RUN_OTHERWISE_ALONE = {
+    "global after a binding": "x = 1\n" + PAD + "global x\n",
+    "global after a use, nested": "print(x)\n" + PAD + "if True:\n    global x\n",
+    "builtins rebound": "__builtins__ = {'len': lambda o: 42}\n" + PAD + "n = len('abc')\n",
+    "builtins deleted": "X = 1\n" + PAD + "del __builtins__\n" + PAD + "has = '__builtins__' in globals()\n",
+    "barry": "from __future__ import barry_as_FLUFL\n" + PAD + "t = 1 <> 2\n",
+}
+
+
+@pytest.mark.parametrize("source", list(RUN_OTHERWISE_ALONE.values()), ids=list(RUN_OTHERWISE_ALONE))
+def test_a_part_that_would_run_otherwise_alone_is_neither_captured_nor_proven(small_parts, source):
+    assert code_parts.capture_parts(source, FILENAME, FLAGS, 0) is None
+    lines = tuple(sorted({1, *(i + 1 for i, line in enumerate(source.splitlines()) if line and not line[0].isspace())}))
+    with pytest.raises((code_parts.NotInParts, SyntaxError)):
+        list(code_parts.compiled_parts(source, FILENAME, FLAGS, 0, lines))
+
+
+def test_a_later_part_that_annotates_finds_annotations_set_up_before_the_first_as_in_the_file(small_parts):
+    # Found by the hostile review: the module sets __annotations__ up before its first statement.
+    from precompile.serve.load import exec_registered
+
+    source = "had = '__annotations__' in globals()\n" + PAD + "x: int = 1\n" + PAD + "y: 'Box' = 2\n"
+    lines, codes = code_parts.capture_parts(source, FILENAME, FLAGS, 0)
+    assert len(lines) > 2 and code_parts.sets_up_annotations(codes) and not code_parts.sets_up_annotations(codes[:1])
+    served, alone = {}, {}
+    exec_registered(source, FILENAME, served, code=tuple(codes))
+    exec(compile(source, FILENAME, "exec", flags=FLAGS, dont_inherit=True), alone)
+    assert served["had"] is alone["had"] is True and served["__annotations__"] == alone["__annotations__"] == {"x": "int", "y": "'Box'"}
+    plain, unannotated = {}, "A = 1\n" + PAD + "B = 2\n"
+    exec_registered(unannotated, FILENAME, plain, code=tuple(code_parts.capture_parts(unannotated, FILENAME, FLAGS, 0)[1]))
+    assert "__annotations__" not in plain
+
+
+def test_global_in_a_function_of_a_later_part_is_as_in_the_file(small_parts):
+    source = "x = 1\n" + PAD + "def f():\n    global x\n    x = 2\n" + PAD + "f()\n"
+    lines, codes = code_parts.capture_parts(source, FILENAME, FLAGS, 0)
+    assert len(lines) > 1 and _run(codes)["x"] == 2
 
 
 @pytest.mark.parametrize("later", ['"a string that would become __doc__"\n', "from __future__ import annotations\n",

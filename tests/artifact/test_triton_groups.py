@@ -48,6 +48,11 @@ def test_priming_names_each_child_where_the_bundle_put_it():
         (b'{"child_paths": {"kernel.cubin": "kernel.cubin"}}', "not a file in a Triton cache dir"),
         (b'{"child_paths": {"kernel.cubin": "KEY/.."}}', "not a file in a Triton cache dir"),
         (b'{"child_paths": {"kernel.cubin": null}}', "not a file in a Triton cache dir"),
+        # Found by a hostile review: a raw RecursionError, and one small stored group naming a file
+        # millions of times (hundreds of MB written, the process killed for memory).
+        (b"[" * 5_000, "is not JSON \\(RecursionError\\)"),
+        (json.dumps({"child_paths": {f"k{i}": "KEY/kernel.cubin" for i in range(1000)}}).encode(), "names 1000 files, over the 256"),
+        (b" " * (triton_groups.MAX_GROUP_BYTES + 1), "bytes, over the 65536 a group takes"),
     ],
 )
 def test_what_triton_does_not_write_is_refused_naming_the_file(data, problem):

@@ -334,3 +334,11 @@ def _metadata():
     from precompile.artifact.pycode import parse_metadata
 
     return parse_metadata((FIXTURES / "mlp.py").read_text(encoding="utf-8"))
+
+
+def test_an_entry_written_where_another_needs_a_directory_is_refused_before_anything_is_written(tmp_path):
+    # Found by a hostile review: load wrote the entries up to the second one, failed on it, and left the
+    # first (a Triton group naming files of a bundle it then said it ignored) where Triton reads.
+    artifact, cache = _pair(tmp_path, {"triton/0/ABC/k.json": ("triton", b"{}"), "triton/0/ABC/k.json/x": ("triton", b"x")})
+    problem = parse_cache(cache, cache.read_bytes()).problem
+    assert "bundle entry 'triton/0/ABC/k.json' is a file where 'triton/0/ABC/k.json/x' needs a directory" in problem

@@ -172,6 +172,26 @@ def test_a_serving_process_judges_the_bundle_by_the_ptxas_inductor_picks(tc, mon
     assert (before_load != in_block) == (Path(torch.__file__).parent / "bin" / "ptxas").is_file()
 
 
+def test_triton_stays_pointed_at_the_primed_kernels_after_load_returns(monkeypatch, tmp_path):
+    # Found by a hostile review: the knobs were never set (Triton's descriptors cannot be read from
+    # their class, so the hasattr test was always false), so only TRITON_CACHE_DIR pointed Triton at
+    # the primed kernels, and load puts it back when it returns: a kernel first launched after load
+    # (a user's JIT kernel, an autotuner) looked in ~/.triton/cache.
+    import triton
+
+    from precompile.serve import environment
+
+    monkeypatch.setitem(vars(triton.knobs.cache), "dir", None)
+    monkeypatch.setitem(vars(triton.knobs.autotuning), "cache", False)
+    for name in ("TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING", "TRITON_PTXAS_PATH"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)  # unset now, and unset again after the test
+    with environment.restored():
+        triton_cache.serve_from(tmp_path / "primed")
+    assert "TRITON_CACHE_DIR" not in os.environ
+    assert triton.knobs.cache.dir == str(tmp_path / "primed") and triton.knobs.autotuning.cache is True
+
+
 PRIMED_SERVE = r"""
 import json, os, sys
 import msgspec

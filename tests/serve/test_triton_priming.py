@@ -83,3 +83,4 @@ def test_a_group_file_that_leads_out_of_the_bundle_refuses_the_bundle_before_any
     with pytest.raises(ValueError, match=r"Triton group file 'triton/0/ABC/__grp__k.json' names"):
         kernels.prime(bundle, decode_payload(bundle, payload, 0), tmp_path / "inductor")
     assert not any(path.is_file() for path in tmp_path.rglob("*"))
+    assert "TRITON_CACHE_DIR" not in os.environ  # nor was Triton pointed anywhere (a hostile review found it was)
