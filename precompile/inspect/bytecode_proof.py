@@ -1,17 +1,17 @@
 """verify's proof that a cache's bytecode is its python_code's, run in a child process whose memory
 and time are bounded, so that what a cache carries cannot make verify (or diff) take the machine.
 
-The proof compiles python_code whole and compares the marshalled bytes (artifact/bytecode.py): the
-stored code is one module code object, which no compilation in parts reproduces. Compiling takes
-about 40 bytes of memory per byte of literal-heavy python_code (37 for bench/inspect_big.py's mixed
-shape: 4.1 GB for 110 MB) and up to 150 per byte of dense code (measured on Python 3.11; the syntax
-tree `ast` builds, which the proof never holds whole, takes 250). So the child gets an address-space
-limit (RLIMIT_AS, above what it maps when it starts) of `--proof-memory` MiB, else
-PRECOMPILE_PROOF_MEMORY, else 50 times python_code's size, at least 256 MiB and at most 1.5 GiB (so
-that each process stays under 2 GB unless told otherwise, diff's two proofs about 3 GiB together;
-literal-heavy python_code is proven up to about 30 MB, dense code up to about 1.7 MB), and a time limit of a minute plus 4 seconds
-per MB. A proof that needs more is not made: the check fails with "not proven" and says how to allow
-more. Nothing is loaded or run.
+The proof compiles python_code again as capture did and compares the marshalled bytes
+(artifact/bytecode_check.py): whole, or a part at a time for python_code stored so (over 1 MiB:
+artifact/code_parts.py), then in the memory of a part. Compiling whole takes about 40 bytes of
+memory per byte of literal-heavy python_code and up to 150 per byte of dense code (measured on
+Python 3.11; the syntax tree `ast` builds, which the proof never holds whole, takes 250). So the
+child gets an address-space limit (RLIMIT_AS, above what it maps when it starts) of `--proof-memory`
+MiB, else PRECOMPILE_PROOF_MEMORY, else 50 times python_code's size, at least 256 MiB and at most
+1.5 GiB (so that each process stays under 2 GB unless told otherwise; 110 MB stored in parts is
+proven within it, at 1.26 GB), and a time limit of a minute plus 4 seconds per MB. A proof that
+needs more is not made: the check fails with "not proven" and says how to allow more. Nothing is
+loaded or run.
 
 diff's two proofs run in one child, one after the other, under the larger bound and the sum of the
 time limits: the second parses and walks only the parts of its python_code the first did not have
