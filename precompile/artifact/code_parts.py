@@ -5,8 +5,9 @@ table): 4.1 GB for 110 MB, past what verify's proof may take. So capture stores 
 python_code over WHOLE_MAX_CHARS as one module code object a part: a run of whole top-level
 statements, about PART_CHARS long, cut where a line can only start a statement (as the reader cuts,
 inspect/chunked_parse.py) and grown while it does not compile alone. Each part is compiled with the
-lines before it as blank lines, so its line numbers are the file's, and with the `__future__`
-features the first part turns on (the whole file's). Load executes the parts in turn in one
+lines before it as blank lines, so its line numbers are the file's, and with capture's compile flags
+(`from __future__ import annotations`, which the whole file is compiled with too; no other feature
+changes how Python 3.11+ compiles, but barry_as_FLUFL, which is refused). Load executes the parts in turn in one
 namespace, as the module's statements run one after another. The stored blob is
 `marshal.dumps(((code, ...), modules), 2)`, its `part_lines` records the line each part starts at,
 and its flags carry PARTS, which readers that predate this layout do not accept: they compile
@@ -37,7 +38,6 @@ from __future__ import annotations
 import __future__
 
 import ast
-import dis
 import hashlib
 import itertools
 import marshal
@@ -54,13 +54,9 @@ MAX_PARTS = 4096
 """The most parts a blob may record: each is compiled after as many blank lines as precede it, so a
 hostile blob of countless parts would make the proof's compiles scan the file's lines that often."""
 MARSHAL_VERSION = 2
-_STATEMENT_START = re.compile(r"\n(?=(?!(?:else|elif|except|finally)\b)[^\s#)\]}])")
-_FUTURE_FLAGS = 0
-for _feature in __future__.all_feature_names:
-    _FUTURE_FLAGS |= getattr(__future__, _feature).compiler_flag
+STATEMENT_START = re.compile(r"\n(?=(?!(?:else|elif|except|finally)\b)[^\s#)\]}])")
 _NOT_AFTER_THE_FIRST = frozenset({"__doc__", "__future__", "__builtins__"})
 _BARRY = __future__.barry_as_FLUFL.compiler_flag
-_SETUP_ANNOTATIONS = dis.opmap["SETUP_ANNOTATIONS"]
 _GLOBAL_LINE = re.compile(r"^[ \t]*global\b", re.MULTILINE)
 
 
@@ -72,13 +68,10 @@ def compiled_parts(source: str, filename: str, flags: int, optimize: int,
                    part_lines: tuple[int, ...]) -> Iterator[types.CodeType]:
     """Each part's code, in order, parts starting at `part_lines` (checked by part_lines_problem).
     Raises SyntaxError (or ValueError) where a part does not compile alone, and NotInParts where a
-    part but the first names `__doc__` or `__future__`."""
+    part would run otherwise alone than within the file (see the module's docstring)."""
     starts = _offsets(source, part_lines)
-    future = 0
     for index, (start, end) in enumerate(zip(starts, [*starts[1:], len(source)])):
-        code = _compiled(source, part_lines[index], start, end, filename, flags | future, optimize)
-        if index == 0:
-            future = code.co_flags & _FUTURE_FLAGS
+        code = _compiled(source, part_lines[index], start, end, filename, flags, optimize)
         problem = _alone_problem(code, index, len(part_lines), source[start:end])
         if problem is not None:
             raise NotInParts(f"the part at line {part_lines[index]} {problem}")
@@ -106,7 +99,10 @@ def sets_up_annotations(codes: Iterable[types.CodeType]) -> bool:
     """Whether any of the parts sets `__annotations__` up (the compiler does so first thing in a
     module, or a part, that annotates a name at module level): load then sets it up before the first
     part runs, as the module would before its first statement."""
-    return any(op.opcode == _SETUP_ANNOTATIONS for code in codes for op in itertools.islice(dis.get_instructions(code), 4))
+    import dis  # only where a python_code stored in parts is loaded: not on every load's import
+
+    setup = dis.opmap["SETUP_ANNOTATIONS"]
+    return any(op.opcode == setup for code in codes for op in itertools.islice(dis.get_instructions(code), 4))
 
 
 def _declares_global(text: str) -> bool:
@@ -134,21 +130,19 @@ def capture_parts(source: str, filename: str, flags: int, optimize: int) -> tupl
         return None
     lines: list[int] = []
     codes: list[types.CodeType] = []
-    future, index = 0, 0
+    index = 0
     while index < len(cuts) - 1:
         span = 1
         while True:
             end = min(index + span, len(cuts) - 1)
             try:
-                code = _compiled(source, cuts[index][0], cuts[index][1], cuts[end][1], filename, flags | future, optimize)
+                code = _compiled(source, cuts[index][0], cuts[index][1], cuts[end][1], filename, flags, optimize)
                 break
             except (SyntaxError, ValueError):
                 if end == len(cuts) - 1:
                     return None
                 span *= 2
-        if index == 0:
-            future = code.co_flags & _FUTURE_FLAGS
-        if _alone_problem(code, len(lines), 2, source[cuts[index][1]:cuts[end][1]]) is not None:
+        if _alone_problem(code, len(lines), len(cuts) - 1, source[cuts[index][1]:cuts[end][1]]) is not None:
             return None
         lines.append(cuts[index][0])
         codes.append(code)
@@ -193,7 +187,7 @@ def _compiled(source: str, line: int, start: int, end: int, filename: str, flags
 def _cuts(source: str) -> list[tuple[int, int]]:
     """(line, offset) where a part may start, about PART_CHARS apart, then (lines + 1, len(source))."""
     cuts, line, offset = [(1, 0)], 1, 0
-    for match in _STATEMENT_START.finditer(source):
+    for match in STATEMENT_START.finditer(source):
         if match.end() - offset >= PART_CHARS:
             line += source.count("\n", offset, match.end())
             offset = match.end()

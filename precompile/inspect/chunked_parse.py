@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import re
 from collections.abc import Callable, Iterator, MutableMapping
 from typing import NamedTuple, TypeVar
 
+from precompile.artifact.code_parts import STATEMENT_START
 from precompile.artifact.pycode import cyclic_gc_paused, parse_source
 from precompile.errors import PrecompileError
 
 CHUNK_CHARS = 256 * 1024
 T = TypeVar("T")
-_STATEMENT_START = re.compile(r"\n(?=(?!(?:else|elif|except|finally)\b)[^\s#)\]}])")
 
 
 class Chunk(NamedTuple):
@@ -41,7 +40,7 @@ class Chunk(NamedTuple):
 def _cuts(source: str) -> list[int]:
     """Offsets the file may be cut at, about CHUNK_CHARS apart, from 0 to its length."""
     cuts = [0]
-    for match in _STATEMENT_START.finditer(source):
+    for match in STATEMENT_START.finditer(source):
         if match.end() - cuts[-1] >= CHUNK_CHARS:
             cuts.append(match.end())
     return [*cuts, len(source)] if cuts[-1] != len(source) else cuts
