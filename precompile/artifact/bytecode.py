@@ -421,6 +421,8 @@ def layout_problem(compiled: CompiledCode) -> str | None:
                 "it is stored a part at a time")
     if compiled.part_lines and compiled.left_out:
         return "it is stored a part at a time and leaves literals out, which capture never wrote"
+    if compiled.part_lines:
+        return code_parts.shape_problem(compiled.part_lines)
     return None
 
 

@@ -67,11 +67,14 @@ class NotInParts(ValueError):
 def compiled_parts(source: str, filename: str, flags: int, optimize: int,
                    part_lines: tuple[int, ...]) -> Iterator[types.CodeType]:
     """Each part's code, in order, parts starting at `part_lines` (checked by part_lines_problem).
-    Raises SyntaxError (or ValueError) where a part does not compile alone, and NotInParts where a
-    part would run otherwise alone than within the file (see the module's docstring)."""
+    Raises NotInParts where a part does not compile alone or would run otherwise alone than within
+    the file (see the module's docstring), ValueError for text compile() refuses."""
     starts = _offsets(source, part_lines)
     for index, (start, end) in enumerate(zip(starts, [*starts[1:], len(source)])):
-        code = _compiled(source, part_lines[index], start, end, filename, flags, optimize)
+        try:
+            code = _compiled(source, part_lines[index], start, end, filename, flags, optimize)
+        except SyntaxError as exc:  # python_code compiles, or the reader said so: the cut is what is wrong
+            raise NotInParts(f"the part at line {part_lines[index]} does not compile alone ({exc.msg}, line {exc.lineno})") from None
         problem = _alone_problem(code, index, len(part_lines), source[start:end])
         if problem is not None:
             raise NotInParts(f"the part at line {part_lines[index]} {problem}")
@@ -150,14 +153,23 @@ def capture_parts(source: str, filename: str, flags: int, optimize: int) -> tupl
     return tuple(lines), codes
 
 
-def part_lines_problem(source: str, part_lines: tuple[int, ...]) -> str | None:
-    """Why `part_lines` does not cut `source` into parts (the first at line 1, then increasing, within the file), or None."""
+def shape_problem(part_lines: tuple[int, ...]) -> str | None:
+    """Why `part_lines` cuts no file into parts (the first at line 1, then increasing, at most MAX_PARTS), or None:
+    what load checks too, without python_code's text."""
     if len(part_lines) > MAX_PARTS:
         return f"it records {len(part_lines)} parts; capture writes at most {MAX_PARTS}"
     if not part_lines or part_lines[0] != 1:
         return f"its parts start at lines {_shown(part_lines)}: the first must start at line 1"
     if any(later <= earlier for earlier, later in zip(part_lines, part_lines[1:])):
         return f"its parts start at lines {_shown(part_lines)}, not increasing"
+    return None
+
+
+def part_lines_problem(source: str, part_lines: tuple[int, ...]) -> str | None:
+    """Why `part_lines` does not cut `source` into parts (shape_problem, and within the file), or None."""
+    problem = shape_problem(part_lines)
+    if problem is not None:
+        return problem
     lines = source.count("\n") + 1
     if part_lines[-1] > lines:
         return f"its last part starts at line {part_lines[-1]}, past python_code's {lines} lines"

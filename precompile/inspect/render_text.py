@@ -188,11 +188,11 @@ def _upstream(upstream: UpstreamCache) -> list[Line]:
 
 
 def _bytecode_line(code) -> str:
-    refused = bytecode.left_out_reason(code)
+    refused = bytecode.left_out_reason(code) or bytecode.layout_problem(code)
     left_out = f" leaving out the literal{'s' if len(code.left_out) > 1 else ''} {', '.join(code.left_out)}" if code.left_out else ""
     use = ("load runs it instead of compiling python_code on a Python with that magic" if refused is None
            else f"{refused}: load compiles python_code instead")
-    parts = f", in {len(code.part_lines)} parts run in turn" if code.part_lines else ""
+    parts = f", in {len(code.part_lines)} part{'s' if len(code.part_lines) > 1 else ''} run in turn" if code.part_lines else ""
     return (f"  python_code bytecode: {code.size} bytes ({code.compressed_size} compressed, marshal v{code.marshal_version}, "
             f"Python magic {code.magic}, optimize {code.optimize}, compiled as {code.filename}{left_out if refused is None else ''}"
             f"{parts}, sha256 {code.sha256}): {use}; verify compiles python_code and compares")

@@ -166,6 +166,10 @@ def _prepared_code(envelope, python_code, filename: str) -> tuple[tuple[types.Co
     parts = code if compiled.part_lines and isinstance(code, tuple) else (code,)  # a part at a time: code_parts.py
     if not (parts and all(isinstance(part, types.CodeType) for part in parts)):
         return None
+    if compiled.part_lines and len(parts) != len(compiled.part_lines):
+        log.debug("compiling python_code %s: its cached bytecode holds %d parts, its record %d", python_code.path,
+                  len(parts), len(compiled.part_lines))
+        return None
     if any(part.co_filename != filename for part in parts):
         log.debug("compiling python_code %s: its cached bytecode names another file (%s)", python_code.path, parts[0].co_filename)
         return None

@@ -179,6 +179,13 @@ def test_capture_stores_big_python_code_in_parts_and_verify_proves_it(small_part
     for lines, problem in [((2, 5), "must start at line 1"), ((1, 9, 9), "not increasing"), ((1, 10_000), "past python_code's"),
                            (countless, "capture writes at most 4096")]:
         assert problem in bytecode_check.bytecode_problem(SOURCE, digest, replace(compiled, part_lines=lines), tree)
+        if problem != "past python_code's":  # load, without python_code's text, refuses the others too (a new user's trial)
+            assert problem in bytecode.unusable_reason(replace(compiled, part_lines=lines), digest)
+    # A cut moved into a statement (the body of `double`): the part, not python_code, is named as not compiling.
+    body = SOURCE.splitlines().index("    return 2 * x") + 1
+    into = replace(compiled, part_lines=tuple(sorted({*compiled.part_lines, body})))
+    problem = bytecode_check.bytecode_problem(SOURCE, digest, into, tree)
+    assert problem.startswith("python_code does not run as the parts it is stored in: the part at line") and "does not compile alone" in problem
 
 
 def test_a_part_forged_to_start_at_a_string_is_refused_by_the_proof(small_parts, monkeypatch):
