@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import property_budget  # noqa: F401  (loads the hypothesis profile before any test module makes its settings)
 import pytest
 
 TESTS = Path(__file__).parent

@@ -62,13 +62,15 @@ class _Writer:
             return path
         if isinstance(node, ast.Attribute):
             return f"{self.primary(node.value)}.{node.attr}"
+        # Each part is written in the order it is read, as the unparser writes it, so the names come
+        # out in that order too: a subscript's value before its key, a call's callee before its arguments.
         if isinstance(node, ast.Subscript):
-            key = node.slice
-            inner = _literal(key.value) if isinstance(key, ast.Constant) else self.primary(key)
-            return f"{self.primary(node.value)}[{inner}]"
+            value = self.primary(node.value)
+            return f"{value}[{self.operand(node.slice)}]"
         if isinstance(node, ast.Call) and not node.keywords:
+            callee = self.primary(node.func)
             arguments = ", ".join(self.operand(argument) for argument in node.args)
-            return f"{self.primary(node.func)}({arguments})"
+            return f"{callee}({arguments})"
         raise Unwritten
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import ast
 import types
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from precompile.inspect import check_text, rendered_guards
+from property_budget import examples
 
 PATHS = {"s1": "L['model']", "s2": "L['model']._modules['features']", "s3": "G['torch'].float32"}
 NAMES = st.sampled_from(["s1", "s2", "s3", "s4", "L", "len", "type", "___check_obj_id"])
@@ -37,8 +38,10 @@ def _expressions():
     return st.recursive(leaves, extend, max_leaves=12)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(_expressions())
+@example(ast.Subscript(value=ast.Name(id="s1", ctx=ast.Load()), slice=ast.Name(id="s2", ctx=ast.Load()), ctx=ast.Load()))
+@example(ast.Call(func=ast.Name(id="s1", ctx=ast.Load()), args=[ast.Name(id="s2", ctx=ast.Load())], keywords=[]))
 def test_what_it_writes_is_what_the_unparser_writes(test):
     ast.fix_missing_locations(test)
     try:

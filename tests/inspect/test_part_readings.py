@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from property_budget import examples
 from test_inspect_helpers import FIXTURES
 
 from precompile.inspect import chunked_parse, part_readings, reader, rendered_guards
@@ -81,7 +82,7 @@ def test_parts_past_the_kept_lines_are_remembered_without_their_trees(counted_pa
     assert rendered.statements is None and rendered.spans and info.metadata is not None
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(["insert", "delete", "duplicate"])), max_size=4))
 def test_any_file_reads_after_another_as_it_reads_alone(every_statement_a_part, edits):
     """B made from A by a few line edits (which may break a statement: the part then fails alone, or

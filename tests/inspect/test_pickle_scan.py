@@ -18,6 +18,7 @@ from fickling.analysis import Severity, check_safety
 from fickling.fickle import Pickled
 from picklescan.scanner import SafetyLevel, scan_pickle_bytes
 
+from property_budget import examples
 from test_inspect_helpers import FIXTURES, ROOT, run_cli
 
 from precompile.inspect.pickle_policy import DATA_ONLY, classify
@@ -401,7 +402,7 @@ _HOSTILE_TAILS = [b"os\nsystem\n", b"cos\nsystem\n(S'ls'\ntR.", b"(cos\nsystem\n
                   pickle.dumps(print, protocol=0), pickle.dumps(print, protocol=2)[2:], pickle.dumps(print, protocol=4)[2:]]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=st.sampled_from(sorted(STOPS_AT_ONCE)), rest=st.one_of(st.binary(max_size=64), st.sampled_from(_HOSTILE_TAILS)))
 def test_a_stream_whose_first_opcode_needs_what_is_not_there_is_told_no_pickle_as_the_machine_runs_it(first, rest):
     """is_pickle tells text starting with such an opcode (`entry 3: ...` starts with APPENDS) no

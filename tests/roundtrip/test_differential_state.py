@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 import differential_programs as programs
+import property_budget as budget
 import pytest
 import torch
 from conftest import ROOT, TESTS
@@ -152,7 +153,7 @@ def _run(program_dir, worker, spec, changes, totals):
 def _suite(examples: int):
     totals: dict[str, int] = {}
 
-    @settings(max_examples=examples, deadline=None, derandomize=True, database=None,
+    @settings(max_examples=budget.examples(examples), deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(data=st.data())
     def run(program_dir, worker, data):
@@ -164,6 +165,7 @@ def _suite(examples: int):
     return run, totals
 
 
+@pytest.mark.hypothesis  # its @given is made per test, where hypothesis's plugin does not see it
 def test_state_changed_after_capture_serves_eager_or_refuses_fast_slice(program_dir, worker):
     run, totals = _suite(3)
     run(program_dir, worker)
@@ -171,6 +173,7 @@ def test_state_changed_after_capture_serves_eager_or_refuses_fast_slice(program_
 
 
 @pytest.mark.slow
+@pytest.mark.hypothesis
 def test_state_changed_after_capture_serves_eager_or_refuses(program_dir, worker):
     """50 programs x 12 changes: 600 cases per tracer, each served, refused or raising like eager."""
     run, totals = _suite(50)
