@@ -34,6 +34,8 @@ COMPAT_FILES = {
 # By file basename, or by "file::test" (every case of it) or
 # "file::test[case]" (that case alone).
 SLOW_FILES = {
+    "test_changed_after_capture.py",
+    "test_makefx_autograd.py",
     "test_doctor.py",
     "test_dynamo_lowering.py",
     "test_diff_ci_kernels.py",

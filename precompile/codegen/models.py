@@ -21,6 +21,10 @@ class GraphSection(msgspec.Struct, frozen=True, kw_only=True):
 class MakeFxArtifact(msgspec.Struct, frozen=True, kw_only=True):
     metadata: ArtifactMetadata
     graph: GraphSection
+    autograd_graph: GraphSection | None = None
+    """What runs the calls autograd records (grad mode on, a tensor requiring grad), rendered as the
+    section `autograd-graph`: the eager backend's graph itself, or the ATen graph beside a compiled
+    one. None: such calls are refused (a training step's graph computes its gradients itself)."""
 
 
 class SubgraphSection(msgspec.Struct, frozen=True, kw_only=True):

@@ -54,6 +54,8 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
         sections.append(_Section("kernel-runtime", "Loads the compiled graph's kernels, primed or JIT.",
                                  source_of(graph.runtime).rstrip("\n")))
     sections.append(_Section("graph", graph.title, graph.source))
+    if artifact.autograd_graph is not None:
+        sections.append(_Section("autograd-graph", artifact.autograd_graph.title, artifact.autograd_graph.source))
     sections.append(_Section("driver", "Checks each call against the metadata, runs the graph, scatters gradients.",
                              source_of("makefx").rstrip("\n")))
     return render(
@@ -61,7 +63,14 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
         what=f"MakeFxTracer, backend={artifact.metadata.backend!r}",
         sections=sections,
         entry=graph.entry,
+        autograd_entry=_autograd_entry(artifact),
     )
+
+
+def _autograd_entry(artifact: MakeFxArtifact) -> str:
+    """What runs a call autograd records (a section named autograd-graph defines it), or nothing:
+    such a call is refused."""
+    return artifact.autograd_graph.entry if artifact.autograd_graph is not None else "None"
 
 
 # The driver modules lowered subgraphs run on: (slug, title) of the section each is included in.

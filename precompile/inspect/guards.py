@@ -41,7 +41,9 @@ _NOT_CHECKED_READS = (
 )
 
 
-def makefx_guards(meta: MakeFxMetadata) -> Guards:
+def makefx_guards(meta: MakeFxMetadata, records_autograd: bool = False) -> Guards:
+    """`records_autograd`: python_code has an autograd-graph section, which runs the calls autograd
+    records (artifacts rendered before it returned every result without autograd history)."""
     specs: list[Specialization] = []
     for leaf in meta.inputs:
         if isinstance(leaf, ConstantLeaf):
@@ -64,11 +66,8 @@ def makefx_guards(meta: MakeFxMetadata) -> Guards:
                       for r in meta.specialized if not r.checked)
     strides_checked = any(getattr(t, "stride", None) is not None for t in (*meta.inputs, *meta.params, *meta.buffers))
     not_checked = (_NOT_CHECKED_READS + unchecked if meta.specialized else _NOT_CHECKED_ALWAYS) + (
-        ("requires_grad of the inputs (the artifact returns results without autograd history)",)
-        if strides_checked
-        else ("strides and memory format of the inputs (the eager backend accepts any layout)",
-              "requires_grad of the inputs (the artifact returns results without autograd history)")
-    )
+        () if strides_checked else ("strides and memory format of the inputs (the eager backend accepts any layout)",)
+    ) + (() if records_autograd else ("requires_grad of the inputs (the artifact returns results without autograd history)",))
     return Guards(
         tracer="make_fx",
         has_guards=False,
@@ -249,7 +248,7 @@ def guards_of(artifact: Artifact, source: str | bytes | None = None) -> Guards |
         return upstream_guards(artifact.python_code.upstream)
     meta = artifact.python_code.metadata
     if isinstance(meta, MakeFxMetadata):
-        return makefx_guards(meta)
+        return makefx_guards(meta, any(section.slug == "autograd-graph" for section in artifact.python_code.sections))
     if isinstance(meta, DynamoMetadata):
         return dynamo_guards(meta, source, rendered_lines(artifact, source))
     return None

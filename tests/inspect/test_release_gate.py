@@ -68,9 +68,12 @@ def test_an_unchanged_recapture_passes_a_gate_naming_every_category(releases, ca
 def test_grad_mode_and_a_model_attribute_are_guards_named_with_both_values(releases, capsys, tracer):
     base = releases[tracer, "base"]
     rc, report = _diff(capsys, base, releases[tracer, "no_grad"], "--fail-on", "guards")
-    assert rc == 1 and report["categories"].get("guards")
     grad = [e for e in report["entries"] if e["section"] == "guards" and "grad_mode" in e["key"]]
-    assert len(grad) == 1 and grad[0]["a"].lower().endswith("true") and grad[0]["b"].lower().endswith("false")
+    if tracer == "makefx":  # a MakeFx forward serves every grad mode alike: no guard, no false alarm
+        assert rc == 0 and report["equal"] and not grad, report["entries"]
+    else:
+        assert rc == 1 and report["categories"].get("guards")
+        assert len(grad) == 1 and grad[0]["a"].lower().endswith("true") and grad[0]["b"].lower().endswith("false")
     rc, report = _diff(capsys, base, releases[tracer, "scale"], "--fail-on", "guards")
     scale = [e for e in report["entries"] if e["section"] == "guards" and e["key"].endswith("scale")]
     assert rc == 1 and len(scale) == 1 and "1.0" in scale[0]["a"] and "0.5" in scale[0]["b"], report["entries"]

@@ -3,6 +3,7 @@ and load it; pipeline.py finishes the pair."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,9 @@ from precompile.artifact.metadata import MakeFxMetadata
 from precompile.capturing import kernels, lowering, pipeline
 from precompile.capturing.makefx import trace as makefx
 from precompile.capturing.progress import libraries_in, phase
-from precompile.codegen.models import MakeFxArtifact
+from precompile.codegen.models import GraphSection, MakeFxArtifact
 from precompile.codegen.render import render_makefx
+from precompile.errors import CaptureRefused
 from precompile.serve import ranks as distributed
 from precompile.serve.load import execute
 
@@ -38,21 +40,52 @@ def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_
             traced = makefx.trace(fn, args, decompositions, layout=kernel_build is not None)
         if kernel_build is None:
             with phase("render the ATen graph"):
-                source = _render(fn, traced, backend, lowering.lower_eager(traced.graph_module))
+                graph = lowering.lower_eager(traced.graph_module)
+                source = _render(fn, traced, backend, graph, _autograd_graph(traced, graph))
             loading = "load the rendered python_code"
         else:
             with phase("lower with Inductor", libraries_in(kernel_build.directory)):
+                autograd_graph = _autograd_graph(traced, None)
                 graph = lowering.lower_inductor(traced.graph_module, traced.example_inputs, traced.fake_mode)
-                source = _render(fn, traced, backend, graph)
+                source = _render(fn, traced, backend, graph, autograd_graph)
             loading = "load the rendered python_code on its kernels"
         with phase(loading):
             primed = kernels.built_so_far(kernel_build.directory, [source], {}) if kernel_build is not None else None
             namespace = execute(source, str(artifact_path.resolve()), primed)
+            namespace["forward"].warned_autograd = True  # the capture's own call says nothing of eager speed
         pair = pipeline.finish(source, backend=backend, tracer="make_fx", kernel_build=kernel_build, kernel_modules=[source])
     return BuiltPair(pair=pair, forward=namespace["forward"])
 
 
-def _render(fn, traced: makefx.MakeFxTrace, backend: Backend, graph) -> str:
+def _autograd_graph(traced: makefx.MakeFxTrace, eager: GraphSection | None) -> GraphSection | None:
+    """What runs a forward's calls that autograd records (grad mode on, a tensor requiring grad):
+    the `eager` backend's graph itself, whose ATen ops autograd records; beside a compiled graph,
+    which computes no gradients, the ATen graph, rendered from a copy before Inductor's passes
+    change it. None for a training step (its graph computes the gradients itself) and for dims
+    marked unbacked (no ATen graph serves them)."""
+    if traced.grad_param_indices:
+        return None
+    if eager is not None:
+        return GraphSection(title="The calls autograd records run the graph above: its ATen ops record autograd",
+                            source=f"{AUTOGRAD_ENTRY} = {eager.entry}", entry=AUTOGRAD_ENTRY)
+    if traced.fake_mode is not None:
+        if traced.records_autograd:
+            raise CaptureRefused(
+                "the captured call records autograd (grad mode is on and a parameter or input requires grad), but a "
+                "compiled forward computes no gradients and dims marked with mark_unbacked leave no ATen graph to "
+                "record them: capture and serve it under torch.no_grad() or torch.inference_mode(), or turn "
+                "requires_grad off (model.requires_grad_(False))")
+        return None
+    section = lowering.lower_eager(copy.deepcopy(traced.graph_module), entry=AUTOGRAD_ENTRY)
+    return GraphSection(title="The captured graph as ATen ops, for the calls autograd records (grad mode on and a "
+                              "tensor requiring grad): the compiled graph computes no gradients",
+                        source=section.source, entry=AUTOGRAD_ENTRY)
+
+
+AUTOGRAD_ENTRY = "captured_graph_autograd"
+
+
+def _render(fn, traced: makefx.MakeFxTrace, backend: Backend, graph, autograd_graph: GraphSection | None = None) -> str:
     metadata = MakeFxMetadata(
         format_version=FORMAT_VERSION,
         backend=backend,
@@ -71,4 +104,4 @@ def _render(fn, traced: makefx.MakeFxTrace, backend: Backend, graph) -> str:
         specialized=traced.specialized,
         world=distributed.captured_world([graph.source]),
     )
-    return render_makefx(MakeFxArtifact(metadata=metadata, graph=graph))
+    return render_makefx(MakeFxArtifact(metadata=metadata, graph=graph, autograd_graph=autograd_graph))

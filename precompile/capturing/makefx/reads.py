@@ -197,10 +197,16 @@ def _getattr_call(instructions: list, index: int) -> bool:
 
 
 def _followable(value: object) -> bool:
-    """A plain Python object whose attributes code may read as settings (a config, a namespace)."""
+    """A plain Python object whose attributes code may read as settings (a config, a namespace, an
+    object of a class with __slots__ such as a slotted dataclass)."""
     kind = type(value)
-    return (hasattr(value, "__dict__") and not isinstance(value, (torch.Tensor, type, types.ModuleType, enum.Enum))
+    return ((hasattr(value, "__dict__") or _slotted(kind))
+            and not isinstance(value, (torch.Tensor, type, types.ModuleType, enum.Enum))
             and not callable(value) and kind.__module__ != "builtins" and not kind.__module__.startswith("torch"))
+
+
+def _slotted(kind: type) -> bool:
+    return any(isinstance(member, types.MemberDescriptorType) for klass in kind.__mro__ for member in vars(klass).values())
 
 
 ABSENT = "missing"
@@ -213,13 +219,14 @@ def plain_attribute(obj: object, name: str) -> object:
     _ABSENT where obj plainly has no such attribute. Runs no code of obj's."""
     if name == "__class__":
         return type(obj)
-    try:
-        instance = object.__getattribute__(obj, "__dict__")
-    except AttributeError:
+    instance = _instance_dict(obj)
+    if instance is None:
         return _MISSING
     for klass in type(obj).__mro__:
         found = klass.__dict__.get(name, _MISSING)
         if found is not _MISSING:
+            if isinstance(found, types.MemberDescriptorType):  # a slot: plain data, read without code of obj's
+                return _slot_value(obj, found, instance, name)
             if hasattr(type(found), "__set__") or hasattr(type(found), "__delete__"):
                 return _MISSING  # a property or another data descriptor: its own frame is noted if it runs
             break
@@ -234,6 +241,22 @@ def plain_attribute(obj: object, name: str) -> object:
     if hasattr(type(found), "__get__"):
         return _MISSING  # a torch method, a classmethod or another descriptor
     return found
+
+
+def _instance_dict(obj: object) -> dict | None:
+    """obj's instance dict; {} for an object of a class with __slots__ alone (its values are in the
+    slots); None for one whose attributes live elsewhere (a C extension's)."""
+    try:
+        return object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return {} if _slotted(type(obj)) else None
+
+
+def _slot_value(obj: object, slot, instance: dict, name: str) -> object:
+    try:
+        return slot.__get__(obj, type(obj))
+    except AttributeError:  # a slot never set
+        return _ABSENT if _plainly_absent(obj, instance, name) else _MISSING
 
 
 def _plainly_absent(obj: object, instance: dict, name: str) -> bool:
@@ -306,6 +329,9 @@ class _FrameHook:
         if isinstance(module, types.ModuleType) and module.__name__.startswith("torch.backends"):
             self.note_backend_flag(module, path)
             return
+        if isinstance(module, types.ModuleType) and (module.__name__ == "torch" or module.__name__.startswith("torch.")):
+            self.note_torch_function(module, path)
+            return
         if not isinstance(module, types.ModuleType) or _skipped(getattr(module, "__file__", None) or "<"):
             return
         name = path[0]
@@ -328,6 +354,24 @@ class _FrameHook:
             if (value is None or type(value) in (bool, int, float, str)) and key not in self.log.globals:
                 self.log.globals[key] = str(spelled(value))
                 self.log.globals_of.setdefault(module.__name__, module)
+            return
+
+    def note_torch_function(self, module: types.ModuleType, path: tuple[str, ...]) -> None:
+        """A public function of torch the code loads from its module (`F.gelu`, `torch.relu`,
+        `torch.nn.functional.silu`): patched after capture (`F.gelu = ...`), eager calls the patch
+        while the served graph holds what the trace called, so its spelling is checked."""
+        for name in path:
+            if name.startswith("_"):
+                return  # torch's private machinery (torch._C, F._in_projection): not what users patch
+            value = vars(module).get(name, _MISSING)
+            if isinstance(value, types.ModuleType):
+                module = value
+                continue
+            if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)) and (module.__name__, name) not in self.log.globals:
+                spelling = spelled(value)
+                if spelling is not None:
+                    self.log.globals[module.__name__, name] = spelling
+                    self.log.globals_of.setdefault(module.__name__, vars(module))
             return
 
     def note_chain(self, obj: object, path: tuple[str, ...], optional: bool = False) -> None:
@@ -356,6 +400,20 @@ class _FrameHook:
             obj = value
 
 
+def _note_torch_forward(log: ReadLog, kind: type) -> None:
+    """The forward a torch layer runs, read on the class that defines it (`LayerNorm.forward`):
+    patched after capture (`nn.LayerNorm.forward = ...`), eager runs the patch while the served graph
+    holds what the trace ran (Module's call machinery, which looks it up, is not noted)."""
+    owner = next((klass for klass in kind.__mro__ if "forward" in vars(klass)), None)
+    if (owner is None or owner is torch.nn.Module or not owner.__module__.startswith("torch.")
+            or "<" in owner.__qualname__):
+        return
+    spelling = spelled(vars(owner)["forward"])
+    if spelling is not None:
+        log.globals.setdefault((owner.__module__, f"{owner.__qualname__}.forward"), spelling)
+        log.globals_of.setdefault(owner.__module__, vars(sys.modules[owner.__module__]))
+
+
 @contextlib.contextmanager
 def recording(modules: dict[int, torch.nn.Module]):
     """Note what the code run inside loads; `modules` maps each module argument's position to it."""
@@ -367,6 +425,7 @@ def recording(modules: dict[int, torch.nn.Module]):
                 # What each submodule is: a module replaced by one of another class (Tanh by Sigmoid)
                 # changes what runs while every parameter and attribute read may stay the same.
                 log.attributes[Owner(position, name), "__class__"] = str(spelled(type(submodule)))
+                _note_torch_forward(log, type(submodule))
     previous = sys.gettrace()
     # The cyclic collector's callbacks (a profiler's, hypothesis') would run inside the trace's frames.
     collecting = gc.isenabled()

@@ -20,9 +20,10 @@ log = logging.getLogger("precompile")
 
 
 CONDITIONAL_STATE = ("grad_mode", "inference_mode")
-"""Global state recorded only where the call can depend on it: grad mode where a parameter or input
-requires grad (a backward), either where code the trace ran asks for it (`torch.is_grad_enabled()`),
-so that a model captured under no_grad still serves under inference_mode when nothing asks."""
+"""Global state recorded only where the call can depend on it: grad mode where fn computes gradients
+(a training step), either where code the trace ran asks for it (`torch.is_grad_enabled()`), so that a
+forward captured with grad on serves under no_grad or inference_mode, and one captured under no_grad
+serves under inference_mode, when nothing asks."""
 
 
 def global_state_now(modules, positions) -> dict[str, str]:
@@ -62,7 +63,11 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         record = SpecializedValue(kind="global", name=name, value=value, module=module,
                                   checked=_importable(module))
         where = read.globals_of[module]
-        _refuse_changed(record, spelled(where.get(name) if isinstance(where, dict) else getattr(where, name, None)))
+        head, _, attribute = name.rpartition(".")  # a torch class's method (`LayerNorm.forward`) is read on its class
+        klass = (where.get(head) if isinstance(where, dict) else getattr(where, head, None)) if head else None
+        now = (vars(klass).get(attribute) if isinstance(klass, type) else None) if head else (
+            where.get(name) if isinstance(where, dict) else getattr(where, name, None))
+        _refuse_changed(record, spelled(now))
         out.append(record)
     for (function, name), value in sorted(read.closures.items()):
         out.append(SpecializedValue(kind="closure", name=name, value=value, module=function, checked=False))

@@ -56,6 +56,8 @@ class MakeFxTrace:
     """The Python values the trace read besides tensors (torch's global state first)."""
     fake_mode: Any = None
     """The FakeTensorMode `example_inputs` live in when dims were marked unbacked (they are fakes then)."""
+    records_autograd: bool = False
+    """Whether eager autograd records the captured call: grad mode on, a tensor it takes requiring grad."""
 
 
 def _named(name: str, tensor: torch.Tensor, layout: bool) -> NamedTensor:
@@ -252,7 +254,11 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
              _name(fn), len(call.params), len(call.buffers), len(call.tensor_inputs))
     graph_module = _make_fx(traced, decompositions, trace_inputs, marked=fake_mode is not None)
     _refuse_forbidden_nodes(graph_module, [name for name, _ in call.params], allowed_symbols)
-    state = specialized.global_state(state_before, any(t.requires_grad for t in example_inputs), traced.read.state)
+    if not traced.grad_param_indices:
+        _drop_the_traces_detaches(graph_module, traced.requires_grad)
+    # Grad mode changes what a training step's graph computes; a forward's values are the same in
+    # either mode (a call autograd records runs an ATen graph that records it, see the driver's run).
+    state = specialized.global_state(state_before, bool(traced.grad_param_indices), traced.read.state)
     read = specialized.records(traced.read, getattr(fn, "__module__", None) or "__main__")
     rendered = constants.inline_fresh_constants(graph_module, constants.Namer(fn, call.modules, traced.read))
     # small ones fn created become literals in python_code
@@ -273,7 +279,27 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
         grad_param_indices=traced.grad_param_indices,
         specialized=(*state, *read),
         fake_mode=fake_mode,
+        records_autograd=torch.is_grad_enabled() and any(t.requires_grad for t in example_inputs),
     )
+
+
+def _drop_the_traces_detaches(graph_module: torch.fx.GraphModule, requires_grad: list[bool]) -> None:
+    """A forward's graph without the detach _TracedFn put on each input that required grad (to see
+    which gradients a backward in fn computes): served where autograd records the call, the graph
+    would otherwise cut every parameter off from the gradients eager gives it. fn only ever saw the
+    detached tensors, so each such input's detaches are the trace's own."""
+    placeholders = list(graph_module.graph.find_nodes(op="placeholder"))
+    dropped = False
+    for placeholder, detached in zip(placeholders, requires_grad):
+        if not detached:
+            continue
+        for user in list(placeholder.users):
+            if user.op == "call_function" and user.target is torch.ops.aten.detach.default:
+                user.replace_all_uses_with(placeholder)
+                graph_module.graph.erase_node(user)
+                dropped = True
+    if dropped:
+        graph_module.recompile()
 
 
 def _make_fx(traced: _TracedFn, decompositions, trace_inputs: list, *, marked: bool) -> torch.fx.GraphModule:

@@ -1,0 +1,25 @@
+"""A forward that autograd records in eager (parameters and an input requiring grad), for the served
+forward's autograd tests: fn and its model rebuild identically in any process from a seed."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def block(model, x):
+    return model(x).tanh() * 2
+
+
+def build(seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.GELU(), nn.Linear(8, 3))
+        return model, torch.randn(4, 6)
+
+
+def grads(model: nn.Module, x: torch.Tensor, out: torch.Tensor) -> dict[str, list]:
+    """What backward through `out` gives the model's parameters and x, as lists (None where none)."""
+    out.pow(2).sum().backward()
+    found = {name: None if p.grad is None else p.grad.tolist() for name, p in model.named_parameters()}
+    found["x"] = None if x.grad is None else x.grad.tolist()
+    return found

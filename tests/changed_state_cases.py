@@ -1,0 +1,140 @@
+"""Settings a model keeps in config containers, functions and torch itself, each changed after
+capture the way users change them, for the served-or-refused round trip
+(tests/roundtrip/test_changed_after_capture.py): importable by the fresh processes it starts.
+
+`KINDS` maps a kind to the change its serving process makes to a freshly built model (and, for the
+patches of torch, to torch itself, undone by the function it returns)."""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class AttrDict(dict):
+    """A config read as attributes (`cfg.scale`), as many model repos keep theirs."""
+
+    def __getattr__(self, name):
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+Config = collections.namedtuple("Config", "scale shift")
+
+
+@dataclasses.dataclass(slots=True)
+class SlotConfig:
+    scale: float = 2.0
+    shift: float = 0.5
+
+
+def make_act(k):
+    def act(x):
+        return x * k
+    return act
+
+
+class Model(nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.lin = nn.Linear(4, 4)
+        self.norm = nn.LayerNorm(4)
+        self.cfg = {"attrdict": AttrDict(scale=2.0), "namedtuple": Config(2.0, 0.5), "slots": SlotConfig(),
+                    "array": np.array([2.0, 0.5]), "scalar": np.float64(2.0)}.get(kind)
+        self.act = make_act(0.5) if kind == "closure" else (lambda x: x * 0.5) if kind == "lambda" else None
+
+    def forward(self, x):
+        y = self.lin(x)
+        kind = self.kind
+        if kind in ("attrdict", "namedtuple", "slots"):
+            return y * self.cfg.scale
+        if kind == "array":
+            return y * float(self.cfg[0])
+        if kind == "scalar":
+            return y * float(self.cfg)
+        if kind in ("closure", "lambda"):
+            return self.act(y)
+        if kind == "gelu":
+            return F.gelu(y)
+        return self.norm(y)  # layernorm
+
+
+def step(model, x):
+    return model(x)
+
+
+def _set_item(model):
+    model.cfg["scale"] = 3.0
+
+
+def _replace(model):
+    model.cfg = model.cfg._replace(scale=3.0)
+
+
+def _set_slot(model):
+    model.cfg.scale = 3.0
+
+
+def _set_element(model):
+    model.cfg[0] = 3.0
+
+
+def _new_scalar(model):
+    model.cfg = np.float64(3.0)
+
+
+def _swap_closure(model):
+    model.act = make_act(2.0)
+
+
+def _set_cell(model):
+    model.act.__closure__[0].cell_contents = 2.0
+
+
+def _swap_lambda(model):
+    model.act = lambda x: x * 2.0
+
+
+def _patch_gelu(model):
+    original = F.gelu
+    F.gelu = lambda x, approximate="none": x * 3
+    return lambda: setattr(F, "gelu", original)
+
+
+def _patch_layer_norm(model):
+    original = nn.LayerNorm.forward
+    nn.LayerNorm.forward = lambda self, x: x * 5
+    return lambda: setattr(nn.LayerNorm, "forward", original)
+
+
+# kind -> (the change, the tracers it is served by in the test): every change alters eager's result.
+KINDS = {
+    "attrdict": (_set_item, ("makefx", "dynamo")),
+    "namedtuple": (_replace, ("makefx", "dynamo")),
+    "slots": (_set_slot, ("makefx", "dynamo")),
+    "array": (_set_element, ("makefx",)),
+    "scalar": (_new_scalar, ("makefx",)),
+    "closure": (_swap_closure, ("makefx", "dynamo")),
+    "closure_cell": (_set_cell, ("makefx",)),
+    "lambda": (_swap_lambda, ("makefx",)),
+    "gelu": (_patch_gelu, ("makefx", "dynamo")),
+    "layernorm": (_patch_layer_norm, ("makefx",)),
+}
+
+
+def model_kind(kind: str) -> str:
+    """The Model kind a change kind is made on."""
+    return "closure" if kind == "closure_cell" else kind
+
+
+def build(kind: str, seed: int = 0):
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return Model(model_kind(kind)), torch.randn(2, 4)

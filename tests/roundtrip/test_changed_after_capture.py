@@ -1,0 +1,87 @@
+"""Settings held in config containers (an attribute-style dict, a namedtuple, a slotted dataclass, a
+numpy array or scalar), in functions (a closure, its cell, a lambda) and in torch itself (a patched
+torch function, a patched layer's forward), changed after capture: each captured in this process,
+then served by a fresh process that makes the same change to eager and the artifact, before the
+first call and (MakeFx, whose later calls trust what the first checked) after a validated one; a
+Dynamo artifact has a process of its own, as two cannot load into one. Every call serves eager's result or is refused, naming what
+changed: never the captured result instead of eager's."""
+from __future__ import annotations
+
+import changed_state_cases as cases
+import pytest
+import torch
+from conftest import fresh_json
+
+import precompile
+
+SERVE = r"""
+import json, sys, torch, precompile, changed_state_cases as cases
+outcomes = {}
+items, whens = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+for item in items:
+    kind, tracer, artifact, cache = item
+    change = cases.KINDS[kind][0]
+    for when in whens:
+        served = precompile.load(artifact, cache)
+        model, x = cases.build(kind)
+        with torch.no_grad(), precompile.no_compilation():
+            if when != "first call":
+                assert torch.allclose(served(model, x), cases.step(model, x))
+            undo = change(model)
+            try:
+                eager = cases.step(model, x)
+                try:
+                    out = served(model, x)
+                except precompile.CallMismatch as refusal:
+                    outcome = "refused: " + str(refusal)
+                else:
+                    outcome = "same" if torch.allclose(out, eager) else "SILENTLY DIFFERENT"
+            finally:
+                if undo is not None:
+                    undo()
+        outcomes[f"{tracer} {kind} ({when})"] = outcome
+print(json.dumps(outcomes))
+"""
+
+
+@pytest.fixture(scope="module")
+def captured_kinds(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("changed")
+    pairs = []
+    for kind, (_, tracers) in cases.KINDS.items():
+        for tracer in tracers:
+            model, x = cases.build(kind)
+            paths = (directory / f"{tracer}-{kind}.py", directory / f"{tracer}-{kind}.cache")
+            make = precompile.MakeFxTracer if tracer == "makefx" else precompile.DynamoTracer
+            with torch.no_grad(), precompile.capture(cases.step, artifact_path=paths[0], cache_path=paths[1],
+                                                     tracer=make(), backend="eager") as cap:
+                cap(model, x)
+            pairs.append([kind, tracer, str(paths[0]), str(paths[1])])
+    return pairs
+
+
+def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_kinds):
+    import json
+
+    makefx = [item for item in captured_kinds if item[1] == "makefx"]
+    outcomes = fresh_json(SERVE, json.dumps(makefx), json.dumps(["first call", "after a validated call"]))
+    for item in captured_kinds:
+        if item[1] == "dynamo":
+            outcomes.update(fresh_json(SERVE, json.dumps([item]), json.dumps(["first call"])))
+    assert len(outcomes) == 2 * len(makefx) + len(captured_kinds) - len(makefx)
+    silent = {case: outcome for case, outcome in outcomes.items() if not outcome.startswith("refused")}
+    assert not silent, silent
+    # Each refusal names what changed, with both values
+    named = {
+        "attrdict": "args[0].cfg is changed_state_cases.AttrDict({'scale': 3.0})",
+        "namedtuple": "args[0].cfg is changed_state_cases.Config(scale=3.0, shift=0.5)",
+        "slots": "args[0].cfg.scale is 3.0 but the artifact was captured with 2.0",
+        "array": "values=[3.0, 0.5]",
+        "closure": "closing over k=2.0",
+        "closure_cell": "closing over k=2.0",
+        "gelu": "global torch.nn.functional.gelu is function changed_state_cases._patch_gelu.<locals>.<lambda>",
+        "layernorm": "global torch.nn.modules.normalization.LayerNorm.forward is function",
+    }
+    for kind, text in named.items():
+        for when in ("first call", "after a validated call"):
+            assert text in outcomes[f"makefx {kind} ({when})"], outcomes[f"makefx {kind} ({when})"]
