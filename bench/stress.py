@@ -2,8 +2,8 @@
 and several processes saving one pair at once.
 
     python bench/stress.py [--mutations 10000] [--jobs 1] [--kills 200] [--capture-kills 10]
-                           [--writers 2-8] [--trials 5] [--subprocess 30] [--load-mutations 5000] [--seed 0]
-                           [--parts mutations,kills,concurrency,load]
+                           [--writers 2-8] [--trials 5] [--subprocess 30] [--load-mutations 5000]
+                           [--mega-cases 2000] [--seed 0] [--parts mutations,kills,concurrency,load,mega]
 
 1. Mutations: seeded mutations of real fixture pairs (bit flips, truncations, splices, length-field
    lies, zstd frame and msgpack header damage in caches; syntax damage, changed and huge metadata
@@ -29,6 +29,11 @@ and several processes saving one pair at once.
    and the installs. About a third of the pairs are signed (honestly or not) and loaded under pinned
    keys, name and minimum release: each the pins refuse must be a PrecompileError. --jobs long-lived
    processes share the cases.
+5. Hostile Mega-Cache entries (bench/mega_hostile.py): an Inductor or AOTAutograd entry whose guard
+   expression, output stride or cache_key carries code torch would evaluate or import (alone, hidden
+   among guards torch writes, or in a real entry of a fixture blob rewritten), and benign ones as
+   torch's printer writes them, through show and verify --host. Every hostile case must be a finding
+   in both (an unshown eval otherwise), no benign one may be, and no payload may ever run.
  each part's figures as a table; exits 1 if any figure that must be zero is not.
 """
 from __future__ import annotations
@@ -567,6 +572,24 @@ def report_load_fuzz(f: dict) -> int:
     return sum(figures[name] for name in MUST_BE_ZERO)
 
 
+# -- part 5: hostile Mega-Cache entries ------------------------------------------------------------
+def report_mega(args, work: Path) -> int:
+    """Run and print part 5; return how many figures that must be zero are not."""
+    from bench import mega_hostile
+
+    started = time.perf_counter()
+    result = mega_hostile.run(args.mega_cases, args.seed, work, run_cli)
+    figures = result["figures"]
+    names = ("hostile cases", "shown as findings (show exit 1, verify --host FAIL)", "unshown evals", "benign cases",
+             "false findings", "executions (canary file created)", "tracebacks or hangs")
+    table(f"5. hostile Mega-Cache entries through show and verify --host ({time.perf_counter() - started:.0f} s)",
+          ("figure", "value"), [(name, figures[name]) for name in names])
+    table("   cases by field", ("field", "count"), sorted(result["kinds"].items()))
+    for failure in result["failures"][:10]:
+        print("   FAILURE", failure)
+    return sum(figures[name] for name in mega_hostile.MUST_BE_ZERO)
+
+
 # -- report --------------------------------------------------------------------------------------
 def table(title: str, header: tuple[str, ...], rows: list[tuple]) -> None:
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
@@ -588,9 +611,10 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=5, help="trials per writer count")
     parser.add_argument("--seed", default="0")
     parser.add_argument("--load-mutations", type=int, default=5_000, help="mutated caches through load (part 4)")
-    parser.add_argument("--parts", default="mutations,kills,concurrency,load")
+    parser.add_argument("--mega-cases", type=int, default=2_000, help="hostile and benign Mega-Cache entries (part 5)")
+    parser.add_argument("--parts", default="mutations,kills,concurrency,load,mega")
     args = parser.parse_args()
-    known = ("mutations", "kills", "concurrency", "load")
+    known = ("mutations", "kills", "concurrency", "load", "mega")
     unknown = [part for part in args.parts.split(",") if part not in known]
     if unknown:  # a misspelt part would run nothing and report every figure as required
         parser.error(f"unknown parts {unknown}; choose from {list(known)}")
@@ -646,6 +670,8 @@ def main() -> int:
             bad += sum(r["failed_writers"] + r["trials"] - r["whole"] + r["leftovers"] for r in c["rows"])
         if "load" in parts:
             bad += report_load_fuzz(load_fuzz(args))
+        if "mega" in parts:
+            bad += report_mega(args, work)
     print(f"\n{'all figures as required' if not bad else f'{bad} failures'}")
     return 1 if bad else 0
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from precompile.artifact.pair import pending_path
 from precompile.errors import PrecompileError
 from precompile.inspect import render_text
+from precompile.inspect.formats.mega_cache_runs import run_finding
 from precompile.inspect.model import Artifact
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import (
@@ -87,6 +88,8 @@ def _findings(artifact: Artifact) -> tuple[str, ...]:
         found.append(f"{artifact.cache.path}: {_plural(len(where), 'pickle')} ({shown}) would import {name} ({risk}) if unpickled"
                      + (f": {why}" if why else ""))
     found.extend(f"{artifact.cache.path}: {finding_text(scan, None)}" for scan, imp in artifact.cache_findings if imp is None)
+    if artifact.cache.upstream is not None:
+        found.extend(f"{artifact.cache.path}: {run_finding(entry, run)}" for entry, run in artifact.cache.upstream.run_findings)
     pending = pending_path(Path(artifact.cache.path)) if artifact.cache.path else None
     if pending is not None and os.path.lexists(pending):
         found.append(f"{pending} exists (left by an interrupted write): load adopts it over the cache when the cache does "

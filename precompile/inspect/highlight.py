@@ -1,8 +1,10 @@
 """A small, dependency-free syntax highlighter for the HTML report: Python through `tokenize`, C++
 through one regular expression. Output is HTML-escaped text with `<span class="...">` around
 tokens, one line per source line (a token spanning lines is closed and reopened at each newline),
-so a caller can number the lines. Artifacts are untrusted: every byte of the source is escaped,
-and a file the tokenizer rejects is shown plain.
+so a caller can number the lines. Artifacts are untrusted: every byte of the source is escaped (its
+control, bidirectional and invisible characters first written as `\\xNN`/`\\uNNNN` by
+`terminal_text.printable`, so no reordering hides code from the reader), and a file the tokenizer
+rejects is shown plain.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import re
 import tokenize
 
 from markupsafe import Markup, escape
+
+from precompile.inspect.terminal_text import printable
 
 _BUILTINS = frozenset(name for name in dir(builtins) if not name.startswith("_"))
 _STRING_TYPES = frozenset(getattr(tokenize, name) for name in ("STRING", "FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END")
@@ -105,7 +109,7 @@ def language_of(path: str) -> str:
 
 def highlight_lines(text: str, language: str) -> list[Markup]:
     """The source as escaped, highlighted HTML, one Markup per line (without its newline)."""
-    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    text = printable(text.replace("\r\n", "\n").replace("\r", "\n"), lines=True)
     if language == "python":
         html = _python(text)
     elif language == "cpp":

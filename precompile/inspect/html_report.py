@@ -10,7 +10,8 @@ side by side), before the artifacts' own sections. It needs nothing at view time
 attached to an issue or archived as is.
 
 Artifacts are untrusted: everything they hold reaches the page through Jinja2 autoescaping or the
-escaping highlighter (`highlight`). Output is deterministic: no timestamps, paths exactly as given.
+escaping highlighter (`highlight`), its control, bidirectional and invisible characters written as
+escapes first (`terminal_text.printable`, as every renderer writes them). Output is deterministic: no timestamps, paths exactly as given.
 Reading is torch-free and never executes, imports or unpickles the artifact.
 """
 from __future__ import annotations
@@ -38,10 +39,20 @@ from precompile.inspect.kernels import named_kernels
 from precompile.inspect.model import Artifact
 from precompile.inspect.render_text import diff_verdict, render_show
 from precompile.inspect.report import DiffReport, ShowReport
+from precompile.inspect.terminal_text import printable
 
 MAX_SHOWN_SOURCE = 512 * 1024
 """A kernel source or section longer than this (characters) is cut, saying so: the page stays openable."""
 _TEXT_KINDS = re.compile(r"source|\.(?:py|cpp|cc|c|h|hpp|cu|txt|json)$")
+
+
+
+def _shown(value):
+    """What the page writes of a value: text with its control, bidirectional and invisible characters
+    escaped (`printable`, line feeds kept for preformatted blocks), then HTML-escaped by autoescape;
+    markup this module built (highlighted source, itself escaped) as it is."""
+    return printable(value, lines=True) if isinstance(value, str) and not isinstance(value, Markup) else value
+
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("precompile.inspect", "templates"),
@@ -50,6 +61,7 @@ _ENV = jinja2.Environment(
     trim_blocks=True,
     lstrip_blocks=True,
     keep_trailing_newline=True,
+    finalize=_shown,
 )
 
 
@@ -293,7 +305,7 @@ def artifact_page(id: str, label: str, artifact: Artifact, code: bytes | None, *
         except PrecompileError as exc:
             page.problems.append(str(exc))
     _summary(page, artifact)
-    page.show_text = "".join(f"{text}\n" for text, _ in render_show(ShowReport(artifact=artifact, problems=tuple(problems))))
+    page.show_text = "".join(f"{printable(text)}\n" for text, _ in render_show(ShowReport(artifact=artifact, problems=tuple(problems))))
     _frames(page, artifact)
     _guards(page, artifact, source)
     _kernels(page, artifact, source, code)

@@ -8,8 +8,9 @@ its differences and whose text lists them) when it differs and the gate names it
 any difference without it); otherwise it passes, and a difference the gate does not name is listed
 in its `<system-out>`. Inputs that could not be read are an `<error>` testcase `inputs`.
 
-Built with xml.etree (so text and attributes are escaped), with the characters XML 1.0 cannot
-carry replaced by U+FFFD; deterministic (no timestamp, host or duration); written atomically:
+Built with xml.etree (so text and attributes are escaped); control, bidirectional and invisible
+characters are written as escapes (`terminal_text.printable`, as every renderer writes them) and
+what XML 1.0 still cannot carry (a lone surrogate) is replaced by U+FFFD; deterministic (no timestamp, host or duration); written atomically:
 readers see no file or the whole of it, never a part.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from precompile.errors import PrecompileError
 from precompile.inspect.diff import CATEGORIES, category
 from precompile.inspect.render_text import diff_verdict
 from precompile.inspect.report import DiffReport
+from precompile.inspect.terminal_text import printable
 
 SUITE = "precompile diff"
 MAX_LISTED = 1000
@@ -31,7 +33,7 @@ _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-
 
 
 def _xml_text(text: str) -> str:
-    return _NOT_XML.sub("\ufffd", text)
+    return _NOT_XML.sub("\ufffd", printable(text))
 
 
 def _differences(report: DiffReport) -> dict[str, list[str]]:
@@ -51,7 +53,7 @@ def _differences(report: DiffReport) -> dict[str, list[str]]:
 def _listed(lines: list[str]) -> str:
     shown = lines[:MAX_LISTED]
     more = [f"... {len(lines) - MAX_LISTED} more not shown"] if len(lines) > MAX_LISTED else []
-    return _xml_text("\n".join(shown + more) + "\n")
+    return "".join(f"{_xml_text(line)}\n" for line in shown + more)
 
 
 def junit_xml(report: DiffReport, fail_on: tuple[str, ...] | None) -> bytes:

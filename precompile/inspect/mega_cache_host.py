@@ -7,15 +7,19 @@ them (a different version never hits), the devices their graphs ran on (CPU is j
 its driver, which is not asked torch-free), and, where they hold C++ kernels, the compiler Inductor
 calls at load to build them, and the Python version a precompile entry (torch 2.14) records, which
 torch requires exactly. The CPU's instruction set is not recorded: this host's is shown (Inductor picks
-the vector ISA when it compiles the kernels here). The container and every entry's scan are checked first, as `show` reports them.
+the vector ISA when it compiles the kernels here). The container, every entry's scan and every field of
+an entry torch evaluates or imports (`formats/mega_cache_runs`: guard expressions, output strides,
+the output module's file) are checked first, as `show` reports them.
 """
 from __future__ import annotations
 
 import ast
 import platform
 import shutil
+from collections import Counter
 
 from precompile.artifact.bundle_keys import cpu_flags
+from precompile.inspect.formats.mega_cache_runs import run_finding
 from precompile.inspect.model import Artifact, MegaCache, MegaCacheEntry, PickleImport
 from precompile.inspect.report import Check, VerifyReport
 from precompile.inspect.verify import host_torch_version
@@ -43,7 +47,22 @@ def _integrity(mega: MegaCache) -> list[Check]:
     if not flagged:
         checks.append(Check(name="mega-cache pickles", status="ok",
                             actual="only data-only names and torch's classes reviewed for each entry's kind"))
-    return checks
+    return checks + _runs(mega)
+
+
+def _runs(mega: MegaCache) -> list[Check]:
+    """Each field torch evaluates or imports (guard expressions, output strides, the output module's
+    file) judged against what torch writes there: a finding where it is anything else."""
+    bad = [(entry, run) for entry in mega.entries for run in entry.runs if run.problem is not None]
+    if bad:
+        return [Check(name="mega-cache code torch runs", status="fail", actual=run.field, message=run_finding(entry, run),
+                      remedy="do not load this blob; treat it as hostile (torch evaluates or imports that field at lookup or load)")
+                for entry, run in bad]
+    counts = Counter("guard expressions" if run.field == "guards_expr" else "output module files" if run.field == "cache_key"
+                     else "output strides" for entry in mega.entries for run in entry.runs)
+    return [Check(name="mega-cache code torch runs", status="ok",
+                  actual=", ".join(f"{count} {what}" for what, count in sorted(counts.items())) or "none",
+                  message="each as torch writes it (shown by show)")]
 
 
 def _torch(mega: MegaCache) -> Check:

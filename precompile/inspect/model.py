@@ -151,6 +151,24 @@ class MegaCacheCode(msgspec.Struct, frozen=True, kw_only=True):
     sha256: str
 
 
+class MegaCacheRun(msgspec.Struct, frozen=True, kw_only=True):
+    """A field of an entry that torch runs as code when it looks the entry up or loads it, read from the
+    state the pickle's BUILDs set (`formats/mega_cache_runs`): a guard expression (eval'd at lookup), an
+    output stride expression (eval'd at load), or the file its output module is written to and imported
+    from (where `cache_key` sends it)."""
+
+    field: str
+    """The field as torch names it: `guards_expr`, `output_strides[0][1]`, `cache_key`."""
+    offset: int
+    """The opcode offset of the BUILD that sets it."""
+    within: str | None = None
+    """The nested pickle that BUILD sits in; None in the entry's own pickle."""
+    text: str
+    """The value as torch reads it (a summary where it is not a string)."""
+    problem: str | None = None
+    """Why it is not what torch itself writes there: a finding. None for torch's own shape."""
+
+
 class MegaCacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     """One artifact of a Mega-Cache: which of torch's caches it primes, under which key, and what it holds."""
 
@@ -163,6 +181,8 @@ class MegaCacheEntry(msgspec.Struct, frozen=True, kw_only=True):
     """The static scan of the content when it is a pickle: what loading it would import."""
     code: tuple[MegaCacheCode, ...] = ()
     """The kernels, output modules and graph code the entry carries, each once (by kind, name and source)."""
+    runs: tuple[MegaCacheRun, ...] = ()
+    """The fields torch evaluates or imports from the entry, in offset order, each with its problem."""
 
     @property
     def kernels(self) -> tuple[MegaCacheCode, ...]:
@@ -216,11 +236,20 @@ class UpstreamCache(msgspec.Struct, frozen=True, kw_only=True):
     """The bare Mega-Cache, when the file is one (a precompile cache's own is under `precompile`)."""
 
     @property
+    def entries(self) -> tuple[MegaCacheEntry, ...]:
+        """The Mega-Cache's entries: the bare blob's, or those of a precompile cache's artifact."""
+        mega = self.mega_cache or (self.precompile.artifact if self.precompile is not None else None)
+        return mega.entries if mega is not None else ()
+
+    @property
     def scans(self) -> tuple[PickleScan, ...]:
         """Every pickle scanned: the container's own, then each Mega-Cache entry's."""
-        mega = self.mega_cache or (self.precompile.artifact if self.precompile is not None else None)
-        entries = tuple(entry.scan for entry in mega.entries if entry.scan is not None) if mega is not None else ()
-        return self.pickles + entries
+        return self.pickles + tuple(entry.scan for entry in self.entries if entry.scan is not None)
+
+    @property
+    def run_findings(self) -> tuple[tuple[MegaCacheEntry, MegaCacheRun], ...]:
+        """Each field torch would run from an entry that is not what torch itself writes there."""
+        return tuple((entry, run) for entry in self.entries for run in entry.runs if run.problem is not None)
 
 
 CacheKind = Literal["precompile", "upstream_precompile", "mega_cache", "torch_save_zip", "pickle", "unknown", "missing", "absent"]

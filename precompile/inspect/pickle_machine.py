@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from typing import NamedTuple
 
 from precompile.inspect.model import Risk
 from precompile.inspect.pickle_ops import looks_like_pickle, read_ops
@@ -39,17 +40,30 @@ _NUMBER_OPS = frozenset("INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFL
 _LATIN1 = frozenset({"latin1", "latin-1", "latin_1", "iso-8859-1", "iso8859-1", "l1"})
 
 
+class BuildState(NamedTuple):
+    """The state a BUILD sets on the object below it, as the unpickler takes it: a dict's items (and a
+    (dict, slot dict) pair's) copied when BUILD runs, as `load_build` copies them into the object; the
+    values themselves are the machine's, so a list filled after BUILD holds what the object would."""
+
+    offset: int
+    within: str | None
+    """The nested pickle it sits in, as `PickleImport.within` names it; None in the pickle itself."""
+    state: object
+
+
 class Shared:
     """What one top-level scan and all its nested scans share: the nested-pickle budget, which names
     off the data-only list are reviewed for where this pickle sits, and how each may be built there
-    (see `scan_pickle`)."""
+    (see `scan_pickle`); and, where `states` is a list, the state each BUILD sets, collected into it."""
 
     def __init__(self, reviewed: Callable[[str, str], bool] | None = None,
-                 call_shape: Callable[[str, str], CallShape | None] | None = None) -> None:
+                 call_shape: Callable[[str, str], CallShape | None] | None = None,
+                 states: list[BuildState] | None = None) -> None:
         self.nested_bytes = MAX_NESTED_BYTES
         self.nested_scans = MAX_NESTED_SCANS
         self.reviewed = reviewed
         self.call_shape = call_shape
+        self.states = states
 
 
 class Machine:
@@ -272,8 +286,11 @@ class Machine:
         self.push(self.call(items[0], tuple(items[1:]), pos, name), pos)
 
     def build(self, name: str, arg, pos: int) -> None:
-        self.pop()
+        state = self.pop()
         target = self.top()
+        if self.budget.states is not None:
+            copied = tuple(dict(part) if isinstance(part, dict) else part for part in state) if isinstance(state, tuple) else state
+            self.budget.states.append(BuildState(pos, self.within, dict(state) if isinstance(state, dict) else copied))
         if isinstance(target, Global) and target.resolved:
             self.unresolved(f"BUILD sets state on the imported object {target.module}.{target.name} itself",
                             pos, name, target.module, target.name)

@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable
 
 from precompile.inspect.model import Blob, Field, PickleImport, PickleScan
-from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Machine, Shared
+from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, BuildState, Machine, Shared
 from precompile.inspect.pickle_ops import OPCODE_BYTES
 from precompile.inspect.pickle_shapes import CallShape
 from precompile.inspect.pickle_symbols import key_text, summarize
@@ -75,20 +75,22 @@ def evaluate(data: bytes) -> tuple[object, str | None]:
 
 
 def scan_pickle(data: bytes, *, member: str, reviewed: Callable[[str, str], bool] | None = None,
-                call_shape: Callable[[str, str], CallShape | None] | None = None) -> PickleScan:
+                call_shape: Callable[[str, str], CallShape | None] | None = None,
+                states: list[BuildState] | None = None) -> PickleScan:
     """Scan one pickle; malformed input gives a scan with `problem` set, never an exception.
 
     `reviewed(module, name)` marks names off the data-only list that are allowed in this pickle, and
     makes every other name off it a finding (`PickleScan.findings`): for a pickle `load` itself
     unpickles, where "unknown" is not good enough (the opaque state, see `dynamo_state_reviewed`).
     `call_shape(module, name)` is how a reviewed name may be built there (`pickle_shapes`): any
-    other call of it is an unresolved finding naming the class and the call."""
+    other call of it is an unresolved finding naming the class and the call. `states`, a list, receives
+    the state each BUILD sets (nested pickles' too), for a reader of the fields torch uses."""
     blob = Blob(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     strict = reviewed is not None
     if len(data) > MAX_PICKLE_SIZE:
         return PickleScan(member=member, blob=blob, unpickled_by_load=strict,
                           problem=f"{len(data)} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
-    machine = Machine(bytes(data), Shared(reviewed, call_shape), 0, None)
+    machine = Machine(bytes(data), Shared(reviewed, call_shape, states), 0, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # escape_decode on odd STRING escapes: not our reader's noise
         result, problem = machine.run()

@@ -7,7 +7,8 @@ has their diff), and each changed kernel by its Inductor name with its source di
 fence. Deterministic; bounded so that a comment fits (MAX_ENTRIES per category, MAX_KERNEL_LINES in
 all, MAX_VALUE characters a value), saying what it left out. Everything from an artifact is in a
 code span or a fence sized past its longest backtick run, so no text of it is read as Markdown or
-HTML, and a table cell's `|` is escaped.
+HTML, and a table cell's `|` is escaped; control, bidirectional and invisible characters in it are
+written as escapes (`terminal_text.printable`, as every renderer writes them).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import re
 from precompile.inspect.diff import CATEGORIES, category
 from precompile.inspect.render_text import diff_verdict
 from precompile.inspect.report import DiffEntry, DiffReport
+from precompile.inspect.terminal_text import printable
 
 MAX_ENTRIES = 50
 """Differences listed per category; the rest are counted."""
@@ -24,12 +26,11 @@ MAX_KERNEL_LINES = 400
 MAX_VALUE = 300
 """Characters of one key or value shown; a longer one is cut, giving its length."""
 _BACKTICKS = re.compile(r"`+")
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
 
 def code_span(text: str) -> str:
     """`text` as an inline code span: one line, cut past MAX_VALUE, fenced by more backticks than it holds."""
-    text = _CONTROL.sub("\ufffd", " ".join(text.splitlines()))
+    text = printable(" ".join(text.split("\n")))  # a line break is a space; every other control an escape
     if len(text) > MAX_VALUE:
         text = f"{text[:MAX_VALUE]}... ({len(text)} characters)"
     fence = "`" * (max((len(run) for run in _BACKTICKS.findall(text)), default=0) + 1)
@@ -103,7 +104,7 @@ def _kernels(report: DiffReport) -> list[str]:
         lines.append(f"- {code_span(kernel.name)} {kernel.change}")
         if shown:
             fence = _fence(shown)
-            lines += ["", f"{fence}diff", *(_CONTROL.sub("\ufffd", line) for line in shown), fence]
+            lines += ["", f"{fence}diff", *(printable(line) for line in shown), fence]
     if left_out:
         lines += ["", f"... {left_out} more kernel diff lines not shown (`precompile diff` prints them)"]
     return lines

@@ -14,10 +14,20 @@ from precompile.artifact.bundle_rules import unserved_reason
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.inspect.diff import SECTIONS
 from precompile.inspect.formats.mega_cache_policy import review_reason
+from precompile.inspect.formats.mega_cache_runs import run_finding
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
 from precompile.inspect.line_diff import shown
-from precompile.inspect.model import Artifact, CacheInfo, Guards, MegaCache, PickleScan, PythonCodeInfo, UpstreamCache
+from precompile.inspect.model import (
+    Artifact,
+    CacheInfo,
+    Guards,
+    MegaCache,
+    MegaCacheEntry,
+    PickleScan,
+    PythonCodeInfo,
+    UpstreamCache,
+)
 from precompile.inspect.pickle_policy import DATA_ONLY, PARTIAL
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
 
@@ -144,8 +154,24 @@ def _mega_cache(mega: MegaCache, title: str) -> list[Line]:
         if entry.scan is not None:
             lines.extend(_import_lines(entry.scan, "      ", functools.partial(review_reason, entry.kind)))
         lines.extend(_code_lines(entry.code))
+        lines.extend(_run_lines(entry))
     if mega.problem:
         lines.append((f"    problem: {mega.problem}", BAD))
+    return lines
+
+
+def _run_lines(entry: MegaCacheEntry) -> list[Line]:
+    """The fields of an entry torch runs: each guard expression, each symbolic output stride and the
+    output module's file, as torch would use them; anything else is a finding, named."""
+    lines: list[Line] = []
+    for run in entry.runs:
+        if run.problem is not None:
+            lines.append((f"      finding: {run_finding(entry, run)}", BAD))
+        elif run.field == "cache_key":
+            lines.append((f"      output module file load writes and imports: {run.text}", None))
+        else:
+            when = "guard expression torch evaluates at lookup" if run.field == "guards_expr" else "output stride torch evaluates at load"
+            lines.append((f"      {when} ({run.field}): {run.text}", None))
     return lines
 
 

@@ -40,6 +40,7 @@ from precompile.artifact.pair import pending_path, read_bytes
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source
 from precompile.errors import PrecompileError
 from precompile.inspect import bytecode_proof
+from precompile.inspect.formats.mega_cache_runs import run_finding
 from precompile.inspect.model import Artifact, PickleScan
 from precompile.inspect.opaque import finding_text
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
@@ -103,15 +104,21 @@ def _integrity(artifact: Artifact, proof_memory_mib: int | None) -> list[Check]:
     return checks
 
 
+_HOSTILE_RUN = "do not load this cache; treat it as hostile (torch evaluates or imports that field when it looks the entry up or loads it)"
+
+
 def _cache_pickles(artifact: Artifact) -> list[Check]:
     """The cache's pickles that could not be scanned to their end, and (a cache read without a
-    problem: an upstream pair) their dangerous imports: what loading the cache would unpickle."""
+    problem: an upstream pair) their dangerous imports: what loading the cache would unpickle; and
+    each field of its Mega-Cache entries torch would run that is not what torch writes there."""
     shown = artifact.cache.problem is not None  # the imports are listed above, as "pickle imports"
     return [Check(name="cache pickle", status="fail",
                   actual=f"{imp.module}.{imp.name} at opcode offset {imp.offset}" if imp else None,
                   message=f"cache {artifact.cache.path}: {finding_text(scan, imp)}",
                   remedy="do not load this cache; treat it as hostile")
-            for scan, imp in artifact.cache_findings if imp is None or not shown]
+            for scan, imp in artifact.cache_findings if imp is None or not shown] + [
+        Check(name="cache code torch runs", status="fail", actual=run.field, message=f"cache {artifact.cache.path}: {run_finding(entry, run)}",
+              remedy=_HOSTILE_RUN) for entry, run in (artifact.cache.upstream.run_findings if artifact.cache.upstream else ())]
 
 
 def _proof_inputs(python_code_path: str, cache_path: str):

@@ -95,11 +95,11 @@ def test_junit_has_a_testcase_per_category_failing_exactly_where_the_gate_does(c
 
 
 def test_junit_escapes_what_xml_cannot_carry_and_writes_atomically(capsys, tmp_path):
-    hostile = "k\x00\x1b]]><x a='1'>&amp;"
+    hostile = "k\x00\x1b\u202e\ud800]]><x a='1'>&amp;"
     report = DiffReport(a="a", b="b", equal=False, categories={"guards": 1},
                         entries=(DiffEntry(section="guards", key=hostile, change="added", b="v"),))
     failure = ET.fromstring(junit_xml(report, None)).find("testsuite/testcase/failure")
-    assert failure.text == "+ guards k\ufffd\ufffd]]><x a='1'>&amp;: v\n"  # parsed back as text, not markup
+    assert failure.text == "+ guards k\\x00\\x1b\\u202e\ufffd]]><x a='1'>&amp;: v\n"  # as text shows it; not markup
     target = tmp_path / "dir.xml"
     target.mkdir()  # a path that cannot be replaced: an error, no partial file, nothing left behind
     rc, _, err = run_cli(capsys, ["diff", "--junit", str(target), *CONVENTION_PAIR])

@@ -6,6 +6,7 @@ compares kernels by source."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import lzma
 import pickle
@@ -77,6 +78,11 @@ def _text(value: str) -> bytes:
     return b"\x8c" + bytes([len(value)]) + value.encode()  # SHORT_BINUNICODE
 
 
+def code_hash(source: str) -> str:
+    """The key torch gives an output module, as torch/_inductor/codecache.py computes it (code_hash)."""
+    return "c" + base64.b32encode(hashlib.sha256(source.strip().encode()).digest())[:51].decode().lower()
+
+
 def _global(module: str, name: str) -> bytes:
     return _text(module) + _text(name) + b"\x93"  # STACK_GLOBAL
 
@@ -112,7 +118,8 @@ SOURCE = "torch._dynamo.source"
 ORDERED_SET = _global("torch.utils._ordered_set", "OrderedSet")
 # The shapes torch's own pickling writes for a reviewed class, each allowed where its review says.
 BUILT_SHAPES = {
-    "newobj-then-build": (P4 + GRAPH + b")\x81}" + _text("source_code") + _text("x = 1") + b"sb.", "inductor"),
+    "newobj-then-build": (P4 + GRAPH + b")\x81}(" + _text("cache_key") + _text(code_hash("x = 1")) + _text("source_code")
+                          + _text("x = 1") + b"ub.", "inductor"),  # the module's key: torch's hash of its source
     "newobj-ex-trivial": (P4 + GRAPH + b")}\x92.", "inductor"),
     "reconstructor-on-object": (b"\x80\x02" + _global("copyreg", "_reconstructor") + GRAPH + _global("builtins", "object")
                                 + b"N\x87R}b.", "inductor"),

@@ -12,7 +12,7 @@ where bytes are a u64 big-endian length and the bytes, and a str is bytes holdin
 UTF-8. Each entry's content goes to one of torch's caches when loaded; content that is a pickle is
 scanned with `scan_pickle` against the classes reviewed for its kind and the shape each may be
 built in (`mega_cache_policy`), never unpickled, and read for the code it carries and the keys it
-records (`mega_cache_code`). Every length is checked against what is left before anything is sliced.
+records (`mega_cache_code`) and for the fields torch evaluates or imports from it (`mega_cache_runs`). Every length is checked against what is left before anything is sliced.
 """
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ import zlib
 
 from precompile.inspect.formats.mega_cache_code import entry_code, recorded_keys
 from precompile.inspect.formats.mega_cache_policy import call_shape_for, reviewed_for, with_stored_callables
+from precompile.inspect.formats.mega_cache_runs import entry_runs
 from precompile.inspect.model import Blob, MegaCache, MegaCacheContent, MegaCacheEntry
+from precompile.inspect.pickle_machine import BuildState
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 
 ENCODING_VERSION = 1
@@ -132,17 +134,20 @@ def read_mega_cache(data: bytes, *, where: str) -> MegaCache:
         for kind, key, content in _entries(reader):
             what = _content_kind(content)
             scan = None
+            states: list[BuildState] = []
             if what == "pickle":
                 pickles.append(content)
                 scan = with_stored_callables(scan_pickle(content, member=f"{kind}/{key}", reviewed=reviewed_for(kind),
-                                                         call_shape=call_shape_for(kind)), kind)
+                                                         call_shape=call_shape_for(kind), states=states), kind)
+            runs, modules = entry_runs(states, kind)
             entries.append(MegaCacheEntry(
                 kind=kind,
                 key=key,
                 file=Blob(size=len(content), sha256=hashlib.sha256(content).hexdigest()),
                 content=what,
                 scan=scan,
-                code=entry_code(content) if what == "pickle" else (),
+                code=entry_code(content, modules) if what == "pickle" else (),
+                runs=runs,
             ))
     except _Truncated as exc:
         problem = f"{where}: Mega-Cache {exc}"

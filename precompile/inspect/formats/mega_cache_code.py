@@ -77,20 +77,30 @@ def _kernels(module: str) -> list[MegaCacheCode]:
     return found
 
 
-def entry_code(content: bytes) -> tuple[MegaCacheCode, ...]:
-    """The output modules, their kernels and the graph modules' code an entry's pickle holds, each once."""
+def entry_code(content: bytes, modules: tuple[str, ...] = ()) -> tuple[MegaCacheCode, ...]:
+    """The output modules, their kernels and the graph modules' code an entry's pickle holds, each once;
+    then each of `modules` not among them: a source load imports as an output module (`mega_cache_runs`),
+    whatever it holds."""
     seen: dict[tuple[str, str, str], MegaCacheCode] = {}
-    modules = 0
+    count = 0
+
+    def module(text: str) -> None:
+        nonlocal count
+        aot_id = _AOT_ID.match(text)
+        count += 1
+        name = f"output module {aot_id.group('id') if aot_id else count}"
+        for code in [_code("wrapper", name, text), *_kernels(text)]:
+            seen.setdefault((code.kind, code.name, code.sha256), code)
+
     for text in _texts(content):
         if _OUTPUT_MODULE.search(text):
-            aot_id = _AOT_ID.match(text)
-            modules += 1
-            name = f"output module {aot_id.group('id') if aot_id else modules}"
-            for code in [_code("wrapper", name, text), *_kernels(text)]:
-                seen.setdefault((code.kind, code.name, code.sha256), code)
+            module(text)
         elif _GRAPH.match(text):
             code = _code("graph", "forward", text)
             seen.setdefault((code.kind, code.name, code.sha256), code)
+    for text in modules:
+        if _code("wrapper", "", text).sha256 not in {code.sha256 for code in seen.values() if code.kind == "wrapper"}:
+            module(text)
     return tuple(seen.values())
 
 
