@@ -128,6 +128,8 @@ builds it once per compiler and flags. It changes how kernels build, not what th
 kernel is found by its source, so the serving side never needs it (its JIT fallback compiles without)."""
 
 _CAPTURE_LOCK = threading.Lock()
+CAPTURE_DIR_NAME = "precompile-capture-kernels"
+"""What the capture's kernel dir is called in what its libraries embed (see `reproducible`)."""
 # Where a capture's Triton files go inside its cache dir (and Inductor's own default for device 0).
 _TRITON_DIR = "triton/0"
 # ISA probe libraries an earlier capture of this process built: seeded into the next capture's
@@ -160,12 +162,12 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
     from precompile.torch_compat import cpp_builder, inductor_config, temporary_cache_dir
 
     suffix = kernel_dir_suffix()
-    directory = Path(tempfile.gettempdir()) / f"precompile-capture-kernels-{os.getuid()}{suffix}"
+    directory = Path(tempfile.gettempdir()) / f"{CAPTURE_DIR_NAME}-{os.getuid()}{suffix}"
     commands: list[str] = []
     original = cpp_builder.CppBuilder.get_command_line
 
     def observed(self):
-        line = reproducible(original(self))
+        line = reproducible(original(self), directory)
         commands.append(line)
         return line
 
@@ -219,20 +221,23 @@ def _inductor_triton_memo_set_aside() -> Iterator[None]:
         memo.update({source: future for source, future in earlier.items() if source not in memo})
 
 
-def reproducible(command: str) -> str:
-    """A C++ build command that writes no path of this venv into what the library runs: the
-    site-packages torch's headers come from and Python's include dir are mapped to fixed names
-    (`-ffile-prefix-map`, as reproducible-builds practice does), for `__FILE__` in torch's headers
-    (.rodata) and the debug info. Two builds of one source with the same flags and compiler then give
-    libraries whose loaded sections are the same bytes wherever torch lives, so `precompile diff` can
-    compare what a library runs. The capture dir (under TMPDIR) is left as it is: it reaches only the
-    debug info and the static symbol table, and mapping it would put TMPDIR into Inductor's key for
-    the kernel, and so into the library's file name. Compilers other than gcc and clang get the
-    command as it is."""
+def reproducible(command: str, capture_dir: Path) -> str:
+    """A C++ build command that writes no path of this venv or of TMPDIR into what the library runs:
+    the site-packages torch's headers come from, Python's include dir and the capture's kernel dir
+    are mapped to fixed names (`-ffile-prefix-map`, as reproducible-builds practice does), for
+    `__FILE__` in torch's headers and in a kernel's own index bounds checks (TORCH_CHECK, .rodata) and
+    the debug info. Two builds of one source with the same flags and compiler then give libraries
+    whose loaded sections are the same bytes wherever torch lives and whatever TMPDIR is, so
+    `precompile diff` can compare what a library runs. The capture dir is mapped only in the commands
+    that name it, the ones that build: Inductor keys a kernel on the command it gets for placeholder
+    file names, which must not hold TMPDIR (it would reach the library's file name). Compilers other
+    than gcc and clang get the command as it is."""
     compiler, _, rest = command.partition(" ")
     if not rest or not os.path.basename(compiler).startswith(("g++", "gcc", "c++", "clang", "cc")):
         return command
     roots = {sysconfig.get_paths()["purelib"]: "site-packages", sysconfig.get_paths()["include"]: "python-include"}
+    if str(capture_dir) in rest:
+        roots[str(capture_dir)] = CAPTURE_DIR_NAME
     return " ".join([compiler, *(f"-ffile-prefix-map={root}={name}" for root, name in roots.items()), rest])
 
 
