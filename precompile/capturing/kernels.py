@@ -8,7 +8,6 @@ import ast
 import contextlib
 import hashlib
 import os
-import shutil
 import sysconfig
 import tempfile
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from precompile.artifact import bundle_keys, triton_groups
 from precompile.artifact.bundle_rules import kind_of
+from precompile.capturing.kernel_dir import KernelDir
 from precompile.errors import CaptureRefused
 from precompile.serve import triton_cache
 from precompile.serve.kernels import built_from, gpu_keys
@@ -128,6 +128,8 @@ builds it once per compiler and flags. It changes how kernels build, not what th
 kernel is found by its source, so the serving side never needs it (its JIT fallback compiles without)."""
 
 _CAPTURE_LOCK = threading.Lock()
+CAPTURE_DIR_NAME = "precompile-capture-kernels"
+"""What the capture's kernel dir is called in what its libraries embed (see `reproducible`)."""
 # Where a capture's Triton files go inside its cache dir (and Inductor's own default for device 0).
 _TRITON_DIR = "triton/0"
 # ISA probe libraries an earlier capture of this process built: seeded into the next capture's
@@ -137,59 +139,67 @@ _PROBES: dict[str, bytes] = {}
 
 @dataclass(frozen=True)
 class KernelBuild:
-    """Where a capture's kernels compile (a private Inductor cache dir) and the C++ build command
-    lines seen while they did."""
+    """Where a capture's kernels compile (a private Inductor cache dir, lent by `kernel_dir`) and the
+    C++ build command lines seen while they did."""
 
     directory: Path
     commands: list[str]
+    lent: KernelDir
+
+    def held(self) -> contextlib.AbstractContextManager[Path]:
+        """The dir, this capture's alone for the block: around whatever compiles into it or reads it."""
+        return self.lent.held()
 
 
 @contextlib.contextmanager
 def private_inductor_cache() -> Iterator[KernelBuild]:
-    """Compile into an emptied cache dir with the settings artifacts are keyed by; observe build commands.
+    """Point Inductor at the capture's kernel dir with the settings artifacts are keyed by; observe build commands.
 
-    The dir's path is fixed per user (and per rank, in a torch.distributed world) because compiled
-    libraries embed the path they were built in: a fixed path keeps two captures of the same model
-    byte-identical, so diffs show real changes. Single-process captures on this host take turns (a
-    thread lock and a file lock). A rank never waits for the file lock, since the block it guards
-    runs collectives that other ranks wait on: when another job holds its dir, it compiles into a
-    dir of its own process instead. Yields the KernelBuild whose commands the C++ build command
-    lines are appended to.
+    The dir is fixed per user (and per rank) and lent to one capture at a time: compile and read it
+    only inside the KernelBuild's `held()` (kernel_dir.py says why and how). Captures in threads of
+    one process take turns for the whole block (Inductor's settings are the process's). Yields the
+    KernelBuild whose commands the C++ build command lines are appended to.
     """
+    import torch
+
     from precompile.serve.ranks import kernel_dir_suffix
     from precompile.torch_compat import cpp_builder, inductor_config, temporary_cache_dir
 
     suffix = kernel_dir_suffix()
-    directory = Path(tempfile.gettempdir()) / f"precompile-capture-kernels-{os.getuid()}{suffix}"
     commands: list[str] = []
     original = cpp_builder.CppBuilder.get_command_line
 
     def observed(self):
-        line = reproducible(original(self))
+        line = reproducible(original(self), directory)
         commands.append(line)
         return line
 
-    with _CAPTURE_LOCK, _locked_dir(directory, wait=not suffix) as directory:
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
+    with _CAPTURE_LOCK:
+        lent = KernelDir(Path(tempfile.gettempdir()) / f"{CAPTURE_DIR_NAME}-{os.getuid()}{suffix}",
+                         rank=bool(suffix), keep=torch.cuda.is_available(), fill=_seed_probes)
+        directory = lent.directory
         cpp_builder.CppBuilder.get_command_line = observed
         try:
-            for relative, data in _PROBES.items():
-                (directory / relative).parent.mkdir(parents=True, exist_ok=True)
-                (directory / relative).write_bytes(data)
             with temporary_cache_dir(str(directory)), triton_cache.triton_block(directory / _TRITON_DIR), inductor_config.patch(
                 cpp_cache_precompile_headers=PRECOMPILED_HEADERS, **_triton_in_this_process()
             ), _inductor_triton_memo_set_aside():
                 _forget_isa_probes()
-                yield KernelBuild(directory, commands)
+                yield KernelBuild(directory, commands, lent)
             # Only the probes: the Triton check ran inside the block (freeze), where the kernels the
             # block compiled were still apart from those of the process before it.
-            for relative, (kind, data) in _kernel_files(directory).items():
+            built = lent.files()
+            for relative, (kind, data) in (_kernel_files(built) if built is not None else {}).items():
                 if kind.startswith("isa-probe"):
                     _PROBES[relative] = data
         finally:
             cpp_builder.CppBuilder.get_command_line = original
-            shutil.rmtree(directory, ignore_errors=True)
+            lent.close()
+
+
+def _seed_probes(directory: Path) -> None:
+    for relative, data in _PROBES.items():
+        (directory / relative).parent.mkdir(parents=True, exist_ok=True)
+        (directory / relative).write_bytes(data)
 
 
 def _triton_in_this_process() -> dict[str, int]:
@@ -219,45 +229,24 @@ def _inductor_triton_memo_set_aside() -> Iterator[None]:
         memo.update({source: future for source, future in earlier.items() if source not in memo})
 
 
-def reproducible(command: str) -> str:
-    """A C++ build command that writes no path of this venv into what the library runs: the
-    site-packages torch's headers come from and Python's include dir are mapped to fixed names
-    (`-ffile-prefix-map`, as reproducible-builds practice does), for `__FILE__` in torch's headers
-    (.rodata) and the debug info. Two builds of one source with the same flags and compiler then give
-    libraries whose loaded sections are the same bytes wherever torch lives, so `precompile diff` can
-    compare what a library runs. The capture dir (under TMPDIR) is left as it is: it reaches only the
-    debug info and the static symbol table, and mapping it would put TMPDIR into Inductor's key for
-    the kernel, and so into the library's file name. Compilers other than gcc and clang get the
-    command as it is."""
+def reproducible(command: str, capture_dir: Path) -> str:
+    """A C++ build command that writes no path of this venv or of TMPDIR into what the library runs:
+    the site-packages torch's headers come from, Python's include dir and the capture's kernel dir
+    are mapped to fixed names (`-ffile-prefix-map`, as reproducible-builds practice does), for
+    `__FILE__` in torch's headers and in a kernel's own index bounds checks (TORCH_CHECK, .rodata) and
+    the debug info. Two builds of one source with the same flags and compiler then give libraries
+    whose loaded sections are the same bytes wherever torch lives and whatever TMPDIR is, so
+    `precompile diff` can compare what a library runs. The capture dir is mapped only in the commands
+    that name it, the ones that build: Inductor keys a kernel on the command it gets for placeholder
+    file names, which must not hold TMPDIR (it would reach the library's file name). Compilers other
+    than gcc and clang get the command as it is."""
     compiler, _, rest = command.partition(" ")
     if not rest or not os.path.basename(compiler).startswith(("g++", "gcc", "c++", "clang", "cc")):
         return command
     roots = {sysconfig.get_paths()["purelib"]: "site-packages", sysconfig.get_paths()["include"]: "python-include"}
+    if str(capture_dir) in rest:
+        roots[str(capture_dir)] = CAPTURE_DIR_NAME
     return " ".join([compiler, *(f"-ffile-prefix-map={root}={name}" for root, name in roots.items()), rest])
-
-
-@contextlib.contextmanager
-def _locked_dir(directory: Path, *, wait: bool) -> Iterator[Path]:
-    """Hold `directory`'s file lock and yield it; without `wait`, a dir held by another process is
-    swapped for this process's own (its kernels then embed that path)."""
-    import fcntl
-
-    with open(f"{directory}.lock", "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held = True
-        except BlockingIOError:
-            held = False
-        if held:
-            yield directory
-            return
-    own = directory.with_name(f"{directory.name}-pid{os.getpid()}")
-    try:
-        with _locked_dir(own, wait=True) as own:
-            yield own
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(f"{own}.lock")
 
 
 def _forget_isa_probes() -> None:

@@ -112,13 +112,14 @@ def shown(verbose: bool) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def phase(name: str, counted: Callable[[], int] | None = None) -> Iterator[None]:
+def phase(name: str, counted: Callable[[], int] | None = None, *, since: float | None = None) -> Iterator[None]:
     """One phase of a capture: logged (and shown, inside `shown`) when it starts and when it ends;
-    `counted`: how many kernel libraries the phase has built so far, shown live on a terminal."""
+    `counted`: how many kernel libraries the phase has built so far, shown live on a terminal;
+    `since`: when it began (time.perf_counter), where it is said only once it has gone on a while."""
     log.info("capture: %s ...", name)
     for display in _shown:
         display.start(name, counted)
-    started = time.perf_counter()
+    started = time.perf_counter() if since is None else since
     try:
         yield
     finally:

@@ -2,8 +2,9 @@
 
 `register(verbs)` adds them to the CLI's subparsers. Every verb takes an artifact as
 PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME (show, diff and extract also
-one file alone, of any kind `reader.open_one` tells by content; guards and verify say a bare Mega-Cache
-is not supported, except `verify --host`, which judges whether this host would hit it); has `--json`; prints data on
+one file alone, of any kind `reader.open_one` tells by content; guards says a bare Mega-Cache is not
+supported, verify judges its container and scans as show does, and with --host whether this host
+would hit it); has `--json`; prints data on
 stdout and diagnostics on stderr; and exits 0 (clean), 1 (a finding: different, failed check,
 unpaired or flagged) or 2 (trouble: a file is unreadable, undecodable, foreign or newer than
 understood, or an option is wrong). With `--json`, stdout always holds one JSON object: the verb's
@@ -209,10 +210,8 @@ def _fail_on(value: str | None) -> tuple[str, ...] | None:
 def _verify(args, out, err) -> int:
     from precompile.inspect.api import verify_report
 
-    if _mega_cache_alone(args.artifact, "verify", "" if args.host else (
-            "it is no precompile pair (nothing to pair or sign); `precompile verify --host` says whether this host would hit "
-            "its entries, `precompile show` scans them")):
-        return _verify_mega_cache_host(args, out, err)
+    if _mega_cache_alone(args.artifact, "verify", ""):
+        return _verify_mega_cache(args, out, err)
     artifact = _artifact(args.artifact, deep=True, prove=True, proof_memory_mib=args.proof_memory)
     report = verify_report(artifact, host=args.host, trusted_keys=_trusted_keys(args.trusted_key),
                            expect=_expectations(args.expect_name, args.min_release), proof_memory_mib=args.proof_memory)
@@ -231,12 +230,14 @@ def _mib(text: str) -> int:
     return int(text)
 
 
-def _verify_mega_cache_host(args, out, err) -> int:
+def _verify_mega_cache(args, out, err) -> int:
+    """verify of a bare Mega-Cache: the container and each entry's scan (what `show` judges), and with
+    --host whether this host would hit its entries; it has nothing to pair or sign."""
     from precompile.inspect.mega_cache_host import mega_cache_host_report
 
     if args.trusted_key:
-        raise PrecompileError(f"--trusted-key: Mega-Cache {args.artifact[0]} carries no signature; verify --host it without the flag")
-    report = mega_cache_host_report(open_given(args.artifact))
+        raise PrecompileError(f"--trusted-key: Mega-Cache {args.artifact[0]} carries no signature; verify it without the flag")
+    report = mega_cache_host_report(open_given(args.artifact), host=args.host)
     _emit(args, out, report, render_text.render_verify(report, verbose=args.verbose) if not args.json else ())
     _diagnose(err, (), [f"{c.name}: {c.message}" for c in report.checks if c.status == "fail"])
     return 0 if report.ok else 1

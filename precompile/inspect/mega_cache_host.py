@@ -129,14 +129,17 @@ def _python(mega: MegaCache) -> Check:
                  remedy=f"load it with Python {wanted}, or save the cache again with Python {here}")
 
 
-def mega_cache_host_report(artifact: Artifact) -> VerifyReport:
-    """verify --host of a bare Mega-Cache: its integrity, then each recorded key against this host."""
+def mega_cache_host_report(artifact: Artifact, *, host: bool = True) -> VerifyReport:
+    """verify of a bare Mega-Cache: its integrity (the container and each entry's scan, as `show`
+    judges them), then, with `host`, each recorded key against this host."""
     upstream = artifact.cache.upstream
     assert upstream is not None and upstream.mega_cache is not None  # the caller opened a bare Mega-Cache
     mega = upstream.mega_cache
-    checks = _integrity(mega) + [_torch(mega), _devices(mega)]
-    compiler = _compiler(mega)
-    checks += [compiler] if compiler is not None else []
-    checks += [_isa(), _python(mega)]
-    return VerifyReport(python_code="", cache=artifact.cache.path, host=True,
+    checks = _integrity(mega)
+    if host:
+        checks += [_torch(mega), _devices(mega)]
+        compiler = _compiler(mega)
+        checks += [compiler] if compiler is not None else []
+        checks += [_isa(), _python(mega)]
+    return VerifyReport(python_code="", cache=artifact.cache.path, host=host,
                         ok=not any(check.status == "fail" for check in checks), checks=tuple(checks))

@@ -220,13 +220,26 @@ def fetched_if_urls(artifact_path: str | os.PathLike, cache_path: str | os.PathL
 
 @contextlib.contextmanager
 def _urls_named(fetched: FetchedPair | None):
-    """A PrecompileError raised while a fetched pair loads names the URLs, not the fetch cache's copies."""
-    try:
+    """A PrecompileError raised or a PrecompileWarning issued while a fetched pair loads names the URLs,
+    not the fetch cache's copies (a cache the store lacks was never there: its name in the fetch cache
+    is no path to show). The warnings are held until load ends, then issued where they were."""
+    if fetched is None:
         yield
+        return
+    issued: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as issued:
+            yield
     except PrecompileError as exc:
-        if fetched is not None and exc.args and isinstance(exc.args[0], str):
+        if exc.args and isinstance(exc.args[0], str):
             exc.args = (fetched.named(exc.args[0]), *exc.args[1:])
         raise
+    finally:
+        for held in issued:
+            message = held.message
+            if isinstance(message, PrecompileWarning):
+                message = PrecompileWarning(fetched.named(str(message)))
+            warnings.warn_explicit(message, held.category, held.filename, held.lineno, source=held.source)
 
 
 def _read_pair(artifact_path: Path, cache_path: Path, pins, expect, fetched):

@@ -22,11 +22,12 @@ import json
 import logging
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 from precompile.artifact.pair import read_bytes
-from precompile.errors import PrecompileError
+from precompile.errors import PrecompileError, PrecompileWarning
 from precompile.storage import remote
 from precompile.storage.owner_only import created_problem
 
@@ -104,11 +105,46 @@ def _recorded(cache: Path, found: remote.RemoteObject, what: str, limit: int) ->
     return Fetched(url=found.url, path=path, data=data, sha256=sha256, reused=True)
 
 
+def _fetched_before(cache: Path, url: str, what: str, limit: int, unreachable: remote.Unreachable) -> Fetched:
+    """The copy of `url` the index records, its bytes hashing to their name; `unreachable` re-raised,
+    naming the cache, where there is none."""
+    try:
+        entry = json.loads((cache / "index" / _digest(url.encode())).read_bytes())
+        sha256 = entry["sha256"] if isinstance(entry, dict) and entry.get("url") == url else None
+    except (OSError, ValueError, KeyError):
+        sha256 = None
+    data = None
+    if isinstance(sha256, str) and len(sha256) == 64:
+        with contextlib.suppress(PrecompileError):
+            data = read_bytes(cache / "objects" / sha256, what, limit)
+    if data is None or _digest(data) != sha256:
+        raise remote.Unreachable(f"{unreachable}; and the fetch cache {cache} holds no checked copy of it: "
+                                 "retry once the store answers") from None
+    assert isinstance(sha256, str)  # the digest of data, just checked
+    warnings.warn(PrecompileWarning(
+        f"{unreachable}: using the copy fetched before (sha256 {sha256}), which the store could not confirm "
+        "is still its latest; load again once the store answers"), stacklevel=2)
+    return Fetched(url=url, path=cache / "objects" / sha256, data=data, sha256=sha256, reused=True)
+
+
+def fetch_if_present(url: str, what: str, limit: int) -> Fetched | None:
+    """`fetch(url)`, or None where the store says there is no such object (a file that may be absent)."""
+    try:
+        return fetch(url, what, limit)
+    except remote.Missing:
+        return None
+
+
 def fetch(url: str, what: str, limit: int) -> Fetched:
     """The bytes at `url` (at most `limit`), from the cache when the store's stamp says they are the
-    ones fetched before, else downloaded and put in the cache."""
+    ones fetched before, else downloaded and put in the cache. Where the store cannot be asked (down,
+    unreachable), the copy fetched before, with a PrecompileWarning saying it may be older than the
+    store's; remote.Unreachable where there is none."""
     cache = root()
-    found = remote.stat(url, what)
+    try:
+        found = remote.stat(url, what)
+    except remote.Unreachable as exc:
+        return _fetched_before(cache, url, what, limit, exc)
     reused = _recorded(cache, found, what, limit)
     if reused is not None:
         log.info("using %s from the fetch cache (%s): the store's %s is unchanged", url, reused.path, found.stamp[0][0])

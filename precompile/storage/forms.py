@@ -7,6 +7,7 @@ matching local form there. `load` fetches the two URLs it is given (and the .sig
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +74,10 @@ def stage(url: str) -> Staged:
     if remote.exists(f"{url}.py"):
         view = _fetched_view(parent, _pair_names(parent, name, required=(f"{name}.py",)))
         return Staged(local=str(view / name), view=view, parent_url=parent)
+    if name.endswith((".py", ".cache")):  # a file of a pair, named as such: the store has no such object
+        raise PrecompileError(f"{_limit(name)[0]} {url} does not exist; pass the URL of the file capture() wrote")
     raise PrecompileError(f"{url} is neither a directory with one pair, a python_code file, nor a prefix of {url}.py; "
-                          "pass PYTHON_CODE CACHE")
+                          "pass PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME")
 
 
 @dataclass(frozen=True)
@@ -102,12 +105,16 @@ def fetch_pair(python_code_url: str, cache_url: str) -> FetchedPair:
     _, cache_name = parent_and_name(shown(cache_url))
     code = fetch_cache.fetch(python_code_url, "python_code", MAX_PYTHON_CODE_SIZE)
     files = {code_name: code}
-    cache = fetch_cache.fetch(cache_url, "cache", MAX_CACHE_SIZE) if remote.exists(cache_url) else None
+    cache = fetch_cache.fetch_if_present(cache_url, "cache", MAX_CACHE_SIZE)
     if cache is not None:
         files[cache_name if cache_name != code_name else f"{cache_name}.cache"] = cache
     signature_name = f"{code_name.rsplit('.', 1)[0] if '.' in code_name else code_name}.sig"
-    if remote.exists(f"{code_parent}/{signature_name}") and signature_name not in files:
-        files[signature_name] = fetch_cache.fetch(f"{code_parent}/{signature_name}", "signature", MAX_SIGNATURE_SIZE)
+    if signature_name not in files:
+        # A signature the store cannot be asked about and the cache holds no copy of is taken as absent:
+        # a load that pins keys then refuses the pair as unsigned (fail closed), one that pins none never reads it.
+        with contextlib.suppress(remote.Unreachable):
+            signature = fetch_cache.fetch_if_present(f"{code_parent}/{signature_name}", "signature", MAX_SIGNATURE_SIZE)
+            files.update({signature_name: signature} if signature is not None else {})
     view = fetch_cache.view(files)
     cache_in_view = next((name for name, f in files.items() if f is cache), cache_name)
     return FetchedPair(python_code=code, cache=cache, python_code_path=view / code_name, cache_path=view / cache_in_view,

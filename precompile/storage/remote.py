@@ -42,16 +42,36 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise PrecompileError(f"{url} is not a URL fsspec can open: {exc}") from None
 
 
+class Missing(PrecompileError):
+    """The store says the object does not exist."""
+
+
+class Unreachable(PrecompileError):
+    """The store could not be asked (no connection, a timeout, a server error): it said nothing of the object."""
+
+
+def _said_nothing(exc: FileNotFoundError) -> bool:
+    """Whether a backend's FileNotFoundError stands for a store that could not be asked: fsspec's HTTP
+    backend raises one for a refused connection, a timeout or a server error alike, from the cause."""
+    cause = exc.__cause__
+    status = getattr(cause, "status", None)
+    return (isinstance(cause, OSError) and not isinstance(cause, FileNotFoundError)) or (
+        isinstance(status, int) and status >= 500)
+
+
 def _failure(url: str, what: str, exc: BaseException) -> PrecompileError:
+    if isinstance(exc, FileNotFoundError) and _said_nothing(exc):
+        return Unreachable(f"could not read {what} {url}: {type(exc.__cause__).__name__}: {exc.__cause__}")
     if isinstance(exc, FileNotFoundError):
-        return PrecompileError(f"{what} {url} does not exist; pass the URL of the file capture() wrote")
+        return Missing(f"{what} {url} does not exist; pass the URL of the file capture() wrote")
     if isinstance(exc, PermissionError):
         return PrecompileError(f"could not read {what} {url}: permission denied; check the backend's credentials in the environment")
-    return PrecompileError(f"could not read {what} {url}: {type(exc).__name__}: {exc}")
+    return Unreachable(f"could not read {what} {url}: {type(exc).__name__}: {exc}")
 
 
 def stat(url: str, what: str) -> RemoteObject:
-    """What the store says of the object at `url`: a PrecompileError if it is missing or a directory."""
+    """What the store says of the object at `url`: Missing if it is missing, Unreachable where the store
+    could not be asked, a PrecompileError if it is a directory."""
     fs, path = filesystem(url)
     try:
         fs.invalidate_cache(path)  # the store's word now, not a listing this process cached before
@@ -90,7 +110,9 @@ def exists(url: str) -> bool:
     fs, path = filesystem(url)
     try:
         return fs.info(path).get("type") != "directory"
-    except FileNotFoundError:
+    except FileNotFoundError as exc:
+        if _said_nothing(exc):
+            raise _failure(url, "file", exc) from None
         return False
     except Exception as exc:  # see stat()
         raise _failure(url, "file", exc) from None

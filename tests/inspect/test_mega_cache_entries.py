@@ -198,13 +198,26 @@ def test_verify_host_fails_a_reviewed_class_called_with_arguments(capsys, tmp_pa
     assert rc == 1 and f"FAIL  mega-cache pickle: inductor k would import {name} (dangerous) if unpickled: {call}" in out
 
 
-def test_guards_and_plain_verify_say_a_mega_cache_is_not_supported(capsys, tmp_path):
+def test_guards_says_a_mega_cache_is_not_supported(capsys, tmp_path):
     blob = _blob(tmp_path, "torch-2.13.0.bin")
     rc, out, err = run_cli(capsys, ["guards", blob])
     assert rc == 2 and out == "" and f"guards is not supported for Mega-Cache {blob}: it holds no guards" in err
-    rc, out, err = run_cli(capsys, ["verify", blob])
-    assert rc == 2 and f"verify is not supported for Mega-Cache {blob}" in err and "verify --host" in err
-    assert "neither a directory" not in err
+
+
+def test_plain_verify_judges_a_mega_cache_as_show_does(capsys, tmp_path):
+    """verify without --host judges the container and each scan (show calls the blob clean: so does
+    verify, exit 0), and fails a hostile entry (1); the host's checks are --host's alone."""
+    blob = _blob(tmp_path, "torch-2.13.0.bin")
+    assert run_cli(capsys, ["show", blob])[0] == 0
+    rc, out, err = run_cli(capsys, ["verify", "--json", blob])
+    report = json.loads(out)
+    assert rc == 0 and report["ok"] and not report["host"], err
+    assert {check["name"] for check in report["checks"]} == {"mega-cache container", "mega-cache pickles"}
+    content, kind, name, call = HOSTILE_SHAPES["reduce-with-a-path"]
+    hostile = tmp_path / "mc.bin"
+    hostile.write_bytes(_mega_cache([(kind, "k", content)]))
+    rc, out, err = run_cli(capsys, ["verify", str(hostile)])
+    assert rc == 1 and f"FAIL  mega-cache pickle: inductor k would import {name} (dangerous) if unpickled: {call}" in out
 
 
 def test_verify_host_judges_the_recorded_keys_against_this_host(capsys, tmp_path, monkeypatch):

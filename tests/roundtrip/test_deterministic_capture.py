@@ -103,3 +103,27 @@ def test_python_code_names_no_path_of_the_capturing_process(captures):
         for tracer in TRACERS:
             text = (directory / f"{tracer}.py").read_text()
             assert str(directory.parent) not in text and '"num_threads":' not in text, (run, tracer)
+
+
+BOUNDS_CHECKED = r"""
+import sys, torch, precompile
+def lookup(table, index):
+    return table(index) * 2  # an embedding: Inductor's C++ kernel checks the index's bounds (TORCH_CHECK)
+torch.manual_seed(0)
+with torch.no_grad(), precompile.capture(lookup, artifact_path=sys.argv[1] + ".py", cache_path=sys.argv[1] + ".cache",
+                                         tracer=precompile.MakeFxTracer(), backend="inductor") as cap:
+    cap(torch.nn.Embedding(16, 4), torch.tensor([1, 3, 5]))
+"""
+
+
+def test_captures_under_two_tmpdirs_diff_equal_in_their_kernels(tmp_path, capsys):
+    """A kernel's index bounds check names its source file (`__FILE__`), which lies in the capture's
+    kernel dir under TMPDIR: mapped to a fixed name, the libraries run the same bytes whatever TMPDIR is."""
+    for run in ("a", "b"):
+        (tmp_path / f"tmp-{run}").mkdir()
+        proc = run_fresh(BOUNDS_CHECKED, str(tmp_path / run), env={"TMPDIR": str(tmp_path / f"tmp-{run}")})
+        assert proc.returncode == 0, proc.stderr
+    assert "TORCH_CHECK" in (tmp_path / "a.py").read_text()  # the model has the check this is about
+    rc, out, err = run_cli(capsys, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on", "kernels"])
+    assert rc == 0, out + err
+    assert "verdict: equal" in out

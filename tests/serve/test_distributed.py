@@ -211,15 +211,18 @@ def test_outside_a_world_the_kernel_dir_and_its_lock_are_the_single_process_ones
 
 
 def test_a_rank_never_waits_for_a_kernel_dir_another_job_holds(tmp_path):
-    from precompile.capturing.kernels import _locked_dir
+    from precompile.capturing.kernel_dir import KernelDir, lock_path
 
     directory = tmp_path / "kernels-rank0"
-    with open(f"{directory}.lock", "w") as other_job:
+    with open(lock_path(directory), "w") as other_job:
         fcntl.flock(other_job, fcntl.LOCK_EX)
-        with _locked_dir(directory, wait=False) as got:
-            assert got == tmp_path / f"kernels-rank0-pid{os.getpid()}"
-    with _locked_dir(directory, wait=False) as got:
-        assert got == directory
+        got = KernelDir(directory, rank=True, keep=False, fill=lambda _: None)
+        assert got.directory == tmp_path / f"kernels-rank0-pid{os.getpid()}" and got.directory.is_dir()
+        got.close()
+    got = KernelDir(directory, rank=True, keep=False, fill=lambda _: None)
+    assert got.directory == directory and directory.is_dir()
+    got.close()
+    assert not directory.exists()
 
 
 def test_writer_rank_must_be_a_rank(tmp_path):

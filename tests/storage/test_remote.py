@@ -4,12 +4,15 @@
 and a plain HTTP server; the local fetch cache they go through."""
 from __future__ import annotations
 
+import functools
+import http.server
 import io
 import json
 import os
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -279,3 +282,76 @@ def test_load_everywhere_fetches_on_one_rank_and_ships_the_pair_to_the_others(s3
         assert json.loads(out.strip().splitlines()[-1]) == {"max_abs_diff": 0.0, "cache_used": True}
     assert log.gets("everywhere/mlp.cache") == 1  # only rank 0 downloaded it
     assert not (tmp_path / "fetch-1").exists()
+
+
+def _fixture_pair(directory: Path, name: str = "mlp") -> None:
+    from test_inspect_helpers import FIXTURES
+
+    for suffix in (".py", ".cache"):
+        (directory / f"{name}{suffix}").write_bytes((FIXTURES / "v1" / f"{name}{suffix}").read_bytes())
+
+
+def test_verify_of_a_python_code_url_and_a_missing_cache_url_says_the_cache_does_not_exist(tmp_path, fetch_cache, capsys):
+    """Not that PYTHON_CODE CACHE is wanted: it was given."""
+    from test_inspect_helpers import run_cli
+
+    _fixture_pair(tmp_path)
+    missing = f"file://{tmp_path}/missing.cache"
+    rc, out, err = run_cli(capsys, ["verify", f"file://{tmp_path}/mlp.py", missing])
+    assert rc == 2 and f"cache {missing} does not exist; pass the URL of the file capture() wrote" in err, err
+    assert "PYTHON_CODE CACHE" not in err
+
+
+def test_load_names_a_missing_cache_by_its_url_not_by_a_path_in_the_fetch_cache(tmp_path, fetch_cache):
+    """The fetch cache never held the missing cache: the path it would have had there names nothing."""
+    import precompile
+    from precompile.errors import PrecompileWarning
+
+    _fixture_pair(tmp_path)
+    code, missing = f"file://{tmp_path}/mlp.py", f"file://{tmp_path}/missing.cache"
+    with pytest.warns(PrecompileWarning) as issued:
+        served = precompile.load(code, missing)
+    assert not served.cache_used
+    said = " ".join(str(warning.message) for warning in issued)
+    assert f"ignoring the cache: cache {missing} does not exist" in said and f"python_code {code} alone" in said
+    assert str(fetch_cache) not in said
+
+
+class _TaggedHandler(http.server.SimpleHTTPRequestHandler):
+    """A plain HTTP server that gives each file an ETag (its modification time and size), as stores do."""
+
+    def end_headers(self) -> None:
+        path = Path(self.translate_path(self.path))
+        if path.is_file():
+            self.send_header("ETag", f'"{path.stat().st_mtime_ns}-{path.stat().st_size}"')
+        super().end_headers()
+
+    def log_message(self, format, *args) -> None:
+        pass
+
+
+def test_with_the_store_down_load_serves_the_checked_copies_it_fetched_before(tmp_path, fetch_cache):
+    import precompile
+    from precompile.errors import PrecompileWarning
+
+    served_dir = tmp_path / "served"
+    served_dir.mkdir()
+    _fixture_pair(served_dir)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_TaggedHandler, directory=str(served_dir)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert precompile.load(f"{base}/mlp.py", f"{base}/mlp.cache").cache_used
+    finally:
+        server.shutdown()
+        server.server_close()
+    with pytest.warns(PrecompileWarning) as issued:
+        served = precompile.load(f"{base}/mlp.py", f"{base}/mlp.cache")
+    assert served.cache_used
+    said = [str(warning.message) for warning in issued]
+    for what, name in (("python_code", "mlp.py"), ("cache", "mlp.cache")):
+        assert any(m.startswith(f"could not read {what} {base}/{name}: ") and "using the copy fetched before (sha256 " in m
+                   for m in said), said
+    with pytest.raises(PrecompileError, match=rf"could not read python_code {base}/other.py: .*; and the fetch cache "
+                                              r"\S+ holds no checked copy of it: retry once the store answers"):
+        precompile.load(f"{base}/other.py", f"{base}/other.cache")

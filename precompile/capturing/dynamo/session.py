@@ -235,7 +235,7 @@ class DynamoSession:
         self.calls += 1
         try:
             counted = libraries_in(self.kernel_build.directory) if self.kernel_build is not None else None
-            with phase(f"call {self.calls}: compile what Dynamo has not yet, and run", counted):
+            with self._kernel_dir_held(), phase(f"call {self.calls}: compile what Dynamo has not yet, and run", counted):
                 result = self.compiled(*args, **kwargs)
             self._served_calls.append((args, kwargs))
             return result
@@ -324,8 +324,13 @@ class DynamoSession:
         # Rendering builds hundreds of thousands of short-lived objects (syntax trees of every guard,
         # the text): with the collector paused they are freed by refcounting alone, where they would
         # set off full collections over all of torch's objects (see cyclic_gc_paused).
-        with phase("render the Dynamo artifact"), cyclic_gc_paused():
+        with self._kernel_dir_held(), phase("render the Dynamo artifact"), cyclic_gc_paused():
             return self._build()
+
+    def _kernel_dir_held(self) -> contextlib.AbstractContextManager:
+        """The kernel dir held for a call or the build (Inductor compiles into it, the freeze reads it);
+        the caller's code between calls holds nothing (kernel_dir.py)."""
+        return self.kernel_build.held() if self.kernel_build is not None else contextlib.nullcontext()
 
     def _build(self) -> pipeline.Pair:
         entry, frames, guards, backends, slots = self._collect()

@@ -35,9 +35,12 @@ def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_
     capture's kernel dir), load the rendered python_code on those kernels as load will, and finish
     the pair (pipeline.py)."""
     with contextlib.ExitStack() as stack:
-        kernel_build = stack.enter_context(kernels.private_inductor_cache()) if backend == "inductor" else None
         with phase("trace with make_fx"):
-            traced = makefx.trace(fn, args, decompositions, layout=kernel_build is not None)
+            traced = makefx.trace(fn, args, decompositions, layout=backend == "inductor")
+        kernel_build = None
+        if backend == "inductor":  # the kernel dir is held from lowering to freezing, not while fn is traced
+            kernel_build = stack.enter_context(kernels.private_inductor_cache())
+            stack.enter_context(kernel_build.held())
         if kernel_build is None:
             with phase("render the ATen graph"):
                 graph = lowering.lower_eager(traced.graph_module)
