@@ -36,6 +36,7 @@ COMPAT_FILES = {
 SLOW_FILES = {
     "test_changed_after_capture.py",
     "test_makefx_autograd.py",
+    "test_trace_failures.py",
     "test_doctor.py",
     "test_dynamo_lowering.py",
     "test_diff_ci_kernels.py",

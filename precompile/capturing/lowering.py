@@ -67,7 +67,7 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
     from precompile.torch_compat import TracingContext, compile_fx, tracing
 
     if fake_mode is None:  # static shapes only: with unbacked dims a reshape may need to guard on them
-        _views_as_reshapes(graph_module)
+        views_as_reshapes(graph_module)
     compiled = []
 
     def keep_source(gm, inputs, **kwargs):
@@ -95,20 +95,49 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
     )
 
 
-def _views_as_reshapes(graph_module: torch.fx.GraphModule) -> None:
-    """Let AOTAutograd's retrace reshape where the traced graph viewed.
+def views_as_reshapes(graph_module: torch.fx.GraphModule, *, keep_mutated: bool = False) -> None:
+    """Reshape where the traced graph viewed.
 
-    The trace records `aten.view` wherever eager's strides allowed a view; AOTAutograd retraces the
-    graph with Inductor's decompositions, which may produce other strides for the same values (its
-    `cat` of a zero-size tensor and one other returns a clone keeping that one's layout, eager's cat
-    a contiguous tensor: transformers' KV cache starts as `torch.tensor([])`), and the view then fails.
-    `reshape` is a view wherever the view was valid, so nothing else changes.
+    The trace records `aten.view` wherever the strides it predicted allowed a view, but the strides
+    the graph's ops produce when it runs can differ: AOTAutograd retraces the graph with Inductor's
+    decompositions (its `cat` of a zero-size tensor and one other returns a clone keeping that one's
+    layout, eager's cat a contiguous tensor: transformers' KV cache starts as `torch.tensor([])`), and
+    an eager CPU kernel can return another layout than its fake twin predicted (transformers' PatchTST),
+    and the view then fails. `reshape` is a view wherever the view was valid, so nothing else changes;
+    where it copies instead, a write through the view would miss its base: with `keep_mutated` (a graph
+    run as it is, not functionalized), a view something writes through stays a view.
     """
     views = list(graph_module.graph.find_nodes(op="call_function", target=torch.ops.aten.view.default))
+    changed = False
     for node in views:
+        if keep_mutated and _written_through(node):
+            continue
         node.target = torch.ops.aten.reshape.default
-    if views:
+        changed = True
+    if changed:
         graph_module.recompile()
+
+
+def _written_through(node: torch.fx.Node) -> bool:
+    """Whether an op writes into `node`'s value, directly or through views of it."""
+    seen, pending = set(), [node]
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in current.users:
+            schema = getattr(user.target, "_schema", None)
+            if schema is None:
+                if user.op == "call_function":
+                    return True  # not an ATen op: assume it may write
+                continue
+            for argument, value in zip(schema.arguments, user.args):
+                if value is current and argument.alias_info is not None and argument.alias_info.is_write:
+                    return True
+            if schema.returns and schema.returns[0].alias_info is not None:
+                pending.append(user)  # a view of it (or an op returning its input): follow the alias
+    return False
 
 
 def adapt_output_code(source: str) -> str:

@@ -122,3 +122,16 @@ def test_the_real_model_and_its_grads_are_untouched_by_a_refused_capture(tmp_pat
     with pytest.raises(PrecompileError):
         capture_once(tmp_path, updates_param, model, torch.ones(2, 4))
     assert torch.equal(model.weight, weight) and model.weight.grad is None
+
+
+def test_a_tensors_data_used_as_a_size_is_refused_naming_the_line_and_the_remedy(tmp_path):
+    """torch's GRU over a packed sequence reads its batch sizes as Python ints: a fake tensor has none."""
+    import trace_failure_cases as cases
+
+    model, x, lengths = cases.PackedGRU(), torch.randn(3, 5, 4), torch.tensor([5, 3, 2])
+    with pytest.raises(precompile.CaptureRefused, match=r"uses a tensor's data as a Python value at .*rnn\.py:\d+ in forward "
+                                                        r"\(TypeError: .*FakeTensor.*pad instead of packing.*DynamoTracer"):
+        with torch.no_grad(), precompile.capture(cases.packed_step, artifact_path=tmp_path / "g.py", cache_path=tmp_path / "g.cache",
+                                                 tracer=precompile.MakeFxTracer(), backend="eager") as cap:
+            cap(model, x, lengths)
+    assert not (tmp_path / "g.py").exists()

@@ -26,7 +26,7 @@ from precompile.capturing.constants import (
     refuse_large_dynamo_constants,
     render_output_constants,
 )
-from precompile.capturing.lowering import adapt_output_code, lower_eager
+from precompile.capturing.lowering import adapt_output_code, lower_eager, views_as_reshapes
 from precompile.codegen import subgraphs as sections
 from precompile.codegen.drivers import source_of
 from precompile.codegen.models import AutogradPlan, SubgraphSection
@@ -70,6 +70,7 @@ class AtenRecorder:
         inline_small_constants(aten)  # small ones become literals in python_code; real data is refused
         aten.graph.eliminate_dead_code()
         aten.recompile()
+        views_as_reshapes(aten, keep_mutated=True)  # where the kernels' strides differ from the fakes
         name = f"graph_{len(self.graphs)}"
         served = exec_section(lower_eager(aten, entry=name).source, name, f"<precompile capture {name}>")
         self.graphs.append(RecordedGraph(aten=aten, served=served))

@@ -43,6 +43,7 @@ def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_
             stack.enter_context(kernel_build.held())
         if kernel_build is None:
             with phase("render the ATen graph"):
+                lowering.views_as_reshapes(traced.graph_module, keep_mutated=True)
                 graph = lowering.lower_eager(traced.graph_module)
                 source = _render(fn, traced, backend, graph, _autograd_graph(traced, graph))
             loading = "load the rendered python_code"
@@ -79,7 +80,9 @@ def _autograd_graph(traced: makefx.MakeFxTrace, eager: GraphSection | None) -> G
                 "record them: capture and serve it under torch.no_grad() or torch.inference_mode(), or turn "
                 "requires_grad off (model.requires_grad_(False))")
         return None
-    section = lowering.lower_eager(copy.deepcopy(traced.graph_module), entry=AUTOGRAD_ENTRY)
+    aten = copy.deepcopy(traced.graph_module)
+    lowering.views_as_reshapes(aten, keep_mutated=True)
+    section = lowering.lower_eager(aten, entry=AUTOGRAD_ENTRY)
     return GraphSection(title="The captured graph as ATen ops, for the calls autograd records (grad mode on and a "
                               "tensor requiring grad): the compiled graph computes no gradients",
                         source=section.source, entry=AUTOGRAD_ENTRY)

@@ -327,15 +327,36 @@ def _make_fx(traced: _TracedFn, decompositions, trace_inputs: list, *, marked: b
         ) from None
     except Exception as exc:
         op = _failing_op(exc.__traceback__)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        if op is None and "FakeTensor" in str(exc):
+            raise CaptureRefused(
+                f"fn uses a tensor's data as a Python value at {_traced_line(exc.__traceback__)} ({type(exc).__name__}: "
+                f"{first}): a MakeFx trace runs on fake tensors, which hold shapes but no data (torch's GRU and LSTM "
+                "read a packed sequence's batch sizes so). Keep that computation out of fn and pass its result in "
+                "(e.g. pad instead of packing), or capture with DynamoTracer"
+            ) from exc
         if op is None:
             raise  # what fn's own code raised, as it raised it
-        first = (str(exc).strip().splitlines() or [""])[0]
         raise CaptureRefused(
             f"tracing fn failed inside torch at the op {op} ({type(exc).__name__}: {first}): torch's fake-tensor "
             "implementation of that op refuses a call eager may run (transformers' grouped_mm experts on float32 "
             "weights on the CPU, say). Capture with DynamoTracer (code that checks torch.compiler.is_compiling() "
             "then takes its compile path), or call that op with what its fake implementation takes (e.g. bfloat16)"
         ) from exc
+
+
+def _traced_line(tb) -> str:
+    """Where the traced code was when it failed: the innermost frame of fn's code or of a torch layer
+    (torch.nn), not of the tracing machinery, as `file:line in function`."""
+    layers = str(Path(torch.__file__).parent / "nn") + "/"
+    machinery = (str(Path(torch.__file__).parent) + "/", str(Path(__file__).parent.parent.parent) + "/")
+    where = "an unknown line"
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_filename.startswith(layers) or not code.co_filename.startswith(machinery):
+            where = f"{code.co_filename}:{tb.tb_lineno} in {code.co_name}"
+        tb = tb.tb_next
+    return where
 
 
 def _failing_op(tb) -> str | None:
