@@ -212,7 +212,8 @@ def test_plain_verify_judges_a_mega_cache_as_show_does(capsys, tmp_path):
     rc, out, err = run_cli(capsys, ["verify", "--json", blob])
     report = json.loads(out)
     assert rc == 0 and report["ok"] and not report["host"], err
-    assert {check["name"] for check in report["checks"]} == {"mega-cache container", "mega-cache pickles"}
+    assert {check["name"] for check in report["checks"]} == {"mega-cache container", "mega-cache pickles",
+                                                              "mega-cache code torch runs"}
     content, kind, name, call = HOSTILE_SHAPES["reduce-with-a-path"]
     hostile = tmp_path / "mc.bin"
     hostile.write_bytes(_mega_cache([(kind, "k", content)]))
