@@ -16,6 +16,13 @@ def uses_global(x):
     return x * SCALE + 1
 
 
+def names_its_type(model, x):
+    """What transformers' infer_framework_from_repr does: `type()` of a tensor fn computed, which has
+    Dynamo install the torch module as a global named by its id (`_<id>_c<n>`) and guard on it."""
+    y = model(x)
+    return y * 2 if "torch" in repr(type(y)) else y
+
+
 def keyword_step(x, *, bias=None, alpha=1.0):
     out = x.cos() * alpha
     return out if bias is None else out + bias

@@ -217,8 +217,11 @@ def _python_code(artifact: Artifact) -> dict[str, dict[str, str]]:
         out["metadata"] = {
             **_header(meta, "dynamo"),
             "SUMMARY": str(meta.summary),
-            **{f"FRAMES {frame_label(f)}": f"{frame_served(f)}, {frame_role(f)}" for f in meta.frames},
-            **{f"INLINED_SOURCES {s.module}:{s.first_line}-{s.last_line}": s.sha256 for s in meta.inlined_sources},
+            # How each frame is reached is its calling convention; where its code sits (a comment added
+            # above it moves it) is not, and neither are the lines of an inlined source whose text is the same.
+            **{f"FRAMES {frame_label(f)}": f"{frame_served(f)}, {frame_role(f, with_line=False)}" for f in meta.frames},
+            **{f"FRAME_LINES {frame_label(f)}": f"line {f.first_line}" for f in meta.frames if f.first_line},
+            **_inlined_sources(meta.inlined_sources),
         }
     if isinstance(meta, MakeFxMetadata):
         out["inputs"] = {leaf.path: _leaf(leaf) for leaf in meta.inputs}
@@ -320,6 +323,18 @@ def _cache(artifact: Artifact, provenance: bool, files: dict[str, bytes]) -> dic
     if cache.kind not in ("missing", "absent"):
         return {"envelope": {"kind": cache.kind}}
     return {}
+
+
+def _inlined_sources(sources) -> dict[str, str]:
+    """Each inlined source by its module and text's sha256 (the second of the same text counted), with
+    the lines it sat on as the value: moved, it changed place, not what it does."""
+    out: dict[str, str] = {}
+    for source in sources:
+        key = f"INLINED_SOURCES {source.module} {source.sha256}"
+        while key in out:
+            key += "+"
+        out[key] = f"lines {source.first_line}-{source.last_line}"
+    return out
 
 
 def _masked(text: str) -> str:

@@ -10,10 +10,11 @@ def frame_label(frame: DynamoFrame) -> str:
     return frame.qualname or frame.name
 
 
-def frame_role(frame: DynamoFrame) -> str:
+def frame_role(frame: DynamoFrame, with_line: bool = True) -> str:
     """How a call reaches the frame: the entry, a continuation Dynamo's bytecode calls by name, or
-    (installed artifacts) a function installed onto by module and qualified name."""
-    line = f", line {frame.first_line}" if frame.first_line else ""
+    (installed artifacts) a function installed onto by module and qualified name; `with_line`: and the
+    line its code starts on."""
+    line = f", line {frame.first_line}" if frame.first_line and with_line else ""
     if frame.installed:
         return f"installed onto {frame.module}.{frame.qualname}{line}"
     if frame.resume_names:

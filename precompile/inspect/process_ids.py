@@ -1,7 +1,9 @@
 """Mask the names Dynamo mints afresh in every process, so two captures of the same code compare equal.
 
-Dynamo names each compiled graph `__compiled_fn_<n>_<uuid4>` and each continuation
-`__resume_at_<offset>_<counter>` from a process-wide counter; the opaque state pickles those names,
+Dynamo names each compiled graph `__compiled_fn_<n>_<uuid4>`, each continuation
+`__resume_at_<offset>_<counter>` from a process-wide counter, and each global it installs for an
+object by that object's id and the compile's (`_<id>_c<n>`: transformers' GPT-2 has Dynamo install
+the torch module so, and guards on `G['_140291431376400_c0'].Tensor`); the opaque state pickles those names,
 so its size and sha256 (in the comment above it) change with them. None of this says anything about
 what was captured; `diff` and the snapshot tests compare text with it masked, through this one function.
 
@@ -19,6 +21,7 @@ import re
 _COMPILED_FN = re.compile(r"__compiled_fn_\d+_[0-9a-f_]{36}")
 _RESUME_AT = re.compile(r"(__resume_at_\d+)_\d+")
 _BUILTINS_DICT = re.compile(r"__builtins_dict___\d+")
+_GLOBAL_BY_ID = re.compile(r"\b(\w*?)_\d{6,}_c\d+\b")
 _OBJECT_ID = re.compile(r"\b\d{9,}\b")
 _PICKLED = re.compile(r"pickled \(\d+ bytes, sha256 [0-9a-f]{64}\)")
 _ARTIFACT_PREFIX = re.compile(r"__precompile_[0-9a-f]{12}_")
@@ -32,8 +35,9 @@ class _TooManyOps(Exception):
 def mask_process_ids(text: str) -> str:
     """`text` with every per-process graph uuid, continuation counter and opaque-state size and digest
     replaced by a placeholder."""
-    if "__" not in text and "pickled (" not in text:  # what each of them spells: most text, at a glance
+    if "__" not in text and "pickled (" not in text and "_c" not in text:  # what each spells: most text, at a glance
         return text
+    text = _GLOBAL_BY_ID.sub(r"\1_<id>_c<n>", text)
     text = _COMPILED_FN.sub("__compiled_fn_<n>_<uuid>", text)
     text = _PICKLED.sub("pickled (<size>, <sha256>)", text)
     text = _BUILTINS_DICT.sub("__builtins_dict___<n>", text)
