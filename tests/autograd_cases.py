@@ -23,3 +23,34 @@ def grads(model: nn.Module, x: torch.Tensor, out: torch.Tensor) -> dict[str, lis
     found = {name: None if p.grad is None else p.grad.tolist() for name, p in model.named_parameters()}
     found["x"] = None if x.grad is None else x.grad.tolist()
     return found
+
+
+class RoundThrough(torch.autograd.Function):
+    """A straight-through estimator: rounds forward, passes the gradient back as it is."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.round()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def frozen_first_layer(model, x):
+    with torch.no_grad():
+        h = model[0](x)
+    return model[3](model[2](model[1](h)))
+
+
+def straight_through(model, x):
+    return RoundThrough.apply(model(x))
+
+
+def grad_inside(model, x):
+    with torch.enable_grad():
+        return model(x) * 2
+
+
+def branches_on_requires_grad(model, x):
+    return model(x) * (3.0 if model[0].weight.requires_grad else 1.0)

@@ -40,6 +40,22 @@ def make_act(k):
     return act
 
 
+def make_scaled(s):
+    return lambda x, s=s: x * s  # the value bound as a default, not a cell
+
+
+class Slotted:
+    """A slotted object whose __getattr__ raises on any name it lacks, `__dict__` included."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, **values):
+        self._values = values
+
+    def __getattr__(self, name):
+        return self._values[name]
+
+
 class Model(nn.Module):
     def __init__(self, kind: str):
         super().__init__()
@@ -48,7 +64,8 @@ class Model(nn.Module):
         self.norm = nn.LayerNorm(4)
         self.cfg = {"attrdict": AttrDict(scale=2.0), "namedtuple": Config(2.0, 0.5), "slots": SlotConfig(),
                     "array": np.array([2.0, 0.5]), "scalar": np.float64(2.0)}.get(kind)
-        self.act = make_act(0.5) if kind == "closure" else (lambda x: x * 0.5) if kind == "lambda" else None
+        self.act = {"closure": make_act(0.5), "lambda": lambda x: x * 0.5, "defaults": make_scaled(0.5)}.get(kind)
+        self.slotted = Slotted(scale=2.0) if kind == "slotted" else None
 
     def forward(self, x):
         y = self.lin(x)
@@ -59,8 +76,10 @@ class Model(nn.Module):
             return y * float(self.cfg[0])
         if kind == "scalar":
             return y * float(self.cfg)
-        if kind in ("closure", "lambda"):
+        if kind in ("closure", "lambda", "defaults"):
             return self.act(y)
+        if kind == "slotted":
+            return y * self.slotted.scale
         if kind == "gelu":
             return F.gelu(y)
         return self.norm(y)  # layernorm
@@ -98,6 +117,14 @@ def _set_cell(model):
     model.act.__closure__[0].cell_contents = 2.0
 
 
+def _swap_defaults(model):
+    model.act = make_scaled(2.0)
+
+
+def _set_slotted(model):
+    model.slotted._values["scale"] = 3.0
+
+
 def _swap_lambda(model):
     model.act = lambda x: x * 2.0
 
@@ -122,10 +149,12 @@ KINDS = {
     "array": (_set_element, ("makefx",)),
     "scalar": (_new_scalar, ("makefx",)),
     "closure": (_swap_closure, ("makefx", "dynamo")),
-    "closure_cell": (_set_cell, ("makefx",)),
-    "lambda": (_swap_lambda, ("makefx",)),
+    "closure_cell": (_set_cell, ("makefx", "dynamo")),
+    "lambda": (_swap_lambda, ("makefx", "dynamo")),
+    "defaults": (_swap_defaults, ("makefx", "dynamo")),
+    "slotted": (_set_slotted, ("makefx",)),
     "gelu": (_patch_gelu, ("makefx", "dynamo")),
-    "layernorm": (_patch_layer_norm, ("makefx",)),
+    "layernorm": (_patch_layer_norm, ("makefx", "dynamo")),
 }
 
 

@@ -3,8 +3,11 @@ modules whose forward reads Python state of every kind a trace can specialize on
 to make after capture, and what serving each case must come to.
 
 A program is a JSON-able spec: which state its forward reads (module attributes of each kind, a
-config object, globals, a global tensor, a buffer it updates in place, BatchNorm's training flag, a
-closure cell) with their initial values, and the grad mode it is captured under. `source(spec)`
+config object, config containers (an attribute-style dict, a namedtuple, a slotted dataclass),
+globals, a global tensor, a buffer it updates in place, BatchNorm's training flag, a closure cell, a
+lambda and a closure kept as attributes, a torch function and a torch layer's forward that a change
+patches, parameters that require grad or not) with their initial values, and the grad mode it is
+captured under. `source(spec)`
 renders it as an importable module; `apply(change, ...)` makes one change after capture, to the
 eager and the served side alike; `verdict(...)` is the property: the served result equals eager's,
 or the call is refused (CallMismatch, or capture refused it), never a silently different result.
@@ -16,11 +19,13 @@ import textwrap
 from hypothesis import strategies as st
 
 FEATURES = ("a_float", "a_int", "a_bool", "a_str", "a_enum", "a_dtype", "a_dict", "a_list", "a_act", "cfg", "bn",
-            "g_num", "g_flag", "g_int", "g_tensor", "buffer", "closure", "opt", "method", "hook")
+            "g_num", "g_flag", "g_int", "g_tensor", "buffer", "closure", "opt", "method", "hook",
+            "attrdict", "ntuple", "slotcfg", "lam", "mkact", "torchfn", "layerfwd", "reqgrad")
 
-ADDED = ("opt", "method", "hook")
-"""State a change adds where the capture found none: an attribute read by getattr with a default, a
-method replaced on the instance, a forward hook; their drawn value is only what the change sets."""
+ADDED = ("opt", "method", "hook", "lam", "torchfn", "layerfwd")
+"""State a change adds or replaces where the capture found another: an attribute read by getattr with
+a default, a method replaced on the instance, a forward hook, a lambda defined elsewhere, a torch
+function or a torch layer's forward patched; their drawn value is only what the change sets."""
 
 VALUES = {
     "a_float": st.sampled_from([0.5, 1.5, -2.0, 2, True]),  # an int or bool where a float was read
@@ -43,12 +48,24 @@ VALUES = {
     "g_tensor": st.sampled_from([0.5, 1.0, -3.0]),
     "buffer": st.sampled_from([0.0, 2.0, 7.0]),
     "closure": st.sampled_from([2.0, 3.0, 0.5]),
+    "attrdict": st.sampled_from([1.5, 0.25, 1]),
+    "ntuple": st.sampled_from([1.5, 0.25, 1]),
+    "slotcfg": st.sampled_from([1.5, 0.25, 1]),
+    "lam": st.sampled_from([2.0, 0.5]),
+    "mkact": st.sampled_from([2.0, 0.5]),
+    "torchfn": st.sampled_from([2.0, -1.0]),
+    "layerfwd": st.sampled_from([2.0, -1.0]),
+    "reqgrad": st.booleans(),
 }
 
 
 @st.composite
-def programs(draw):
-    features = draw(st.lists(st.sampled_from(FEATURES), min_size=1, max_size=5, unique=True))
+def programs(draw, lead: str | None = None):
+    """`lead`: a feature every program drawn has (the suite turns it through FEATURES, so each kind is
+    drawn whatever hypothesis' draws favour: they favour the first of a list)."""
+    others = [feature for feature in FEATURES if feature != lead]
+    features = [*([lead] if lead else []),
+                *draw(st.lists(st.sampled_from(others), min_size=0 if lead else 1, max_size=4, unique=True))]
     return {
         "features": sorted(features),
         "values": {name: draw(VALUES[name]) for name in sorted(features)},
@@ -98,6 +115,14 @@ def source(spec: dict) -> str:
         "a_list": ("self.a_list = [{!r}]", "y = y + self.a_list[0]"),
         "a_act": ("self.a_act = torch.{}", "y = self.a_act(y)"),
         "opt": (None, "extra = getattr(self, 'extra', None)\nif extra is not None:\n    y = y * extra"),
+        "attrdict": ("self.attrdict = AttrDict(gain={!r})", "y = y * self.attrdict.gain"),
+        "ntuple": ("self.ntuple = Gains({!r})", "y = y * self.ntuple.gain"),
+        "slotcfg": ("self.slotcfg = SlotConfig({!r})", "y = y * self.slotcfg.gain"),
+        "lam": ("self.lam = lambda t: t * {!r}", "y = self.lam(y)"),
+        "mkact": ("self.mkact = make_act({!r})", "y = self.mkact(y)"),
+        "torchfn": (None, "y = torch.nn.functional.silu(y)"),
+        "layerfwd": ("self.soft = torch.nn.Softsign()", "y = self.soft(y)"),
+        "reqgrad": ("self.requires_grad_({!r})", None),
         "method": (None, "y = self.helper(y)"),
         "cfg": ("self.cfg = Config({!r})", "y = y * self.cfg.gain"),
         "g_num": (None, "y = y * G_NUM"),
@@ -125,9 +150,13 @@ def source(spec: dict) -> str:
     fn = (f"def make_closure(k):\n    def closed(model, x):\n        return model(x) * k\n    return closed\n"
           if "closure" in f else "def step(model, x):\n    return model(x)\n")
     return "\n".join([
-        "import enum", "import torch", "",
+        "import collections", "import dataclasses", "import enum", "import torch", "",
         "class Mode(enum.Enum):", "    A = 'a'", "    B = 'b'", "",
         "class Config:", "    def __init__(self, gain):", "        self.gain = gain", "",
+        "class AttrDict(dict):", "    def __getattr__(self, name):", "        return self[name]", "",
+        "Gains = collections.namedtuple('Gains', 'gain')", "",
+        "@dataclasses.dataclass(slots=True)", "class SlotConfig:", "    gain: float", "",
+        "def make_act(k):", "    def act(t):", "        return t * k", "    return act", "",
         *module_globals, "",
         "class M(torch.nn.Module):",
         "    def __init__(self):", "        super().__init__()", "        self.lin = torch.nn.Linear(4, 4)",
@@ -141,6 +170,7 @@ def source(spec: dict) -> str:
 
 def apply_to_model(change: dict, model) -> None:
     """The part of a change made to each side's own model."""
+    import sys
     import types
 
     import torch
@@ -164,6 +194,18 @@ def apply_to_model(change: dict, model) -> None:
         model.a_list[0] = value
     elif what == "cfg":
         model.cfg.gain = value
+    elif what == "attrdict":
+        model.attrdict["gain"] = value
+    elif what == "ntuple":
+        model.ntuple = model.ntuple._replace(gain=value)
+    elif what == "slotcfg":
+        model.slotcfg.gain = value
+    elif what == "lam":
+        model.lam = lambda t, k=value: t * k
+    elif what == "mkact":
+        model.mkact = sys.modules[type(model).__module__].make_act(value)
+    elif what == "reqgrad":
+        model.requires_grad_(value)
     elif what == "bn":
         model.bn.train(value)
     elif what == "buffer":
@@ -178,3 +220,20 @@ def apply_to_module(change: dict, module) -> None:
         setattr(module, what.upper(), value)
     elif what == "g_tensor":
         module.G_TENSOR.fill_(value)  # in place: the same tensor object, other values
+
+
+def apply_to_torch(change: dict):
+    """The part of a change made to torch itself, which both sides share: a torch function or a torch
+    layer's forward patched. Returns what undoes it (None where the change patches nothing)."""
+    import torch
+
+    what, value = change["what"], change["value"]
+    if what == "torchfn":
+        owner, name, patch = torch.nn.functional, "silu", (lambda t, inplace=False, k=value: t * k)
+    elif what == "layerfwd":
+        owner, name, patch = torch.nn.Softsign, "forward", (lambda self, t, k=value: t * k)
+    else:
+        return None
+    original = vars(owner)[name]
+    setattr(owner, name, patch)
+    return lambda: setattr(owner, name, original)

@@ -56,8 +56,8 @@ def _outcome(run):
 
 
 def _compare(eager, served, model_e, model_s, autograd: bool) -> str | None:
-    """None when served is what eager returned (values, dtype, shape, and autograd where the tracer
-    serves it) and left the models in the same state; else what differs."""
+    """None when served is what eager returned (values, dtype, shape, whether it carries autograd) and
+    left the models in the same state; else what differs."""
     if served.dtype != eager.dtype or served.shape != eager.shape:
         return f"served {served.dtype} {tuple(served.shape)}, eager {eager.dtype} {tuple(eager.shape)}"
     if not torch.allclose(served.detach().double(), eager.detach().double(), atol=1e-4, rtol=1e-3):
@@ -74,8 +74,10 @@ def case(job: dict, tracer: str, change: dict) -> dict:
     spec = job["spec"]
     module = _module(job["dir"], job["module"])
     torch.set_default_dtype(torch.float64 if change["what"] == "default_dtype" else torch.float32)
+    undo = None
     try:
         programs.apply_to_module(change, module)
+        undo = programs.apply_to_torch(change)
         grad = change["value"] if change["what"] == "grad" else spec["grad"]
         model_e, model_s = module.build(), module.build()
         for model in (model_e, model_s):
@@ -90,12 +92,14 @@ def case(job: dict, tracer: str, change: dict) -> dict:
             served = _outcome(lambda: served_fn(model_s, x.clone()))
     finally:
         torch.set_default_dtype(torch.float32)
+        if undo is not None:
+            undo()
     if served[0] == "refused":
         return {"outcome": "refused", "detail": served[1]}
     if served[0] == "raised" or eager[0] == "raised":
         same = served[0] == eager[0] and served[1].split(":")[0] == eager[1].split(":")[0]
         return {"outcome": "both raised" if same else "DIFFERENT", "detail": f"eager {eager}, served {served}"}
-    difference = _compare(eager[1], served[1], model_e, model_s, autograd=tracer == "dynamo")
+    difference = _compare(eager[1], served[1], model_e, model_s, autograd=True)
     return {"outcome": "same" if difference is None else "DIFFERENT", "detail": difference or ""}
 
 

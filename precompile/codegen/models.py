@@ -25,6 +25,9 @@ class MakeFxArtifact(msgspec.Struct, frozen=True, kw_only=True):
     """What runs the calls autograd records (grad mode on, a tensor requiring grad), rendered as the
     section `autograd-graph`: the eager backend's graph itself, or the ATen graph beside a compiled
     one. None: such calls are refused (a training step's graph computes its gradients itself)."""
+    no_autograd: tuple[str, bool] | None = None
+    """Why there is no autograd graph for a forward (fn's code shapes autograd in a way its graph does
+    not keep, or dims marked unbacked), and whether eager's result carries autograd in any grad mode."""
 
 
 class SubgraphSection(msgspec.Struct, frozen=True, kw_only=True):

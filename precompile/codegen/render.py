@@ -64,6 +64,7 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
         sections=sections,
         entry=graph.entry,
         autograd_entry=_autograd_entry(artifact),
+        no_autograd=artifact.no_autograd,
     )
 
 

@@ -67,7 +67,9 @@ def makefx_guards(meta: MakeFxMetadata, records_autograd: bool = False) -> Guard
     strides_checked = any(getattr(t, "stride", None) is not None for t in (*meta.inputs, *meta.params, *meta.buffers))
     not_checked = (_NOT_CHECKED_READS + unchecked if meta.specialized else _NOT_CHECKED_ALWAYS) + (
         () if strides_checked else ("strides and memory format of the inputs (the eager backend accepts any layout)",)
-    ) + (() if records_autograd else ("requires_grad of the inputs (the artifact returns results without autograd history)",))
+    ) + (() if records_autograd else (
+        "autograd: no autograd-graph section, so a call autograd records (grad on, a tensor requiring grad) is refused "
+        "(a training step's result, and any result of an artifact rendered before the section, carries no autograd history)",))
     return Guards(
         tracer="make_fx",
         has_guards=False,

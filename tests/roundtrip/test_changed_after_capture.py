@@ -2,8 +2,8 @@
 numpy array or scalar), in functions (a closure, its cell, a lambda) and in torch itself (a patched
 torch function, a patched layer's forward), changed after capture: each captured in this process,
 then served by a fresh process that makes the same change to eager and the artifact, before the
-first call and (MakeFx, whose later calls trust what the first checked) after a validated one; a
-Dynamo artifact has a process of its own, as two cannot load into one. Every call serves eager's result or is refused, naming what
+first call and (MakeFx, whose later calls trust what the first checked) after a validated one, and
+unchanged, which must serve; a Dynamo artifact has a process of its own, as two cannot load into one. Every call serves eager's result or is refused, naming what
 changed: never the captured result instead of eager's."""
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ items, whens = json.loads(sys.argv[1]), json.loads(sys.argv[2])
 for item in items:
     kind, tracer, artifact, cache = item
     change = cases.KINDS[kind][0]
+    served = precompile.load(artifact, cache)  # once: a Dynamo artifact loads once a process
     for when in whens:
-        served = precompile.load(artifact, cache)
-        model, x = cases.build(kind)
+        model, x = cases.build(kind)  # a model of its own: the first call on it is checked in full
         with torch.no_grad(), precompile.no_compilation():
-            if when != "first call":
+            if when == "after a validated call":
                 assert torch.allclose(served(model, x), cases.step(model, x))
-            undo = change(model)
+            undo = change(model) if when != "unchanged" else None
             try:
                 eager = cases.step(model, x)
                 try:
@@ -64,12 +64,15 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
     import json
 
     makefx = [item for item in captured_kinds if item[1] == "makefx"]
-    outcomes = fresh_json(SERVE, json.dumps(makefx), json.dumps(["first call", "after a validated call"]))
+    outcomes = fresh_json(SERVE, json.dumps(makefx), json.dumps(["unchanged", "first call", "after a validated call"]))
     for item in captured_kinds:
         if item[1] == "dynamo":
-            outcomes.update(fresh_json(SERVE, json.dumps([item]), json.dumps(["first call"])))
-    assert len(outcomes) == 2 * len(makefx) + len(captured_kinds) - len(makefx)
-    silent = {case: outcome for case, outcome in outcomes.items() if not outcome.startswith("refused")}
+            outcomes.update(fresh_json(SERVE, json.dumps([item]), json.dumps(["unchanged", "first call"])))
+    assert len(outcomes) == 3 * len(makefx) + 2 * (len(captured_kinds) - len(makefx))
+    unchanged = {case: outcome for case, outcome in outcomes.items() if case.endswith("(unchanged)")}
+    assert set(unchanged.values()) == {"same"}, unchanged  # no false refusal
+    silent = {case: outcome for case, outcome in outcomes.items()
+              if not case.endswith("(unchanged)") and not outcome.startswith("refused")}
     assert not silent, silent
     # Each refusal names what changed, with both values
     named = {
@@ -79,6 +82,8 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "array": "values=[3.0, 0.5]",
         "closure": "closing over k=2.0",
         "closure_cell": "closing over k=2.0",
+        "defaults": "closing over default 2.0",
+        "slotted": "args[0].slotted._values is {'scale': 3.0}",
         "gelu": "global torch.nn.functional.gelu is function changed_state_cases._patch_gelu.<locals>.<lambda>",
         "layernorm": "global torch.nn.modules.normalization.LayerNorm.forward is function",
     }

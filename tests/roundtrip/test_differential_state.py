@@ -3,11 +3,12 @@
 Each example is a generated program (tests/differential_programs.py) whose forward reads Python
 state of every kind a trace can specialize on; it is captured with both tracers (eager backend,
 in this process), then a serving process that never captured anything makes each generated change
-(an attribute, a config field, a global, a global tensor in place, a dict or list in place, a
-buffer, BatchNorm's training flag, a closure cell, grad mode, the default dtype, or nothing) to a
-freshly built model on both sides and calls fn eagerly and the loaded artifact. Every case must end
-in the served result equal to eager's (values, dtype, shape, the models' state after; autograd too
-for Dynamo, which serves it), a refusal (CallMismatch, or capture refused the program), or both
+(an attribute, a config field, a config container's item, field or slot, a global, a global tensor
+in place, a dict or list in place, a buffer, BatchNorm's training flag, a closure cell, a lambda or
+closure attribute swapped, a torch function or a torch layer's forward patched, requires_grad
+flipped, grad mode, the default dtype, or nothing) to a freshly built model on both sides and calls
+fn eagerly and the loaded artifact. Every case must end in the served result equal to eager's
+(values, dtype, shape, whether it carries autograd, the models' state after), a refusal (CallMismatch, or capture refused the program), or both
 raising alike, never a silently different result. The one other outcome allowed: a MakeFx capture
 that warned it cannot check a closure cell, whose served call keeps the captured value.
 """
@@ -152,12 +153,13 @@ def _run(program_dir, worker, spec, changes, totals):
 
 def _suite(examples: int):
     totals: dict[str, int] = {}
+    leads = iter(range(10**9))
 
     @settings(max_examples=budget.examples(examples), deadline=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
     @given(data=st.data())
     def run(program_dir, worker, data):
-        spec = data.draw(programs.programs(), label="program")
+        spec = data.draw(programs.programs(lead=programs.FEATURES[next(leads) % len(programs.FEATURES)]), label="program")
         changes = data.draw(st.lists(programs.changes(spec), min_size=CHANGES_PER_PROGRAM, max_size=CHANGES_PER_PROGRAM),
                             label="changes")
         _run(program_dir, worker, spec, changes, totals)

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from precompile.artifact.metadata import VariantGuards
-from precompile.capturing.dynamo.named_identity import named_check, valued_check
+from precompile.capturing.dynamo.named_identity import FORWARD_MATCH, code_checks, forward_checks, named_check, valued_check
 from precompile.errors import CaptureRefused
 
 # Guard types Dynamo's guard serializer refuses, alone or as a type a guard's check derives (the
@@ -113,7 +113,8 @@ class _Compile:
     values: dict
     """What each dropped slot held in this compile (see `_value_key`), where comparable."""
     named: dict
-    """Dropped identity slots the artifact checks by name instead: {slot: check line} (named_identity)."""
+    """Dropped identity slots the artifact checks by name instead: {slot: check line, or the lines of a
+    closure's code checked by value} (named_identity)."""
     seen: dict = field(default_factory=dict)
     """What each kept guard's source held as Dynamo built it: {seen_key(guard): Seen}."""
 
@@ -143,11 +144,16 @@ class GuardLedger:
         wanted = list(self.user_filter(entries)) if self.user_filter is not None else default
         if len(wanted) != len(entries):
             raise CaptureRefused(f"guard_filter_fn returned {len(wanted)} flags for {len(entries)} guards; return one per guard")
-        kept, dropped, values, named, held = set(), [], {}, {}, {}
+        kept, dropped, values, held = set(), [], {}, {}
+        named: dict[tuple[str, str], str | tuple[str, ...]] = {}
+        classes: set = set()
         for entry, by_default, by_user in zip(entries, default, wanted):
             slot = (entry.guard_type, slot_source(entry.name))
             if by_default and by_user:
                 kept.add(slot)
+                forward = forward_checks(entry, classes)
+                if forward is not None:
+                    named[(FORWARD_MATCH, slot[1])] = forward
                 facts = seen(entry)
                 if facts is not None:
                     held[seen_key(entry.orig_guard)] = facts
@@ -155,7 +161,7 @@ class GuardLedger:
             if slot not in dropped:
                 dropped.append(slot)
             # Only what the serializer refused is checked by name; a drop the caller chose stays one.
-            check = (named_check(entry) or valued_check(entry)) if by_user or self.user_filter is None else None
+            check = (named_check(entry) or valued_check(entry) or code_checks(entry)) if by_user or self.user_filter is None else None
             if check is not None:
                 named[slot] = check
                 continue
@@ -340,7 +346,7 @@ def account_frame(code, name: str, ledger: GuardLedger, slots: SlotLists, taken:
             checks=(*sorted({slot_text(slot) for slot in checked}), *exprs),
             dropped=tuple(sorted({slot_text(slot) for slot in dropped})),
             policy_dropped=tuple(sorted({slot_text(slot) for slot in policy})),
-            by_name=tuple(sorted(named.values())),
+            by_name=tuple(sorted(line for check in named.values() for line in ((check,) if isinstance(check, str) else check))),
         ))
     slots.told_apart |= told_apart(compiles)
     return variants

@@ -115,6 +115,51 @@ def named_check(entry) -> str | None:
     return None if ref is None else f"{entry.guard_type} {entry.name} is {ref}"
 
 
+def code_checks(entry) -> tuple[str, ...] | None:
+    """For a dropped CLOSURE_MATCH on a function no name reaches (a lambda, a closure: `self.act =
+    lambda x: x * 0.5`), the by-value checks that tell its code from another's where Dynamo's check
+    compared code objects: where it is defined (module, qualified name, first line; the text there is
+    INLINED_SOURCES' to check). A lambda swapped for another then misses instead of serving the
+    captured one."""
+    value = entry.value if entry.has_value else None
+    if entry.guard_type != "CLOSURE_MATCH" or not isinstance(value, types.FunctionType):
+        return None
+    if not SOURCE.fullmatch(entry.name) or entry.name.startswith("type("):
+        return None
+    module, code = _text(getattr(value, "__module__", None)), value.__code__
+    if module is None:
+        return None
+    return (f"{entry.guard_type} {entry.name}.__module__ == {module!r}",
+            f"{entry.guard_type} {entry.name}.__code__.co_qualname == {getattr(code, 'co_qualname', value.__qualname__)!r}",
+            f"{entry.guard_type} {entry.name}.__code__.co_firstlineno == {code.co_firstlineno!r}")
+
+
+FORWARD_MATCH = "FORWARD_MATCH"
+"""The slot of the checks precompile adds of what a module's class runs as its forward."""
+
+
+def forward_checks(entry, classes: set) -> tuple[str, ...] | None:
+    """For a kept TYPE_MATCH on a module, once per class (`classes`: the ones already checked): the
+    by-value checks of the forward its class holds, by module and qualified name. Dynamo inlines a
+    module's forward without guarding it (its instance dict is: NOT_PRESENT_IN_GENERIC_DICT), so a
+    class patched after capture (`nn.LayerNorm.forward = ...`) would serve the captured forward; read
+    when the call comes, a patch made before load is seen too."""
+    value = entry.value if entry.has_value else None
+    kind = type(value)
+    if entry.guard_type != "TYPE_MATCH" or kind in classes or not any(k.__name__ == "Module" and k.__module__ == "torch.nn.modules.module"
+                                                                      for k in kind.__mro__):
+        return None
+    forward = getattr(kind, "forward", None)
+    module, qualname = _text(getattr(forward, "__module__", None)), _text(getattr(forward, "__qualname__", None))
+    if not isinstance(forward, types.FunctionType) or module is None or qualname is None:
+        return None
+    if not SOURCE.fullmatch(entry.name) or entry.name.startswith("type("):
+        return None
+    classes.add(kind)
+    return (f"{FORWARD_MATCH} {entry.name}.forward.__func__.__module__ == {module!r}",
+            f"{FORWARD_MATCH} {entry.name}.forward.__func__.__qualname__ == {qualname!r}")
+
+
 def _text(value: object) -> str | None:
     """A dunder name attribute as text; None where an object sets it to something else."""
     return value if isinstance(value, str) else None

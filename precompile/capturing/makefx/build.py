@@ -18,7 +18,6 @@ from precompile.capturing.makefx import trace as makefx
 from precompile.capturing.progress import libraries_in, phase
 from precompile.codegen.models import GraphSection, MakeFxArtifact
 from precompile.codegen.render import render_makefx
-from precompile.errors import CaptureRefused
 from precompile.serve import ranks as distributed
 from precompile.serve.load import execute
 
@@ -56,7 +55,9 @@ def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_
         with phase(loading):
             primed = kernels.built_so_far(kernel_build.directory, [source], {}) if kernel_build is not None else None
             namespace = execute(source, str(artifact_path.resolve()), primed)
-            namespace["forward"].warned_autograd = True  # the capture's own call says nothing of eager speed
+            # The capture's own call says nothing of eager speed, and where no graph records autograd as eager
+            # does it returns the values, warning that they carry none (a served call is refused).
+            namespace["forward"].warned_autograd = namespace["forward"].capturing = True
         pair = pipeline.finish(source, backend=backend, tracer="make_fx", kernel_build=kernel_build, kernel_modules=[source])
     return BuiltPair(pair=pair, forward=namespace["forward"])
 
@@ -65,27 +66,32 @@ def _autograd_graph(traced: makefx.MakeFxTrace, eager: GraphSection | None) -> G
     """What runs a forward's calls that autograd records (grad mode on, a tensor requiring grad):
     the `eager` backend's graph itself, whose ATen ops autograd records; beside a compiled graph,
     which computes no gradients, the ATen graph, rendered from a copy before Inductor's passes
-    change it. None for a training step (its graph computes the gradients itself) and for dims
-    marked unbacked (no ATen graph serves them)."""
-    if traced.grad_param_indices:
+    change it. None for a training step (its graph computes the gradients itself), where fn's code
+    shapes autograd in a way the graph does not keep (`no_autograd` says how), and for dims marked
+    unbacked (no ATen graph serves them)."""
+    if traced.grad_param_indices or no_autograd(traced) is not None:
         return None
     if eager is not None:
         return GraphSection(title="The calls autograd records run the graph above: its ATen ops record autograd",
                             source=f"{AUTOGRAD_ENTRY} = {eager.entry}", entry=AUTOGRAD_ENTRY)
-    if traced.fake_mode is not None:
-        if traced.records_autograd:
-            raise CaptureRefused(
-                "the captured call records autograd (grad mode is on and a parameter or input requires grad), but a "
-                "compiled forward computes no gradients and dims marked with mark_unbacked leave no ATen graph to "
-                "record them: capture and serve it under torch.no_grad() or torch.inference_mode(), or turn "
-                "requires_grad off (model.requires_grad_(False))")
-        return None
     aten = copy.deepcopy(traced.graph_module)
     lowering.views_as_reshapes(aten, keep_mutated=True)
     section = lowering.lower_eager(aten, entry=AUTOGRAD_ENTRY)
     return GraphSection(title="The captured graph as ATen ops, for the calls autograd records (grad mode on and a "
                               "tensor requiring grad): the compiled graph computes no gradients",
                         source=section.source, entry=AUTOGRAD_ENTRY)
+
+
+def no_autograd(traced: makefx.MakeFxTrace) -> tuple[str, bool] | None:
+    """Why a forward's calls that autograd records cannot be served as eager's (what the driver's
+    refusal says), and whether that holds in any grad mode (fn turns grad on); None where they can."""
+    if traced.grad_param_indices:
+        return None
+    if traced.autograd.unfaithful is not None:
+        return traced.autograd.unfaithful, traced.autograd.in_any_mode
+    if traced.fake_mode is not None:
+        return "the capture marked dims with mark_unbacked, which leave no ATen graph to record it", False
+    return None
 
 
 AUTOGRAD_ENTRY = "captured_graph_autograd"
@@ -110,4 +116,5 @@ def _render(fn, traced: makefx.MakeFxTrace, backend: Backend, graph, autograd_gr
         specialized=traced.specialized,
         world=distributed.captured_world([graph.source]),
     )
-    return render_makefx(MakeFxArtifact(metadata=metadata, graph=graph, autograd_graph=autograd_graph))
+    return render_makefx(MakeFxArtifact(metadata=metadata, graph=graph, autograd_graph=autograd_graph,
+                                        no_autograd=no_autograd(traced)))

@@ -198,9 +198,15 @@ def _getattr_call(instructions: list, index: int) -> bool:
 
 def _followable(value: object) -> bool:
     """A plain Python object whose attributes code may read as settings (a config, a namespace, an
-    object of a class with __slots__ such as a slotted dataclass)."""
+    object of a class with __slots__ such as a slotted dataclass, read as its slots hold them: not
+    where its class reads attributes its own way). Decided without running code of the object's."""
     kind = type(value)
-    return ((hasattr(value, "__dict__") or _slotted(kind))
+    try:
+        object.__getattribute__(value, "__dict__")
+        plain = True
+    except AttributeError:
+        plain = _slotted(kind) and kind.__getattribute__ is object.__getattribute__
+    return (plain
             and not isinstance(value, (torch.Tensor, type, types.ModuleType, enum.Enum))
             and not callable(value) and kind.__module__ != "builtins" and not kind.__module__.startswith("torch"))
 
@@ -360,9 +366,13 @@ class _FrameHook:
         """A public function of torch the code loads from its module (`F.gelu`, `torch.relu`,
         `torch.nn.functional.silu`): patched after capture (`F.gelu = ...`), eager calls the patch
         while the served graph holds what the trace called, so its spelling is checked."""
+        if module.__name__.startswith("torch.distributed"):
+            return  # its collectives are remapped to traceable ones while the trace runs (serve/ranks.py)
         for name in path:
             if name.startswith("_"):
                 return  # torch's private machinery (torch._C, F._in_projection): not what users patch
+            if name == "distributed":
+                return
             value = vars(module).get(name, _MISSING)
             if isinstance(value, types.ModuleType):
                 module = value

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,8 +23,8 @@ from torch.nn.utils import stateless
 
 from precompile.artifact.metadata import ConstantLeaf, NamedTensor, SpecializedValue, TensorLeaf
 from precompile.capturing import constants
-from precompile.capturing.makefx import reads, specialized, unbacked
-from precompile.codegen.drivers.makefx import collect_params_and_buffers
+from precompile.capturing.makefx import autograd_watch, reads, specialized, unbacked
+from precompile.codegen.drivers.makefx import REQUIRES_GRAD, collect_params_and_buffers, spelled
 from precompile.errors import CaptureRefused, PrecompileError
 from precompile.serve.ranks import traceable_collectives
 from precompile.torch_compat import pytree
@@ -58,6 +58,8 @@ class MakeFxTrace:
     """The FakeTensorMode `example_inputs` live in when dims were marked unbacked (they are fakes then)."""
     records_autograd: bool = False
     """Whether eager autograd records the captured call: grad mode on, a tensor it takes requiring grad."""
+    autograd: autograd_watch.AutogradSeen = field(default_factory=autograd_watch.AutogradSeen)
+    """What fn's code did to autograd that the graph does not keep, and whether it read requires_grad."""
 
 
 def _named(name: str, tensor: torch.Tensor, layout: bool) -> NamedTensor:
@@ -180,6 +182,7 @@ class _TracedFn:
         self.outputs: list[TensorLeaf | ConstantLeaf] = []
         self.grad_param_indices: tuple[int, ...] = ()
         self.read = reads.ReadLog()
+        self.autograd = autograd_watch.AutogradSeen()
 
     def __call__(self, *flat_inputs):
         call = self.call
@@ -194,7 +197,8 @@ class _TracedFn:
                 stack.enter_context(
                     stateless._reparametrize_module(module, {name: state[slot] for name, slot in names}, tie_weights=True)
                 )
-            with reads.recording(dict(zip(call.module_positions, call.modules))) as self.read:
+            with reads.recording(dict(zip(call.module_positions, call.modules))) as self.read, \
+                    autograd_watch.watching() as self.autograd:
                 result = self.fn(*[by_position[i] for i in range(len(call.args))])
         self._refuse_stray_gradients(state, flat[n_state:])
         graph_outputs = self._record_outputs(result)
@@ -277,10 +281,19 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
         out_spec=_spec_text(traced.out_spec, "output"),
         outputs=tuple(traced.outputs),
         grad_param_indices=traced.grad_param_indices,
-        specialized=(*state, *read),
+        specialized=(*state, *_requires_grad_read(traced, example_inputs), *read),
         fake_mode=fake_mode,
         records_autograd=torch.is_grad_enabled() and any(t.requires_grad for t in example_inputs),
+        autograd=traced.autograd,
     )
+
+
+def _requires_grad_read(traced: _TracedFn, example_inputs: list) -> list[SpecializedValue]:
+    """Where fn's code read a tensor's requires_grad (a branch on it is fixed by the trace), the flags
+    of every tensor the graph takes, checked on every call."""
+    if not traced.autograd.reads_requires_grad:
+        return []
+    return [SpecializedValue(kind="global_state", name=REQUIRES_GRAD, value=str(spelled(tuple(t.requires_grad for t in example_inputs))))]
 
 
 def _drop_the_traces_detaches(graph_module: torch.fx.GraphModule, requires_grad: list[bool]) -> None:

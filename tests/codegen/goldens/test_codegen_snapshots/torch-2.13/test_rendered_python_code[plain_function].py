@@ -182,6 +182,11 @@ def _function(value, depth=0):
             contents = _ABSENT
         spelling = "unbound" if contents is _ABSENT else _spelled(contents, depth + 1)
         cells.append(f"{free}={spelling if spelling is not None else 'a ' + type(contents).__name__}")
+    # Defaults bind values as a closure does (`lambda t, s=s: t * s`)
+    defaults = [*(getattr(value, "__defaults__", None) or ()), *(getattr(value, "__kwdefaults__", None) or {}).items()]
+    for default in defaults:
+        spelling = _spelled(default, depth + 1)
+        cells.append(f"default {spelling if spelling is not None else 'a ' + type(default).__name__}")
     return f"{name} (line {code.co_firstlineno})" + (f" closing over {', '.join(cells)}" if cells else "")
 
 
@@ -212,13 +217,21 @@ def _holds_mutable(value):
             or (isinstance(value, tuple) and any(map(_holds_mutable, tuple.__iter__(value)))))
 
 
+def _instance_dict(owner):
+    """owner's instance dict, read without its class's __getattr__ (which may raise anything); None
+    where it has none (a slotted object)."""
+    try:
+        return object.__getattribute__(owner, "__dict__")
+    except (AttributeError, TypeError):
+        return None
+
+
 def _plainly_there(owner, name):
     """Whether getattr(owner, name) reads owner's instance dict: the value is the very object stored
     there under that name (a transformers config, whose __getattribute__ maps some names to others,
     maps none of these), and no data descriptor of the class could take the read over."""
-    try:
-        instance = vars(owner)
-    except TypeError:
+    instance = _instance_dict(owner)
+    if instance is None:
         return False
     if name not in instance or instance[name] is not getattr(owner, name, _ABSENT):
         return False
@@ -229,9 +242,8 @@ def _method_dicts(owner, name):
     """Where a method of owner's class lives, as (dict, name) pairs the next calls read instead of
     binding it anew (a bound method is a new object each time): owner's instance dict, which lacks
     it, and the dicts of owner's classes up to the one defining it. Empty where it is no method."""
-    try:
-        instance = vars(owner)
-    except TypeError:
+    instance = _instance_dict(owner)
+    if instance is None:
         return []
     if name in instance:
         return []
@@ -259,6 +271,9 @@ GLOBAL_STATE = {
 }
 
 _ABSENT = object()
+REQUIRES_GRAD = "requires_grad"
+"""The SPECIALIZED global-state record of each graph input's requires_grad (parameters, buffers, then
+tensor inputs), where fn's code read one: a branch on it is fixed by the trace."""
 MODULE_HOOKS = "module_hooks"
 """The SPECIALIZED global-state record of the hooks the model's modules (and nn.Module's global hook
 tables) held at capture: the trace ran them, the served graph holds what they did and calls none."""
@@ -315,7 +330,7 @@ class _Specialized:
     later calls compare the values themselves with the ones the full check saw."""
 
     def __init__(self, records, module_positions):
-        self.records = [r for r in records if r.get("checked", True)]
+        self.records = [r for r in records if r.get("checked", True) and r["name"] != REQUIRES_GRAD]
         self.module_positions = list(module_positions)
         self.state = [GLOBAL_STATE[r["name"]] for r in self.records if r["kind"] == "global_state" and r["name"] in GLOBAL_STATE]
         self.state_seen = None
@@ -538,15 +553,16 @@ class _TensorCheck:
         return None
 
 
-def build_forward(metadata, run_graph, artifact="this artifact", autograd_graph=None):
+def build_forward(metadata, run_graph, artifact="this artifact", autograd_graph=None, no_autograd=None):
     """The served `forward(*args)` of an artifact whose metadata literals are in `metadata`.
 
     `run_graph(*params, *buffers, *tensor_inputs)` runs the captured graph and returns its flat
     outputs: fn's tensor results, then the gradients of GRAD_PARAM_INDICES. `autograd_graph`, called
     alike, runs it as ATen ops autograd records, for a forward's calls that autograd would record
-    (run_graph itself for the eager backend; None: such calls are refused).
+    (run_graph itself for the eager backend; None: such calls are refused). `no_autograd`: (why
+    there is none, whether eager's result carries autograd in any grad mode, fn turning grad on).
     """
-    return _ServedForward(metadata, run_graph, artifact, autograd_graph)
+    return _ServedForward(metadata, run_graph, artifact, autograd_graph, no_autograd)
 
 
 class _ServedForward:
@@ -554,10 +570,14 @@ class _ServedForward:
     rebuilds fn's result. The first call that passes every check (in Python, naming what differs)
     leaves a C++ check of exactly those tensors' metadata that later calls pass through instead."""
 
-    def __init__(self, metadata, run_graph, artifact, autograd_graph=None):
+    def __init__(self, metadata, run_graph, artifact, autograd_graph=None, no_autograd=None):
         self.run_graph = run_graph
         self.autograd_graph = autograd_graph
+        self.no_autograd = no_autograd or ("it keeps no ATen graph to record them", False)
         self.warned_autograd = False
+        self.capturing = False  # set on the capture's own served forward
+        self.requires_grad = next((r["value"] for r in metadata.get("SPECIALIZED", ())
+                                   if r["kind"] == "global_state" and r["name"] == REQUIRES_GRAD), None)
         self.artifact = artifact
         self.num_args = metadata["NUM_POSITIONAL_ARGS"]
         self.module_positions = tuple(metadata["MODULE_POSITIONS"])
@@ -661,6 +681,12 @@ class _ServedForward:
                 self.fail(f"model tensor {check.path}: {problem}", "pass a model with the captured structure")
         self.specialized.check(modules, self.fail)
         state_tensors = [t for _, t in state]
+        if self.requires_grad is not None:
+            now = spelled(tuple(t.requires_grad for t in (*state_tensors, *tensors)))
+            if now != self.requires_grad:
+                self.fail(f"the tensors' requires_grad are {now} (parameters, buffers, then inputs) but the artifact was "
+                          f"captured with {self.requires_grad} (fn's code read requires_grad, so its graph is specialized "
+                          "on it)", "set requires_grad back, or capture again with these")
         flat_tensors = [*state_tensors, *tensors]
         # The C++ check of exactly these tensors' metadata, with the dims that may vary left free.
         strides = [list(t.stride()) if c.stride is not None else [None] * t.dim()
@@ -690,11 +716,13 @@ class _ServedForward:
         rebuild fn's result. A forward's call that autograd would record (grad mode on and a tensor it
         takes requiring grad) runs as ATen ops autograd records, so its results carry autograd as
         eager's do."""
-        if not self.grad_indices and torch.is_grad_enabled() and (
+        if not self.grad_indices and (torch.is_grad_enabled() or (self.no_autograd[1] and not torch.is_inference_mode_enabled())) and (
                 any(t.requires_grad for t in tensors) or any(t.requires_grad for t in state_tensors)):
-            flat = self.recording_autograd()(*state_tensors, *tensors)
-            results = iter(flat)
-            return _pytree.tree_unflatten([next(results) if leaf is None else leaf["value"] for leaf in self.outputs], self.out_spec)
+            graph = self.recording_autograd()
+            if graph is not None:
+                results = iter(graph(*state_tensors, *tensors))
+                return _pytree.tree_unflatten([next(results) if leaf is None else leaf["value"] for leaf in self.outputs],
+                                              self.out_spec)
         with torch.no_grad():
             flat = self.run_graph(*state_tensors, *tensors)
             n_results = len(flat) - len(self.grad_indices)
@@ -711,11 +739,15 @@ class _ServedForward:
     def recording_autograd(self):
         """The graph that runs a call autograd records; the first such call of a compiled artifact says
         it runs at eager speed."""
+        if self.autograd_graph is None and self.capturing:
+            _warnings.warn(f"{self.artifact}: the capture's result carries no autograd, and a served call that autograd "
+                           f"records will be refused: {self.no_autograd[0]}", PrecompileWarning, stacklevel=5)
+            return None
         if self.autograd_graph is None:
-            self.fail("this call would record autograd (grad mode is on and a parameter, buffer or input requires "
-                      "grad), but the artifact's compiled graph computes no gradients and it keeps no ATen graph to "
-                      "record them (the capture marked dims with mark_unbacked)",
-                      "call it under torch.no_grad() or torch.inference_mode(), or turn requires_grad off")
+            self.fail("this call would record autograd (a parameter, buffer or input requires grad, under grad mode or "
+                      f"where fn turns it on), but the artifact cannot record it as eager does: {self.no_autograd[0]}",
+                      "call it under torch.inference_mode() (or torch.no_grad(), where fn does not turn grad on), or turn "
+                      "requires_grad off; for gradients through it, capture with DynamoTracer")
         if self.autograd_graph is not self.run_graph and not self.warned_autograd:
             self.warned_autograd = True
             _warnings.warn(
