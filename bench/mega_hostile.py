@@ -1,5 +1,6 @@
 """Hostile Mega-Cache entries for bench/stress.py (part 5): the fields torch runs from an entry, with
-code in them, through `show` and `verify --host`.
+code in them, through `show` and `verify --host`; and entries built to make the scan's work grow
+faster than the blob (`costly_case`), through `show` within a CPU bound per blob.
 
 Each case is a blob holding one Inductor or AOTAutograd entry (a CompiledFxGraph as torch pickles
 it, or, a third of the time, a real entry of fixtures/mega_cache/torch-2.13.0.bin.xz rewritten) whose
@@ -17,6 +18,7 @@ import hashlib
 import lzma
 import pickletools
 import random
+import time
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -24,7 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "mega_cache" / "torch-2.13.0.bin.xz"
 MODULE = "async_compile = AsyncCompile()\ndef call(args):\n    return args\n"
-MUST_BE_ZERO = ("unshown evals", "false findings", "executions (canary file created)", "tracebacks or hangs")
+MUST_BE_ZERO = ("unshown evals", "false findings", "executions (canary file created)", "tracebacks or hangs",
+                "costly blobs over the CPU bound", "costly blobs not shown as findings")
+COSTLY_SHARE = 0.1
+"""Of the cases, those that are `costly_case`s."""
+CPU_S, CPU_S_PER_MB = 1.0, 10.0
+"""The CPU a costly blob's `show` may spend: linear in its size (the scan's work once was quadratic)."""
 
 
 def _payloads(canary: Path) -> list[str]:
@@ -126,6 +133,52 @@ def case(rng: random.Random, canary: Path, real: list[tuple[str, str, bytes]]) -
     return "cache_key", "cache_key", blob([(kind, "k", _graph({"cache_key": _str(key), "source_code": _str(MODULE)}))])
 
 
+def _unicode(text: str) -> bytes:
+    data = text.encode("utf-8")
+    return b"X" + len(data).to_bytes(4, "little") + data
+
+
+def costly_case(rng: random.Random) -> tuple[str, bytes]:
+    """(what, the blob): a memoized string holding a pickle (importing os.system) encoded by
+    _codecs.encode thousands of times, a memoized dict set as a state past the copy bound, or many
+    entries each holding a nested pickle. Each must be a finding (what it imports, or the bound)."""
+    roll = rng.random()
+    if roll < 0.4:
+        size, calls = rng.randrange(10_000, 60_000), rng.randrange(1_000, 8_000)
+        inner = "\x80\x02cos\nsystem\n0" + "N0" * ((size - 16) // 2) + "N."
+        content = (b"\x80\x02c_codecs\nencode\nq\x00" + _unicode(inner) + b"q\x01" + _unicode("latin1") + b"q\x02"
+                   + b"h\x00h\x01h\x02\x86R0" * calls + b"N.")
+        return "a memoized string encoded again and again", blob([("inductor", "k", content)])
+    if roll < 0.7:
+        items = rng.randrange(5_000, 20_000)
+        content = (b"\x80\x02}q\x01(" + b"".join(b"M" + i.to_bytes(2, "little") + b"N" for i in range(items)) + b"u]"
+                   + b"h\x01b" * (1_000_000 // items + rng.randrange(1, 2_000)) + b".")
+        return "a memoized dict set as a state again and again", blob([("inductor", "k", content)])
+    nested = b"\x80\x02cos\nsystem\n0" + b"N0" * rng.randrange(1_000, 20_000) + b"N."
+    content = b"\x80\x02]q\x00B" + len(nested).to_bytes(4, "little") + nested + b"a."
+    return "many entries holding a nested pickle", blob([("inductor", f"k{i}", content) for i in range(rng.randrange(2, 50))])
+
+
+def _costly(rng: random.Random, path: Path, run_cli, figures: Counter, kinds: Counter, failures: list[str], number: int) -> None:
+    what, data = costly_case(rng)
+    kinds[what] += 1
+    figures["costly blobs"] += 1
+    path.write_bytes(data)
+    started = time.process_time()
+    shown, shown_out = run_cli(["show", str(path)])
+    spent, bound = time.process_time() - started, CPU_S + CPU_S_PER_MB * len(data) / 1e6
+    figures["costly blobs: most CPU-ms per MB"] = max(figures["costly blobs: most CPU-ms per MB"], round(spent * 1e9 / len(data)))
+    if not isinstance(shown, int):
+        figures["tracebacks or hangs"] += 1
+        failures.append(f"case {number} ({what}): {shown}")
+    elif spent > bound:
+        figures["costly blobs over the CPU bound"] += 1
+        failures.append(f"case {number} ({what}, {len(data)} bytes): show took {spent:.1f} CPU-s, over {bound:.1f}")
+    elif shown != 1:
+        figures["costly blobs not shown as findings"] += 1
+        failures.append(f"case {number} ({what}): show {shown}: {shown_out[-300:]}")
+
+
 def run(count: int, seed: str, work: Path, run_cli) -> dict:
     """`count` cases through show and verify --host by `run_cli(argv) -> (rc, output)`; the figures."""
     from precompile.inspect.formats.mega_cache import entry_contents
@@ -138,6 +191,9 @@ def run(count: int, seed: str, work: Path, run_cli) -> dict:
     failures: list[str] = []
     path = work / "mega.bin"
     for number in range(count):
+        if rng.random() < COSTLY_SHARE:
+            _costly(rng, path, run_cli, figures, kinds, failures, number)
+            continue
         what, field, data = case(rng, canary, real)
         kinds[what] += 1
         path.write_bytes(data)

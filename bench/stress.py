@@ -33,7 +33,10 @@ and several processes saving one pair at once.
    expression, output stride or cache_key carries code torch would evaluate or import (alone, hidden
    among guards torch writes, or in a real entry of a fixture blob rewritten), and benign ones as
    torch's printer writes them, through show and verify --host. Every hostile case must be a finding
-   in both (an unshown eval otherwise), no benign one may be, and no payload may ever run.
+   in both (an unshown eval otherwise), no benign one may be, and no payload may ever run. A tenth of
+   the cases are built to make the scan's work outgrow the blob (a memoized string encoded thousands
+   of times, a memoized dict set as a state again and again, many entries holding nested pickles):
+   each must be a finding of show within mega_hostile's CPU bound, linear in the blob's size.
  each part's figures as a table; exits 1 if any figure that must be zero is not.
 """
 from __future__ import annotations
@@ -581,7 +584,8 @@ def report_mega(args, work: Path) -> int:
     result = mega_hostile.run(args.mega_cases, args.seed, work, run_cli)
     figures = result["figures"]
     names = ("hostile cases", "shown as findings (show exit 1, verify --host FAIL)", "unshown evals", "benign cases",
-             "false findings", "executions (canary file created)", "tracebacks or hangs")
+             "false findings", "executions (canary file created)", "tracebacks or hangs", "costly blobs",
+             "costly blobs over the CPU bound", "costly blobs not shown as findings", "costly blobs: most CPU-ms per MB")
     table(f"5. hostile Mega-Cache entries through show and verify --host ({time.perf_counter() - started:.0f} s)",
           ("figure", "value"), [(name, figures[name]) for name in names])
     table("   cases by field", ("field", "count"), sorted(result["kinds"].items()))

@@ -20,9 +20,14 @@ HIGHEST_PROTOCOL = 5
 MAX_OPS = 2_000_000
 MAX_NESTED_DEPTH = 3
 MAX_NESTED_BYTES = 64 * 1024 * 1024
-"""Bytes scanned as candidate nested pickles, over one top-level scan and all its depths."""
+"""Bytes scanned as candidate nested pickles, over one `Budget` (a top-level scan and all its depths,
+or every pickle of one container)."""
 MAX_NESTED_SCANS = 10_000
 """Candidate nested pickles scanned, likewise; past either limit the scan ends with a problem."""
+MAX_STATE_ITEMS = 1_000_000
+"""Items of the states BUILD sets that are copied for a reader (`Shared.states`), over one `Budget`:
+a memoized dict built again and again is copied each time, so without it the copies would grow with
+the square of the pickle's size."""
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -51,16 +56,26 @@ class BuildState(NamedTuple):
     state: object
 
 
+class Budget:
+    """The work a scan may still do beyond reading its opcodes once: nested pickles (MAX_NESTED_BYTES,
+    MAX_NESTED_SCANS) and states copied (MAX_STATE_ITEMS). One bounds a pickle and all its depths, or
+    every pickle of one container (a Mega-Cache's entries), so that the work is bounded per blob."""
+
+    def __init__(self) -> None:
+        self.nested_bytes = MAX_NESTED_BYTES
+        self.nested_scans = MAX_NESTED_SCANS
+        self.state_items = MAX_STATE_ITEMS
+
+
 class Shared:
-    """What one top-level scan and all its nested scans share: the nested-pickle budget, which names
-    off the data-only list are reviewed for where this pickle sits, and how each may be built there
-    (see `scan_pickle`); and, where `states` is a list, the state each BUILD sets, collected into it."""
+    """What one top-level scan and all its nested scans share: the `Budget`, which names off the
+    data-only list are reviewed for where this pickle sits, and how each may be built there (see
+    `scan_pickle`); and, where `states` is a list, the state each BUILD sets, collected into it."""
 
     def __init__(self, reviewed: Callable[[str, str], bool] | None = None,
                  call_shape: Callable[[str, str], CallShape | None] | None = None,
-                 states: list[BuildState] | None = None) -> None:
-        self.nested_bytes = MAX_NESTED_BYTES
-        self.nested_scans = MAX_NESTED_SCANS
+                 states: list[BuildState] | None = None, limits: Budget | None = None) -> None:
+        self.limits = limits if limits is not None else Budget()
         self.reviewed = reviewed
         self.call_shape = call_shape
         self.states = states
@@ -75,6 +90,9 @@ class Machine:
         self.stack: list = []
         self.metastack: list[list] = []
         self.memo: dict = {}
+        self.encodings: dict[tuple[int, str], tuple[str, bytes | Computed]] = {}
+        """`encoded`'s result by the text's identity (the text kept, so that its id stays its own): a
+        memoized string encoded again and again is encoded and scanned once."""
         self.protocol = 0
         self.seen_proto = False
         self.imports: dict[tuple, list] = {}
@@ -289,6 +307,10 @@ class Machine:
         state = self.pop()
         target = self.top()
         if self.budget.states is not None:
+            self.budget.limits.state_items -= sum(len(part) for part in (state if isinstance(state, tuple) else (state,))
+                                                  if isinstance(part, dict))
+            if self.budget.limits.state_items < 0:
+                raise _Limit(f"the states BUILD sets hold more than {MAX_STATE_ITEMS} items: not scanned past offset {pos}")
             copied = tuple(dict(part) if isinstance(part, dict) else part for part in state) if isinstance(state, tuple) else state
             self.budget.states.append(BuildState(pos, self.within, dict(state) if isinstance(state, dict) else copied))
         if isinstance(target, Global) and target.resolved:
@@ -371,14 +393,19 @@ class Machine:
         """_codecs.encode(text, encoding), protocol 2's spelling of bytes: the bytes (scanned as a
         nested pickle too) where the encoding is one of the few it uses, else a computed value."""
         encoding = args[1] if len(args) > 1 else "utf-8"
-        if type(encoding) is str and encoding.lower() in _LATIN1 | {"utf-8", "utf8", "ascii"}:
-            try:
-                data = args[0].encode(encoding)
-            except (UnicodeEncodeError, LookupError):
-                return Computed("_codecs.encode(...)")
+        if type(encoding) is not str or encoding.lower() not in _LATIN1 | {"utf-8", "utf8", "ascii"}:
+            return Computed("_codecs.encode(...)")
+        known = self.encodings.get((id(args[0]), encoding.lower()))
+        if known is not None and known[0] is args[0]:
+            return known[1]
+        try:
+            data: bytes | Computed = args[0].encode(encoding)
+        except (UnicodeEncodeError, LookupError):
+            data = Computed("_codecs.encode(...)")
+        if isinstance(data, bytes):
             self.nested_pickle(data, pos, "_codecs.encode")
-            return data
-        return Computed("_codecs.encode(...)")
+        self.encodings[(id(args[0]), encoding.lower())] = (args[0], data)
+        return data
 
     def mutate(self, name: str, arg, pos: int) -> None:
         """APPEND(S), SETITEM(S), ADDITEMS: fill the container below; mutating an import itself is a finding."""
@@ -415,11 +442,12 @@ class Machine:
                 return  # a pickle is bytes; a str outside latin-1 never encodes to one with _codecs.encode's spelling
         if not looks_like_pickle(value):
             return
-        if len(value) > self.budget.nested_bytes or self.budget.nested_scans <= 0:
+        limits = self.budget.limits
+        if len(value) > limits.nested_bytes or limits.nested_scans <= 0:
             self.unscanned.append(pos)  # cannot vouch for it: run() turns this into the scan's problem
             return
-        self.budget.nested_bytes -= len(value)
-        self.budget.nested_scans -= 1
+        limits.nested_bytes -= len(value)
+        limits.nested_scans -= 1
         where = f"pickle inside the {opcode} at offset {pos}"
         within = f"{self.within} > {where}" if self.within else where
         inner = Machine(bytes(value), self.budget, self.depth + 1, within)

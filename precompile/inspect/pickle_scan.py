@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable
 
 from precompile.inspect.model import Blob, Field, PickleImport, PickleScan
-from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, BuildState, Machine, Shared
+from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Budget, BuildState, Machine, Shared
 from precompile.inspect.pickle_ops import OPCODE_BYTES
 from precompile.inspect.pickle_shapes import CallShape
 from precompile.inspect.pickle_symbols import key_text, summarize
@@ -76,7 +76,7 @@ def evaluate(data: bytes) -> tuple[object, str | None]:
 
 def scan_pickle(data: bytes, *, member: str, reviewed: Callable[[str, str], bool] | None = None,
                 call_shape: Callable[[str, str], CallShape | None] | None = None,
-                states: list[BuildState] | None = None) -> PickleScan:
+                states: list[BuildState] | None = None, limits: Budget | None = None) -> PickleScan:
     """Scan one pickle; malformed input gives a scan with `problem` set, never an exception.
 
     `reviewed(module, name)` marks names off the data-only list that are allowed in this pickle, and
@@ -84,13 +84,15 @@ def scan_pickle(data: bytes, *, member: str, reviewed: Callable[[str, str], bool
     unpickles, where "unknown" is not good enough (the opaque state, see `dynamo_state_reviewed`).
     `call_shape(module, name)` is how a reviewed name may be built there (`pickle_shapes`): any
     other call of it is an unresolved finding naming the class and the call. `states`, a list, receives
-    the state each BUILD sets (nested pickles' too), for a reader of the fields torch uses."""
+    the state each BUILD sets (nested pickles' too), for a reader of the fields torch uses. `limits`, a
+    `Budget` shared by the pickles of one container, bounds the work over all of them (a fresh one
+    bounds this pickle's)."""
     blob = Blob(size=len(data), sha256=hashlib.sha256(data).hexdigest())
     strict = reviewed is not None
     if len(data) > MAX_PICKLE_SIZE:
         return PickleScan(member=member, blob=blob, unpickled_by_load=strict,
                           problem=f"{len(data)} bytes, over the {MAX_PICKLE_SIZE}-byte scan limit")
-    machine = Machine(bytes(data), Shared(reviewed, call_shape, states), 0, None)
+    machine = Machine(bytes(data), Shared(reviewed, call_shape, states, limits), 0, None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # escape_decode on odd STRING escapes: not our reader's noise
         result, problem = machine.run()

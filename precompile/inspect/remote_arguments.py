@@ -6,7 +6,7 @@ import contextlib
 from typing import Any
 
 from precompile.errors import PrecompileError
-from precompile.storage.locations import is_url
+from precompile.storage.locations import is_url, redacted
 
 ARGUMENT_LISTS = ("artifact", "paths")
 """The attributes of a verb's arguments that hold artifacts (extract's last path is its output directory)."""
@@ -49,7 +49,7 @@ def fetched_arguments(args, out, err):
     outputs += [args.output] if isinstance(getattr(args, "output", None), str) else []
     written = next((output for output in outputs if is_url(output)), None)
     if written is not None:
-        raise PrecompileError(f"{written} is a URL: {args.verb} writes a local file or directory; pass a local path "
+        raise PrecompileError(f"{redacted(written)} is a URL: {args.verb} writes a local file or directory; pass a local path "
                               "(and copy it to the store after)")
     labels: dict[str, str] = {}
     for attribute in ARGUMENT_LISTS:

@@ -36,7 +36,7 @@ try:
     from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, cyclic_gc_paused, parse_source
     from precompile.errors import CompilationForbidden, PairMismatch, PrecompileError, PrecompileWarning, cause_of
     from precompile.serve import environment, source_lines
-    from precompile.storage.locations import checked, is_url
+    from precompile.storage.locations import checked, is_url, redacted
 finally:
     if _collecting:
         gc.enable()
@@ -212,7 +212,7 @@ def fetched_if_urls(artifact_path: str | os.PathLike, cache_path: str | os.PathL
     if not any(urls):
         return None
     if not all(urls):
-        raise PrecompileError(f"load({given[0]!s}, {given[1]!s}): pass both files as URLs or both as local paths")
+        raise PrecompileError(f"load({redacted(str(given[0]))}, {redacted(str(given[1]))}): pass both files as URLs or both as local paths")
     from precompile.storage.forms import fetch_pair
 
     return fetch_pair(str(given[0]), str(given[1]))

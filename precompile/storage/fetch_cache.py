@@ -29,6 +29,7 @@ from pathlib import Path
 from precompile.artifact.pair import read_bytes
 from precompile.errors import PrecompileError, PrecompileWarning
 from precompile.storage import remote
+from precompile.storage.locations import redacted
 from precompile.storage.owner_only import created_problem
 
 ROOT_ENV = "PRECOMPILE_FETCH_CACHE"
@@ -121,9 +122,9 @@ def _fetched_before(cache: Path, url: str, what: str, limit: int, unreachable: r
         raise remote.Unreachable(f"{unreachable}; and the fetch cache {cache} holds no checked copy of it: "
                                  "retry once the store answers") from None
     assert isinstance(sha256, str)  # the digest of data, just checked
-    warnings.warn(PrecompileWarning(
+    warnings.warn(PrecompileWarning(redacted(
         f"{unreachable}: using the copy fetched before (sha256 {sha256}), which the store could not confirm "
-        "is still its latest; load again once the store answers"), stacklevel=2)
+        "is still its latest; load again once the store answers")), stacklevel=2)
     return Fetched(url=url, path=cache / "objects" / sha256, data=data, sha256=sha256, reused=True)
 
 
@@ -147,7 +148,7 @@ def fetch(url: str, what: str, limit: int) -> Fetched:
         return _fetched_before(cache, url, what, limit, exc)
     reused = _recorded(cache, found, what, limit)
     if reused is not None:
-        log.info("using %s from the fetch cache (%s): the store's %s is unchanged", url, reused.path, found.stamp[0][0])
+        log.info("using %s from the fetch cache (%s): the store's %s is unchanged", redacted(url), reused.path, found.stamp[0][0])
         return reused
     data = remote.read(found, what, limit)
     sha256 = _digest(data)
@@ -162,7 +163,7 @@ def fetch(url: str, what: str, limit: int) -> Fetched:
     except OSError as exc:
         raise PrecompileError(f"could not write {what} {url} into the fetch cache {cache}: {exc.strerror or exc}; "
                               f"free space there or set {ROOT_ENV} elsewhere") from None
-    log.info("fetched %s (%d bytes, sha256 %s) into %s", url, len(data), sha256, path)
+    log.info("fetched %s (%d bytes, sha256 %s) into %s", redacted(url), len(data), sha256, path)
     return Fetched(url=url, path=path, data=data, sha256=sha256, reused=False)
 
 

@@ -15,7 +15,7 @@ from precompile.artifact.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE
 from precompile.errors import PrecompileError
 from precompile.storage import fetch_cache, remote
-from precompile.storage.locations import parent_and_name, shown
+from precompile.storage.locations import parent_and_name, redacted, redacting, shown
 
 MAX_CACHE_SIZE = PREFIX_SIZE + MAX_HEADER_SIZE + MAX_PAYLOAD_SIZE
 MAX_SIGNATURE_SIZE = 1024 * 1024
@@ -28,7 +28,8 @@ class Staged:
     """The local path of the same form as the URL given (a directory, a prefix or a file in `view`)."""
     view: Path
     parent_url: str
-    """The URL of the directory the files came from, which `view` stands for in what is printed."""
+    """The URL of the directory the files came from, which `view` stands for in what is printed (redacted:
+    locations.redacted)."""
 
 
 def _limit(name: str) -> tuple[str, int]:
@@ -53,6 +54,7 @@ def _pair_names(parent: str, stem: str, *, required: tuple[str, ...]) -> list[st
     return [f"{stem}{suffix}" for suffix in SUFFIXES if f"{stem}{suffix}" in required or remote.exists(f"{parent}/{stem}{suffix}")]
 
 
+@redacting
 def stage(url: str) -> Staged:
     """Fetch what `url` names as a verb's artifact argument: a directory holding one pair, a file (with
     the rest of its pair, where it exists beside it), or a prefix NAME of NAME.py."""
@@ -64,16 +66,16 @@ def stage(url: str) -> Staged:
             raise PrecompileError(f"directory {url} must hold exactly one pair NAME.py + NAME.cache (found: "
                                   f"{', '.join(stems) or 'none'}); pass the two files or the prefix DIR/NAME instead")
         view = _fetched_view(url, [n for n in names if n in {f"{stems[0]}{s}" for s in SUFFIXES}])
-        return Staged(local=str(view), view=view, parent_url=url)
+        return Staged(local=str(view), view=view, parent_url=redacted(url))
     parent, name = parent_and_name(url)
     if remote.exists(url):
         stem, suffix = (name.rsplit(".", 1)[0], "." + name.rsplit(".", 1)[1]) if "." in name else (name, "")
         names_found = _pair_names(parent, stem, required=(name,)) if suffix in (".py", ".cache") else [name]
         view = _fetched_view(parent, names_found)
-        return Staged(local=str(view / name), view=view, parent_url=parent)
+        return Staged(local=str(view / name), view=view, parent_url=redacted(parent))
     if remote.exists(f"{url}.py"):
         view = _fetched_view(parent, _pair_names(parent, name, required=(f"{name}.py",)))
-        return Staged(local=str(view / name), view=view, parent_url=parent)
+        return Staged(local=str(view / name), view=view, parent_url=redacted(parent))
     if name.endswith((".py", ".cache")):  # a file of a pair, named as such: the store has no such object
         raise PrecompileError(f"{_limit(name)[0]} {url} does not exist; pass the URL of the file capture() wrote")
     raise PrecompileError(f"{url} is neither a directory with one pair, a python_code file, nor a prefix of {url}.py; "
@@ -89,7 +91,7 @@ class FetchedPair:
     cache_path: Path
     """The two in a view directory, beside the pair's .sig where the store holds one."""
     urls: dict[str, str]
-    """Each file in the view directory by the URL it was fetched from."""
+    """Each file in the view directory by the URL it was fetched from, redacted (locations.redacted)."""
 
     def named(self, text: str) -> str:
         """`text` naming the URLs where it names the files in the view directory."""
@@ -98,6 +100,7 @@ class FetchedPair:
         return text
 
 
+@redacting
 def fetch_pair(python_code_url: str, cache_url: str) -> FetchedPair:
     """load's two files (and the .sig beside python_code, where there is one), fetched: python_code must
     exist; a missing cache is left for load to judge, as locally."""
@@ -118,4 +121,4 @@ def fetch_pair(python_code_url: str, cache_url: str) -> FetchedPair:
     view = fetch_cache.view(files)
     cache_in_view = next((name for name, f in files.items() if f is cache), cache_name)
     return FetchedPair(python_code=code, cache=cache, python_code_path=view / code_name, cache_path=view / cache_in_view,
-                       urls={str(view / name): f.url for name, f in files.items()} | {str(view / cache_in_view): cache_url})
+                       urls={str(view / name): redacted(f.url) for name, f in files.items()} | {str(view / cache_in_view): redacted(cache_url)})

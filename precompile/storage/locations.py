@@ -1,8 +1,10 @@
 """What names a file: a local path, or an fsspec URL (`s3://`, `gs://`, `http(s)://`, `hf://`, `file://`)."""
 from __future__ import annotations
 
+import functools
 import os
 import re
+from typing import Callable, TypeVar
 
 from precompile.errors import PrecompileError
 
@@ -10,6 +12,15 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 """A scheme of two or more characters, then `://` (one letter and a colon is a Windows drive)."""
 
 EXTRA = "pip install 'precompile[remote]'"
+
+SECRET_PARAMETERS = ("x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature", "x-goog-credential",
+                     "sig", "token", "access_token", "key", "signature", "password", "secret")
+"""The query parameters of a signed URL (S3, GCS, an Azure SAS) and others that carry a secret (compared
+without case): their values are never printed."""
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://[^\s'\"<>]*")
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+://)[^/?#]*@")
+_SECRET_VALUE = re.compile(rf"((?:^|&)(?:{'|'.join(map(re.escape, SECRET_PARAMETERS))})=)[^&]*", re.IGNORECASE)
+F = TypeVar("F", bound=Callable)
 
 
 def is_url(location: object) -> bool:
@@ -44,3 +55,33 @@ def shown(url: str) -> str:
         raise PrecompileError(f"{url!r} holds a space, quote, backslash, <, >, & or a non-ASCII or control character; "
                               "percent-encode it")
     return url
+
+
+def _redacted_url(url: str) -> str:
+    url = _USERINFO.sub(r"\1***@", url, count=1)
+    head, mark, fragment = url.partition("#")
+    base, question, query = head.partition("?")
+    return base + question + _SECRET_VALUE.sub(r"\1***", query) + mark + fragment
+
+
+def redacted(text: str) -> str:
+    """`text` with every URL in it printable: its userinfo (`user:password@`) as `***@` and the values of
+    its secret query parameters (SECRET_PARAMETERS) as `***`, the rest as it was."""
+    return _URL_IN_TEXT.sub(lambda found: _redacted_url(found.group(0)), text)
+
+
+def redacting(function: F) -> F:
+    """`function`, a PrecompileError it raises naming its URLs redacted (of the same class): a message
+    names URLs as given, and the stores' own errors quote them, credentials included."""
+
+    @functools.wraps(function)
+    def run(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except PrecompileError as exc:
+            text = str(exc)
+            if redacted(text) == text:
+                raise
+            raise type(exc)(redacted(text)) from None
+
+    return run  # type: ignore[return-value]

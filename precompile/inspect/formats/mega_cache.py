@@ -25,7 +25,7 @@ from precompile.inspect.formats.mega_cache_code import entry_code, recorded_keys
 from precompile.inspect.formats.mega_cache_policy import call_shape_for, reviewed_for, with_stored_callables
 from precompile.inspect.formats.mega_cache_runs import entry_runs
 from precompile.inspect.model import Blob, MegaCache, MegaCacheContent, MegaCacheEntry
-from precompile.inspect.pickle_machine import BuildState
+from precompile.inspect.pickle_machine import Budget, BuildState
 from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 
 ENCODING_VERSION = 1
@@ -130,6 +130,7 @@ def read_mega_cache(data: bytes, *, where: str) -> MegaCache:
     entries: list[MegaCacheEntry] = []
     pickles: list[bytes] = []
     problem = None
+    limits = Budget()  # one for the whole blob: a blob of many entries does no more than one of its size
     try:
         for kind, key, content in _entries(reader):
             what = _content_kind(content)
@@ -138,7 +139,7 @@ def read_mega_cache(data: bytes, *, where: str) -> MegaCache:
             if what == "pickle":
                 pickles.append(content)
                 scan = with_stored_callables(scan_pickle(content, member=f"{kind}/{key}", reviewed=reviewed_for(kind),
-                                                         call_shape=call_shape_for(kind), states=states), kind)
+                                                         call_shape=call_shape_for(kind), states=states, limits=limits), kind)
             runs, modules = entry_runs(states, kind)
             entries.append(MegaCacheEntry(
                 kind=kind,
