@@ -4,7 +4,7 @@ runtime touches is reached here, under the name the runtime knows it by.
     from precompile.torch_compat import cpp_builder   # torch._inductor.cpp_builder, now
 
 Names resolve lazily (a module `__getattr__`), so importing this module imports nothing private and
-a serving process imports only what it uses. Where the supported torch versions (2.11 to 2.14)
+a serving process imports only what it uses. Where the supported torch versions (2.11 to 2.15)
 differ, `_MOVED` says where a version keeps a name. A name this torch lacks raises PrecompileError
 naming the torch version and the dotted name: nothing degrades silently.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from precompile.errors import PrecompileError
 
-SUPPORTED = ((2, 11), (2, 14))  # inclusive, (major, minor)
+SUPPORTED = ((2, 11), (2, 15))  # inclusive, (major, minor)
 
 # runtime name -> "module" or "module:attribute.path", as torch 2.13 spells it.
 PRIVATE_NAMES: dict[str, str] = {

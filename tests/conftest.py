@@ -13,7 +13,7 @@ TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 
 
-# What the compat run (`./dev compat VERSION`, CI on torch 2.11, 2.12 and 2.14.1) covers, by file:
+# What the compat run (`./dev compat VERSION`, CI on torch 2.11, 2.12, 2.14.1 and 2.15.0) covers, by file:
 # every fresh-process round trip, the demo, Dynamo, inspect, the torch_compat door and the goldens each
 # torch version keeps. The rest (capture API details, refusals, fuzzing) exercises our own code the
 # same way on every torch.

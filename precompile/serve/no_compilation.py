@@ -121,7 +121,7 @@ def _ensure_gates() -> None:
 
         raise PrecompileError(
             f"no_compilation() cannot guard this torch {torch.__version__}: it has no {', '.join(missing)}, so "
-            "a compile there would go unnoticed; use a torch precompile supports (2.11 to 2.14)"
+            "a compile there would go unnoticed; use a torch precompile supports (2.11 to 2.15)"
         )
     sys.meta_path.insert(0, _GatingFinder())
     _hook_installed = True

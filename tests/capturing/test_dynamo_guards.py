@@ -510,6 +510,33 @@ def test_the_dynamo_utils_stand_in_does_what_torch_does():
     assert any(event.name == "Pregraph bytecode" for event in prof.function_events)
 
 
+def test_the_stand_in_serves_where_dynamo_keeps_its_utils_module_in_a_local():
+    """torch 2.15's Dynamo stores torch._dynamo.utils in a local before its graph and reads its
+    profiler range from that local only when profiling: the attributes read through the local count
+    as read from the module (so the stand-in serves, and load never imports Dynamo), and a local
+    passed on whole counts as the module used otherwise."""
+    from precompile.capturing.dynamo.standalone import _attributes_read
+
+    def keeps_it_in_a_local(x):
+        profiling = _profiler_enabled  # noqa: F821 (the names are only compiled, never run)
+        utils = dynamo_utils  # noqa: F821
+        cm = None
+        if profiling:
+            cm = utils.record_pregraph_bytecode_enter()
+        y = utils.call_size(x, 0)
+        if cm is not None:
+            utils.record_pregraph_bytecode_exit(cm)
+        return y
+
+    def passes_it_on(x):
+        utils = dynamo_utils  # noqa: F821
+        return print(utils)
+
+    assert _attributes_read([keeps_it_in_a_local.__code__])["dynamo_utils"] == {
+        "record_pregraph_bytecode_enter", "call_size", "record_pregraph_bytecode_exit"}
+    assert _attributes_read([passes_it_on.__code__])["dynamo_utils"] == {"<used otherwise>"}
+
+
 def test_a_guard_python_code_cannot_check_refuses_the_capture_naming_it_and_the_remedy(tmp_path):
     """No guard state travels pickled: a variant holding a kept guard with no faithful rendering (here
     the torch function mode a `with torch.device(...)` block pushes) refuses the capture at write time,

@@ -85,7 +85,7 @@ def test_every_no_compilation_gate_target_exists_on_this_torch():
 def test_a_missing_name_fails_loudly_naming_the_torch_version_and_the_name(monkeypatch):
     with pytest.raises(PrecompileError, match=rf"torch {re.escape(torch.__version__)} has no torch\._inductor\.no_such_thing"):
         torch_compat.resolve("torch._inductor.no_such_thing")
-    with pytest.raises(PrecompileError, match=r"has no torch\._dynamo\.package\.NoSuchClass.*2\.11 to 2\.14"):
+    with pytest.raises(PrecompileError, match=r"has no torch\._dynamo\.package\.NoSuchClass.*2\.11 to 2\.15"):
         torch_compat.resolve("torch._dynamo.package:NoSuchClass")
     with pytest.raises(AttributeError):
         torch_compat.not_a_runtime_name  # noqa: B018

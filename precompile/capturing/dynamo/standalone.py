@@ -116,14 +116,21 @@ DYNAMO_UTILS_STAND_IN = frozenset({"record_pregraph_bytecode_enter", "record_pre
 
 
 def _attributes_read(codes: list[types.CodeType]) -> dict[str, set]:
-    """{global name: attributes the code reads from it right after loading it}, through nested code."""
+    """{global name: attributes the code reads from it right after loading it}, through nested code. A
+    global stored in a local (torch 2.15's Dynamo keeps torch._dynamo.utils in one around its graph)
+    is read wherever that local is: an attribute read of the local counts as one of the global."""
     found: dict[str, set] = {}
     for code in codes:
         instructions = list(dis.get_instructions(code))
+        held = {second.argval: first.argval for first, second in zip(instructions, instructions[1:])
+                if first.opname == "LOAD_GLOBAL" and second.opname == "STORE_FAST"}
         for first, second in zip(instructions, instructions[1:]):
-            if first.opname == "LOAD_GLOBAL":
+            if first.opname == "LOAD_GLOBAL" and second.opname == "STORE_FAST":
+                continue  # read where the local is loaded
+            name = first.argval if first.opname == "LOAD_GLOBAL" else held.get(first.argval) if first.opname == "LOAD_FAST" else None
+            if name is not None:
                 attribute = second.argval if second.opname in ("LOAD_ATTR", "LOAD_METHOD") else "<used otherwise>"
-                found.setdefault(first.argval, set()).add(attribute)
+                found.setdefault(name, set()).add(attribute)
         nested = _attributes_read([c for c in code.co_consts if isinstance(c, types.CodeType)])
         for name, attributes in nested.items():
             found.setdefault(name, set()).update(attributes)

@@ -27,7 +27,7 @@ except ImportError:  # served where only torch is installed: twins of the same n
 _primed_kernels = globals().get("__precompile_kernels__", {})
 
 # The private torch names this driver reaches on the served path, "module:attribute.path". They
-# live in torch._C on every supported torch (2.11 to 2.14), so serving never imports
+# live in torch._C on every supported torch (2.11 to 2.15), so serving never imports
 # torch._inductor; precompile's runtime/torch_compat.py holds the same table (a test checks it).
 _TORCH_PRIVATE = {
     "assert_size_stride": "torch._C:_dynamo.guards.assert_size_stride",
