@@ -49,6 +49,7 @@ GUARDS = ({'frame': 'break_and_scale',
              'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs',
              'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks',
              'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs',
+             'FORWARD_MATCH model',
              'GLOBAL_STATE',
              'GRAD_MODE',
              "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear']",
@@ -73,6 +74,8 @@ GUARDS = ({'frame': 'break_and_scale',
   'by_name': ("BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is "
               'torch._C._nn:linear',
               "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break",
+              "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'",
+              "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'",
               "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:",
               "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F is torch.nn.functional:",
               "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module'] is torch.nn.modules.module:",
@@ -90,6 +93,7 @@ GUARDS = ({'frame': 'break_and_scale',
              'EMPTY_NN_MODULE_HOOKS_DICT model._forward_hooks_with_kwargs',
              'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks',
              'EMPTY_NN_MODULE_HOOKS_DICT model._forward_pre_hooks_with_kwargs',
+             'FORWARD_MATCH model',
              'GLOBAL_STATE',
              'GRAD_MODE',
              "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear']",
@@ -115,6 +119,8 @@ GUARDS = ({'frame': 'break_and_scale',
   'by_name': ("BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is "
               'torch._C._nn:linear',
               "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break",
+              "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'",
+              "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'",
               "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:",
               "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F is torch.nn.functional:",
               "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module'] is torch.nn.modules.module:",
@@ -182,6 +188,7 @@ SUMMARY = {'frames': 2,
                  ('EMPTY_NN_MODULE_HOOKS_DICT', 'model._forward_hooks_with_kwargs'),
                  ('EMPTY_NN_MODULE_HOOKS_DICT', 'model._forward_pre_hooks'),
                  ('EMPTY_NN_MODULE_HOOKS_DICT', 'model._forward_pre_hooks_with_kwargs'),
+                 ('FORWARD_MATCH', 'model'),
                  ('GLOBAL_STATE', ''),
                  ('GRAD_MODE', ''),
                  ('MODULE_MATCH', "G['__import_torch_dot_nn_dot_modules_dot_linear']"),
@@ -574,6 +581,13 @@ def guards_0_0(L, G, explain=False):
         s7 = s6._dynamo
         if not (s7.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
             return failing
+        failing = "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'"
+        s8 = s1.forward.__func__
+        if not (type(s8.__module__) is str and s8.__module__ == 'torch.nn.modules.linear'):
+            return failing
+        failing = "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'"
+        if not (type(s8.__qualname__) is str and s8.__qualname__ == 'Linear.forward'):
+            return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
         if not (s4 is _by_name['torch.nn.modules.linear:']):
             return failing
@@ -682,6 +696,13 @@ def guards_0_1(L, G, explain=False):
         s7 = G['torch']
         s8 = s7._dynamo
         if not (s8.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
+            return failing
+        failing = "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'"
+        s9 = s1.forward.__func__
+        if not (type(s9.__module__) is str and s9.__module__ == 'torch.nn.modules.linear'):
+            return failing
+        failing = "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'"
+        if not (type(s9.__qualname__) is str and s9.__qualname__ == 'Linear.forward'):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
         if not (s5 is _by_name['torch.nn.modules.linear:']):

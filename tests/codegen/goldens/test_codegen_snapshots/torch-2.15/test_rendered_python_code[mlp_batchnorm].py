@@ -35,8 +35,7 @@ INPUTS = ({'kind': 'tensor', 'path': 'args[1]', 'shape': (6, 8), 'dtype': 'torch
 OUT_SPEC = '[1, {"type": null, "context": null, "children_spec": []}]'
 OUTPUTS = ({'kind': 'tensor', 'path': 'result', 'shape': (6, 4), 'dtype': 'torch.float32', 'device': 'cpu'},)
 GRAD_PARAM_INDICES = ()
-SPECIALIZED = ({'kind': 'global_state', 'name': 'grad_mode', 'value': 'False'},
- {'kind': 'global_state', 'name': 'default_dtype', 'value': 'torch.float32'},
+SPECIALIZED = ({'kind': 'global_state', 'name': 'default_dtype', 'value': 'torch.float32'},
  {'kind': 'global_state', 'name': 'deterministic_algorithms', 'value': 'False'},
  {'kind': 'global_state', 'name': 'autocast_cpu', 'value': 'False'},
  {'kind': 'global_state', 'name': 'autocast_cuda', 'value': 'False'},
@@ -66,7 +65,35 @@ SPECIALIZED = ({'kind': 'global_state', 'name': 'grad_mode', 'value': 'False'},
   'name': '__class__',
   'value': 'class torch.nn.modules.linear.Linear',
   'module': '3',
-  'arg': 0})
+  'arg': 0},
+ {'kind': 'global',
+  'name': 'batch_norm',
+  'value': 'function torch.nn.functional.batch_norm',
+  'module': 'torch.nn.functional'},
+ {'kind': 'global',
+  'name': 'linear',
+  'value': 'function torch._C._nn.linear',
+  'module': 'torch.nn.functional'},
+ {'kind': 'global',
+  'name': 'relu',
+  'value': 'function torch.nn.functional.relu',
+  'module': 'torch.nn.functional'},
+ {'kind': 'global',
+  'name': 'ReLU.forward',
+  'value': 'function torch.nn.modules.activation.ReLU.forward',
+  'module': 'torch.nn.modules.activation'},
+ {'kind': 'global',
+  'name': '_BatchNorm.forward',
+  'value': 'function torch.nn.modules.batchnorm._BatchNorm.forward',
+  'module': 'torch.nn.modules.batchnorm'},
+ {'kind': 'global',
+  'name': 'Sequential.forward',
+  'value': 'function torch.nn.modules.container.Sequential.forward',
+  'module': 'torch.nn.modules.container'},
+ {'kind': 'global',
+  'name': 'Linear.forward',
+  'value': 'function torch.nn.modules.linear.Linear.forward',
+  'module': 'torch.nn.modules.linear'})
 
 # ======================================================================================
 # 2. graph: The captured graph as ATen ops, run as they are (eager backend)
@@ -97,7 +124,13 @@ def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_
 
 
 # ======================================================================================
-# 3. driver: Checks each call against the metadata, runs the graph, scatters gradients.
+# 3. autograd-graph: The calls autograd records run the graph above: its ATen ops record autograd
+# ======================================================================================
+captured_graph_autograd = captured_graph
+
+
+# ======================================================================================
+# 4. driver: Checks each call against the metadata, runs the graph, scatters gradients.
 # ======================================================================================
 # Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
 # It checks a call against the captured calling convention, runs the captured graph on the
@@ -111,6 +144,7 @@ import hashlib as _hashlib
 import importlib as _importlib
 import sys as _sys
 import types as _types
+import warnings as _warnings
 from operator import is_ as _is
 
 import torch
@@ -118,7 +152,7 @@ import torch.utils._pytree as _pytree
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
 try:
-    from precompile.errors import CallMismatch
+    from precompile.errors import CallMismatch, PrecompileWarning
 except ImportError:  # served where only torch is installed: twins of the same names
 
     class PrecompileError(RuntimeError):
@@ -127,12 +161,18 @@ except ImportError:  # served where only torch is installed: twins of the same n
     class CallMismatch(PrecompileError):
         pass
 
+    class PrecompileWarning(UserWarning):
+        pass
+
 
 def spelled(value):
     """The spelling a specialized value is recorded and compared by (None: not comparable). Two
     values that spell alike behave alike where a trace could have read them: 1, 1.0 and True differ;
-    tuples, lists and dicts of such values spell by their items, in order, sets by their members; a class, a function or a
-    bound method by its qualified name (a partial by its function and arguments); a numpy scalar by its type and value. A spelling over 256 characters is kept as its length
+    tuples, lists and dicts of such values spell by their items, in order, sets by their members (a
+    subclass, a namedtuple or an attribute-style dict, also by its class; a namedtuple by its fields);
+    a class by its qualified name, a function or a bound method by its qualified name and the values
+    it closes over (a partial by its function and arguments); a numpy scalar by its type and value, a
+    numpy array by its dtype, shape and values. A spelling over 256 characters is kept as its length
     and sha256 (python_code stays readable; the comparison stays exact)."""
     text = _spelled(value, 0)
     if text is not None and len(text) > 256:
@@ -151,35 +191,83 @@ def _spelled(value, depth):
     if isinstance(value, type):
         return f"class {value.__module__}.{value.__qualname__}"
     if kind in (_types.FunctionType, _types.BuiltinFunctionType):
-        return _function(value)
+        return _function(value, depth)
     if kind is _types.MethodType:
-        return "method " + _function(value.__func__).removeprefix("function ")
+        return "method " + _function(value.__func__, depth).removeprefix("function ")
     if kind is _functools.partial and depth <= 8:
         parts = [_spelled(value.func, depth + 1), *(_spelled(a, depth + 1) for a in value.args),
                  *(None if v is None else f"{k}={v}" for k, v in ((k, _spelled(a, depth + 1)) for k, a in value.keywords.items()))]
         return None if None in parts else f"partial({', '.join(parts)})"
     if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
         return f"numpy.{kind.__name__}({value.item()!r})"
-    if depth > 8 or kind not in (tuple, list, torch.Size, dict, set, frozenset) or len(value) > 10_000:
-        return None  # not a collection of settings: a list holding itself, or nesting deeper than one goes
-    return _collection(value, kind, depth)
+    if _is_numpy_array(value):
+        if value.dtype.hasobject:
+            return None
+        if value.size > 10_000:  # by its bytes' digest, not as text
+            digest = _hashlib.sha256(value.tobytes()).hexdigest()
+            return f"numpy.ndarray(dtype={value.dtype.str!r}, shape={tuple(value.shape)!r}, sha256 {digest})"
+        return f"numpy.ndarray(dtype={value.dtype.str!r}, shape={tuple(value.shape)!r}, values={value.tolist()!r})"
+    if depth > 8:
+        return None  # a list holding itself, or nesting deeper than one goes
+    return _container(value, kind, depth)
 
 
-def _function(value):
+def _container(value, kind, depth):
+    """A tuple, list, dict or set (or torch.Size) by its items; a subclass also by its class."""
+    bases: tuple = (tuple, list, dict, set, frozenset)
+    for base in bases:
+        if kind is base or kind is torch.Size:
+            return None if len(value) > 10_000 else _collection(value, kind, depth)
+        if isinstance(value, base) and base.__len__(value) <= 10_000:
+            # A subclass (a namedtuple, an attribute-style dict) by its class and items, read as its base
+            # class reads them: no method of the subclass runs.
+            inner = _collection(value, base, depth)
+            fields = getattr(kind, "_fields", None) if base is tuple else None
+            if inner is not None and isinstance(fields, tuple) and len(fields) == base.__len__(value):
+                items = [_spelled(item, depth + 1) for item in tuple.__iter__(value)]
+                inner = ", ".join(f"{field}={item}" for field, item in zip(fields, items))
+            return None if inner is None else f"{kind.__module__}.{kind.__qualname__}({inner})"
+    return None  # not a collection of settings
+
+
+def _is_numpy_array(value):
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ == "ndarray"
+
+
+def _function(value, depth=0):
     """A function by its qualified name; one defined inside another (a lambda, a closure) also by the
-    line it starts on, since such names repeat."""
+    line it starts on, since such names repeat, and by the values it closes over (nested as deep as a
+    collection goes: a closure that names itself is spelled once)."""
     name = f"function {getattr(value, '__module__', None) or '?'}.{getattr(value, '__qualname__', None) or value.__name__}"
     code = getattr(value, "__code__", None)
-    return f"{name} (line {code.co_firstlineno})" if code is not None and "<" in name else name
+    if code is None or "<" not in name:
+        return name
+    if depth > 8:
+        return f"{name} (line {code.co_firstlineno})"
+    cells = []
+    for free, cell in zip(code.co_freevars, getattr(value, "__closure__", None) or ()):
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # a cell not yet bound
+            contents = _ABSENT
+        spelling = "unbound" if contents is _ABSENT else _spelled(contents, depth + 1)
+        cells.append(f"{free}={spelling if spelling is not None else 'a ' + type(contents).__name__}")
+    # Defaults bind values as a closure does (`lambda t, s=s: t * s`)
+    defaults = [*(getattr(value, "__defaults__", None) or ()), *(getattr(value, "__kwdefaults__", None) or {}).items()]
+    for default in defaults:
+        spelling = _spelled(default, depth + 1)
+        cells.append(f"default {spelling if spelling is not None else 'a ' + type(default).__name__}")
+    return f"{name} (line {code.co_firstlineno})" + (f" closing over {', '.join(cells)}" if cells else "")
 
 
 def _collection(value, kind, depth):
     if kind is dict:
-        pairs = [(_spelled(key, depth + 1), _spelled(item, depth + 1)) for key, item in value.items()]
+        pairs = [(_spelled(key, depth + 1), _spelled(item, depth + 1)) for key, item in dict.items(value)]
         if any(key is None or item is None for key, item in pairs):
             return None
         return "{" + ", ".join(f"{key}: {item}" for key, item in pairs) + "}"
-    items = [_spelled(item, depth + 1) for item in value]
+    items = [_spelled(item, depth + 1) for item in kind.__iter__(value)]
     if None in items:
         return None
     if kind in (set, frozenset):  # by its members, in an order of their own
@@ -193,17 +281,40 @@ def _collection(value, kind, depth):
 
 
 def _holds_mutable(value):
-    """Whether a value may change in place: a list, dict or set, or a tuple holding one."""
-    return isinstance(value, (list, dict, set)) or (isinstance(value, tuple) and any(map(_holds_mutable, value)))
+    """Whether a value may change in place: a list, dict or set (a subclass too), a numpy array, a
+    function closing over or defaulting to one, or a tuple holding one."""
+    return (isinstance(value, (list, dict, set)) or _is_numpy_array(value)
+            or (isinstance(value, _types.FunctionType) and any(map(_holds_mutable, _bound_values(value))))
+            or (isinstance(value, tuple) and any(map(_holds_mutable, tuple.__iter__(value)))))
+
+
+def _bound_values(function):
+    """What a function's cells hold (_ABSENT for an empty one) and its defaults: what it is spelled with
+    besides its name. A cell set again (`nonlocal`) changes a closure without changing the function."""
+    cells = []
+    for cell in function.__closure__ or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:
+            cells.append(_ABSENT)
+    return [*cells, *(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+
+
+def _instance_dict(owner):
+    """owner's instance dict, read without its class's __getattr__ (which may raise anything); None
+    where it has none (a slotted object)."""
+    try:
+        return object.__getattribute__(owner, "__dict__")
+    except (AttributeError, TypeError):
+        return None
 
 
 def _plainly_there(owner, name):
     """Whether getattr(owner, name) reads owner's instance dict: the value is the very object stored
     there under that name (a transformers config, whose __getattribute__ maps some names to others,
     maps none of these), and no data descriptor of the class could take the read over."""
-    try:
-        instance = vars(owner)
-    except TypeError:
+    instance = _instance_dict(owner)
+    if instance is None:
         return False
     if name not in instance or instance[name] is not getattr(owner, name, _ABSENT):
         return False
@@ -214,9 +325,8 @@ def _method_dicts(owner, name):
     """Where a method of owner's class lives, as (dict, name) pairs the next calls read instead of
     binding it anew (a bound method is a new object each time): owner's instance dict, which lacks
     it, and the dicts of owner's classes up to the one defining it. Empty where it is no method."""
-    try:
-        instance = vars(owner)
-    except TypeError:
+    instance = _instance_dict(owner)
+    if instance is None:
         return []
     if name in instance:
         return []
@@ -244,6 +354,9 @@ GLOBAL_STATE = {
 }
 
 _ABSENT = object()
+REQUIRES_GRAD = "requires_grad"
+"""The SPECIALIZED global-state record of each graph input's requires_grad (parameters, buffers, then
+tensor inputs), where fn's code read one: a branch on it is fixed by the trace."""
 MODULE_HOOKS = "module_hooks"
 """The SPECIALIZED global-state record of the hooks the model's modules (and nn.Module's global hook
 tables) held at capture: the trace ran them, the served graph holds what they did and calls none."""
@@ -300,7 +413,7 @@ class _Specialized:
     later calls compare the values themselves with the ones the full check saw."""
 
     def __init__(self, records, module_positions):
-        self.records = [r for r in records if r.get("checked", True)]
+        self.records = [r for r in records if r.get("checked", True) and r["name"] != REQUIRES_GRAD]
         self.module_positions = list(module_positions)
         self.state = [GLOBAL_STATE[r["name"]] for r in self.records if r["kind"] == "global_state" and r["name"] in GLOBAL_STATE]
         self.state_seen = None
@@ -311,6 +424,7 @@ class _Specialized:
         self.by_getattr = []  # (object, attribute)
         self.seen = None
         self.mutable = []  # (index into the values, a copy)
+        self.bound = []  # (index into the values, what a function's cells and defaults held)
 
     def unchanged(self):
         """Whether every checked value is still the very object the last full check saw (a list or
@@ -320,7 +434,8 @@ class _Specialized:
             return False
         values = [d.get(k, _ABSENT) for d, k in self.in_dicts]
         values += [getattr(owner, name, _ABSENT) for owner, name in self.by_getattr]
-        return all(map(_is, values, self.seen)) and all(spelled(values[i]) == spelling for i, spelling in self.mutable)
+        return (all(map(_is, values, self.seen)) and all(spelled(values[i]) == spelling for i, spelling in self.mutable)
+                and all(all(map(_is, _bound_values(values[i]), held)) for i, held in self.bound))
 
     def check(self, modules, fail):
         """Compare every checked value with its captured spelling; remember where they live."""
@@ -338,9 +453,7 @@ class _Specialized:
             if record["kind"] == "global_state":
                 value = GLOBAL_STATE[record["name"]]()
             elif record["kind"] == "global":
-                owner = self.module_of(record, fail)
-                value = getattr(owner, record["name"], _ABSENT)
-                places.append((owner, record["name"]))
+                value = self.global_value(record, fail, places)
             else:
                 owner = self.owner_of(record, modules, places)
                 value = _ABSENT if owner is _ABSENT else getattr(owner, record["name"], _ABSENT)
@@ -365,6 +478,8 @@ class _Specialized:
                     self.by_getattr.append((owner, name))
         self.seen = [d.get(k, _ABSENT) for d, k in self.in_dicts] + [getattr(o, n, _ABSENT) for o, n in self.by_getattr]
         self.mutable = [(i, spelled(value)) for i, value in enumerate(self.seen) if _holds_mutable(value)]
+        self.bound = [(i, _bound_values(value)) for i, value in enumerate(self.seen) if isinstance(value, _types.FunctionType)
+                      and (value.__closure__ or value.__defaults__ or value.__kwdefaults__)]
         self.state_seen = [get() for get in self.state]
 
     def owner_of(self, record, modules, places):
@@ -381,6 +496,16 @@ class _Specialized:
             places.append((owner, name))  # the object itself is checked too: a new config is checked in full
             owner = found
         return owner
+
+    def global_value(self, record, fail, places):
+        """A module's global, or a torch class's method (`LayerNorm.forward`), read on its class."""
+        owner = self.module_of(record, fail)
+        head, _, name = record["name"].rpartition(".")
+        if head:
+            places.append((owner, head))
+            owner = getattr(owner, head, _ABSENT)
+        places.append((owner, name))
+        return getattr(owner, name, _ABSENT)
 
     @staticmethod
     def module_of(record, fail):
@@ -515,13 +640,16 @@ class _TensorCheck:
         return None
 
 
-def build_forward(metadata, run_graph, artifact="this artifact"):
+def build_forward(metadata, run_graph, artifact="this artifact", autograd_graph=None, no_autograd=None):
     """The served `forward(*args)` of an artifact whose metadata literals are in `metadata`.
 
     `run_graph(*params, *buffers, *tensor_inputs)` runs the captured graph and returns its flat
-    outputs: fn's tensor results, then the gradients of GRAD_PARAM_INDICES.
+    outputs: fn's tensor results, then the gradients of GRAD_PARAM_INDICES. `autograd_graph`, called
+    alike, runs it as ATen ops autograd records, for a forward's calls that autograd would record
+    (run_graph itself for the eager backend; None: such calls are refused). `no_autograd`: (why
+    there is none, whether eager's result carries autograd in any grad mode, fn turning grad on).
     """
-    return _ServedForward(metadata, run_graph, artifact)
+    return _ServedForward(metadata, run_graph, artifact, autograd_graph, no_autograd)
 
 
 class _ServedForward:
@@ -529,8 +657,14 @@ class _ServedForward:
     rebuilds fn's result. The first call that passes every check (in Python, naming what differs)
     leaves a C++ check of exactly those tensors' metadata that later calls pass through instead."""
 
-    def __init__(self, metadata, run_graph, artifact):
+    def __init__(self, metadata, run_graph, artifact, autograd_graph=None, no_autograd=None):
         self.run_graph = run_graph
+        self.autograd_graph = autograd_graph
+        self.no_autograd = no_autograd or ("it keeps no ATen graph to record them", False)
+        self.warned_autograd = False
+        self.capturing = False  # set on the capture's own served forward
+        self.requires_grad = next((r["value"] for r in metadata.get("SPECIALIZED", ())
+                                   if r["kind"] == "global_state" and r["name"] == REQUIRES_GRAD), None)
         self.artifact = artifact
         self.num_args = metadata["NUM_POSITIONAL_ARGS"]
         self.module_positions = tuple(metadata["MODULE_POSITIONS"])
@@ -634,6 +768,12 @@ class _ServedForward:
                 self.fail(f"model tensor {check.path}: {problem}", "pass a model with the captured structure")
         self.specialized.check(modules, self.fail)
         state_tensors = [t for _, t in state]
+        if self.requires_grad is not None:
+            now = spelled(tuple(t.requires_grad for t in (*state_tensors, *tensors)))
+            if now != self.requires_grad:
+                self.fail(f"the tensors' requires_grad are {now} (parameters, buffers, then inputs) but the artifact was "
+                          f"captured with {self.requires_grad} (fn's code read requires_grad, so its graph is specialized "
+                          "on it)", "set requires_grad back, or capture again with these")
         flat_tensors = [*state_tensors, *tensors]
         # The C++ check of exactly these tensors' metadata, with the dims that may vary left free.
         strides = [list(t.stride()) if c.stride is not None else [None] * t.dim()
@@ -660,7 +800,16 @@ class _ServedForward:
 
     def run(self, state_tensors, tensors):
         """Run the graph, scatter the parameter gradients it computed as eager .backward() would, and
-        rebuild fn's result."""
+        rebuild fn's result. A forward's call that autograd would record (grad mode on and a tensor it
+        takes requiring grad) runs as ATen ops autograd records, so its results carry autograd as
+        eager's do."""
+        if not self.grad_indices and (torch.is_grad_enabled() or (self.no_autograd[1] and not torch.is_inference_mode_enabled())) and (
+                any(t.requires_grad for t in tensors) or any(t.requires_grad for t in state_tensors)):
+            graph = self.recording_autograd()
+            if graph is not None:
+                results = iter(graph(*state_tensors, *tensors))
+                return _pytree.tree_unflatten([next(results) if leaf is None else leaf["value"] for leaf in self.outputs],
+                                              self.out_spec)
         with torch.no_grad():
             flat = self.run_graph(*state_tensors, *tensors)
             n_results = len(flat) - len(self.grad_indices)
@@ -674,5 +823,26 @@ class _ServedForward:
         out_leaves = [next(results) if leaf is None else leaf["value"] for leaf in self.outputs]
         return _pytree.tree_unflatten(out_leaves, self.out_spec)
 
+    def recording_autograd(self):
+        """The graph that runs a call autograd records; the first such call of a compiled artifact says
+        it runs at eager speed."""
+        if self.autograd_graph is None and self.capturing:
+            _warnings.warn(f"{self.artifact}: the capture's result carries no autograd, and a served call that autograd "
+                           f"records will be refused: {self.no_autograd[0]}", PrecompileWarning, stacklevel=5)
+            return None
+        if self.autograd_graph is None:
+            self.fail("this call would record autograd (a parameter, buffer or input requires grad, under grad mode or "
+                      f"where fn turns it on), but the artifact cannot record it as eager does: {self.no_autograd[0]}",
+                      "call it under torch.inference_mode() (or torch.no_grad(), where fn does not turn grad on), or turn "
+                      "requires_grad off; for gradients through it, capture with DynamoTracer")
+        if self.autograd_graph is not self.run_graph and not self.warned_autograd:
+            self.warned_autograd = True
+            _warnings.warn(
+                f"{self.artifact}: this call records autograd (grad mode is on and a parameter or input requires grad), so "
+                "it runs the captured ATen graph, whose results carry autograd as eager's do, at eager speed; call it "
+                "under torch.inference_mode() or torch.no_grad() to run the compiled kernels",
+                PrecompileWarning, stacklevel=4)
+        return self.autograd_graph
 
-forward = build_forward(globals(), captured_graph, artifact=globals().get("__file__", "this artifact"))
+
+forward = build_forward(globals(), captured_graph, artifact=globals().get("__file__", "this artifact"), autograd_graph=captured_graph_autograd)
