@@ -134,8 +134,7 @@ def _spelled(value, depth):
     if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
         return f"numpy.{kind.__name__}({value.item()!r})"
     if _is_numpy_array(value):
-        return None if value.size > 10_000 or value.dtype.hasobject else (
-            f"numpy.ndarray(dtype={value.dtype.str!r}, shape={tuple(value.shape)!r}, values={value.tolist()!r})")
+        return _numpy_array(value)
     if depth > 8:
         return None  # a list holding itself, or nesting deeper than one goes
     return _container(value, kind, depth)
@@ -157,6 +156,16 @@ def _container(value, kind, depth):
                 inner = ", ".join(f"{field}={item}" for field, item in zip(fields, items))
             return None if inner is None else f"{kind.__module__}.{kind.__qualname__}({inner})"
     return None  # not a collection of settings
+
+
+def _numpy_array(value):
+    """A numpy array by dtype, shape and values (over 10,000 elements, its bytes' sha256); None for objects."""
+    if value.dtype.hasobject:
+        return None
+    if value.size > 10_000:
+        digest = _hashlib.sha256(value.tobytes()).hexdigest()
+        return f"numpy.ndarray(dtype={value.dtype.str!r}, shape={tuple(value.shape)!r}, sha256 {digest})"
+    return f"numpy.ndarray(dtype={value.dtype.str!r}, shape={tuple(value.shape)!r}, values={value.tolist()!r})"
 
 
 def _is_numpy_array(value):
@@ -211,10 +220,22 @@ def _collection(value, kind, depth):
 
 def _holds_mutable(value):
     """Whether a value may change in place: a list, dict or set (a subclass too), a numpy array, a
-    function whose closure cells may be set again, or a tuple holding one."""
+    function closing over or defaulting to one, or a tuple holding one."""
     return (isinstance(value, (list, dict, set)) or _is_numpy_array(value)
-            or (isinstance(value, _types.FunctionType) and bool(value.__closure__))
+            or (isinstance(value, _types.FunctionType) and any(map(_holds_mutable, _bound_values(value))))
             or (isinstance(value, tuple) and any(map(_holds_mutable, tuple.__iter__(value)))))
+
+
+def _bound_values(function):
+    """What a function's cells hold (_ABSENT for an empty one) and its defaults: what it is spelled with
+    besides its name. A cell set again (`nonlocal`) changes a closure without changing the function."""
+    cells = []
+    for cell in function.__closure__ or ():
+        try:
+            cells.append(cell.cell_contents)
+        except ValueError:
+            cells.append(_ABSENT)
+    return [*cells, *(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
 
 
 def _instance_dict(owner):
@@ -341,6 +362,7 @@ class _Specialized:
         self.by_getattr = []  # (object, attribute)
         self.seen = None
         self.mutable = []  # (index into the values, a copy)
+        self.bound = []  # (index into the values, what a function's cells and defaults held)
 
     def unchanged(self):
         """Whether every checked value is still the very object the last full check saw (a list or
@@ -350,7 +372,8 @@ class _Specialized:
             return False
         values = [d.get(k, _ABSENT) for d, k in self.in_dicts]
         values += [getattr(owner, name, _ABSENT) for owner, name in self.by_getattr]
-        return all(map(_is, values, self.seen)) and all(spelled(values[i]) == spelling for i, spelling in self.mutable)
+        return (all(map(_is, values, self.seen)) and all(spelled(values[i]) == spelling for i, spelling in self.mutable)
+                and all(all(map(_is, _bound_values(values[i]), held)) for i, held in self.bound))
 
     def check(self, modules, fail):
         """Compare every checked value with its captured spelling; remember where they live."""
@@ -393,6 +416,8 @@ class _Specialized:
                     self.by_getattr.append((owner, name))
         self.seen = [d.get(k, _ABSENT) for d, k in self.in_dicts] + [getattr(o, n, _ABSENT) for o, n in self.by_getattr]
         self.mutable = [(i, spelled(value)) for i, value in enumerate(self.seen) if _holds_mutable(value)]
+        self.bound = [(i, _bound_values(value)) for i, value in enumerate(self.seen) if isinstance(value, _types.FunctionType)
+                      and (value.__closure__ or value.__defaults__ or value.__kwdefaults__)]
         self.state_seen = [get() for get in self.state]
 
     def owner_of(self, record, modules, places):

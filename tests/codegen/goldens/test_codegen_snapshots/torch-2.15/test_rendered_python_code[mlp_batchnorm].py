@@ -201,12 +201,7 @@ def _spelled(value, depth):
     if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
         return f"numpy.{kind.__name__}({value.item()!r})"
     if _is_numpy_array(value):
-        if value.dtype.hasobject:
-            return None
-        if value.size > 10_000:  # by its bytes' digest, not as text
-            digest = _hashlib.sha256(value.tobytes()).hexdigest()
-            return f"numpy.ndarray(dtype={value.dtype.str!r}, shape={tuple(value.shape)!r}, sha256 {digest})"
-        return f"numpy.ndarray(dtype={value.dtype.str!r}, shape={tuple(value.shape)!r}, values={value.tolist()!r})"
+        return _numpy_array(value)
     if depth > 8:
         return None  # a list holding itself, or nesting deeper than one goes
     return _container(value, kind, depth)
@@ -228,6 +223,16 @@ def _container(value, kind, depth):
                 inner = ", ".join(f"{field}={item}" for field, item in zip(fields, items))
             return None if inner is None else f"{kind.__module__}.{kind.__qualname__}({inner})"
     return None  # not a collection of settings
+
+
+def _numpy_array(value):
+    """A numpy array by dtype, shape and values (over 10,000 elements, its bytes' sha256); None for objects."""
+    if value.dtype.hasobject:
+        return None
+    if value.size > 10_000:
+        digest = _hashlib.sha256(value.tobytes()).hexdigest()
+        return f"numpy.ndarray(dtype={value.dtype.str!r}, shape={tuple(value.shape)!r}, sha256 {digest})"
+    return f"numpy.ndarray(dtype={value.dtype.str!r}, shape={tuple(value.shape)!r}, values={value.tolist()!r})"
 
 
 def _is_numpy_array(value):
