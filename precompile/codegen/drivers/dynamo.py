@@ -257,6 +257,13 @@ def _resolve_reference(ref):
         value = getattr(value, part)
     for _ in range(int(unwraps or 0)):
         value = value.__wrapped__
+    if isinstance(value, (_types.FunctionType, _types.BuiltinFunctionType)) and (
+            getattr(value, "__module__", None) != module
+            or qualname not in (getattr(value, "__qualname__", None), getattr(value, "__name__", None))):
+        # The name now holds another function (a library patched it before load): what the capture
+        # compared with is not here.
+        raise LookupError(f"{module}:{qualname} is now {getattr(value, '__module__', '?')}."
+                          f"{getattr(value, '__qualname__', '?')}, not the function captured")
     return value
 
 
