@@ -63,15 +63,10 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
         what=f"MakeFxTracer, backend={artifact.metadata.backend!r}",
         sections=sections,
         entry=graph.entry,
-        autograd_entry=_autograd_entry(artifact),
+        # what runs a call autograd records (the autograd-graph section defines it), or None: refused
+        autograd_entry=artifact.autograd_graph.entry if artifact.autograd_graph is not None else "None",
         no_autograd=artifact.no_autograd,
     )
-
-
-def _autograd_entry(artifact: MakeFxArtifact) -> str:
-    """What runs a call autograd records (a section named autograd-graph defines it), or nothing:
-    such a call is refused."""
-    return artifact.autograd_graph.entry if artifact.autograd_graph is not None else "None"
 
 
 # The driver modules lowered subgraphs run on: (slug, title) of the section each is included in.

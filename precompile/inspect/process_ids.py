@@ -21,7 +21,7 @@ import re
 _COMPILED_FN = re.compile(r"__compiled_fn_\d+_[0-9a-f_]{36}")
 _RESUME_AT = re.compile(r"(__resume_at_\d+)_\d+")
 _BUILTINS_DICT = re.compile(r"__builtins_dict___\d+")
-_GLOBAL_BY_ID = re.compile(r"\b(\w*?)_\d{6,}_c\d+\b")
+_GLOBAL_BY_ID = re.compile(r"_\d{6,}_c\d+\b")
 _OBJECT_ID = re.compile(r"\b\d{9,}\b")
 _PICKLED = re.compile(r"pickled \(\d+ bytes, sha256 [0-9a-f]{64}\)")
 _ARTIFACT_PREFIX = re.compile(r"__precompile_[0-9a-f]{12}_")
@@ -37,7 +37,7 @@ def mask_process_ids(text: str) -> str:
     replaced by a placeholder."""
     if "__" not in text and "pickled (" not in text and "_c" not in text:  # what each spells: most text, at a glance
         return text
-    text = _GLOBAL_BY_ID.sub(r"\1_<id>_c<n>", text)
+    text = _GLOBAL_BY_ID.sub("_<id>_c<n>", text)
     text = _COMPILED_FN.sub("__compiled_fn_<n>_<uuid>", text)
     text = _PICKLED.sub("pickled (<size>, <sha256>)", text)
     text = _BUILTINS_DICT.sub("__builtins_dict___<n>", text)

@@ -113,8 +113,8 @@ class _Compile:
     values: dict
     """What each dropped slot held in this compile (see `_value_key`), where comparable."""
     named: dict
-    """Dropped identity slots the artifact checks by name instead: {slot: check line, or the lines of a
-    closure's code checked by value} (named_identity)."""
+    """Slots the artifact checks by name or value instead of Dynamo's check: {slot: check lines}
+    (named_identity: a dropped identity guard's, a closure's code, a module class's forward)."""
     seen: dict = field(default_factory=dict)
     """What each kept guard's source held as Dynamo built it: {seen_key(guard): Seen}."""
 
@@ -145,7 +145,7 @@ class GuardLedger:
         if len(wanted) != len(entries):
             raise CaptureRefused(f"guard_filter_fn returned {len(wanted)} flags for {len(entries)} guards; return one per guard")
         kept, dropped, values, held = set(), [], {}, {}
-        named: dict[tuple[str, str], str | tuple[str, ...]] = {}
+        named: dict[tuple[str, str], tuple[str, ...]] = {}
         classes: set = set()
         for entry, by_default, by_user in zip(entries, default, wanted):
             slot = (entry.guard_type, slot_source(entry.name))
@@ -161,9 +161,12 @@ class GuardLedger:
             if slot not in dropped:
                 dropped.append(slot)
             # Only what the serializer refused is checked by name; a drop the caller chose stays one.
-            check = (named_check(entry) or valued_check(entry) or code_checks(entry)) if by_user or self.user_filter is None else None
-            if check is not None:
-                named[slot] = check
+            lines = None
+            if by_user or self.user_filter is None:
+                check = named_check(entry) or valued_check(entry)
+                lines = (check,) if check is not None else code_checks(entry)
+            if lines is not None:
+                named[slot] = lines
                 continue
             value = _value_key(entry)
             if value is not None:
@@ -346,7 +349,7 @@ def account_frame(code, name: str, ledger: GuardLedger, slots: SlotLists, taken:
             checks=(*sorted({slot_text(slot) for slot in checked}), *exprs),
             dropped=tuple(sorted({slot_text(slot) for slot in dropped})),
             policy_dropped=tuple(sorted({slot_text(slot) for slot in policy})),
-            by_name=tuple(sorted(line for check in named.values() for line in ((check,) if isinstance(check, str) else check))),
+            by_name=tuple(sorted(line for lines in named.values() for line in lines)),
         ))
     slots.told_apart |= told_apart(compiles)
     return variants

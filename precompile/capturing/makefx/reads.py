@@ -366,12 +366,10 @@ class _FrameHook:
         """A public function of torch the code loads from its module (`F.gelu`, `torch.relu`,
         `torch.nn.functional.silu`): patched after capture (`F.gelu = ...`), eager calls the patch
         while the served graph holds what the trace called, so its spelling is checked."""
-        if module.__name__.startswith("torch.distributed"):
-            return  # its collectives are remapped to traceable ones while the trace runs (serve/ranks.py)
         for name in path:
-            if name.startswith("_"):
-                return  # torch's private machinery (torch._C, F._in_projection): not what users patch
-            if name == "distributed":
+            if name.startswith("_") or module.__name__.startswith("torch.distributed"):
+                # torch's private machinery (torch._C, F._in_projection), not what users patch; and
+                # collectives, remapped to traceable ones while the trace runs (serve/ranks.py)
                 return
             value = vars(module).get(name, _MISSING)
             if isinstance(value, types.ModuleType):

@@ -56,8 +56,6 @@ class MakeFxTrace:
     """The Python values the trace read besides tensors (torch's global state first)."""
     fake_mode: Any = None
     """The FakeTensorMode `example_inputs` live in when dims were marked unbacked (they are fakes then)."""
-    records_autograd: bool = False
-    """Whether eager autograd records the captured call: grad mode on, a tensor it takes requiring grad."""
     autograd: autograd_watch.AutogradSeen = field(default_factory=autograd_watch.AutogradSeen)
     """What fn's code did to autograd that the graph does not keep, and whether it read requires_grad."""
 
@@ -283,7 +281,6 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: b
         grad_param_indices=traced.grad_param_indices,
         specialized=(*state, *_requires_grad_read(traced, example_inputs), *read),
         fake_mode=fake_mode,
-        records_autograd=torch.is_grad_enabled() and any(t.requires_grad for t in example_inputs),
         autograd=traced.autograd,
     )
 
