@@ -1111,6 +1111,14 @@ def _resolve_reference(ref):
         value = getattr(value, part)
     for _ in range(int(unwraps or 0)):
         value = value.__wrapped__
+    defined_in = getattr(value, "__module__", None) or ""
+    if isinstance(value, (_types.FunctionType, _types.BuiltinFunctionType)) and (
+            not (defined_in == module or defined_in.startswith(module + "."))  # torch.nn:Linear re-exports
+            or qualname not in (getattr(value, "__qualname__", None), getattr(value, "__name__", None))):
+        # The name now holds another function (a library patched it before load): what the capture
+        # compared with is not here.
+        raise LookupError(f"{module}:{qualname} is now {getattr(value, '__module__', '?')}."
+                          f"{getattr(value, '__qualname__', '?')}, not the function captured")
     return value
 
 

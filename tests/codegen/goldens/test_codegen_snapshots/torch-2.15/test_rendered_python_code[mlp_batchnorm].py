@@ -207,22 +207,25 @@ def _spelled(value, depth):
     return _container(value, kind, depth)
 
 
+_BASES: tuple = (tuple, list, dict, set, frozenset)
+
+
 def _container(value, kind, depth):
     """A tuple, list, dict or set (or torch.Size) by its items; a subclass also by its class."""
-    bases: tuple = (tuple, list, dict, set, frozenset)
-    for base in bases:
-        if kind is base or kind is torch.Size:
-            return None if len(value) > 10_000 else _collection(value, kind, depth)
-        if isinstance(value, base) and base.__len__(value) <= 10_000:
-            # A subclass (a namedtuple, an attribute-style dict) by its class and items, read as its base
-            # class reads them: no method of the subclass runs.
-            inner = _collection(value, base, depth)
-            fields = getattr(kind, "_fields", None) if base is tuple else None
-            if inner is not None and isinstance(fields, tuple) and len(fields) == base.__len__(value):
-                items = [_spelled(item, depth + 1) for item in tuple.__iter__(value)]
-                inner = ", ".join(f"{field}={item}" for field, item in zip(fields, items))
-            return None if inner is None else f"{kind.__module__}.{kind.__qualname__}({inner})"
-    return None  # not a collection of settings
+    if kind in _BASES or kind is torch.Size:
+        return None if len(value) > 10_000 else _collection(value, kind, depth)
+    base = next((b for b in _BASES if isinstance(value, b)), None)
+    if base is None or base.__len__(value) > 10_000:
+        return None  # not a collection of settings
+    # A subclass (a namedtuple, an attribute-style dict) by its class and items, read as its base class
+    # reads them: no method of the subclass runs; a namedtuple's items by its fields.
+    fields = getattr(kind, "_fields", None) if base is tuple else None
+    if isinstance(fields, tuple) and len(fields) == tuple.__len__(value):
+        items = [_spelled(item, depth + 1) for item in tuple.__iter__(value)]
+        inner = None if None in items else ", ".join(f"{field}={item}" for field, item in zip(fields, items))
+    else:
+        inner = _collection(value, base, depth)
+    return None if inner is None else f"{kind.__module__}.{kind.__qualname__}({inner})"
 
 
 def _numpy_array(value):
@@ -248,22 +251,13 @@ def _function(value, depth=0):
     code = getattr(value, "__code__", None)
     if code is None or "<" not in name:
         return name
-    if depth > 8:
+    if depth > 8 or not isinstance(value, _types.FunctionType):
         return f"{name} (line {code.co_firstlineno})"
-    cells = []
-    for free, cell in zip(code.co_freevars, getattr(value, "__closure__", None) or ()):
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # a cell not yet bound
-            contents = _ABSENT
-        spelling = "unbound" if contents is _ABSENT else _spelled(contents, depth + 1)
-        cells.append(f"{free}={spelling if spelling is not None else 'a ' + type(contents).__name__}")
-    # Defaults bind values as a closure does (`lambda t, s=s: t * s`)
-    defaults = [*(getattr(value, "__defaults__", None) or ()), *(getattr(value, "__kwdefaults__", None) or {}).items()]
-    for default in defaults:
-        spelling = _spelled(default, depth + 1)
-        cells.append(f"default {spelling if spelling is not None else 'a ' + type(default).__name__}")
-    return f"{name} (line {code.co_firstlineno})" + (f" closing over {', '.join(cells)}" if cells else "")
+    bound = []
+    for label, held in _bound(value):
+        spelling = "unbound" if held is _ABSENT else _spelled(held, depth + 1)
+        bound.append(f"{label}{spelling if spelling is not None else 'a ' + type(held).__name__}")
+    return f"{name} (line {code.co_firstlineno})" + (f" closing over {', '.join(bound)}" if bound else "")
 
 
 def _collection(value, kind, depth):
@@ -293,16 +287,23 @@ def _holds_mutable(value):
             or (isinstance(value, tuple) and any(map(_holds_mutable, tuple.__iter__(value)))))
 
 
-def _bound_values(function):
-    """What a function's cells hold (_ABSENT for an empty one) and its defaults: what it is spelled with
-    besides its name. A cell set again (`nonlocal`) changes a closure without changing the function."""
-    cells = []
-    for cell in function.__closure__ or ():
+def _bound(function):
+    """(label, value) of what a function's cells hold (_ABSENT for an empty one) and of its defaults,
+    which bind values as a closure does (`lambda t, s=s: t * s`): what it is spelled with besides its
+    name. A cell set again (`nonlocal`) changes a closure without changing the function."""
+    out = []
+    for free, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
         try:
-            cells.append(cell.cell_contents)
-        except ValueError:
-            cells.append(_ABSENT)
-    return [*cells, *(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+            out.append((f"{free}=", cell.cell_contents))
+        except ValueError:  # a cell not yet bound
+            out.append((f"{free}=", _ABSENT))
+    out += [("default ", default) for default in function.__defaults__ or ()]
+    out += [(f"default {name}=", default) for name, default in (function.__kwdefaults__ or {}).items()]
+    return out
+
+
+def _bound_values(function):
+    return [held for _, held in _bound(function)]
 
 
 def _instance_dict(owner):
