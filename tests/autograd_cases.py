@@ -54,3 +54,18 @@ def grad_inside(model, x):
 
 def branches_on_requires_grad(model, x):
     return model(x) * (3.0 if model[0].weight.requires_grad else 1.0)
+
+
+class Checkpointed(nn.Sequential):
+    """What transformers' layers do: ask grad mode only where gradient checkpointing is on."""
+
+    gradient_checkpointing = False
+
+    def forward(self, x):
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(super().forward, x, use_reentrant=False)
+        return super().forward(x)
+
+
+def checkpointed(model, x):
+    return Checkpointed(*model)(x)

@@ -125,6 +125,16 @@ def _set_slotted(model):
     model.slotted._values["scale"] = 3.0
 
 
+def _instance_forward(model):
+    model.norm.forward = lambda x: x * 5  # as accelerate's hooks replace a module's forward
+
+
+def _patch_class_forward(model):
+    original = Model.forward
+    Model.forward = lambda self, x: self.lin(x) * 7
+    return lambda: setattr(Model, "forward", original)
+
+
 def _swap_lambda(model):
     model.act = lambda x: x * 2.0
 
@@ -153,6 +163,8 @@ KINDS = {
     "lambda": (_swap_lambda, ("makefx", "dynamo")),
     "defaults": (_swap_defaults, ("makefx", "dynamo")),
     "slotted": (_set_slotted, ("makefx",)),
+    "instance_forward": (_instance_forward, ("makefx", "dynamo")),
+    "class_forward": (_patch_class_forward, ("makefx", "dynamo")),
     "gelu": (_patch_gelu, ("makefx", "dynamo")),
     "layernorm": (_patch_layer_norm, ("makefx", "dynamo")),
 }
@@ -160,7 +172,7 @@ KINDS = {
 
 def model_kind(kind: str) -> str:
     """The Model kind a change kind is made on."""
-    return "closure" if kind == "closure_cell" else kind
+    return {"closure_cell": "closure", "instance_forward": "layernorm", "class_forward": "layernorm"}.get(kind, kind)
 
 
 def build(kind: str, seed: int = 0):

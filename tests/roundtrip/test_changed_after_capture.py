@@ -84,6 +84,8 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "closure_cell": "closing over k=2.0",
         "defaults": "closing over default 2.0",
         "slotted": "args[0].slotted._values is {'scale': 3.0}",
+        "instance_forward": "args[0].norm forward changed_state_cases._instance_forward.<locals>.<lambda>",
+        "class_forward": "global changed_state_cases.Model.forward is function changed_state_cases._patch_class_forward",
         "gelu": "global torch.nn.functional.gelu is function changed_state_cases._patch_gelu.<locals>.<lambda>",
         "layernorm": "global torch.nn.modules.normalization.LayerNorm.forward is function",
     }

@@ -160,3 +160,14 @@ def test_a_branch_on_requires_grad_is_checked(tmp_path):
         model[0].weight.requires_grad_(False)
         with pytest.raises(precompile.CallMismatch, match=r"requires_grad are \(False, True, .*captured with \(True, True"):
             served(model, x)
+
+
+def test_code_that_names_grad_mode_without_asking_serves_in_every_grad_mode(tmp_path):
+    """transformers' `self.gradient_checkpointing and torch.is_grad_enabled()` short-circuits: the trace
+    never asked, so grad mode is not checked; code that asks still has it checked."""
+    served = _eager_capture(tmp_path, autograd_cases.checkpointed)
+    model, x = autograd_cases.build()
+    with torch.inference_mode():
+        assert torch.allclose(served(model, x), autograd_cases.checkpointed(model, x))
+    text = (tmp_path / "checkpointed.py").read_text(encoding="utf-8")
+    assert "'grad_mode'" not in text

@@ -113,6 +113,8 @@ class _Loads:
 
 # torch's functions that read global state a branch may depend on, by the GLOBAL_STATE name they read
 # (the rest of it, default dtype, deterministic algorithms and autocast, is recorded whatever was read).
+# Called as torch.<name> they are noted when called (recording() wraps them), not where code merely
+# names them: transformers' `self.gradient_checkpointing and torch.is_grad_enabled()` short-circuits.
 STATE_PROBES = {"is_grad_enabled": "grad_mode", "is_inference_mode_enabled": "inference_mode"}
 
 
@@ -153,7 +155,7 @@ class _LoadScan:
 
     def step(self, index: int, instruction) -> None:
         name, value = instruction.opname, instruction.argval
-        if name in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL") and value in STATE_PROBES:
+        if name == "LOAD_GLOBAL" and value in STATE_PROBES:  # `from torch import is_grad_enabled`: kept as read
             self.state.add(STATE_PROBES[value])
         if name in ("LOAD_ATTR", "LOAD_METHOD") and self.root is not None:
             self.path.append(value)
@@ -367,9 +369,10 @@ class _FrameHook:
         `torch.nn.functional.silu`): patched after capture (`F.gelu = ...`), eager calls the patch
         while the served graph holds what the trace called, so its spelling is checked."""
         for name in path:
-            if name.startswith("_") or module.__name__.startswith("torch.distributed"):
-                # torch's private machinery (torch._C, F._in_projection), not what users patch; and
-                # collectives, remapped to traceable ones while the trace runs (serve/ranks.py)
+            if name.startswith("_") or name in STATE_PROBES or module.__name__.startswith("torch.distributed"):
+                # torch's private machinery (torch._C, F._in_projection), not what users patch; the state
+                # probes, wrapped while the trace runs (recording()); and collectives, remapped to
+                # traceable ones while it runs (serve/ranks.py)
                 return
             value = vars(module).get(name, _MISSING)
             if isinstance(value, types.ModuleType):
@@ -408,18 +411,28 @@ class _FrameHook:
             obj = value
 
 
-def _note_torch_forward(log: ReadLog, kind: type) -> None:
-    """The forward a torch layer runs, read on the class that defines it (`LayerNorm.forward`):
-    patched after capture (`nn.LayerNorm.forward = ...`), eager runs the patch while the served graph
-    holds what the trace ran (Module's call machinery, which looks it up, is not noted)."""
+def _note_forward(log: ReadLog, kind: type) -> None:
+    """The forward a module runs, read on the class that defines it (`LayerNorm.forward`,
+    `GPT2MLP.forward`): patched after capture, eager runs the patch while the served graph holds what
+    the trace ran (Module's call machinery, which looks it up, is not noted). A class of __main__ or
+    one defined in a function has no name a serving process finds; fn's own code there is fn's."""
     owner = next((klass for klass in kind.__mro__ if "forward" in vars(klass)), None)
-    if (owner is None or owner is torch.nn.Module or not owner.__module__.startswith("torch.")
-            or "<" in owner.__qualname__):
+    if (owner is None or owner is torch.nn.Module or owner.__module__ == "__main__" or "<" in owner.__qualname__
+            or sys.modules.get(owner.__module__) is None):
         return
     spelling = spelled(vars(owner)["forward"])
     if spelling is not None:
         log.globals.setdefault((owner.__module__, f"{owner.__qualname__}.forward"), spelling)
         log.globals_of.setdefault(owner.__module__, vars(sys.modules[owner.__module__]))
+
+
+def _probe(log: ReadLog, name: str, original):
+    """torch.<name>, noting the state it reads where code other than torch's and precompile's calls it."""
+    def probed():
+        if not _skipped(sys._getframe(1).f_code.co_filename):
+            log.state.add(STATE_PROBES[name])
+        return original()
+    return probed
 
 
 @contextlib.contextmanager
@@ -433,15 +446,20 @@ def recording(modules: dict[int, torch.nn.Module]):
                 # What each submodule is: a module replaced by one of another class (Tanh by Sigmoid)
                 # changes what runs while every parameter and attribute read may stay the same.
                 log.attributes[Owner(position, name), "__class__"] = str(spelled(type(submodule)))
-                _note_torch_forward(log, type(submodule))
+                _note_forward(log, type(submodule))
     previous = sys.gettrace()
+    probes = {name: getattr(torch, name) for name in STATE_PROBES}
     # The cyclic collector's callbacks (a profiler's, hypothesis') would run inside the trace's frames.
     collecting = gc.isenabled()
     gc.disable()
     sys.settrace(_FrameHook(log, previous))
+    for name, original in probes.items():
+        setattr(torch, name, _probe(log, name, original))
     try:
         yield log
     finally:
+        for name, original in probes.items():
+            setattr(torch, name, original)
         sys.settrace(previous)
         if collecting:
             gc.enable()

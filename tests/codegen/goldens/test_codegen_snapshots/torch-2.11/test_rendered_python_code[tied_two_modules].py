@@ -199,8 +199,10 @@ def _function(value, depth=0):
         return name
     if depth > 8 or not isinstance(value, _types.FunctionType):
         return f"{name} (line {code.co_firstlineno})"
+    labels = [*(f"{free}=" for free in code.co_freevars[:len(value.__closure__ or ())]),
+              *("default " for _ in value.__defaults__ or ()), *(f"default {k}=" for k in value.__kwdefaults__ or {})]
     bound = []
-    for label, held in _bound(value):
+    for label, held in zip(labels, _bound_values(value)):
         spelling = "unbound" if held is _ABSENT else _spelled(held, depth + 1)
         bound.append(f"{label}{spelling if spelling is not None else 'a ' + type(held).__name__}")
     return f"{name} (line {code.co_firstlineno})" + (f" closing over {', '.join(bound)}" if bound else "")
@@ -233,23 +235,20 @@ def _holds_mutable(value):
             or (isinstance(value, tuple) and any(map(_holds_mutable, tuple.__iter__(value)))))
 
 
-def _bound(function):
-    """(label, value) of what a function's cells hold (_ABSENT for an empty one) and of its defaults,
-    which bind values as a closure does (`lambda t, s=s: t * s`): what it is spelled with besides its
-    name. A cell set again (`nonlocal`) changes a closure without changing the function."""
-    out = []
-    for free, cell in zip(function.__code__.co_freevars, function.__closure__ or ()):
-        try:
-            out.append((f"{free}=", cell.cell_contents))
-        except ValueError:  # a cell not yet bound
-            out.append((f"{free}=", _ABSENT))
-    out += [("default ", default) for default in function.__defaults__ or ()]
-    out += [(f"default {name}=", default) for name, default in (function.__kwdefaults__ or {}).items()]
-    return out
-
-
 def _bound_values(function):
-    return [held for _, held in _bound(function)]
+    """What a local function (a closure, a lambda) is spelled with besides its name: what its cells
+    hold (_ABSENT for an empty one), then its defaults, which bind values as a closure does (`lambda t,
+    s=s: t * s`). A cell set again (`nonlocal`) changes a closure without changing the function. A
+    module-level function is spelled, and so compared, by its name alone: empty."""
+    if "<" not in function.__qualname__:
+        return []
+    held = []
+    for cell in function.__closure__ or ():
+        try:
+            held.append(cell.cell_contents)
+        except ValueError:  # a cell not yet bound
+            held.append(_ABSENT)
+    return [*held, *(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
 
 
 def _instance_dict(owner):
@@ -311,7 +310,8 @@ REQUIRES_GRAD = "requires_grad"
 tensor inputs), where fn's code read one: a branch on it is fixed by the trace."""
 MODULE_HOOKS = "module_hooks"
 """The SPECIALIZED global-state record of the hooks the model's modules (and nn.Module's global hook
-tables) held at capture: the trace ran them, the served graph holds what they did and calls none."""
+tables) held at capture, and of any forward set on a module instance: the trace ran them, the served
+graph holds what they did and calls none."""
 _HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
 
 
@@ -330,20 +330,26 @@ def module_hooks(modules, positions):
              for name, table in _GLOBAL_HOOKS for hook in table.values()]
     for position, module in zip(positions, modules):
         for path, owner in module.named_modules(remove_duplicate=False):
+            where = f"args[{position}]{'.' + path if path else ''}"
             for name in _HOOK_TABLES:
-                found += [f"args[{position}]{'.' + path if path else ''} {name.strip('_')[:-1].replace('_', ' ')} {_hook_name(hook)}"
+                found += [f"{where} {name.strip('_')[:-1].replace('_', ' ')} {_hook_name(hook)}"
                           for hook in getattr(owner, name, {}).values()]
+            forward = (_instance_dict(owner) or {}).get("forward")
+            if forward is not None:  # set on the instance (accelerate's hooks do so): it runs instead of its class's
+                found.append(f"{where} forward {_hook_name(forward)}")
     return "; ".join(found) or "none"
 
 
 def _hook_ids(owner):
-    """The handle ids of `owner`'s hooks (ids only grow, so a hook replaced by another changes them)."""
+    """The handle ids of `owner`'s hooks (ids only grow, so a hook replaced by another changes them),
+    and the id of a forward set on the instance."""
     ids = ()
     for name in _HOOK_TABLES:
         table = getattr(owner, name, None)
         if table:
             ids += tuple(table)
-    return ids
+    forward = owner.__dict__.get("forward")
+    return ids if forward is None else (*ids, id(forward))
 
 
 def specialized_source(record):
@@ -430,8 +436,8 @@ class _Specialized:
                     self.by_getattr.append((owner, name))
         self.seen = [d.get(k, _ABSENT) for d, k in self.in_dicts] + [getattr(o, n, _ABSENT) for o, n in self.by_getattr]
         self.mutable = [(i, spelled(value)) for i, value in enumerate(self.seen) if _holds_mutable(value)]
-        self.bound = [(i, _bound_values(value)) for i, value in enumerate(self.seen) if isinstance(value, _types.FunctionType)
-                      and (value.__closure__ or value.__defaults__ or value.__kwdefaults__)]
+        self.bound = [(i, held) for i, held in ((i, _bound_values(value)) for i, value in enumerate(self.seen)
+                                                if isinstance(value, _types.FunctionType)) if held]
         self.state_seen = [get() for get in self.state]
 
     def owner_of(self, record, modules, places):
