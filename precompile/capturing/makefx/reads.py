@@ -106,15 +106,16 @@ class _Loads:
     chains: tuple[tuple[str, tuple[str, ...]], ...]
     globals: tuple[str, ...]
     free: tuple[str, ...]
-    state: tuple[str, ...] = ()
+    probes: tuple[tuple[int, str], ...] = ()
+    """(offset, GLOBAL_STATE name) of each load of a STATE_PROBES function: noted when it runs."""
     optional: tuple[tuple[str, str], ...] = ()
     """(root, name) read by getattr or hasattr with a constant name: an absence there is a value."""
 
 
 # torch's functions that read global state a branch may depend on, by the GLOBAL_STATE name they read
 # (the rest of it, default dtype, deterministic algorithms and autocast, is recorded whatever was read).
-# Called as torch.<name> they are noted when called (recording() wraps them), not where code merely
-# names them: transformers' `self.gradient_checkpointing and torch.is_grad_enabled()` short-circuits.
+# They are noted where the load of one runs (the frame is traced by opcode), not where code merely
+# names one: transformers' `self.gradient_checkpointing and torch.is_grad_enabled()` short-circuits.
 STATE_PROBES = {"is_grad_enabled": "grad_mode", "is_inference_mode_enabled": "inference_mode"}
 
 
@@ -128,7 +129,7 @@ def _loads(code: types.CodeType) -> _Loads:
         scan.step(index, instruction)
     scan.close()
     return _Loads(tuple(sorted(scan.chains)), tuple(sorted(scan.globals)), tuple(sorted(scan.free)),
-                  tuple(sorted(scan.state)), tuple(sorted(scan.optional)))
+                  tuple(sorted(scan.probes)), tuple(sorted(scan.optional)))
 
 
 class _LoadScan:
@@ -143,7 +144,7 @@ class _LoadScan:
         self.chains: set[tuple[str, tuple[str, ...]]] = set()
         self.globals: set[str] = set()
         self.free: set[str] = set()
-        self.state: set[str] = set()
+        self.probes: set[tuple[int, str]] = set()
         self.optional: set[tuple[str, str]] = set()
         self.root: str | None = None
         self.path: list[str] = []
@@ -155,8 +156,8 @@ class _LoadScan:
 
     def step(self, index: int, instruction) -> None:
         name, value = instruction.opname, instruction.argval
-        if name == "LOAD_GLOBAL" and value in STATE_PROBES:  # `from torch import is_grad_enabled`: kept as read
-            self.state.add(STATE_PROBES[value])
+        if name in ("LOAD_ATTR", "LOAD_METHOD", "LOAD_GLOBAL") and value in STATE_PROBES:
+            self.probes.add((instruction.offset, STATE_PROBES[value]))
         if name in ("LOAD_ATTR", "LOAD_METHOD") and self.root is not None:
             self.path.append(value)
             return
@@ -294,16 +295,36 @@ class _FrameHook:
     def __call__(self, frame, event, arg):
         if event == "call":
             code = frame.f_code
-            loads = self.loads.get(code, _MISSING)
-            if loads is _MISSING:
+            if code in self.loads:
+                loads = self.loads[code]
+            else:
                 loads = self.loads[code] = None if _skipped(code.co_filename) else _loads(code)
             if loads is not None and _in_trace(frame.f_back):
                 self.note(frame, loads)
+                if loads.probes:
+                    return self.probing(frame, dict(loads.probes), self.previous(frame, event, arg) if self.previous else None)
         return self.previous(frame, event, arg) if self.previous is not None else None
+
+    def probing(self, frame, probes: dict[int, str], inner):
+        """A local trace function for a frame that loads a state probe: notes the probe when its load
+        runs (opcode events, in this frame alone), handing every other event to `inner`, the local
+        trace function installed before (coverage's)."""
+        frame.f_trace_opcodes = True
+        state = self.log.state
+
+        def local(frame, event, arg):
+            nonlocal inner
+            if event == "opcode":
+                probe = probes.get(frame.f_lasti)
+                if probe is not None:
+                    state.add(probe)
+            elif inner is not None:
+                inner = inner(frame, event, arg)
+            return local
+        return local
 
     def note(self, frame, loads) -> None:
         log = self.log
-        log.state.update(loads.state)
         if loads.chains:
             local = frame.f_locals
             for root, path in loads.chains:
@@ -426,15 +447,6 @@ def _note_forward(log: ReadLog, kind: type) -> None:
         log.globals_of.setdefault(owner.__module__, vars(sys.modules[owner.__module__]))
 
 
-def _probe(log: ReadLog, name: str, original):
-    """torch.<name>, noting the state it reads where code other than torch's and precompile's calls it."""
-    def probed():
-        if not _skipped(sys._getframe(1).f_code.co_filename):
-            log.state.add(STATE_PROBES[name])
-        return original()
-    return probed
-
-
 @contextlib.contextmanager
 def recording(modules: dict[int, torch.nn.Module]):
     """Note what the code run inside loads; `modules` maps each module argument's position to it."""
@@ -448,18 +460,13 @@ def recording(modules: dict[int, torch.nn.Module]):
                 log.attributes[Owner(position, name), "__class__"] = str(spelled(type(submodule)))
                 _note_forward(log, type(submodule))
     previous = sys.gettrace()
-    probes = {name: getattr(torch, name) for name in STATE_PROBES}
     # The cyclic collector's callbacks (a profiler's, hypothesis') would run inside the trace's frames.
     collecting = gc.isenabled()
     gc.disable()
     sys.settrace(_FrameHook(log, previous))
-    for name, original in probes.items():
-        setattr(torch, name, _probe(log, name, original))
     try:
         yield log
     finally:
-        for name, original in probes.items():
-            setattr(torch, name, original)
         sys.settrace(previous)
         if collecting:
             gc.enable()
