@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 
 import numpy as np
 import torch
@@ -56,7 +57,13 @@ class Slotted:
         return self._values[name]
 
 
+def scaled(x, k):
+    return x * k
+
+
 class Model(nn.Module):
+    SCALE = 0.5  # a class attribute the forward reads (kind "class_value")
+
     def __init__(self, kind: str):
         super().__init__()
         self.kind = kind
@@ -64,7 +71,10 @@ class Model(nn.Module):
         self.norm = nn.LayerNorm(4)
         self.cfg = {"attrdict": AttrDict(scale=2.0), "namedtuple": Config(2.0, 0.5), "slots": SlotConfig(),
                     "array": np.array([2.0, 0.5]), "scalar": np.float64(2.0)}.get(kind)
-        self.act = {"closure": make_act(0.5), "lambda": lambda x: x * 0.5, "defaults": make_scaled(0.5)}.get(kind)
+        self.act = {"closure": make_act(0.5), "lambda": lambda x: x * 0.5, "defaults": make_scaled(0.5),
+                    "partial": functools.partial(scaled, k=0.5)}.get(kind)
+        self.acts = (make_act(0.5),) if kind == "tuple_closure" else None
+        self.flags = {"a"} if kind == "set" else None
         self.slotted = Slotted(scale=2.0) if kind == "slotted" else None
 
     def forward(self, x):
@@ -76,8 +86,17 @@ class Model(nn.Module):
             return y * float(self.cfg[0])
         if kind == "scalar":
             return y * float(self.cfg)
-        if kind in ("closure", "lambda", "defaults"):
+        if kind in ("closure", "lambda", "defaults", "partial"):
             return self.act(y)
+        if kind == "tuple_closure":
+            return self.acts[0](y)
+        if kind == "set":
+            return y * 3 if "b" in self.flags else y
+        if kind == "class_value":
+            return y * self.SCALE
+        if kind == "missing":
+            extra = getattr(self, "extra", None)
+            return y if extra is None else y * extra
         if kind == "slotted":
             return y * self.slotted.scale
         if kind == "gelu":
@@ -135,6 +154,40 @@ def _patch_class_forward(model):
     return lambda: setattr(Model, "forward", original)
 
 
+def _set_keyword(model):
+    model.act.keywords["k"] = 2.0
+
+
+def _set_tuple_cell(model):
+    model.acts[0].__closure__[0].cell_contents = 2.0
+
+
+def _add_member(model):
+    model.flags.add("b")
+
+
+def _set_class_value(model):
+    Model.SCALE = 2.0
+    return lambda: setattr(Model, "SCALE", 0.5)
+
+
+def _set_instance_value(model):
+    model.SCALE = 2.0
+
+
+def _add_missing(model):
+    model.extra = 3.0
+
+
+class Doubled(Model):
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
+def _swap_class(model):
+    model.__class__ = Doubled
+
+
 def _swap_lambda(model):
     model.act = lambda x: x * 2.0
 
@@ -167,12 +220,20 @@ KINDS = {
     "class_forward": (_patch_class_forward, ("makefx", "dynamo")),
     "gelu": (_patch_gelu, ("makefx", "dynamo")),
     "layernorm": (_patch_layer_norm, ("makefx", "dynamo")),
+    "partial": (_set_keyword, ("makefx",)),
+    "tuple_closure": (_set_tuple_cell, ("makefx",)),
+    "set": (_add_member, ("makefx",)),
+    "class_value": (_set_class_value, ("makefx", "dynamo")),
+    "instance_value": (_set_instance_value, ("makefx",)),
+    "missing": (_add_missing, ("makefx",)),
+    "class_swap": (_swap_class, ("makefx",)),
 }
 
 
 def model_kind(kind: str) -> str:
     """The Model kind a change kind is made on."""
-    return {"closure_cell": "closure", "instance_forward": "layernorm", "class_forward": "layernorm"}.get(kind, kind)
+    return {"closure_cell": "closure", "instance_forward": "layernorm", "class_forward": "layernorm",
+            "instance_value": "class_value", "class_swap": "layernorm"}.get(kind, kind)
 
 
 def build(kind: str, seed: int = 0):

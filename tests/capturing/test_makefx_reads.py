@@ -4,6 +4,7 @@ model attributes down to plain objects, module globals) is checked on each serve
 values; what a served call cannot reach (a closure cell) is warned about and listed, not checked."""
 from __future__ import annotations
 
+import ast
 import json
 import warnings
 
@@ -276,3 +277,23 @@ def test_a_method_replaced_an_attribute_added_or_a_backend_flag_flipped_after_ca
         change(m)
         with pytest.raises(CallMismatch, match=message):
             served(m, x)
+
+
+def test_a_closure_held_by_a_model_attribute_is_checked_by_it_without_a_warning(tmp_path, recwarn):
+    """The cell of `self.act = make_act(0.5)` is spelled with the attribute, so a served call checks it:
+    no warning that it cannot, and no separate unchecked record for `precompile guards` to list."""
+    import changed_state_cases as cases
+
+    model, x = cases.build("closure")
+    artifact, cache = _capture(tmp_path, cases.step, model, x)
+    assert not [w for w in recwarn if issubclass(w.category, precompile.PrecompileWarning)]
+    records = ast.literal_eval(next(n.value for n in ast.parse(artifact.read_text()).body if isinstance(n, ast.Assign)
+                                    and getattr(n.targets[0], "id", None) == "SPECIALIZED"))
+    assert not [r for r in records if r["kind"] == "closure"]
+    assert any(r["name"] == "act" and "closing over k=0.5" in r["value"] for r in records)
+    served = precompile.load(artifact, cache)
+    fresh, x = cases.build("closure")
+    served(fresh, x)
+    fresh.act.__closure__[0].cell_contents = 2.0
+    with pytest.raises(CallMismatch, match=r"args\[0\]\.act is function .*closing over k=2\.0"):
+        served(fresh, x)

@@ -1,6 +1,8 @@
 """Settings held in config containers (an attribute-style dict, a namedtuple, a slotted dataclass, a
-numpy array or scalar), in functions (a closure, its cell, a lambda) and in torch itself (a patched
-torch function, a patched layer's forward), changed after capture: each captured in this process,
+numpy array or scalar, a set changed in place), in functions (a closure, its cell, a lambda, a closure
+in a tuple, a partial's keywords), on the model's class (a class attribute, the class itself) or
+missing at capture, and in torch itself (a patched torch function, a patched layer's forward),
+changed after capture: each captured in this process,
 then served by a fresh process that makes the same change to eager and the artifact, before the
 first call and (MakeFx, whose later calls trust what the first checked) after a validated one, and
 unchanged, which must serve; a Dynamo artifact has a process of its own, as two cannot load into one. Every call serves eager's result or is refused, naming what
@@ -88,6 +90,13 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "class_forward": "global changed_state_cases.Model.forward is function changed_state_cases._patch_class_forward",
         "gelu": "global torch.nn.functional.gelu is function changed_state_cases._patch_gelu.<locals>.<lambda>",
         "layernorm": "global torch.nn.modules.normalization.LayerNorm.forward is function",
+        "partial": "partial(function changed_state_cases.scaled, k=2.0)",
+        "tuple_closure": "args[0].acts is (function changed_state_cases.make_act.<locals>.act (line",
+        "set": "args[0].flags is set({'a', 'b'})",
+        "class_value": "args[0].SCALE is 2.0 but the artifact was captured with 0.5",
+        "instance_value": "args[0].SCALE is 2.0 but the artifact was captured with 0.5",
+        "missing": "args[0].extra is 3.0 but the artifact was captured with missing",
+        "class_swap": "args[0].__class__ is class changed_state_cases.Doubled",
     }
     for kind, text in named.items():
         for when in ("first call", "after a validated call"):

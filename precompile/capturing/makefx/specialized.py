@@ -49,8 +49,9 @@ def _importable(module: str) -> bool:
 
 
 def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
-    """The noted reads as SPECIALIZED records, sorted by where they live. What a served call cannot
-    check is warned about where it is fn's own (in fn's module: a library's decorator closures are
+    """The noted reads as SPECIALIZED records, sorted by where they live; a closure cell checked as part
+    of the function holding it (read as an attribute or a global) is that function's record alone. What
+    a served call cannot check is warned about where it is fn's own (in fn's module: a library's decorator closures are
     its settings, listed by `precompile guards` but not warned about)."""
     out: list[SpecializedValue] = []
     objects = {owner: obj for owner, obj in read.owners.values()}
@@ -71,6 +72,7 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         out.append(record)
     for (function, name), value in sorted(read.closures.items()):
         out.append(SpecializedValue(kind="closure", name=name, value=value, module=function, checked=False))
+    out = [r for r in out if not _spelled_with(r, out)]
     unchecked = [r for r in out if not r.checked and (r.module == fn_module or r.module.startswith(fn_module + "."))]
     if unchecked:
         listed = ", ".join(f"{specialized_source(r)} = {r.value}" for r in unchecked[:8])
@@ -83,6 +85,16 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         log.warning("%s", message)
         warnings.warn(message, PrecompileWarning, stacklevel=4)
     return out
+
+
+def _spelled_with(cell: SpecializedValue, out: list[SpecializedValue]) -> bool:
+    """Whether a closure cell's value is checked as part of a checked value's spelling: the function
+    holding it was read as a model attribute or a global (`self.act = make_act(0.5)`), which spells
+    it with what its cells hold."""
+    if cell.kind != "closure":
+        return False
+    holder = f"function {cell.module} (line "
+    return any(r.checked and holder in r.value and f"{cell.name}=" in r.value.partition(holder)[2] for r in out)
 
 
 def _refuse_changed(record: SpecializedValue, now: str | None) -> None:

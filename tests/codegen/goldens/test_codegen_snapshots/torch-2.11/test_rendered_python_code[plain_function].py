@@ -78,6 +78,8 @@ import importlib as _importlib
 import sys as _sys
 import types as _types
 import warnings as _warnings
+from operator import contains as _contains
+from operator import getitem as _getitem
 from operator import is_ as _is
 
 import torch
@@ -214,12 +216,70 @@ def _collection(value, kind, depth):
     return f"({inner},)" if len(items) == 1 else f"({inner})"
 
 
-def _holds_mutable(value):
-    """Whether a value may change in place: a list, dict or set (a subclass too), a numpy array, a
-    function closing over or defaulting to one, or a tuple holding one."""
-    return (isinstance(value, (list, dict, set)) or _is_numpy_array(value)
-            or (isinstance(value, _types.FunctionType) and any(map(_holds_mutable, _bound_values(value))))
-            or (isinstance(value, tuple) and any(map(_holds_mutable, tuple.__iter__(value)))))
+def _may_change(value):
+    """Whether a value's spelling may change while it stays the same object: a list, dict or set (a
+    subclass too), a numpy array, a partial (its keywords are a dict), a local function whose cells or
+    defaults hold values, or a tuple holding any of these."""
+    return (isinstance(value, (list, dict, set, _functools.partial)) or _is_numpy_array(value)
+            or (isinstance(value, _types.FunctionType) and bool(_bound_values(value)))
+            or (isinstance(value, tuple) and any(map(_may_change, tuple.__iter__(value)))))
+
+
+def _read_items(value):
+    """The objects a value's spelling reads besides the value itself, in a list (a set's members as a
+    set: their order is free); None where the values it reads are not objects (a numpy array)."""
+    if isinstance(value, _types.FunctionType):
+        return _bound_values(value)
+    if isinstance(value, dict):
+        return [*dict.keys(value), *dict.values(value)]
+    if isinstance(value, (set, frozenset)):
+        return set((set if isinstance(value, set) else frozenset).__iter__(value))  # type: ignore[arg-type]
+    if isinstance(value, list):
+        return list(list.__iter__(value))
+    if isinstance(value, tuple):
+        return list(tuple.__iter__(value))
+    if isinstance(value, _functools.partial):
+        return [value.func, *value.args, *value.keywords, *value.keywords.values()]
+    return None
+
+
+def _equal_is_same(item):
+    """Whether any object equal to `item` spells as it does: a str, or an object compared by identity."""
+    kind = type(item)
+    return kind is str or kind.__eq__ is object.__eq__
+
+
+class _Contents:
+    """What the spelling of a value that may change in place reads, held for a later call to compare in
+    C instead of spelling the value again: its items (a dict's keys and values, a local function's cells
+    and defaults), by equality where that tells as much as identity (strs, classes, functions), else by
+    identity; and in turn the contents of each item that may change in place. A numpy array, whose
+    values change under the same object, is spelled again."""
+
+    __slots__ = ("items", "by_equality", "ids", "nested", "spelling")
+
+    def __init__(self, value, depth=0):
+        self.items = _read_items(value)
+        self.spelling = spelled(value) if self.items is None else None
+        self.by_equality = self.items is not None and all(map(_equal_is_same, self.items))
+        self.ids = set(map(id, self.items)) if isinstance(self.items, set) else None
+        self.nested = [(item, _Contents(item, depth + 1)) for item in (self.items or ()) if depth <= 8 and _may_change(item)]
+
+    def same(self, value):
+        """Whether `value` (the very object seen before) still spells as it did."""
+        if self.items is None:
+            return spelled(value) == self.spelling
+        if isinstance(self.items, set):  # compared as the set it is (a copy would cost as much again)
+            base = set if isinstance(value, set) else frozenset
+            unchanged = base.__eq__(value, self.items) if self.by_equality else set(map(id, base.__iter__(value))) == self.ids
+            return unchanged and all(contents.same(item) for item, contents in self.nested)
+        now = _read_items(value)
+        if self.by_equality:
+            unchanged = now == self.items
+        else:
+            unchanged = len(now) == len(self.items) and all(map(_is, now, self.items))
+        # The very items held: their own contents are compared on them.
+        return unchanged and all(contents.same(item) for item, contents in self.nested)
 
 
 def _bound_values(function):
@@ -259,22 +319,36 @@ def _plainly_there(owner, name):
     return not any(hasattr(type(klass.__dict__[name]), "__set__") for klass in type(owner).__mro__ if name in klass.__dict__)
 
 
-def _method_dicts(owner, name):
-    """Where a method of owner's class lives, as (dict, name) pairs the next calls read instead of
-    binding it anew (a bound method is a new object each time): owner's instance dict, which lacks
-    it, and the dicts of owner's classes up to the one defining it. Empty where it is no method."""
+def _class_is_type(owner):
+    """Whether owner.__class__ reads type(owner): no class of it but object defines __class__."""
+    return getattr(owner, "__class__", None) is type(owner) and not any(
+        "__class__" in klass.__dict__ for klass in type(owner).__mro__[:-1])
+
+
+def _class_dicts(owner, name):
+    """Where getattr(owner, name) finds what a full check read, when not in owner's instance dict, as
+    (dict, name) pairs the next calls read instead (binding a method anew makes a new object each time;
+    nn.Module's __getattr__ raises a new error for a missing name): owner's instance dict, which lacks
+    it, and the dicts of its classes up to the one defining a method or a plain value (no descriptor);
+    for a name an nn.Module lacks, every class dict and its parameters, buffers and submodules, which
+    lack it too. Empty where getattr must read it."""
     instance = _instance_dict(owner)
-    if instance is None:
-        return []
-    if name in instance:
+    if instance is None or name in instance:
         return []
     watched = [(instance, name)]
     for klass in type(owner).__mro__:
         found = klass.__dict__.get(name, _ABSENT)
         watched.append((klass.__dict__, name))
-        if found is not _ABSENT:
-            return watched if isinstance(found, _types.FunctionType) else []
-    return []
+        if found is _ABSENT:
+            continue
+        if isinstance(found, _types.FunctionType):
+            return watched
+        plain = not hasattr(type(found), "__get__") and getattr(owner, name, _ABSENT) is found
+        return watched if plain else []
+    if getattr(type(owner), "__getattr__", None) is not torch.nn.Module.__getattr__:
+        return []
+    tables = [instance.get(table) for table in ("_parameters", "_buffers", "_modules")]
+    return watched + [(table, name) for table in tables] if all(type(t) is dict for t in tables) else []
 
 
 def _autocast(device):
@@ -352,6 +426,46 @@ def specialized_source(record):
     return f"closure cell {record['name']} of {record['module']}"
 
 
+class _ReadPlan:
+    """Where the values a full check read live, for later calls to read them again in C: an entry of an
+    instance dict (or of a class dict, for a method: the dicts before the defining class must stay
+    without it), an object's class by type() where nothing overrides __class__, else by getattr."""
+
+    def __init__(self, places):
+        self.dicts: list = []
+        self.keys: list = []
+        self.absent_dicts: list = []  # (with absent_keys) entries that must stay absent
+        self.absent_keys: list = []
+        self.typed: list = []
+        self.owners: list = []
+        self.names: list = []
+        for owner, name in places:
+            if _plainly_there(owner, name):
+                self.dicts.append(_instance_dict(owner))
+                self.keys.append(name)
+            elif name == "__class__" and _class_is_type(owner):
+                self.typed.append(owner)
+            elif watched := _class_dicts(owner, name):
+                for where, key in watched:
+                    (self.dicts if key in where else self.absent_dicts).append(where)
+                    (self.keys if key in where else self.absent_keys).append(key)
+            else:
+                self.owners.append(owner)
+                self.names.append(name)
+        self.defaults = [_ABSENT] * len(self.owners)
+
+    def values(self):
+        """The values read now, in a fixed order; None where a dict no longer holds one."""
+        try:
+            return [*map(_getitem, self.dicts, self.keys), *map(type, self.typed),
+                    *map(getattr, self.owners, self.names, self.defaults)]
+        except KeyError:
+            return None
+
+    def still_absent(self):
+        return not any(map(_contains, self.absent_dicts, self.absent_keys))
+
+
 class _Specialized:
     """The Python values the trace read besides tensors, checked before each call. A full check
     finds where each lives and compares its spelling, naming what differs; until the model changes,
@@ -362,25 +476,19 @@ class _Specialized:
         self.module_positions = list(module_positions)
         self.state = [GLOBAL_STATE[r["name"]] for r in self.records if r["kind"] == "global_state" and r["name"] in GLOBAL_STATE]
         self.state_seen = None
-        # As the last full check resolved them: where each attribute and global lives (an instance
-        # dict where the value is plainly there, read with .get; else the object, read with getattr),
-        # the very objects found there, and the spellings of the lists and dicts among them.
-        self.in_dicts = []  # (dict, key)
-        self.by_getattr = []  # (object, attribute)
-        self.seen = None
-        self.mutable = []  # (index into the values, a copy)
-        self.bound = []  # (index into the values, what a function's cells and defaults held)
+        self.plan = None  # the _ReadPlan of the last full check
+        self.seen: list = []  # the values it read
+        self.contents = []  # (index into the values, the _Contents of one that may change in place)
 
     def unchanged(self):
         """Whether every checked value is still the very object the last full check saw (a list or
         dict, which may change in place: still spelled alike). A value set again, even to an equal
         one, takes the full check."""
-        if self.seen is None or [get() for get in self.state] != self.state_seen:
+        if self.plan is None or [get() for get in self.state] != self.state_seen:
             return False
-        values = [d.get(k, _ABSENT) for d, k in self.in_dicts]
-        values += [getattr(owner, name, _ABSENT) for owner, name in self.by_getattr]
-        return (all(map(_is, values, self.seen)) and all(spelled(values[i]) == spelling for i, spelling in self.mutable)
-                and all(all(map(_is, _bound_values(values[i]), held)) for i, held in self.bound))
+        values = self.plan.values()
+        return (values is not None and all(map(_is, values, self.seen)) and self.plan.still_absent()
+                and all(contents.same(self.seen[i]) for i, contents in self.contents))
 
     def check(self, modules, fail):
         """Compare every checked value with its captured spelling; remember where they live."""
@@ -412,19 +520,9 @@ class _Specialized:
                      "on it)", "serve it under the captured state (e.g. torch.no_grad() for grad_mode False), or capture again")
             fail(f"{where} is {now} but the artifact was captured with {record['value']} (the trace read it, so its "
                  "graph is specialized on that value)", "set it back, or capture again with this value")
-        self.in_dicts, self.by_getattr = [], []
-        for owner, name in places:
-            if _plainly_there(owner, name):
-                self.in_dicts.append((vars(owner), name))
-            else:
-                watched = _method_dicts(owner, name)
-                self.in_dicts += watched
-                if not watched:
-                    self.by_getattr.append((owner, name))
-        self.seen = [d.get(k, _ABSENT) for d, k in self.in_dicts] + [getattr(o, n, _ABSENT) for o, n in self.by_getattr]
-        self.mutable = [(i, spelled(value)) for i, value in enumerate(self.seen) if _holds_mutable(value)]
-        self.bound = [(i, held) for i, held in ((i, _bound_values(value)) for i, value in enumerate(self.seen)
-                                                if isinstance(value, _types.FunctionType)) if held]
+        self.plan = _ReadPlan(places)
+        self.seen = self.plan.values() or []
+        self.contents = [(i, _Contents(value)) for i, value in enumerate(self.seen) if _may_change(value)]
         self.state_seen = [get() for get in self.state]
 
     def owner_of(self, record, modules, places):
