@@ -34,9 +34,9 @@ from precompile.artifact.opaque_state import (
     mentions,
     not_canonical,
 )
+from precompile.artifact.pickle_policy import dynamo_state_reviewed
+from precompile.artifact.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 from precompile.inspect.model import PickleImport, PickleScan, Section
-from precompile.inspect.pickle_policy import dynamo_state_reviewed
-from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 
 MIN_BLOB_CHARS = 16
 _PICKLE_BASE64 = re.compile(r"[^A-Za-z0-9+/]*g|[^A-Za-z0-9+/_-]*g")

@@ -12,6 +12,7 @@ from precompile.artifact import bytecode
 from precompile.artifact.bundle_keys import provenance, requirements
 from precompile.artifact.bundle_rules import unserved_reason
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
+from precompile.artifact.pickle_policy import DATA_ONLY, PARTIAL
 from precompile.inspect.diff import SECTIONS
 from precompile.inspect.formats.mega_cache_policy import review_reason
 from precompile.inspect.formats.mega_cache_runs import run_finding
@@ -28,7 +29,6 @@ from precompile.inspect.model import (
     PythonCodeInfo,
     UpstreamCache,
 )
-from precompile.inspect.pickle_policy import DATA_ONLY, PARTIAL
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
 
 Line = tuple[str, "str | None"]

@@ -25,11 +25,11 @@ import pickletools
 import warnings
 from collections.abc import Callable
 
-from precompile.inspect.model import Blob, Field, PickleImport, PickleScan
-from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Budget, BuildState, Machine, Shared
-from precompile.inspect.pickle_ops import OPCODE_BYTES
-from precompile.inspect.pickle_shapes import CallShape
-from precompile.inspect.pickle_symbols import key_text, summarize
+from precompile.artifact.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Budget, BuildState, Machine, Shared
+from precompile.artifact.pickle_model import Blob, Field, PickleImport, PickleScan
+from precompile.artifact.pickle_ops import OPCODE_BYTES
+from precompile.artifact.pickle_shapes import CallShape
+from precompile.artifact.pickle_symbols import key_text, summarize
 
 MAX_PICKLE_SIZE = 256 * 1024 * 1024
 MAX_FIELDS = 200

@@ -7,7 +7,7 @@ from __future__ import annotations
 import _compat_pickle
 from collections.abc import Callable
 
-from precompile.inspect.model import Risk
+from precompile.artifact.pickle_model import Risk
 
 # The data-only reconstructors. A callable is on this list when, applied to data (and to classes
 # that are themselves imports of the same pickle, each judged on its own), it only builds a value:
