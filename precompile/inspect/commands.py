@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 from precompile.artifact.pair import pending_path
+from precompile.artifact.pickle_scan import finding_text
 from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.formats.mega_cache_runs import run_finding
 from precompile.inspect.model import Artifact
-from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import (
     given_pair,
     is_mega_cache_file,

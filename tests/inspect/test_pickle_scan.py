@@ -769,3 +769,19 @@ def test_a_module_the_metadata_names_reviews_no_torch_function_and_no_dangerous_
                b"\x8c\x05touch\x8c\x04/tmp\x86R.")
     scan = scan_pickle(payload, member="_dynamo_state", reviewed=reviewed)
     assert scan.findings and all(imp.module != "torch._inductor.cpp_builder" or imp.risk != "data" for imp in scan.imports)
+
+
+def test_a_transformers_models_own_classes_and_torch_modules_whole_are_reviewed_in_its_opaque_state():
+    """An installed Llama's state names its config's and outputs' classes (their code not inlined, so no
+    FRAMES or INLINED_SOURCES entry names their modules) and torch.nn.modules.linear whole (a module
+    whose code it inlined): load serves it, so verify must not call it hostile (issue 51, item 3).
+    The package's dangerous names, its functions and torch's other classes stay findings."""
+    from precompile.artifact.pickle_policy import MODULE, dynamo_state_reviewed
+
+    reviewed = dynamo_state_reviewed(frozenset({"transformers.models.llama.modeling_llama", "torch.nn.modules.linear"}))
+    assert reviewed("torch.nn.modules.linear", MODULE) and reviewed("torch.nn.modules.linear", "Linear")
+    assert reviewed("transformers.modeling_outputs", "BaseModelOutputWithPast")
+    assert reviewed("transformers.models.llama.configuration_llama", "LlamaConfig")
+    assert not reviewed("transformers.utils.hub", "cached_file") and not reviewed("transformers.utils", "system")
+    assert not reviewed("transformers.__main__", "Gadget") and not reviewed("transformers.x", "Cls.__reduce__")
+    assert not reviewed("torch._inductor.cpp_builder", "CppBuilder") and not reviewed("torchvision.io", "VideoReader")
