@@ -19,8 +19,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from precompile.artifact.envelope import OpaqueCheck
-from precompile.artifact.pickle_policy import CAPTURED_FIELDS, captured_modules, dynamo_state_reviewed
-from precompile.artifact.pickle_scan import finding_text, scan_pickle
 
 STATE = "_dynamo_state"
 BYTECODE = "_dynamo_bytecode"
@@ -147,6 +145,8 @@ def names_a_part(statement: ast.stmt) -> bool:
 
 
 def _captured_field(statement: ast.stmt) -> str | None:
+    from precompile.artifact.pickle_policy import CAPTURED_FIELDS  # the scan's modules load only where a state is scanned
+
     if (isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name)
             and statement.targets[0].id in CAPTURED_FIELDS):
         return statement.targets[0].id
@@ -173,6 +173,9 @@ def state_problems(tree: ast.Module, state: Found) -> list[str]:
     value = state.assignment.value if state.assignment is not None else None
     if not (isinstance(value, ast.Constant) and isinstance(value.value, str)):
         return []
+    from precompile.artifact.pickle_policy import captured_modules, dynamo_state_reviewed
+    from precompile.artifact.pickle_scan import finding_text, scan_pickle
+
     where = f"{STATE} (line {value.lineno})"
     try:
         data = decode(value.value)
