@@ -183,6 +183,12 @@ class VariantGuards(msgspec.Struct, frozen=True, kw_only=True):
     """`GUARD_TYPE source is module:qualname[@unwraps]` per identity guard Dynamo cannot serialize
     that the driver checks instead against the object that name resolves to at load (`@N`: follow
     `__wrapped__` N times). Their slots are listed in `checks` too."""
+    rendered: str = ""
+    """An installed artifact's variant (its guards are rebuilt at load from the pickled state): its kept
+    checks as a standalone artifact renders them (tensor rows, global state, guard function), for
+    readers only, never executed, so that inspect shows and diff compares what they check alike
+    whichever serving mode captured it. Empty where the capture could not render them, and in a
+    standalone artifact, whose python_code holds them as code."""
 
 
 class CompiledSubgraph(msgspec.Struct, frozen=True, kw_only=True):

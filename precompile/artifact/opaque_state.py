@@ -137,9 +137,55 @@ def _note_literal(node: ast.Constant, found: dict[str, list[ast.AST]], value: st
 
 
 def names_a_part(statement: ast.stmt) -> bool:
-    """Whether a top-level statement binds or spells an opaque part as `mentions` counts it: a tree of
-    the statements that do finds what the whole file's tree finds (expected_code keeps only them)."""
-    return any(mentions(ast.Module(body=[statement], type_ignores=[]), (STATE, BYTECODE)).values())
+    """Whether a top-level statement binds or spells an opaque part as `mentions` counts it, or names
+    the modules the opaque state's classes may come from (CAPTURED_FIELDS): a tree of the statements
+    that do finds what the whole file's tree finds (expected_code keeps only them)."""
+    return (_captured_field(statement) is not None
+            or any(mentions(ast.Module(body=[statement], type_ignores=[]), (STATE, BYTECODE)).values()))
+
+
+def _captured_field(statement: ast.stmt) -> str | None:
+    from precompile.artifact.pickle_policy import CAPTURED_FIELDS  # the scan's modules load only where a state is scanned
+
+    if (isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0], ast.Name)
+            and statement.targets[0].id in CAPTURED_FIELDS):
+        return statement.targets[0].id
+    return None
+
+
+def _captured_values(tree: ast.Module) -> dict:
+    """The CAPTURED_FIELDS literals of python_code's top level, read with ast (one not a literal is left out)."""
+    values = {}
+    for statement in tree.body:
+        name = _captured_field(statement)
+        if name is not None:
+            try:
+                values[name] = ast.literal_eval(statement.value)  # type: ignore[attr-defined]
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+    return values
+
+
+def state_problems(tree: ast.Module, state: Found) -> list[str]:
+    """Why load must not unpickle the opaque state (its canonical assignment `state`): the findings of
+    the strict scan verify makes of it (`pickle_scan`, by `dynamo_state_reviewed`: an import neither
+    data-only nor reviewed, or a scan that cannot finish), in the words verify uses."""
+    value = state.assignment.value if state.assignment is not None else None
+    if not (isinstance(value, ast.Constant) and isinstance(value.value, str)):
+        return []
+    from precompile.artifact.pickle_policy import captured_modules, dynamo_state_reviewed
+    from precompile.artifact.pickle_scan import finding_text, scan_pickle
+
+    where = f"{STATE} (line {value.lineno})"
+    try:
+        data = decode(value.value)
+    except ValueError as exc:
+        return [f"{where} is {exc}: load refuses it, and it cannot be scanned; {REMEDY}"]
+    scan = scan_pickle(data, member=where, reviewed=dynamo_state_reviewed(captured_modules(_captured_values(tree))))
+    problems = [finding_text(scan, imp) for imp in scan.findings]
+    if scan.problem is not None:
+        problems.append(finding_text(scan, None))
+    return [f"{problem}; {REMEDY}" for problem in problems]
 
 
 def _record(found: dict[str, list[ast.AST]], node: ast.AST, test: Callable[[ast.AST, str], bool]) -> None:
@@ -234,11 +280,12 @@ def blob_problem(blob: Blob) -> str | None:
 
 def load_problems(tree: ast.Module, source: str) -> tuple[list[str], dict[str, str] | None]:
     """For load: why the opaque parts are not as the writer wrote them (another spelling, a blob that
-    does not match its label: python_code carries its own driver, and an older one checks nothing),
+    does not match its label: python_code carries its own driver, and an older one checks nothing; an
+    opaque state whose strict scan has a finding, as verify scans it),
     and each bytecode key's labelled sha256 (None without bytecode), which load seeds as
     BYTECODE_SHA256 for the driver to check again before marshal.loads."""
     state, bytecode = find_parts(tree)
-    problems = [found.problem for found in (state, bytecode) if found.problem is not None]
+    problems = [found.problem for found in (state, bytecode) if found.problem is not None] + state_problems(tree, state)
     if bytecode.assignment is None:
         return problems, None
     blobs = bytecode_blobs(bytecode.assignment, source.splitlines())

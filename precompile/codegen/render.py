@@ -33,6 +33,9 @@ def _ordered_literals(metadata) -> list[tuple[str, object]]:
         del values["WORLD"]  # only an artifact whose graphs call collectives states its world
     if "SPECIALIZED" in values and not values["SPECIALIZED"]:
         del values["SPECIALIZED"]  # a MakeFx artifact captured before its reads were recorded states none
+    for variant in values.get("GUARDS", ()):
+        if not variant.get("rendered", True):
+            del variant["rendered"]  # only an installed artifact's variants carry their checks as text
     head = [(name, values.pop(name)) for name in _HEADER_ORDER]
     return head + list(values.items())
 

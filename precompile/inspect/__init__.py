@@ -16,6 +16,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from precompile.artifact.pickle_scan import scan_pickle
     from precompile.inspect.api import diff_report, guards_report, open_path, show_report, verify_report
     from precompile.inspect.diff import CATEGORIES
     from precompile.inspect.model import (
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
         PickleScan,
         Specialization,
     )
-    from precompile.inspect.pickle_scan import scan_pickle
     from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
     from precompile.inspect.reader import open_artifact, resolve_pair
     from precompile.inspect.report import (
@@ -57,7 +57,7 @@ _LAZY = {
     **dict.fromkeys(("open_artifact", "resolve_pair"), "precompile.inspect.reader"),
     **dict.fromkeys(("diff_report", "guards_report", "open_path", "show_report", "verify_report"), "precompile.inspect.api"),
     "CATEGORIES": "precompile.inspect.diff",
-    "scan_pickle": "precompile.inspect.pickle_scan",
+    "scan_pickle": "precompile.artifact.pickle_scan",
     "mask_artifact_names": "precompile.inspect.process_ids",
     "mask_process_ids": "precompile.inspect.process_ids",
     **dict.fromkeys(("Check", "CodeDiff", "DiffEntry", "DiffReport", "GuardsReport", "KernelDiff", "ShowReport", "VerifyReport"),

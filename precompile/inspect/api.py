@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from precompile.artifact.pickle_scan import finding_text
 from precompile.inspect.diff import diff
 from precompile.inspect.guards import filtered, guards_of
 from precompile.inspect.model import Artifact
-from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import open_given, python_code_bytes
 from precompile.inspect.report import DiffReport, GuardsReport, ShowReport, VerifyReport
 from precompile.inspect.verify import verify

@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 
 from precompile.artifact.pair import pending_path
+from precompile.artifact.pickle_scan import finding_text
 from precompile.errors import PrecompileError
 from precompile.inspect import render_text
 from precompile.inspect.formats.mega_cache_runs import run_finding
 from precompile.inspect.model import Artifact
-from precompile.inspect.opaque import finding_text
 from precompile.inspect.reader import (
     given_pair,
     is_mega_cache_file,
@@ -182,8 +182,10 @@ def _diff(args, out, err) -> int:
     if report.problems:
         return 2
     if fail_on is not None:
-        return 1 if any(report.categories.get(name) for name in fail_on) else 0
-    return 0 if report.equal else 1
+        from precompile.inspect.diff import gate_failures
+
+        return 1 if gate_failures(report, fail_on) else 0
+    return 0 if report.equal and not report.unpaired else 1
 
 
 def _diff_format(args) -> str:
@@ -399,8 +401,9 @@ def register(verbs: argparse._SubParsersAction) -> None:
     diff.add_argument("--context", type=int, default=3, help="lines of context in the python_code diff (default: 3)")
     diff.add_argument("--stat", action="store_true", help="only how many differences fall in each category, and the verdict")
     diff.add_argument("--fail-on", metavar="CATEGORIES", help=(
-        "exit 1 only for differences in these comma-separated categories (guards, calling-convention, params, kernels, "
-        "versions, code, metadata); others are shown and exit 0"))
+        "exit 1 only for differences in these comma-separated categories (guards, calling-convention, params, graph, "
+        "kernels, versions, code, metadata); others are shown and exit 0. A side given with another build's cache "
+        "(unpaired) fails every gate"))
     diff.add_argument("--format", choices=("text", "markdown", "json"), help=(
         "text (the default), markdown (a summary for a pull request comment: verdict, categories, changed guards with "
         "both values, other differences, kernel source diffs) or json (the same as --json)"))

@@ -22,7 +22,7 @@ from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.bytecode_proof import NOT_PROVEN
 from precompile.inspect.code_lines import compared_lines
 from precompile.inspect.frames import frame_label, frame_role, frame_served
-from precompile.inspect.guards import guards_of, rendered_lines
+from precompile.inspect.guards import guards_of, readable_source, rendered_lines
 from precompile.inspect.kernels import kernel_diffs
 from precompile.inspect.library_code import code_digest
 from precompile.inspect.line_diff import unified
@@ -32,11 +32,12 @@ from precompile.inspect.rendered_guards import global_state_rows, shape_text
 from precompile.inspect.report import Change, CodeDiff, DiffEntry, DiffReport, KernelDiff
 from precompile.inspect.sections import split_sections
 from precompile.inspect.verify import prepared_checks
+from precompile.signing.envelope import Signature, read_signature, signature_path
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")
-CATEGORIES = ("guards", "calling-convention", "params", "kernels", "versions", "code", "metadata")
+CATEGORIES = ("guards", "calling-convention", "params", "graph", "kernels", "versions", "code", "metadata")
 """What a difference is about, for `--stat` and `--fail-on`: a release gate names the ones it cares for."""
-_VERSION_KEYS = ("FORMAT_VERSION", "TORCH_VERSION", "PYTHON_VERSION", "format_version", "producer.")
+_VERSION_KEYS = ("FORMAT_VERSION", "TORCH_VERSION", "PYTHON_VERSION", "format_version", "producer.", "signed by")
 _CALLING_CONVENTION_KEYS = ("FN_NAME", "NUM_POSITIONAL_ARGS", "MODULE_POSITIONS", "IN_SPEC", "OUT_SPEC", "GRAD_PARAMS", "FRAMES ")
 _PREPARED_KEYS = ("python_code bytecode", "python_code typed metadata")
 _BINARY_KINDS = {"kernel": "kernel-source", "isa-probe": "isa-probe-source"}
@@ -49,6 +50,13 @@ def _leaf(leaf) -> str:
     if isinstance(leaf, ConstantLeaf):
         return f"constant {leaf.value!r}"
     return f"tensor {shape_text(leaf.shape)} {leaf.dtype} {leaf.device}"
+
+
+def code_category(slug: str) -> str:
+    """The category of a python_code section that differs: a captured graph (`graph`, Dynamo's
+    `graph-N`: its operations and constants, what a served call computes) is `graph`, whichever
+    tracer or serving mode wrote it; every other section is `code`."""
+    return "graph" if slug == "graph" or slug.startswith("graph-") else "code"
 
 
 def category(section: str, key: str) -> str:
@@ -142,7 +150,9 @@ def _guards(artifact: Artifact, code: bytes | None) -> dict[str, dict[str, str]]
     guards = guards_of(artifact, code)
     if guards is None:
         return out
-    global_state = global_state_rows(code, rendered_lines(artifact, code)) if guards.has_guards else {}
+    meta = artifact.python_code.metadata
+    readable = readable_source(meta, code, rendered_lines(artifact, code)) if isinstance(meta, DynamoMetadata) else (code, None)
+    global_state = global_state_rows(*readable) if guards.has_guards else {}
     frame_index = {frame.qualname or frame.name: index for index, frame in enumerate(_frames(artifact))}
     verdicts: dict[tuple[str, str], set[str]] = {}
     for frame in guards.frames:
@@ -272,8 +282,24 @@ def _precompile_cache(artifact: Artifact, envelope: CacheEnvelope, provenance: b
         out["bundle"] = _bundle_entries(bundle, files, provenance)
     if artifact.given == "pair":
         env.update(_agrees(artifact))
+        env["signed by"] = _signer(artifact.python_code.path)
     out["envelope"] = env
     return out
+
+
+def _signer(python_code: str) -> str:
+    """Who signed the pair, as its signature file names the key (not checked here: `verify
+    --trusted-key` checks it); a release signed by another key is a difference a serving host that
+    trusts one key sees. The release number it states is left out: it changes with every release."""
+    try:
+        signature = read_signature(signature_path(python_code))
+    except PrecompileError:  # its message names this machine's path: the same trouble diffs equal
+        return "an unreadable signature (precompile verify says why)"
+    if signature is None:
+        return "unsigned"
+    if isinstance(signature, Signature):
+        return f"key {signature.key}"
+    return "key " + ", ".join(sorted(s.keyid or "(no key id)" for s in signature.signatures))
 
 
 def _mega_cache_holder(artifact: Artifact, upstream: UpstreamCache) -> dict[str, dict[str, str]]:
@@ -396,12 +422,13 @@ def diff(a: Artifact, b: Artifact, a_code: bytes | None, b_code: bytes | None, *
         flatten(a, a_code, provenance=provenance, files=files[0] or {}),
         flatten(b, b_code, provenance=provenance, files=files[1] or {}), a_code, b_code,
         context=context, problems=problems, kernels=kernel_diffs(a, b, a_code, b_code, files, context=context),
+        unpaired=tuple(side for side, art in (("a", a), ("b", b)) if art.pairs is False),
     )
 
 
 def compare_flattened(a: str, b: str, fa: dict[str, dict[str, str]], fb: dict[str, dict[str, str]],
                       a_code: bytes | None, b_code: bytes | None, *, context: int = 3, problems: tuple[str, ...] = (),
-                      kernels: tuple[KernelDiff, ...] = ()) -> DiffReport:
+                      kernels: tuple[KernelDiff, ...] = (), unpaired: tuple[str, ...] = ()) -> DiffReport:
     """The diff of two artifacts already flattened (`flatten`; a section missing from one is empty) and
     their python_code bytes, named `a` and `b`: what `diff` reports, for a caller that kept only those
     (a snapshot of the normalized sections)."""
@@ -419,7 +446,8 @@ def compare_flattened(a: str, b: str, fa: dict[str, dict[str, str]], fb: dict[st
     counts = {name: 0 for name in CATEGORIES}
     for entry in entries:
         counts[category(entry.section, entry.key)] += 1
-    counts["code"] += len(code)
+    for section_diff in code:
+        counts[code_category(section_diff.section)] += 1
     return DiffReport(
         a=a,
         b=b,
@@ -429,4 +457,14 @@ def compare_flattened(a: str, b: str, fa: dict[str, dict[str, str]], fb: dict[st
         python_code=tuple(code),
         problems=problems,
         kernels=kernels,
+        unpaired=unpaired,
     )
+
+
+def gate_failures(report: DiffReport, fail_on: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The categories that fail the gate: those `fail_on` names (every one, without it) that differ,
+    or, where a side's cache is not its python_code's (`unpaired`), every category the gate names."""
+    gated = CATEGORIES if fail_on is None else fail_on
+    if report.unpaired:
+        return tuple(gated)
+    return tuple(name for name in gated if report.categories.get(name))

@@ -24,13 +24,13 @@ import msgspec
 from precompile.artifact.codec import CacheFormatError
 from precompile.artifact.envelope import KernelBundle
 from precompile.artifact.pair import read_bytes
+from precompile.artifact.pickle_scan import MAX_PICKLE_SIZE
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
 from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.formats.mega_cache import entry_contents
 from precompile.inspect.formats.pickle_values import pickle_value
 from precompile.inspect.model import Artifact, Blob, CacheInfo
-from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE
 from precompile.inspect.reader import MAX_ZIP_MEMBERS, read_member
 from precompile.inspect.report import ExtractedFile, ExtractReport
 from precompile.inspect.sections import split_sections

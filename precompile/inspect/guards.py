@@ -138,11 +138,23 @@ def _kept_check(slot_label: str, checks: dict[str, str], index: dict[str, list[s
     return " and ".join(dict.fromkeys(index.get(slot_label, ())))
 
 
+def readable_source(meta: DynamoMetadata, source: str | bytes | None,
+                    lines: Rendered | None) -> tuple[str | bytes | None, Rendered | None]:
+    """Where a Dynamo artifact's checks are rendered as code, and where python_code renders them: its
+    python_code (`source`, `lines`), or, for an installed artifact, the text each variant carries in its
+    metadata (`VariantGuards.rendered`), read by the same readers, so that both serving modes read alike."""
+    rendered = [variant.rendered for variant in meta.guards if variant.rendered]
+    if meta.serving_mode == "installed" and rendered:
+        return "\n\n\n".join(rendered) + "\n", None
+    return source, lines
+
+
 def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None,
                   lines: Rendered | None = None) -> Guards:
     """Per variant, the guards it keeps (with the condition that checks each, where python_code
     renders them); first, under DROPPED_FRAME, the slots no variant checks. `lines`: where python_code
     renders them (`reader.rendered_guards_found`), so that python_code is not parsed again."""
+    source, lines = readable_source(meta, source, lines)
     origins: dict[tuple[str, int], dict[str, str]] = {}
     rendered_by_variant = rendered_checks(source, meta, lines, origins)
     tensors = tensor_rows(source, lines)

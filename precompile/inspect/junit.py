@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from precompile.errors import PrecompileError
-from precompile.inspect.diff import CATEGORIES, category
+from precompile.inspect.diff import CATEGORIES, category, code_category, gate_failures
 from precompile.inspect.render_text import diff_verdict
 from precompile.inspect.report import DiffReport
 from precompile.inspect.terminal_text import printable
@@ -45,7 +45,8 @@ def _differences(report: DiffReport) -> dict[str, list[str]]:
         else:
             line = f"{'+' if entry.change == 'added' else '-'} {entry.section} {entry.key}: {entry.b if entry.change == 'added' else entry.a}"
         found[category(entry.section, entry.key)].append(line)
-    found["code"] += [f"~ python_code section {code.section} ({code.change})" for code in report.python_code]
+    for code in report.python_code:
+        found[code_category(code.section)].append(f"~ python_code section {code.section} ({code.change})")
     found["kernels"] += [f"~ kernel source {kernel.name} ({kernel.change})" for kernel in report.kernels]
     return found
 
@@ -61,13 +62,16 @@ def junit_xml(report: DiffReport, fail_on: tuple[str, ...] | None) -> bytes:
     differences = _differences(report)
     suite = ET.Element("testsuite", name=SUITE)
     failures = 0
+    failing = gate_failures(report, fail_on)
     for name in CATEGORIES:
         count = report.categories.get(name, 0)
         case = ET.SubElement(suite, "testcase", classname=SUITE, name=name)
-        if count and (fail_on is None or name in fail_on):
+        if name in failing:
             failures += 1
-            failure = ET.SubElement(case, "failure", message=f"{name}: {count} difference{'s' if count != 1 else ''}",
-                                    type="difference")
+            message = f"{name}: {count} difference{'s' if count != 1 else ''}"
+            if report.unpaired:
+                message += f"; {' and '.join(report.unpaired)} given with a cache that is not its python_code's"
+            failure = ET.SubElement(case, "failure", message=message, type="difference")
             failure.text = _listed(differences[name])
         elif count:
             ET.SubElement(case, "system-out").text = _listed([f"not gated by --fail-on: {count} differences", *differences[name]])

@@ -184,6 +184,30 @@ def shown(line: str) -> str:
     return f"{line[:MAX_SHOWN_CHARS]}... [line of {len(line)} characters, sha256 {digest}]"
 
 
+def around_change(a: str, b: str, width: int) -> tuple[str, str]:
+    """Two values that differ, each cut to about `width` characters around where they first differ
+    (a long guard value that changed past its head shows the change, not only the head it shares),
+    with what was cut said: "[N characters] ..." before, "... [N characters]" after."""
+    if len(a) <= width and len(b) <= width:
+        return a, b
+    common = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        common += 1
+    start = max(0, common - width // 4)
+
+    def cut(text: str) -> str:
+        if len(text) <= width:
+            return text
+        head = f"[{start} characters] ..." if start else ""
+        end = min(len(text), start + width)
+        tail = f"... [{len(text) - end} characters]" if end < len(text) else ""
+        return f"{head}{text[start:end]}{tail}"
+
+    return cut(a), cut(b)
+
+
 class Unified(NamedTuple):
     lines: tuple[str, ...]
     shown: int

@@ -20,7 +20,6 @@ import base64
 import binascii
 import bisect
 import re
-import sys
 from typing import NamedTuple
 
 from precompile.artifact.opaque_state import (
@@ -34,9 +33,9 @@ from precompile.artifact.opaque_state import (
     mentions,
     not_canonical,
 )
-from precompile.inspect.model import PickleImport, PickleScan, Section
-from precompile.inspect.pickle_policy import dynamo_state_reviewed
-from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
+from precompile.artifact.pickle_policy import captured_modules, dynamo_state_reviewed
+from precompile.artifact.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
+from precompile.inspect.model import PickleScan, Section
 
 MIN_BLOB_CHARS = 16
 _PICKLE_BASE64 = re.compile(r"[^A-Za-z0-9+/]*g|[^A-Za-z0-9+/_-]*g")
@@ -181,28 +180,4 @@ class OpaqueReader:
         except ValueError as exc:
             return None, f"{STATE} (line {line}) is {exc}: load refuses it, and it cannot be scanned; {REMEDY}"
         member = f"python_code section {_section_of(line, self._sections, self._starts)}: {STATE} (line {line})"
-        return scan_pickle(data, member=member, reviewed=dynamo_state_reviewed(_captured_modules(values))), None
-
-
-def _captured_modules(values: dict) -> frozenset[str]:
-    """The modules whose code the artifact captured (FN_MODULE, FRAMES, INLINED_SOURCES), the standard library excepted."""
-    listed = [values.get("FN_MODULE")] + [entry.get("module") for name in ("FRAMES", "INLINED_SOURCES")
-                                          for entry in _dicts(values.get(name))]
-    return frozenset(module for module in listed
-                     if isinstance(module, str) and module.split(".")[0] not in sys.stdlib_module_names)
-
-
-def _dicts(value) -> list[dict]:
-    return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, (list, tuple)) else []
-
-
-def finding_text(scan: PickleScan, imp: PickleImport | None) -> str:
-    """One finding of `Artifact.opaque_findings`: the section, the import and the opcode offset."""
-    if imp is None:
-        return f"{scan.member}: the pickle could not be scanned to its end ({scan.problem}), so what it would do is unknown"
-    where = f", in the {imp.within}" if imp.within else ""
-    why = imp.unresolved or (
-        "able to execute code, import, open files or unpickle" if imp.risk == "dangerous" else
-        "neither on the data-only list nor reviewed as part of Dynamo's state, and load unpickles this state")
-    return (f"{scan.member} would import {imp.module}.{imp.name} at opcode offset {imp.offset} "
-            f"({imp.opcode}{where}) if unpickled: {why}")
+        return scan_pickle(data, member=member, reviewed=dynamo_state_reviewed(captured_modules(values))), None

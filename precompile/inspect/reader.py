@@ -23,6 +23,8 @@ import msgspec
 from precompile.artifact.codec import MAGIC, MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE
 from precompile.artifact.envelope import FORMAT_VERSION, EnvelopeTag, without_blob_data
 from precompile.artifact.pair import PythonCode, pairing_problem, parse_cache, read_bytes
+from precompile.artifact.pickle_ops import OPCODE_BYTES
+from precompile.artifact.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, decode_source, metadata_of
 from precompile.errors import PrecompileError
 from precompile.inspect import part_readings, rendered_guards
@@ -44,8 +46,6 @@ from precompile.inspect.model import (
     ZipMember,
 )
 from precompile.inspect.opaque import OpaqueReader
-from precompile.inspect.pickle_ops import OPCODE_BYTES
-from precompile.inspect.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 from precompile.inspect.sections import split_sections
 
 MAX_ZIP_MEMBERS = 10_000

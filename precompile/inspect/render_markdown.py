@@ -2,7 +2,7 @@
 
 In order: the verdict (the same line the text output ends with), the two artifacts, a table of
 every category with its count and what the gate makes of it, each changed guard with both values,
-the other differences by category, the python_code sections that differ (counted: the text output
+the other differences by category, the python_code sections that differ (counted, a captured graph's with its diff: the text output
 has their diff), and each changed kernel by its Inductor name with its source diff in a ```diff
 fence. Deterministic; bounded so that a comment fits (MAX_ENTRIES per category, MAX_KERNEL_LINES in
 all, MAX_VALUE characters a value), saying what it left out. Everything from an artifact is in a
@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 
-from precompile.inspect.diff import CATEGORIES, category
+from precompile.inspect.diff import CATEGORIES, category, code_category, gate_failures
+from precompile.inspect.line_diff import around_change
 from precompile.inspect.render_text import diff_verdict
 from precompile.inspect.report import DiffEntry, DiffReport
 from precompile.inspect.terminal_text import printable
@@ -23,6 +24,8 @@ MAX_ENTRIES = 50
 """Differences listed per category; the rest are counted."""
 MAX_KERNEL_LINES = 400
 """Lines of kernel source diffs shown, all kernels together; the rest are counted."""
+MAX_GRAPH_LINES = 400
+"""Lines of captured-graph diffs shown, all graph sections together; the rest are counted."""
 MAX_VALUE = 300
 """Characters of one key or value shown; a longer one is cut, giving its length."""
 _BACKTICKS = re.compile(r"`+")
@@ -43,15 +46,16 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def _gate(count: int, name: str, fail_on: tuple[str, ...] | None) -> str:
-    if not count:
-        return "equal"
-    return "fails" if fail_on is None or name in fail_on else "not gated"
+def _gate(report: DiffReport, name: str, fail_on: tuple[str, ...] | None) -> str:
+    if name in gate_failures(report, fail_on):
+        return "fails"
+    return "not gated" if report.categories.get(name) else "equal"
 
 
 def _entry(entry: DiffEntry) -> str:
     if entry.change == "changed":
-        return f"- {code_span(f'{entry.key}: {entry.a} → {entry.b}')}"
+        a, b = around_change(entry.a or "", entry.b or "", max(60, (MAX_VALUE - len(entry.key)) // 2 - 40))
+        return f"- {code_span(f'{entry.key}: {a} → {b}')}"
     value = entry.b if entry.change == "added" else entry.a
     return f"- {entry.change} {code_span(f'{entry.key}: {value}')}"
 
@@ -62,16 +66,18 @@ def _categories(report: DiffReport) -> list[str]:
     by_category: dict[str, list[str]] = {}
     for entry in report.entries:
         by_category.setdefault(category(entry.section, entry.key), []).append(_entry(entry))
-    by_category.setdefault("code", []).extend(_code(report))
+    for name, items in _code(report).items():
+        by_category.setdefault(name, []).extend(items)
     lines: list[str] = []
     for name in CATEGORIES:
         items = by_category.get(name, [])
         if not items and not (name == "kernels" and report.kernels):
             continue
         lines += ["", f"#### {name} ({report.categories.get(name, 0)})", ""]
-        lines += items[:MAX_ENTRIES]
-        if len(items) > MAX_ENTRIES:
-            lines.append(f"- ... {len(items) - MAX_ENTRIES} more not shown (`precompile diff --json` lists them all)")
+        limit = len(items) if name == "graph" else MAX_ENTRIES  # a graph's diff lines: bounded by MAX_GRAPH_LINES
+        lines += items[:limit]
+        if len(items) > limit:
+            lines.append(f"- ... {len(items) - limit} more not shown (`precompile diff --json` lists them all)")
         if name == "kernels":
             lines += _kernels(report)
     return lines
@@ -82,12 +88,24 @@ def _fence(lines: list[str]) -> str:
     return "`" * max(3, longest + 1)
 
 
-def _code(report: DiffReport) -> list[str]:
-    """The python_code sections that differ, each with its count of changed lines."""
-    items = []
+def _code(report: DiffReport) -> dict[str, list[str]]:
+    """The python_code sections that differ by category, each with its count of changed lines; a
+    captured graph's (`graph`) with its diff too, in a ```diff fence (MAX_GRAPH_LINES in all)."""
+    items: dict[str, list[str]] = {}
+    room = MAX_GRAPH_LINES
     for code in report.python_code:
         changed = sum(1 for line in code.lines if line[:1] in "+-" and not line.startswith(("+++", "---")))
-        items.append(f"- python_code section {code_span(code.section)} {code.change}: {changed + code.lines_not_shown} lines")
+        name = code_category(code.section)
+        items.setdefault(name, []).append(
+            f"- python_code section {code_span(code.section)} {code.change}: {changed + code.lines_not_shown} lines")
+        if name == "graph" and code.lines:
+            shown = list(code.lines[:room])
+            room -= len(shown)
+            if shown:
+                fence = _fence(shown)
+                items[name] += ["", f"{fence}diff", *(printable(line) for line in shown), fence, ""]
+            if len(shown) < len(code.lines):
+                items[name].append(f"- ... {len(code.lines) - len(shown)} more diff lines not shown (`precompile diff` prints them)")
     return items
 
 
@@ -115,7 +133,7 @@ def render_markdown(report: DiffReport, *, stat: bool = False, fail_on: tuple[st
     lines = [f"### {diff_verdict(report, fail_on)[0]}", "",
              f"precompile diff {code_span(report.a)} → {code_span(report.b)}", "",
              "| category | differences | gate |", "| --- | ---: | --- |"]
-    lines += [f"| {cell(name)} | {report.categories.get(name, 0)} | {_gate(report.categories.get(name, 0), name, fail_on)} |"
+    lines += [f"| {cell(name)} | {report.categories.get(name, 0)} | {_gate(report, name, fail_on)} |"
               for name in CATEGORIES]
     if report.problems:
         lines += ["", "#### problems", "", *(f"- {code_span(problem)}" for problem in report.problems)]

@@ -12,12 +12,13 @@ from precompile.artifact import bytecode
 from precompile.artifact.bundle_keys import provenance, requirements
 from precompile.artifact.bundle_rules import unserved_reason
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
+from precompile.artifact.pickle_policy import DATA_ONLY, PARTIAL
 from precompile.inspect.diff import SECTIONS
 from precompile.inspect.formats.mega_cache_policy import review_reason
 from precompile.inspect.formats.mega_cache_runs import run_finding
 from precompile.inspect.frames import frame_label, frame_role, frame_served
 from precompile.inspect.guards import shape_text
-from precompile.inspect.line_diff import shown
+from precompile.inspect.line_diff import MAX_SHOWN_CHARS, around_change, shown
 from precompile.inspect.model import (
     Artifact,
     CacheInfo,
@@ -28,7 +29,6 @@ from precompile.inspect.model import (
     PythonCodeInfo,
     UpstreamCache,
 )
-from precompile.inspect.pickle_policy import DATA_ONLY, PARTIAL
 from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
 
 Line = tuple[str, "str | None"]
@@ -359,9 +359,13 @@ def render_diff(report: DiffReport, *, stat: bool = False, fail_on: tuple[str, .
 def diff_verdict(report: DiffReport, fail_on: tuple[str, ...] | None) -> Line:
     """The one-line verdict every rendering of a diff gives: equal, or the categories that differ
     and, with `--fail-on`, which of them fail the gate."""
+    found = ", ".join(f"{name} ({count})" for name, count in report.categories.items())
+    if report.unpaired:
+        sides = " and ".join(f"{side} ({report.a if side == 'a' else report.b})" for side in report.unpaired)
+        return (f"verdict: {f'differ in {found}' if found else 'equal'}; {sides} given with a cache that is not its "
+                "python_code's (another build's): load would not serve what was compared, so it fails every gate", BAD)
     if report.equal:
         return ("verdict: equal", GOOD)
-    found = ", ".join(f"{name} ({count})" for name, count in report.categories.items())
     if fail_on is None:
         return (f"verdict: differ in {found}", BAD)
     gated = [name for name in fail_on if report.categories.get(name)]
@@ -381,6 +385,7 @@ def _diff_lines(report: DiffReport) -> list[Line]:
         for e in entries:
             key, a, b = shown(e.key), shown(e.a or ""), shown(e.b or "")
             if e.change == "changed":
+                a, b = around_change(e.a or "", e.b or "", MAX_SHOWN_CHARS)
                 lines.append((f"  ~ {key}: {a} -> {b}", WARN))
             elif e.change == "added":
                 lines.append((f"  + {key}: {b}", GOOD))

@@ -87,6 +87,9 @@ class DiffReport(_Report, frozen=True, kw_only=True, tag="diff"):
     kernels: tuple[KernelDiff, ...] = ()
     """The bundle kernel sources that differ, by Inductor name, with their source diff: which kernels
     the `kernels` entries (compared by content) are, and how they changed."""
+    unpaired: tuple[str, ...] = ()
+    """Which of `a` and `b` were given with a cache that is not their python_code's (another build's):
+    what load would serve is not what was compared, so such a diff fails every gate (`--fail-on`)."""
 
 
 class Check(msgspec.Struct, frozen=True, kw_only=True):

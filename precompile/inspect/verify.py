@@ -37,13 +37,12 @@ from precompile.artifact.codec import (
     payload_problem,
 )
 from precompile.artifact.pair import pending_path, read_bytes
+from precompile.artifact.pickle_scan import finding_text, is_pickle, scan_pickle
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source
 from precompile.errors import PrecompileError
 from precompile.inspect import bytecode_proof
 from precompile.inspect.formats.mega_cache_runs import run_finding
 from precompile.inspect.model import Artifact, PickleScan
-from precompile.inspect.opaque import finding_text
-from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 from precompile.inspect.report import Check, VerifyReport
 from precompile.signing.identity import Expectation
 from precompile.signing.keys import Key

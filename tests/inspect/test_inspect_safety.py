@@ -92,13 +92,13 @@ def test_poisoned_artifact_runs_nothing(capsys, tmp_path, monkeypatch):
     ],
 )
 def test_classify(module, name, risk):
-    from precompile.inspect.pickle_policy import classify
+    from precompile.artifact.pickle_policy import classify
 
     assert classify(module, name) == risk
 
 
 def test_scan_every_protocol_and_stack_global():
-    from precompile.inspect.pickle_scan import scan_pickle
+    from precompile.artifact.pickle_scan import scan_pickle
 
     class Evil:
         def __reduce__(self):
@@ -115,7 +115,7 @@ def test_scan_every_protocol_and_stack_global():
 def test_scan_garbage_never_raises():
     import random
 
-    from precompile.inspect.pickle_scan import scan_pickle
+    from precompile.artifact.pickle_scan import scan_pickle
 
     rng = random.Random(0)
     for _ in range(300):

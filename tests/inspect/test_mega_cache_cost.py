@@ -60,7 +60,7 @@ def test_a_memoized_dict_built_again_and_again_stops_the_scan_at_a_bound(capsys,
 
 
 def test_one_budget_bounds_all_the_entries_of_a_blob(monkeypatch):
-    monkeypatch.setattr("precompile.inspect.pickle_machine.MAX_NESTED_BYTES", 10_000)
+    monkeypatch.setattr("precompile.artifact.pickle_machine.MAX_NESTED_BYTES", 10_000)
     nested = pickle.dumps([b"x" * 6_000], protocol=4)
     content = pickle.dumps({"blob": nested}, protocol=4)
     found = read_mega_cache(_mega_cache([("inductor", "a", content), ("inductor", "b", content)]), where="blob")

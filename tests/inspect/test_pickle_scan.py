@@ -21,9 +21,9 @@ from picklescan.scanner import SafetyLevel, scan_pickle_bytes
 from property_budget import examples
 from test_inspect_helpers import FIXTURES, ROOT, run_cli
 
-from precompile.inspect.pickle_policy import DATA_ONLY, classify
-from precompile.inspect.pickle_machine import MAX_NESTED_DEPTH, Machine, Shared
-from precompile.inspect.pickle_scan import STOPS_AT_ONCE, is_pickle, scan_pickle
+from precompile.artifact.pickle_policy import DATA_ONLY, classify
+from precompile.artifact.pickle_machine import MAX_NESTED_DEPTH, Machine, Shared
+from precompile.artifact.pickle_scan import STOPS_AT_ONCE, is_pickle, scan_pickle
 
 HOSTILE = FIXTURES / "hostile"
 EXPECTED = json.loads((HOSTILE / "expected.json").read_text())
@@ -246,7 +246,7 @@ def test_malformed_and_huge_inputs_end_with_a_problem():
 def test_nested_budget_is_shared(monkeypatch):
     """A pickle holding many large bytes values is scanned in bounded work: the nested budget is one
     for the whole scan, so repeating the value never multiplies the work."""
-    monkeypatch.setattr("precompile.inspect.pickle_machine.MAX_NESTED_BYTES", 10_000)
+    monkeypatch.setattr("precompile.artifact.pickle_machine.MAX_NESTED_BYTES", 10_000)
     inner = pickle.dumps([b"x" * 1000], protocol=4)
     outer = pickle.dumps([inner + bytes([i]) for i in range(100)], protocol=4)
     scan = scan_pickle(outer, member="x")
@@ -362,7 +362,7 @@ def _c_unpickler(data: bytes):
 
 
 def _read_ops_outcome(data: bytes):
-    from precompile.inspect.pickle_ops import read_ops
+    from precompile.artifact.pickle_ops import read_ops
 
     try:
         ops = list(read_ops(data))
@@ -472,7 +472,7 @@ def test_an_unfinished_scan_in_a_mega_cache_entry_or_bare_pickle_fails_show(caps
 
 
 def test_the_scan_limit_is_a_finding_not_a_note(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("precompile.inspect.pickle_machine.MAX_OPS", 50)
+    monkeypatch.setattr("precompile.artifact.pickle_machine.MAX_OPS", 50)
     (tmp_path / "mc.bin").write_bytes(_mega_cache([("inductor", "long", pickle.dumps(list(range(100)), protocol=0))]))
     rc, out, err = run_cli(capsys, ["show", str(tmp_path / "mc.bin")])
     assert rc == 1 and "more than 50 opcodes" in err
@@ -719,7 +719,7 @@ def test_the_captured_models_own_classes_are_reviewed_in_its_opaque_state(capsys
 def test_the_dispatch_table_runs_every_opcode_but_stop():
     import pickletools
 
-    from precompile.inspect.pickle_machine import DISPATCH
+    from precompile.artifact.pickle_machine import DISPATCH
 
     assert set(DISPATCH) == {op.name for op in pickletools.opcodes} - {"STOP"}
 
@@ -746,7 +746,7 @@ def test_an_opaque_state_that_is_not_strict_base64_is_a_finding(capsys, tmp_path
 
 
 def test_torch_modules_referenced_whole_are_reviewed_in_the_opaque_state_but_not_their_main():
-    from precompile.inspect.pickle_policy import MODULE, dynamo_state_reviewed
+    from precompile.artifact.pickle_policy import MODULE, dynamo_state_reviewed
 
     reviewed = dynamo_state_reviewed(frozenset())
     assert reviewed("torch.distributed", MODULE) and reviewed("torch", MODULE)
@@ -757,7 +757,7 @@ def test_torch_modules_referenced_whole_are_reviewed_in_the_opaque_state_but_not
 def test_a_module_the_metadata_names_reviews_no_torch_function_and_no_dangerous_name():
     """FN_MODULE, FRAMES and INLINED_SOURCES are literals the writer of python_code chooses: naming
     torch._inductor.cpp_builder there must not make its run_compile_cmd (a subprocess) reviewed."""
-    from precompile.inspect.pickle_policy import dynamo_state_reviewed
+    from precompile.artifact.pickle_policy import dynamo_state_reviewed
 
     reviewed = dynamo_state_reviewed(frozenset({"torch._inductor.cpp_builder", "torch.nn.modules.linear", "mymodel",
                                                 "mymodel.layers"}))
@@ -769,3 +769,19 @@ def test_a_module_the_metadata_names_reviews_no_torch_function_and_no_dangerous_
                b"\x8c\x05touch\x8c\x04/tmp\x86R.")
     scan = scan_pickle(payload, member="_dynamo_state", reviewed=reviewed)
     assert scan.findings and all(imp.module != "torch._inductor.cpp_builder" or imp.risk != "data" for imp in scan.imports)
+
+
+def test_a_transformers_models_own_classes_and_torch_modules_whole_are_reviewed_in_its_opaque_state():
+    """An installed Llama's state names its config's and outputs' classes (their code not inlined, so no
+    FRAMES or INLINED_SOURCES entry names their modules) and torch.nn.modules.linear whole (a module
+    whose code it inlined): load serves it, so verify must not call it hostile (issue 51, item 3).
+    The package's dangerous names, its functions and torch's other classes stay findings."""
+    from precompile.artifact.pickle_policy import MODULE, dynamo_state_reviewed
+
+    reviewed = dynamo_state_reviewed(frozenset({"transformers.models.llama.modeling_llama", "torch.nn.modules.linear"}))
+    assert reviewed("torch.nn.modules.linear", MODULE) and reviewed("torch.nn.modules.linear", "Linear")
+    assert reviewed("transformers.modeling_outputs", "BaseModelOutputWithPast")
+    assert reviewed("transformers.models.llama.configuration_llama", "LlamaConfig")
+    assert not reviewed("transformers.utils.hub", "cached_file") and not reviewed("transformers.utils", "system")
+    assert not reviewed("transformers.__main__", "Gadget") and not reviewed("transformers.x", "Cls.__reduce__")
+    assert not reviewed("torch._inductor.cpp_builder", "CppBuilder") and not reviewed("torchvision.io", "VideoReader")

@@ -158,3 +158,121 @@ def test_a_cache_resealed_around_other_bytecode_or_metadata_is_a_code_change(cap
         assert "DIFFERS from python_code" in changed[0]["b"] and "precompile verify" in changed[0]["b"]
         assert report["categories"] == {"code": 1}
         assert hashlib.sha256(Path(f"{forged}.py").read_bytes()).digest() == hashlib.sha256(Path(f"{source}.py").read_bytes()).digest()
+
+
+@pytest.fixture(scope="module")
+def graph_releases(tmp_path_factory) -> dict[tuple[str, str], str]:
+    """gate_model releases whose forward differs in the captured graph only, by each tracer."""
+    from gate_model import activated
+
+    directory = tmp_path_factory.mktemp("graph-releases")
+    out = {}
+    for tracer, make in TRACERS.items():
+        for kind in ("relu", "silu", "eps5", "eps6"):
+            torch.manual_seed(0)
+            model = activated(kind)()
+            prefix = directory / f"{tracer}-{kind}"
+            with precompile.capture(step, artifact_path=f"{prefix}.py", cache_path=f"{prefix}.cache", tracer=make(),
+                                    backend="eager", verbose=False) as cap:
+                cap(model, torch.randn(4, 8))
+            out[tracer, kind] = str(prefix)
+    return out
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+@pytest.mark.parametrize(("old", "new", "shows"), [("relu", "silu", "silu"), ("eps5", "eps6", "1e-06")])
+def test_a_change_to_the_captured_graph_is_the_graph_category_with_its_lines(graph_releases, capsys, tracer, old, new, shows):
+    """An activation or an epsilon literal in forward changes what a served call computes: `graph`,
+    gated, for both tracers (issue 51, item 5: MakeFx's landed in `code`, not gated by the recipe),
+    and the PR comment shows the graph's changed lines, not only their count."""
+    a, b = graph_releases[tracer, old], graph_releases[tracer, new]
+    rc, report = _diff(capsys, a, b, "--fail-on", "graph")
+    assert rc == 1 and report["categories"].get("graph"), report["categories"]
+    assert all(code["section"].startswith("graph") for code in report["python_code"]
+               if code["section"].startswith("graph")), report["python_code"]
+    rc, out, _ = run_cli(capsys, ["diff", "--format", "markdown", "--fail-on", "graph", a, b])
+    assert rc == 1 and "| graph |" in out and "fails" in out.split("| graph |")[1].splitlines()[0]
+    graph_part = out.split("#### graph")[1]
+    assert "```diff" in graph_part and any(line.startswith("+") and shows in line for line in graph_part.splitlines()), out
+
+
+@pytest.mark.parametrize("tracer", TRACERS)
+def test_a_candidate_whose_cache_is_another_builds_fails_every_gate(releases, capsys, tracer, tmp_path):
+    """`pairs: yes -> no` was a metadata difference, which a gate not naming metadata passed (issue 51, item 6)."""
+    base, other = releases[tracer, "base"], releases[tracer, "scale"]
+    shutil.copy(f"{base}.py", tmp_path / "candidate.py")
+    shutil.copy(f"{other}.cache", tmp_path / "candidate.cache")
+    candidate = str(tmp_path / "candidate")
+    for gate in CATEGORIES:
+        rc, report = _diff(capsys, base, candidate, "--fail-on", gate)
+        assert rc == 1 and report["unpaired"] == ["b"], (gate, report)
+    rc, out, _ = run_cli(capsys, ["diff", "--format", "markdown", "--fail-on", "guards", base, candidate])
+    assert rc == 1 and "fails every gate" in out.splitlines()[0] and "| guards | " in out
+
+
+def test_a_release_signed_by_another_key_is_a_difference(releases, capsys, tmp_path, monkeypatch):
+    from precompile.signing import generate, sign_pair
+
+    monkeypatch.chdir(tmp_path)
+    pairs = {}
+    for name in ("first", "second"):
+        generate(tmp_path / name)
+        (tmp_path / name / "m").mkdir(parents=True)
+        for suffix in (".py", ".cache"):
+            shutil.copy(releases["makefx", "base"] + suffix, tmp_path / name / "m" / f"model{suffix}")
+        pairs[name] = str(tmp_path / name / "m" / "model")
+        sign_pair(f"{pairs[name]}.py", f"{pairs[name]}.cache", tmp_path / f"{name}.key", name="demo", release="1")
+    rc, report = _diff(capsys, pairs["first"], pairs["second"], "--fail-on", "versions")
+    (entry,) = [e for e in report["entries"] if e["key"] == "signed by"]
+    assert rc == 1 and entry["a"] != entry["b"] and entry["a"].startswith("key SHA256:"), report["entries"]
+
+
+def test_a_long_value_is_cut_around_the_part_that_changed(capsys):
+    """A guard value of thousands of characters that changed near its end showed only its shared head
+    (issue 51, item 6): both renderings show the part that differs."""
+    from precompile.inspect.render_markdown import render_markdown
+    from precompile.inspect.render_text import render_diff
+    from precompile.inspect.report import DiffEntry, DiffReport
+
+    head = "CONSTANT_MATCH model.table == (" + ", ".join(str(i) for i in range(1500))
+    entry = DiffEntry(section="guards", key="CONSTANT_MATCH model.table", change="changed", a=head + ", 7777)", b=head + ", 8888)")
+    report = DiffReport(a="a.py", b="b.py", equal=False, entries=(entry,), categories={"guards": 1})
+    markdown = render_markdown(report)
+    text = "\n".join(line for line, _ in render_diff(report))
+    for shown in (markdown, text):
+        assert "7777" in shown and "8888" in shown, shown[-1500:]
+
+
+@pytest.fixture(scope="module")
+def installed_releases(tmp_path_factory) -> dict[str, str]:
+    """Releases of a model whose graph break sits in a child's forward, served installed (its guards
+    rebuilt at load from the pickled state): base, scale 0.5, hidden 64."""
+    from gate_model import Outer, PrintingScaled
+
+    directory = tmp_path_factory.mktemp("installed-releases")
+    out = {}
+    for name, (scale, hidden) in {"base": (1.0, 32), "again": (1.0, 32), "scale": (0.5, 32), "hidden": (1.0, 64)}.items():
+        torch.manual_seed(0)
+        model = Outer(PrintingScaled(hidden))
+        model.inner.scale = scale
+        prefix = directory / name
+        with precompile.capture(step, artifact_path=f"{prefix}.py", cache_path=f"{prefix}.cache",
+                                tracer=precompile.DynamoTracer(), backend="eager", verbose=False) as cap:
+            cap(model, torch.randn(4, 8))
+        out[name] = str(prefix)
+    assert "SERVING_MODE = 'installed'" in Path(f"{out['base']}.py").read_text(encoding="utf-8")
+    return out
+
+
+def test_an_installed_artifact_shows_guard_values_and_parameter_shapes_in_their_categories(installed_releases, capsys):
+    """An installed artifact's guard values and parameter shapes showed only as a changed opaque
+    fingerprint in `code` (issue 51, item 4): they land in guards and params, as for a standalone one."""
+    base = installed_releases["base"]
+    rc, report = _diff(capsys, base, installed_releases["again"], "--fail-on", ",".join(CATEGORIES))
+    assert rc == 0 and report["equal"], report["entries"]
+    rc, report = _diff(capsys, base, installed_releases["scale"], "--fail-on", "guards")
+    scale = [e for e in report["entries"] if e["section"] == "guards" and e["key"].endswith("scale")]
+    assert rc == 1 and len(scale) == 1 and "1.0" in scale[0]["a"] and "0.5" in scale[0]["b"], report["entries"]
+    rc, report = _diff(capsys, base, installed_releases["hidden"], "--fail-on", "params")
+    params = {e["key"]: e for e in report["entries"] if e["section"] in ("params", "buffers")}
+    assert rc == 1 and "(32, 8)" in params["fc.weight"]["a"] and "(64, 8)" in params["fc.weight"]["b"], report["entries"]

@@ -341,6 +341,9 @@ def test_a_transformers_model_with_a_graph_break_in_a_layer_serves_installed(tmp
     assert summary.complete and not summary.risky_dropped_guards
     report = fresh_json(HF, str(tmp_path))
     assert report == {"installed": True, "equal": True, "compiles": {}}
+    from precompile.cli.main import main  # served, so not hostile (issue 51, item 3: "_dynamo_state would import ...")
+
+    assert main(["verify", str(tmp_path / "llama")]) == 0
 
 
 FUNCTION_MODULE = r"""

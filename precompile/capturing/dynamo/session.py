@@ -32,7 +32,7 @@ from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
 from precompile.capturing.dynamo.next_call import served_again
 from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
-from precompile.capturing.dynamo.standalone import minted_renamed, remainder_bytes, standalone_parts
+from precompile.capturing.dynamo.standalone import minted_renamed, readable_guards, remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
 from precompile.capturing.lowering import lower_eager
 from precompile.capturing.progress import libraries_in, phase
@@ -341,6 +341,7 @@ class DynamoSession:
         if installed:
             refuse_uninstallable(entry, frames)
             refuse_unfaithful_guard_state(entry, frames, guards, self._ledger.seen)
+            guards = readable_guards(entry, frames, guards, self._ledger.seen)
         sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
         inlined = tuple(
             InlinedSource(module=s.module, first_line=s.firstlineno, last_line=s.lastlineno, sha256=s.checksum)

@@ -27,6 +27,8 @@ import sys
 import types
 from dataclasses import dataclass, field
 
+import msgspec
+
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
 from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
 from precompile.errors import CaptureRefused
@@ -163,6 +165,32 @@ def unrenderable_refusal(title: str, exc: Exception) -> CaptureRefused:
         "dropped), run the capture without what the guard pins (a torch function mode, a default device, "
         "saved-tensors hooks), or capture with MakeFxTracer, which keeps no guards"
     )
+
+
+def readable_guards(entry, frames: list[DynamoFrame], guards: list[VariantGuards], seen: dict | None = None) -> list[VariantGuards]:
+    """An installed artifact's variants, each with its kept checks rendered as a standalone artifact
+    renders them (`VariantGuards.rendered`: text for readers, never run; load checks the guards torch
+    rebuilds from the pickled state), so that inspect reads their values and tensors alike in both
+    serving modes. A variant whose guards cannot be rendered keeps none, as before."""
+    from precompile.codegen.drivers.dynamo import read_guards_state
+
+    listed = {(v.frame, v.variant): v for v in guards}
+    for index, (code, frame) in enumerate(zip(entry.codes, frames)):
+        if frame.runs_as_python:
+            continue
+        for variant, guarded in enumerate(code.guarded_codes):
+            meta = listed.get((frame.qualname, variant))
+            if meta is None:
+                continue
+            try:
+                text = render_variant(index, variant, f"Frame {index} ({frame.qualname}), variant {variant}",
+                                      read_guards_state(guarded.guards_state), frozenset(meta.policy_dropped),
+                                      meta.by_name, {}, (seen or {}).get((frame.qualname, variant)),
+                                      getattr(sys.modules.get(code.python_module), "__dict__", None)).source
+            except Exception:  # a reading only: what stops it leaves this variant's values unread, as before
+                continue
+            listed[(frame.qualname, variant)] = msgspec.structs.replace(meta, rendered=text)
+    return [listed[(v.frame, v.variant)] for v in guards]
 
 
 def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuards], fn, backends_pickled: dict,

@@ -21,12 +21,12 @@ import binascii
 import hashlib
 import zlib
 
+from precompile.artifact.pickle_machine import Budget, BuildState
+from precompile.artifact.pickle_scan import is_pickle, scan_pickle
 from precompile.inspect.formats.mega_cache_code import entry_code, recorded_keys
 from precompile.inspect.formats.mega_cache_policy import call_shape_for, reviewed_for, with_stored_callables
 from precompile.inspect.formats.mega_cache_runs import entry_runs
 from precompile.inspect.model import Blob, MegaCache, MegaCacheContent, MegaCacheEntry
-from precompile.inspect.pickle_machine import Budget, BuildState
-from precompile.inspect.pickle_scan import is_pickle, scan_pickle
 
 ENCODING_VERSION = 1
 MAX_ENTRIES = 100_000

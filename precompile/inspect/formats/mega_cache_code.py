@@ -20,8 +20,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from precompile.artifact.pickle_ops import PickleStreamError, read_ops
 from precompile.inspect.model import MegaCacheCode, NamedValue
-from precompile.inspect.pickle_ops import PickleStreamError, read_ops
 
 MAX_DEPTH = 3
 """Pickles nested in bytes read for strings, below the entry's own (precompile entries nest two deep)."""

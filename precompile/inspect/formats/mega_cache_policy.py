@@ -23,8 +23,8 @@ from typing import NamedTuple
 
 import msgspec
 
+from precompile.artifact.pickle_shapes import CallShape
 from precompile.inspect.model import PickleScan
-from precompile.inspect.pickle_shapes import CallShape
 
 
 class Review(NamedTuple):

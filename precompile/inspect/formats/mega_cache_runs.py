@@ -26,11 +26,11 @@ import base64
 import hashlib
 from collections.abc import Iterable
 
+from precompile.artifact.pickle_machine import BuildState
+from precompile.artifact.pickle_symbols import summarize
 from precompile.inspect.formats.guard_expressions import refusal
 from precompile.inspect.formats.mega_cache_policy import REVIEWED
 from precompile.inspect.model import MegaCacheEntry, MegaCacheRun
-from precompile.inspect.pickle_machine import BuildState
-from precompile.inspect.pickle_symbols import summarize
 
 MAX_SHOWN = 2000
 """Characters of a field's text kept in the report; a longer one is cut, giving its length."""

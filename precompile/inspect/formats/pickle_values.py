@@ -8,8 +8,8 @@ imported or called. What the pickle would import is `pickle_scan.scan_pickle`'s 
 """
 from __future__ import annotations
 
-from precompile.inspect.pickle_scan import evaluate
-from precompile.inspect.pickle_symbols import summarize
+from precompile.artifact.pickle_scan import evaluate
+from precompile.artifact.pickle_symbols import summarize
 
 _PLAIN = (type(None), bool, int, float, str, bytes, bytearray)
 

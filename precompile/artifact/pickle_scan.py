@@ -25,11 +25,11 @@ import pickletools
 import warnings
 from collections.abc import Callable
 
-from precompile.inspect.model import Blob, Field, PickleImport, PickleScan
-from precompile.inspect.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Budget, BuildState, Machine, Shared
-from precompile.inspect.pickle_ops import OPCODE_BYTES
-from precompile.inspect.pickle_shapes import CallShape
-from precompile.inspect.pickle_symbols import key_text, summarize
+from precompile.artifact.pickle_machine import HIGHEST_PROTOCOL, MAX_NESTED_DEPTH, Budget, BuildState, Machine, Shared
+from precompile.artifact.pickle_model import Blob, Field, PickleImport, PickleScan
+from precompile.artifact.pickle_ops import OPCODE_BYTES
+from precompile.artifact.pickle_shapes import CallShape
+from precompile.artifact.pickle_symbols import key_text, summarize
 
 MAX_PICKLE_SIZE = 256 * 1024 * 1024
 MAX_FIELDS = 200
@@ -111,3 +111,16 @@ def scan_pickle(data: bytes, *, member: str, reviewed: Callable[[str, str], bool
     )
     return PickleScan(member=member, blob=blob, protocol=machine.protocol if machine.seen_proto else None, imports=found,
                       top_level=top, fields=fields, problem=problem, nested=machine.nested, unpickled_by_load=strict)
+
+
+def finding_text(scan: PickleScan, imp: PickleImport | None) -> str:
+    """One finding of a scan (`imp`; None: the scan could not finish): where, the import and the opcode
+    offset, worded alike by verify and by load, which refuses an opaque state with one."""
+    if imp is None:
+        return f"{scan.member}: the pickle could not be scanned to its end ({scan.problem}), so what it would do is unknown"
+    where = f", in the {imp.within}" if imp.within else ""
+    why = imp.unresolved or (
+        "able to execute code, import, open files or unpickle" if imp.risk == "dangerous" else
+        "neither on the data-only list nor reviewed as part of Dynamo's state, and load unpickles this state")
+    return (f"{scan.member} would import {imp.module}.{imp.name} at opcode offset {imp.offset} "
+            f"({imp.opcode}{where}) if unpickled: {why}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Literal
 
-from precompile.inspect.pickle_symbols import Global, summarize
+from precompile.artifact.pickle_symbols import Global, summarize
 
 CallShape = Literal["built", "enum", "fields", "list", "value"]
 ALLOWED: dict[str, str] = {

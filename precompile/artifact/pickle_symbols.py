@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 
-from precompile.inspect.pickle_policy import GETATTR, MODULE_IMPORTERS, PARTIAL
+from precompile.artifact.pickle_policy import GETATTR, MODULE_IMPORTERS, PARTIAL
 
 
 class Global:

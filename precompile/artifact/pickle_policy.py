@@ -5,9 +5,10 @@ process, files, the network or code ("dangerous"). Torch-free: nothing here is i
 from __future__ import annotations
 
 import _compat_pickle
+import sys
 from collections.abc import Callable
 
-from precompile.inspect.model import Risk
+from precompile.artifact.pickle_model import Risk
 
 # The data-only reconstructors. A callable is on this list when, applied to data (and to classes
 # that are themselves imports of the same pickle, each judged on its own), it only builds a value:
@@ -83,23 +84,46 @@ def _torch_module(module: str) -> bool:
     return (module == "torch" or module.startswith("torch.")) and "__main__" not in module.split(".")
 
 
+CAPTURED_FIELDS = ("FN_MODULE", "FRAMES", "INLINED_SOURCES")
+"""The metadata literals that name the modules whose code a Dynamo artifact captured."""
+
+
+def captured_modules(values: dict) -> frozenset[str]:
+    """The modules whose code the artifact captured (`values`: its metadata literals, CAPTURED_FIELDS),
+    the standard library excepted."""
+    listed = [values.get("FN_MODULE")] + [entry.get("module") for name in CAPTURED_FIELDS[1:]
+                                          for entry in _dicts(values.get(name))]
+    return frozenset(module for module in listed
+                     if isinstance(module, str) and module.split(".")[0] not in sys.stdlib_module_names)
+
+
+def _dicts(value) -> list[dict]:
+    return [entry for entry in value if isinstance(entry, dict)] if isinstance(value, (list, tuple)) else []
+
+
 def dynamo_state_reviewed(captured_modules: frozenset[str]) -> Callable[[str, str], bool]:
     """Whether a name off the data-only list is allowed in a Dynamo artifact's opaque state: on the
     reviewed list (`DYNAMO_STATE`, plus the families it names by pattern: torch's own modules
-    referenced whole, guard builder methods, guard sources, AOTAutograd's runtime wrappers), or a member of a module whose code the artifact
-    captured and load checks (its metadata's FN_MODULE, FRAMES and INLINED_SOURCES, the standard
-    library excepted: its classes are no model's own). Those fields are literals whoever wrote
-    python_code chose, so naming a module there never reviews a name the policy calls dangerous, and
-    of torch's own modules only their classes (what guards compare types with: `Linear`), never
-    their functions (`torch._inductor.cpp_builder.run_compile_cmd` runs a command)."""
+    referenced whole, guard builder methods, guard sources, AOTAutograd's runtime wrappers), a member
+    of a module whose code the artifact captured and load checks (its metadata's FN_MODULE, FRAMES
+    and INLINED_SOURCES, the standard library excepted: its classes are no model's own), or a class
+    of the package such a module belongs to (a transformers model's guards compare its config's and
+    outputs' classes, `transformers.models.llama.configuration_llama.LlamaConfig`, whose code Dynamo
+    did not inline). Those fields are literals whoever wrote python_code chose, so naming a module
+    there never reviews a name the policy calls dangerous, and of torch's own modules only their
+    classes (what guards compare types with: `Linear`), never their functions
+    (`torch._inductor.cpp_builder.run_compile_cmd` runs a command), nor the rest of torch's package."""
+    packages = frozenset(module.split(".")[0] for module in captured_modules if not _torch_module(module))
+
     def reviewed(module: str, name: str) -> bool:
-        if (module, name) in DYNAMO_STATE:
+        if (module, name) in DYNAMO_STATE or name == MODULE and _torch_module(module):
             return True
         if module in captured_modules:
             return classify(module, name) != "dangerous" and (not _torch_module(module) or name[:1].isupper())
+        if module.split(".")[0] in packages and "__main__" not in module.split("."):
+            return classify(module, name) != "dangerous" and name[:1].isupper() and "." not in name
         head, _, rest = name.partition(".")
-        return (name == MODULE and _torch_module(module)
-                or (module, head) == ("torch._dynamo.guards", "GuardBuilder") and rest.isupper()
+        return ((module, head) == ("torch._dynamo.guards", "GuardBuilder") and rest.isupper()
                 or module == "torch._dynamo.source" and (name.endswith("Source") or name == "TensorProperty")
                 or module == "torch._functorch._aot_autograd.runtime_wrappers" and name.endswith("Wrapper"))
 

@@ -10,11 +10,11 @@ import re
 from collections.abc import Callable
 from typing import NamedTuple
 
-from precompile.inspect.model import Risk
-from precompile.inspect.pickle_ops import looks_like_pickle, read_ops
-from precompile.inspect.pickle_policy import GETATTR, MODULE, MODULE_IMPORTERS, PARTIAL, STORED_CALLABLES, classify, resolve
-from precompile.inspect.pickle_shapes import CallShape, off_shape
-from precompile.inspect.pickle_symbols import Computed, Global, dict_key, summarize
+from precompile.artifact.pickle_model import Risk
+from precompile.artifact.pickle_ops import looks_like_pickle, read_ops
+from precompile.artifact.pickle_policy import GETATTR, MODULE, MODULE_IMPORTERS, PARTIAL, STORED_CALLABLES, classify, resolve
+from precompile.artifact.pickle_shapes import CallShape, off_shape
+from precompile.artifact.pickle_symbols import Computed, Global, dict_key, summarize
 
 HIGHEST_PROTOCOL = 5
 MAX_OPS = 2_000_000
