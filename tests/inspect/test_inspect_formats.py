@@ -14,7 +14,6 @@ import zlib
 
 import msgspec
 import pytest
-
 from test_inspect_helpers import FIXTURES, ROOT, run_cli
 
 UPSTREAM = FIXTURES / "upstream"

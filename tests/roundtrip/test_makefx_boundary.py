@@ -4,9 +4,9 @@ mutated in the caller's tensor, and random ops draw from the caller's generator 
 from __future__ import annotations
 
 import torch
+from conftest import fresh_json
 
 import precompile
-from conftest import fresh_json
 
 
 def bump_and_double(x):
