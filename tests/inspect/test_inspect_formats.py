@@ -14,6 +14,7 @@ import zlib
 
 import msgspec
 import pytest
+
 from test_inspect_helpers import FIXTURES, ROOT, run_cli
 
 UPSTREAM = FIXTURES / "upstream"
