@@ -16,6 +16,10 @@ state) produce the first result, then time steady-state calls of that same calla
   makefx-eager, makefx-inductor, dynamo-eager, dynamo-inductor
                             import precompile.serve.load, precompile.load() of a pair captured with
                             that tracer and backend, then served(model, x)
+  upstream-eager, upstream-inductor
+                            the same through torch 2.15's own torch.compiler.precompile (capture, then
+                            load; its "import" is `import torch.compiler.precompile`): bench/upstream.py
+                            runs them beside ours, and a capture's seconds are measured in its own process
 
 Columns: `total` is the whole process from its start to the first result (the parent's clock, up to
 the line the child prints and flushes at its first result, so teardown and the per-call timing
