@@ -16,6 +16,10 @@ state) produce the first result, then time steady-state calls of that same calla
   makefx-eager, makefx-inductor, dynamo-eager, dynamo-inductor
                             import precompile.serve.load, precompile.load() of a pair captured with
                             that tracer and backend, then served(model, x)
+  upstream-eager, upstream-inductor
+                            the same through torch 2.15's own torch.compiler.precompile (capture, then
+                            load; its "import" is `import torch.compiler.precompile`): bench/upstream.py
+                            runs them beside ours, and a capture's seconds are measured in its own process
 
 Columns: `total` is the whole process from its start to the first result (the parent's clock, up to
 the line the child prints and flushes at its first result, so teardown and the per-call timing
@@ -66,6 +70,9 @@ from bench.coldstart import _env, byte_compile_precompile
 
 PRECOMPILE = ("makefx-eager", "makefx-inductor", "dynamo-eager", "dynamo-inductor")
 SCENARIOS = ("eager", "compile-warm", "compile-mega", "aoti", *PRECOMPILE)
+UPSTREAM = ("upstream-eager", "upstream-inductor")
+"""torch 2.15's own torch.compiler.precompile (MakeFx only), served like ours: bench/upstream.py runs them."""
+PAIRED = (*PRECOMPILE, *UPSTREAM)
 WARMUP = 3
 
 CHILD = r"""
@@ -131,10 +138,18 @@ with torch.no_grad():
         import precompile
         from precompile.examples.transformer import run
         tracer, backend = mode[: -len("-prepare")].split("-")
-        with precompile.capture(run, artifact_path=f"{work}/{tracer}-{backend}.py", cache_path=f"{work}/{tracer}-{backend}.cache",
-                                tracer=precompile.MakeFxTracer() if tracer == "makefx" else precompile.DynamoTracer(),
-                                backend=backend) as cap:
-            cap(model, x)
+        paths = {"artifact_path": f"{work}/{tracer}-{backend}.py", "cache_path": f"{work}/{tracer}-{backend}.cache"}
+        if tracer == "upstream":
+            import torch.compiler.precompile as upstream
+            t0 = time.perf_counter()
+            with upstream.capture(run, **paths, backend=backend) as cap:
+                cap(model, x)
+        else:
+            t0 = time.perf_counter()
+            with precompile.capture(run, **paths, tracer=precompile.MakeFxTracer() if tracer == "makefx" else precompile.DynamoTracer(),
+                                    backend=backend) as cap:
+                cap(model, x)
+        print(json.dumps({"capture": time.perf_counter() - t0}), flush=True)
     elif mode.endswith("-profile"):
         import cProfile, io, pstats
         import precompile, precompile.serve.load
@@ -148,13 +163,17 @@ with torch.no_grad():
         print(text.getvalue())
     else:
         t0 = time.perf_counter()
-        import precompile
-        import precompile.serve.load  # `import precompile` alone is lazy
+        if mode.startswith("upstream-"):
+            import torch.compiler.precompile as loader
+        else:
+            import precompile as loader
+            import precompile.serve.load  # `import precompile` alone is lazy
         t1 = time.perf_counter()
-        served = precompile.load(f"{work}/{mode}.py", f"{work}/{mode}.cache")
+        served = loader.load(f"{work}/{mode}.py", f"{work}/{mode}.cache")
         t2 = time.perf_counter()
         out = {"import_precompile": t1 - t0, "load": t2 - t1,
-               "bytecode_from_cache": served.bytecode_from_cache, "metadata_from_cache": served.metadata_from_cache}
+               "bytecode_from_cache": getattr(served, "bytecode_from_cache", None),
+               "metadata_from_cache": getattr(served, "metadata_from_cache", None)}
 
         def first_and_later():
             if "first_call" not in out:
@@ -219,24 +238,26 @@ def _prepared(scenario: str, work: Path) -> bool:
             "aoti": (work / "model.pt2").exists()}.get(scenario, (work / f"{scenario}.cache").exists())
 
 
-def _prepare(scenario: str, layers: int, work: Path, scratch: Path, threads: int) -> None:
+def _prepare(scenario: str, layers: int, work: Path, scratch: Path, threads: int) -> float | None:
+    """Prepare a scenario in a fresh process; for a capture, the seconds its `with capture(...)` block took."""
     mode = {"compile-warm": "compile-prepare", "compile-mega": "compile-mega-prepare", "aoti": "aoti-prepare"}.get(
-        scenario, f"{scenario}-prepare" if scenario in PRECOMPILE else None)
+        scenario, f"{scenario}-prepare" if scenario in PAIRED else None)
     if mode is None:
-        return
+        return None
     if _prepared(scenario, work):
         print(f"[{layers} layers] {scenario}: prepared already in {work}", file=sys.stderr)
-        return
+        return None
     print(f"[{layers} layers] preparing {scenario}", file=sys.stderr)
     started = time.perf_counter()
-    code, _, err, _ = _run(mode, layers, work, scratch, threads, calls=0,
-                           cache_dir=work / "warm-cache" if scenario == "compile-warm" else None)
+    code, lines, err, _ = _run(mode, layers, work, scratch, threads, calls=0,
+                               cache_dir=work / "warm-cache" if scenario == "compile-warm" else None)
     if code != 0:
         print(f"  {mode}: FAILED\n{err.strip()[-2000:]}", file=sys.stderr)
-        return
+        return None
     if scenario == "compile-warm":
         (work / "warm-cache.done").touch()
     print(f"  {mode}: {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return next((json.loads(line)["capture"] for line in lines if line.startswith('{"capture"')), None)
 
 
 def measure(layers: int, scenarios: tuple[str, ...], repeat: int, calls: int, top: int, profile: bool, threads: int,
@@ -245,10 +266,9 @@ def measure(layers: int, scenarios: tuple[str, ...], repeat: int, calls: int, to
         scratch = Path(scratch_name)
         work = (keep / f"L{layers}-t{threads}") if keep else scratch / "work"
         (work / "warm-cache").mkdir(parents=True, exist_ok=True)
-        for scenario in scenarios:
-            _prepare(scenario, layers, work, scratch, threads)
+        captures = {scenario: _prepare(scenario, layers, work, scratch, threads) for scenario in scenarios}
         if repeat == 0:
-            return {"medians": {}, "sizes": {}}, {}
+            return {"medians": {}, "sizes": {}, "captures": captures}, {}
         runs: dict[str, list[dict]] = {s: [] for s in scenarios}
         for round_index in range(repeat):  # interleaved rounds, so drift hits every scenario alike
             for scenario in scenarios:
@@ -264,12 +284,12 @@ def measure(layers: int, scenarios: tuple[str, ...], repeat: int, calls: int, to
                     code, lines, err, _ = _run(f"{scenario}-profile", layers, work, scratch, threads, str(top))
                     profiles[scenario] = "".join(lines) if code == 0 else err[-2000:]
         sizes = {s: ((work / f"{s}.py").stat().st_size, (work / f"{s}.cache").stat().st_size)
-                 for s in scenarios if s in PRECOMPILE and (work / f"{s}.py").exists()}
+                 for s in scenarios if s in PAIRED and (work / f"{s}.py").exists()}
     keys = ("total", "after_import", "import_precompile", "load", "first_call", "gc2", "per_call")
     medians = {s: {k: statistics.median(r[k] for r in rs) for k in keys if k in rs[0] and rs[0][k] is not None}
                | {"flags": rs[-1], "runs": len(rs)}
                for s, rs in runs.items() if rs}
-    return {"medians": medians, "sizes": sizes}, profiles
+    return {"medians": medians, "sizes": sizes, "captures": captures}, profiles
 
 
 def report(results: dict[int, dict], scenarios: tuple[str, ...]) -> list[str]:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -70,6 +71,12 @@ def capture(
     """
     if not callable(fn):
         raise CaptureRefused(f"capture() takes the function to capture, got {type(fn).__name__}")
+    if isinstance(fn, functools.partial):  # as torch.compiler.precompile.capture refuses one
+        raise CaptureRefused(
+            "capture() takes the function itself, not a functools.partial: the artifact is called with fn's own "
+            "arguments, so a model or tensor the partial binds would be baked in rather than passed; pass them as call "
+            "arguments instead"
+        )
     if backend not in BACKENDS:
         raise CaptureRefused(f"capture() backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
     tracer = DynamoTracer() if tracer is None else tracer

@@ -316,6 +316,7 @@ def _mega_cache_holder(artifact: Artifact, upstream: UpstreamCache) -> dict[str,
             "format": precompiled.format,
             "version": str(precompiled.version),
             "backend": str(precompiled.backend),
+            "tracer": str(precompiled.tracer),
             "pairs": {True: "yes", False: "no", None: "unknown"}[artifact.pairs],
             "artifact": "None" if mega is None else f"Mega-Cache {mega.blob.size} bytes sha256 {mega.blob.sha256}",
         })

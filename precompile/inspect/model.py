@@ -41,6 +41,9 @@ class UpstreamCodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     backend: str | None = None
     literals: tuple[NamedValue, ...] = ()
     """The calling-convention literals upstream's loader reads, in file order."""
+    tracer: str | None = None
+    """The TRACER literal (torch 2.15 on), absent from a make_fx capture's python_code: upstream reads
+    an absent one as make_fx."""
 
 
 class PythonCodeInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,6 +163,8 @@ class UpstreamPrecompile(msgspec.Struct, frozen=True, kw_only=True):
     """sha256 of the python_code the cache belongs to."""
     artifact: MegaCache | None = None
     """The `artifact` field: a Mega-Cache for the inductor backend, None (absent) for eager."""
+    tracer: str | None = None
+    """The `tracer` field torch 2.15 on writes ("make_fx"); absent before, which upstream reads as make_fx."""
 
 
 class UpstreamCache(msgspec.Struct, frozen=True, kw_only=True):

@@ -192,7 +192,8 @@ def _upstream(upstream: UpstreamCache) -> list[Line]:
     lines: list[Line] = []
     envelope = upstream.precompile
     if envelope is not None:
-        lines.append((f"  upstream torch.compiler.precompile cache, version {envelope.version}, backend {envelope.backend}", None))
+        tracer = f", tracer {envelope.tracer}" if envelope.tracer is not None else ""
+        lines.append((f"  upstream torch.compiler.precompile cache, version {envelope.version}, backend {envelope.backend}{tracer}", None))
         lines.append((f"  code_hash {envelope.code_hash}", None))
         if envelope.artifact is None:
             lines.append(("  artifact: None (nothing compiled to prime)", None))

@@ -42,7 +42,8 @@ from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_s
 from precompile.errors import PrecompileError
 from precompile.inspect import bytecode_proof
 from precompile.inspect.formats.mega_cache_runs import run_finding
-from precompile.inspect.model import Artifact, PickleScan
+from precompile.inspect.formats.upstream import DEFAULT_TRACER
+from precompile.inspect.model import Artifact, PickleScan, UpstreamCodeInfo, UpstreamPrecompile
 from precompile.inspect.report import Check, VerifyReport
 from precompile.signing.identity import Expectation
 from precompile.signing.keys import Key
@@ -75,7 +76,7 @@ def _integrity(artifact: Artifact, proof_memory_mib: int | None) -> list[Check]:
     upstream = cache.upstream.precompile if cache.upstream is not None else None
     if code.upstream is not None and upstream is not None:
         assert code.file is not None  # upstream python_code was recognised in the file's bytes
-        return checks + _upstream_pairing(code.upstream.backend, code.file.sha256, upstream.backend, upstream.code_hash)
+        return checks + _upstream_pairing(code.upstream, code.file.sha256, upstream)
     meta, envelope = code.metadata, cache.envelope
     if meta is None or envelope is None:
         checks.append(Check(name="pairing", status="skip", message="needs a readable python_code and cache"))
@@ -234,10 +235,13 @@ def _clean_imports(scan: PickleScan) -> str:
     return f"{names} names ({unknown} not on the data-only list), none dangerous"
 
 
-def _upstream_pairing(code_backend, code_sha256, cache_backend, cache_code_hash) -> list[Check]:
-    """Upstream precompile's own pairing rule: the backend tags agree and code_hash = sha256(python_code)."""
+def _upstream_pairing(code: UpstreamCodeInfo, code_sha256: str, envelope: UpstreamPrecompile) -> list[Check]:
+    """Upstream precompile's own pairing rule: the backend and tracer tags agree (an absent tracer is
+    make_fx's, on either side) and code_hash = sha256(python_code)."""
     checks = []
-    for name, expected, actual in (("backend tag", code_backend, cache_backend), ("code hash", code_sha256, cache_code_hash)):
+    for name, expected, actual in (("backend tag", code.backend, envelope.backend),
+                                   ("tracer tag", code.tracer, envelope.tracer or DEFAULT_TRACER),
+                                   ("code hash", code_sha256, envelope.code_hash)):
         if expected == actual:
             checks.append(Check(name=name, status="ok", expected=expected, actual=actual))
         else:

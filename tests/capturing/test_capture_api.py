@@ -146,3 +146,18 @@ def test_a_failed_write_raises_and_leaves_the_previous_pair(tmp_path, monkeypatc
     monkeypatch.undo()
     assert {name: (tmp_path / name).read_bytes() for name in written(tmp_path)} == before
     assert torch.equal(precompile.load(tmp_path / "m.py", tmp_path / "m.cache")(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def relu(x):
+    return torch.relu(x)
+
+
+def test_makefx_decompositions_are_the_trace_decomposition_table(tmp_path):
+    """MakeFxTracer(decompositions=) is make_fx's decomposition_table, as upstream's: the op decomposed is not in the graph."""
+    aten = torch.ops.aten
+    tracer = precompile.MakeFxTracer(decompositions={aten.relu.default: lambda x: aten.clamp_min.default(x, 0)})
+    with make(tmp_path, fn=relu, tracer=tracer) as cap:
+        cap(torch.tensor([-1.0, 2.0]))
+    code = (tmp_path / "m.py").read_text()
+    assert "aten.clamp_min.default" in code and "aten.relu.default" not in code
+    assert precompile.load(tmp_path / "m.py", tmp_path / "m.cache")(torch.tensor([-3.0, 4.0])).tolist() == [0.0, 4.0]

@@ -135,3 +135,25 @@ def test_a_tensors_data_used_as_a_size_is_refused_naming_the_line_and_the_remedy
                                                  tracer=precompile.MakeFxTracer(), backend="eager") as cap:
             cap(model, x, lengths)
     assert not (tmp_path / "g.py").exists()
+
+
+def scale(model, x):
+    return model(x) * 2
+
+
+def test_a_functools_partial_is_refused_up_front_with_the_reason(tmp_path):
+    """As upstream's capture refuses one: the artifact is called with fn's own arguments, so what the
+    partial binds (here a model, whose weights would be read as constants) is no call argument."""
+    with pytest.raises(PrecompileError, match="takes the function itself, not a functools.partial.*pass them as call arguments"):
+        precompile.capture(__import__("functools").partial(scale, nn.Linear(4, 4)), artifact_path=tmp_path / "m.py",
+                           cache_path=tmp_path / "m.cache", tracer=precompile.MakeFxTracer(), backend="eager")
+
+
+def test_a_tensor_subclass_input_is_refused_naming_it(tmp_path):
+    """Upstream's MakeFx captures a traceable wrapper subclass (DTensor) through AOTAutograd; ours refuses
+    one at capture (serve a plain tensor, or DynamoTracer where AOTAutograd unwraps it)."""
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    with pytest.raises(PrecompileError, match=r"input args\[0\] is a tensor subclass \(TwoTensor\), which MakeFxTracer cannot capture"):
+        capture_once(tmp_path, identity, TwoTensor(torch.ones(3), torch.ones(3)))
+    assert not (tmp_path / "m.py").exists()

@@ -162,7 +162,8 @@ def test_report_takes_one_or_two_artifacts(capsys, tmp_path):
     assert rc == 2 and "one artifact or two" in err
 
 
-@pytest.mark.parametrize("name", ALL + ("upstream/inductor", "upstream/mega_cache.bin"))
+@pytest.mark.parametrize("name", ALL + tuple(f"upstream/{release}{name}" for release in ("", "torch-2.15/")
+                                             for name in ("eager", "inductor", "train_step", "mega_cache.bin")))
 def test_every_fixture_gets_a_page_or_a_clear_error(capsys, tmp_path, name):
     rc, _, err, html = _report(capsys, tmp_path, f"fixtures/{name}")
     assert "Traceback" not in err

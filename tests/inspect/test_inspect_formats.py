@@ -1,6 +1,7 @@
 """The caches the ecosystem ships, read statically by every verb: upstream `torch.compiler.precompile`
-pairs, the Mega-Cache container and bare pickles (fixtures/upstream, written by torch 2.14.1), and
-one file alone told apart by its content."""
+pairs, the Mega-Cache container and bare pickles (fixtures/upstream, written by torch 2.14.1, and
+fixtures/upstream/torch-2.15, by torch 2.15's caller-driven `capture`: the same format, version 1),
+and one file alone told apart by its content."""
 from __future__ import annotations
 
 import hashlib
@@ -17,6 +18,8 @@ import pytest
 from test_inspect_helpers import FIXTURES, ROOT, run_cli
 
 UPSTREAM = FIXTURES / "upstream"
+RELEASES = {"2.14.1": "upstream", "2.15": "upstream/torch-2.15"}
+"""Each torch release's upstream fixtures, by the folder under fixtures/ that make_upstream.py writes."""
 PAIRS = ("eager", "inductor", "train_step")
 
 
@@ -59,9 +62,11 @@ def _mega_cache(entries: list[tuple[str, list[tuple[str, bytes]]]], version: int
     return zlib.crc32(body).to_bytes(4, "big") + body
 
 
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("name", PAIRS)
-def test_upstream_pair_is_recognised_and_pairs_by_code_hash(capsys, name):
-    rc, artifact, err = _show_json(capsys, UPSTREAM / name)
+def test_upstream_pair_is_recognised_and_pairs_by_code_hash(capsys, name, release):
+    upstream = FIXTURES / RELEASES[release]
+    rc, artifact, err = _show_json(capsys, upstream / name)
     code, cache = artifact["python_code"], artifact["cache"]
     assert code["problem"] is None and cache["problem"] is None, err
     assert code["format_version"] is None and code["upstream"]["backend"] == cache["upstream"]["precompile"]["backend"]
@@ -69,17 +74,22 @@ def test_upstream_pair_is_recognised_and_pairs_by_code_hash(capsys, name):
     assert {"BACKEND", "PARAM_NAMES", "USER_INPUT_SHAPES", "IN_SPEC", "OUT_SPEC"} <= set(literals)
     assert cache["kind"] == "upstream_precompile"
     envelope = cache["upstream"]["precompile"]
-    assert envelope["code_hash"] == hashlib.sha256((UPSTREAM / f"{name}.py").read_bytes()).hexdigest()
+    assert envelope["code_hash"] == hashlib.sha256((upstream / f"{name}.py").read_bytes()).hexdigest()
+    # 2.15 added the envelope's `tracer` field (2.14 wrote none, which upstream's load reads as make_fx).
+    assert envelope["version"] == 1 and envelope["tracer"] == (None if release == "2.14.1" else "make_fx")
+    assert code["upstream"]["tracer"] == "make_fx"  # no TRACER literal in either: a make_fx capture
     assert artifact["pairs"] is True and artifact["pairing_problem"] is None
     assert rc == (1 if _flagged(cache) else 0)
-    rc_text, out, _ = run_cli(capsys, ["show", str(UPSTREAM / name)])
+    rc_text, out, _ = run_cli(capsys, ["show", str(upstream / name)])
     assert rc_text == rc and "pairs: yes" in out and "upstream torch.compiler.precompile python_code (make_fx)" in out
     if name == "train_step":
         assert "GRAD_PARAM_INDICES = [0, 1, 2, 3]" in out and "USER_INPUT_SHAPES = [(3, 4), (3, 2)]" in out
 
 
-def test_inductor_artifact_field_is_a_mega_cache_listed_entry_by_entry(capsys):
-    _, artifact, _ = _show_json(capsys, UPSTREAM / "inductor")
+@pytest.mark.parametrize("release", RELEASES)
+def test_inductor_artifact_field_is_a_mega_cache_listed_entry_by_entry(capsys, release):
+    upstream = FIXTURES / RELEASES[release]
+    _, artifact, _ = _show_json(capsys, upstream / "inductor")
     mega = artifact["cache"]["upstream"]["precompile"]["artifact"]
     assert mega["encoding_version"] == 1 and mega["problem"] is None and mega["entries"]
     for entry in mega["entries"]:
@@ -91,29 +101,39 @@ def test_inductor_artifact_field_is_a_mega_cache_listed_entry_by_entry(capsys):
     overhead = 4 + 8 + sum(8 + len(__import__("base64").b64encode(k.encode())) + 8 for k in kinds)
     overhead += sum(8 + len(__import__("base64").b64encode(e["key"].encode())) + 8 for e in mega["entries"])
     assert overhead + sum(e["file"]["size"] for e in mega["entries"]) == mega["blob"]["size"]
-    _, eager, _ = _show_json(capsys, UPSTREAM / "eager")
+    _, eager, _ = _show_json(capsys, upstream / "eager")
     assert eager["cache"]["upstream"]["precompile"]["artifact"] is None
 
 
-def test_mismatched_upstream_pair_names_both_hashes(capsys, tmp_path):
-    shutil.copy(UPSTREAM / "eager.cache", tmp_path / "x.cache")
-    (tmp_path / "x.py").write_bytes((UPSTREAM / "eager.py").read_bytes() + b"# edited\n")
+@pytest.mark.parametrize("release", RELEASES)
+def test_mismatched_upstream_pair_names_both_hashes(capsys, tmp_path, release):
+    upstream = FIXTURES / RELEASES[release]
+    shutil.copy(upstream / "eager.cache", tmp_path / "x.cache")
+    (tmp_path / "x.py").write_bytes((upstream / "eager.py").read_bytes() + b"# edited\n")
     rc, out, err = run_cli(capsys, ["show", str(tmp_path / "x")])
     edited = hashlib.sha256((tmp_path / "x.py").read_bytes()).hexdigest()
-    original = hashlib.sha256((UPSTREAM / "eager.py").read_bytes()).hexdigest()
+    original = hashlib.sha256((upstream / "eager.py").read_bytes()).hexdigest()
     assert rc == 1 and "pairs: NO" in out and original in err and edited in err
-    rc, out, err = run_cli(capsys, ["show", str(UPSTREAM / "eager.py"), str(UPSTREAM / "inductor.cache")])
+    rc, out, err = run_cli(capsys, ["show", str(upstream / "eager.py"), str(upstream / "inductor.cache")])
     assert rc == 1 and "the cache's backend 'inductor' does not match the python_code BACKEND 'eager'" in err
+    # The tracer tags pair too, as upstream 2.15's load checks them: a TRACER literal naming another tracer.
+    shutil.copy(upstream / "eager.cache", tmp_path / "t.cache")
+    (tmp_path / "t.py").write_bytes((upstream / "eager.py").read_bytes() + b"TRACER = 'dynamo'\n")
+    rc, out, err = run_cli(capsys, ["show", str(tmp_path / "t")])
+    assert rc == 1 and "the cache's tracer 'make_fx' does not match the python_code TRACER 'dynamo'" in err
+    rc, out, _ = run_cli(capsys, ["verify", "-v", str(tmp_path / "t")])
+    assert rc == 1 and "FAIL  tracer tag: the cache's tracer tag is make_fx, the python_code's is dynamo" in out
 
 
 KINDS = {
     # file -> (name it is given, what show must call it): names mislead on purpose, content decides
     "v1/mlp.cache": ("ours.dat", "cache", "precompile"),
-    "upstream/inductor.cache": ("up.txt", "cache", "upstream_precompile"),
-    "upstream/mega_cache.bin": ("blob.py", "cache", "mega_cache"),
     "damaged/poisoned_raw.pkl": ("raw.json", "cache", "pickle"),
     "v1/mlp.py": ("code.bin", "python_code", None),
-    "upstream/eager.py": ("up.cache", "python_code", "upstream"),
+    **{f"{folder}/{file}": told for folder in RELEASES.values() for file, told in (
+        ("inductor.cache", ("up.txt", "cache", "upstream_precompile")),
+        ("mega_cache.bin", ("blob.py", "cache", "mega_cache")),
+        ("eager.py", ("up.cache", "python_code", "upstream")))},
 }
 
 
@@ -175,11 +195,13 @@ def test_a_dangerous_pickle_inside_a_mega_cache_entry_is_flagged_with_its_entry(
     assert not (tmp_path / "PWNED").exists()
 
 
-def test_diff_upstream_pairs_field_by_field_and_entry_by_entry(capsys, tmp_path):
-    rc, out, err = run_cli(capsys, ["diff", "fixtures/upstream/eager", "fixtures/upstream/eager"])
+@pytest.mark.parametrize("release", RELEASES)
+def test_diff_upstream_pairs_field_by_field_and_entry_by_entry(capsys, tmp_path, release):
+    up = f"fixtures/{RELEASES[release]}"
+    rc, out, err = run_cli(capsys, ["diff", f"{up}/eager", f"{up}/eager"])
     assert rc == 0 and "no differences" in out, err
-    rc, out, err = run_cli(capsys, ["diff", "--json", "fixtures/upstream/eager.py", "fixtures/upstream/eager.cache",
-                                    "fixtures/upstream/inductor.py", "fixtures/upstream/inductor.cache"])
+    rc, out, err = run_cli(capsys, ["diff", "--json", f"{up}/eager.py", f"{up}/eager.cache",
+                                    f"{up}/inductor.py", f"{up}/inductor.cache"])
     assert rc == 1, err
     entries = {(e["section"], e["key"]): e for e in json.loads(out)["entries"]}
     assert entries[("metadata", "BACKEND")]["a"] == "'eager'" and entries[("metadata", "BACKEND")]["b"] == "'inductor'"
@@ -187,7 +209,7 @@ def test_diff_upstream_pairs_field_by_field_and_entry_by_entry(capsys, tmp_path)
     assert entries[("envelope", "artifact")]["a"] == "None" and entries[("envelope", "artifact")]["b"].startswith("Mega-Cache ")
     assert {key for section, key in entries if section == "entries"} and all(
         entries[k]["change"] == "added" for k in entries if k[0] == "entries")
-    rc, out, _ = run_cli(capsys, ["diff", "fixtures/upstream/eager", "fixtures/upstream/train_step"])
+    rc, out, _ = run_cli(capsys, ["diff", f"{up}/eager", f"{up}/train_step"])
     assert rc == 1 and "~ NUM_POSITIONAL_ARGS: 2 -> 3" in out and "~ GRAD_PARAM_INDICES: [] -> [0, 1, 2, 3]" in out
     # Two Mega-Cache blobs, entry by entry: one entry's content changed, one dropped.
     one, two = pickle.dumps([1]), pickle.dumps([2])
@@ -207,10 +229,12 @@ def test_diff_takes_two_pairs_or_two_artifacts_only(capsys):
     assert rc == rc_prefix == 1 and out == out_prefix
 
 
-def test_extract_upstream_pair_writes_the_mega_cache_and_each_entry_raw(capsys, tmp_path):
-    _, artifact, _ = _show_json(capsys, UPSTREAM / "inductor")
+@pytest.mark.parametrize("release", RELEASES)
+def test_extract_upstream_pair_writes_the_mega_cache_and_each_entry_raw(capsys, tmp_path, release):
+    upstream = FIXTURES / RELEASES[release]
+    _, artifact, _ = _show_json(capsys, upstream / "inductor")
     mega = artifact["cache"]["upstream"]["precompile"]["artifact"]
-    rc, out, err = run_cli(capsys, ["extract", "--json", "fixtures/upstream/inductor", str(tmp_path / "out")])
+    rc, out, err = run_cli(capsys, ["extract", "--json", str(upstream / "inductor"), str(tmp_path / "out")])
     assert rc == 0, err
     out_dir = tmp_path / "out"
     blob = (out_dir / "mega_cache.bin").read_bytes()
@@ -221,8 +245,8 @@ def test_extract_upstream_pair_writes_the_mega_cache_and_each_entry_raw(capsys, 
     assert metadata["backend"] == "inductor" and any(lit["name"] == "OUT_SPEC" for lit in metadata["literals"])
     assert json.loads((out_dir / "envelope.json").read_text())["code_hash"] == artifact["cache"]["upstream"]["precompile"]["code_hash"]
     assert any(p.name.endswith("calling-convention-metadata.py") for p in (out_dir / "python_code").iterdir())
-    rc, _, err = run_cli(capsys, ["extract", "fixtures/upstream/mega_cache.bin", str(tmp_path / "bare")])
-    assert rc == 0 and (tmp_path / "bare/mega_cache.bin").read_bytes() == (UPSTREAM / "mega_cache.bin").read_bytes()
+    rc, _, err = run_cli(capsys, ["extract", str(upstream / "mega_cache.bin"), str(tmp_path / "bare")])
+    assert rc == 0 and (tmp_path / "bare/mega_cache.bin").read_bytes() == (upstream / "mega_cache.bin").read_bytes()
 
 
 _EVERY_VERB = r"""
@@ -230,35 +254,42 @@ import json, os, sys
 sys.modules["torch"] = None  # importing torch would raise
 from precompile.cli.main import main
 codes = {}
-out = sys.argv[1]
+out, up = sys.argv[1], sys.argv[2]
 for name in ("eager", "inductor", "train_step"):
-    path = f"fixtures/upstream/{name}"
+    path = f"{up}/{name}"
     for argv in (["show", path], ["show", "--json", path], ["guards", path], ["verify", "-v", path],
-                 ["extract", path, os.path.join(out, name)], ["diff", path, "fixtures/upstream/eager"]):
-        codes[" ".join(argv[:2]) + " " + name] = main(["--color", "never", *argv])
-for argv in (["show", "fixtures/upstream/mega_cache.bin"], ["extract", "fixtures/upstream/mega_cache.bin", os.path.join(out, "mc")],
-             ["diff", "fixtures/upstream/mega_cache.bin", "fixtures/upstream/inductor.cache"]):
-    codes[" ".join(argv[:2])] = main(["--color", "never", *argv])
+                 ["extract", path, os.path.join(out, name)], ["diff", path, f"{up}/eager"],
+                 ["report", path, "-o", os.path.join(out, name + ".html")]):
+        codes[argv[0] + " " + name] = main(["--color", "never", *argv])
+for argv in (["show", f"{up}/mega_cache.bin"], ["extract", f"{up}/mega_cache.bin", os.path.join(out, "mc")],
+             ["diff", f"{up}/mega_cache.bin", f"{up}/inductor.cache"]):
+    codes[argv[0] + " mega_cache.bin"] = main(["--color", "never", *argv])
 print(json.dumps(codes), file=sys.stderr)
 """
 
 
-def test_every_verb_reads_upstream_fixtures_without_torch(tmp_path):
-    proc = subprocess.run([sys.executable, "-c", _EVERY_VERB, str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_verb_reads_upstream_fixtures_without_torch(tmp_path, release):
+    proc = subprocess.run([sys.executable, "-c", _EVERY_VERB, str(tmp_path), f"fixtures/{RELEASES[release]}"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     codes = json.loads(proc.stderr.strip().splitlines()[-1])
-    assert set(codes.values()) <= {0, 1, 2}
-    assert codes["extract fixtures/upstream/mega_cache.bin"] == 0 and codes["diff fixtures/upstream/eager eager"] == 0
+    # Every verb reads every pair clean (none of their pickles imports more than torch's reviewed classes);
+    # only diff of two different pairs finds something.
+    differing = {"diff inductor", "diff train_step", "diff mega_cache.bin"}
+    assert {verb: rc for verb, rc in codes.items() if rc != 0} == dict.fromkeys(differing, 1), codes
 
 
-def test_guards_and_verify_of_upstream_pairs(capsys):
-    rc, out, err = run_cli(capsys, ["guards", "--json", "fixtures/upstream/train_step"])
+@pytest.mark.parametrize("release", RELEASES)
+def test_guards_and_verify_of_upstream_pairs(capsys, release):
+    up = f"fixtures/{RELEASES[release]}"
+    rc, out, err = run_cli(capsys, ["guards", "--json", f"{up}/train_step"])
     assert rc == 0, err
     specs = {(s["kind"], s["path"]): s["value"] for s in json.loads(out)["guards"]["specializations"]}
     assert specs[("shape", "input leaf 1")] == "(3, 2)" and specs[("param", "2.weight")] == "(2, 8) torch.float32 cpu"
-    rc, out, err = run_cli(capsys, ["verify", "-v", "fixtures/upstream/eager"])
-    assert rc == 0 and "ok    code hash: " + hashlib.sha256((UPSTREAM / "eager.py").read_bytes()).hexdigest() in out, out + err
-    rc, out, _ = run_cli(capsys, ["verify", "-v", "fixtures/upstream/eager.py", "fixtures/upstream/train_step.cache"])
+    rc, out, err = run_cli(capsys, ["verify", "-v", f"{up}/eager"])
+    assert rc == 0 and "ok    code hash: " + hashlib.sha256((ROOT / up / "eager.py").read_bytes()).hexdigest() in out, out + err
+    rc, out, _ = run_cli(capsys, ["verify", "-v", f"{up}/eager.py", f"{up}/train_step.cache"])
     assert rc == 1 and "FAIL  code hash: the cache's code hash is" in out
 
 

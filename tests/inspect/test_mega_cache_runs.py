@@ -168,11 +168,12 @@ def test_a_state_the_reader_cannot_follow_is_a_finding_in_a_reviewed_entry(capsy
     assert "(state) (set at opcode offset" in err
 
 
-def test_verify_of_an_upstream_pair_fails_a_guard_expression_in_its_artifact(capsys, tmp_path):
+@pytest.mark.parametrize("upstream", ["fixtures/upstream", "fixtures/upstream/torch-2.15"])
+def test_verify_of_an_upstream_pair_fails_a_guard_expression_in_its_artifact(capsys, tmp_path, upstream):
     # torch.compiler.precompile's cache (a torch.save zip) whose `artifact` Mega-Cache runs code at lookup.
     import zipfile
 
-    source = zipfile.ZipFile(ROOT / "fixtures/upstream/inductor.cache")
+    source = zipfile.ZipFile(ROOT / upstream / "inductor.cache")
     data = source.read("archive/data.pkl")
     artifact = next(arg for op, arg, _ in pickletools.genops(data) if isinstance(arg, str) and len(arg) > 1000)
     hostile = _mega_cache([("inductor", "k", _graph(guards_expr=_str("__import__('os').getpid() > 0"), **_module()))])
@@ -181,7 +182,7 @@ def test_verify_of_an_upstream_pair_fails_a_guard_expression_in_its_artifact(cap
         for member in source.infolist():
             target.writestr(member, _replaced(data, artifact, hostile.decode("latin-1")) if member.filename == "archive/data.pkl"
                             else source.read(member))
-    rc, out, err = run_cli(capsys, ["verify", str(ROOT / "fixtures/upstream/inductor.py"), str(cache)])
+    rc, out, err = run_cli(capsys, ["verify", str(ROOT / upstream / "inductor.py"), str(cache)])
     assert rc == 1, (out, err)
     assert "FAIL  cache code torch runs: cache " in out and "Mega-Cache inductor k: guards_expr (set at opcode offset" in out
     assert [line.strip().split(":")[0] for line in out.splitlines() if line.strip().startswith("FAIL")] == ["FAIL  cache code torch runs"]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import hashlib
 import logging
 import pickle
@@ -47,8 +46,6 @@ _active = threading.Lock()
 
 def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
     """A Dynamo artifact rebuilds fn from its code object: fn must be a module-level function."""
-    if isinstance(fn, functools.partial):
-        raise CaptureRefused("DynamoTracer takes the function itself, not a functools.partial; bind the arguments in a module-level def")
     if isinstance(fn, torch.nn.Module):
         raise CaptureRefused(
             "DynamoTracer captures a function that CALLS the model, not the model itself; pass e.g. "

@@ -3,10 +3,12 @@
 python_code: a MakeFx capture whose calling convention is a set of top-level literals (BACKEND,
 PARAM_NAMES, USER_INPUT_SHAPES, IN_SPEC, OUT_SPEC, ...) and which has no FORMAT_VERSION.
 cache: a torch.save zip whose `data.pkl` is the plain dict {format: "torch.compiler.precompile",
-version, backend, code_hash: sha256 of python_code, artifact: Mega-Cache bytes or None}. The dict is
-read with `pickle_values` (literals only, nothing imported or called) and its `artifact` decoded by
-`mega_cache`. Pairing is upstream's own rule: the backend tags agree and code_hash is the sha256 of
-the python_code bytes.
+version, backend, code_hash: sha256 of python_code, artifact: Mega-Cache bytes or None}, and from
+torch 2.15 on a `tracer` field (and, for a capture other than make_fx, a TRACER literal in
+python_code; either absent reads as make_fx); the format version stays 1. The dict is read with
+`pickle_values` (literals only, nothing imported or called) and its `artifact` decoded by
+`mega_cache`. Pairing is upstream's own rule: the backend and tracer tags agree and code_hash is the
+sha256 of the python_code bytes.
 """
 from __future__ import annotations
 
@@ -25,6 +27,8 @@ CALLING_CONVENTION = (
     "IN_SPEC", "OUT_SPEC", "USER_INPUT_SHAPES", "USER_INPUT_DTYPES", "USER_INPUT_DEVICES", "USER_INPUT_BOUNDS",
 )
 _RECOGNISED_BY = ("BACKEND", "PARAM_NAMES", "USER_INPUT_SHAPES", "IN_SPEC", "OUT_SPEC")
+DEFAULT_TRACER = "make_fx"
+"""What upstream's load reads an absent TRACER literal or `tracer` field as (torch 2.14 wrote neither)."""
 
 
 def _text(value) -> str:
@@ -37,10 +41,12 @@ def upstream_code(values: dict) -> UpstreamCodeInfo | None:
     """The upstream metadata of a python_code's top-level literals, or None when it is not upstream's."""
     if "FORMAT_VERSION" in values or not all(name in values for name in _RECOGNISED_BY):
         return None
-    backend = values.get("BACKEND")
+    backend, tracer = values.get("BACKEND"), values.get("TRACER", DEFAULT_TRACER)
     return UpstreamCodeInfo(
         backend=backend if isinstance(backend, str) else None,
-        literals=tuple(NamedValue(name=name, value=_text(values[name])) for name in CALLING_CONVENTION if name in values),
+        tracer=tracer if isinstance(tracer, str) else None,
+        literals=tuple(NamedValue(name=name, value=_text(values[name]))
+                       for name in (*CALLING_CONVENTION, "TRACER") if name in values),
     )
 
 
@@ -59,10 +65,12 @@ def upstream_envelope(data_pkl: bytes, *, where: str) -> UpstreamPrecompile | No
     if not isinstance(value, dict) or value.get("format") != CACHE_FORMAT:
         return None
     version, backend, code_hash, artifact = (value.get(k) for k in ("version", "backend", "code_hash", "artifact"))
+    tracer = value.get("tracer")
     return UpstreamPrecompile(
         format=CACHE_FORMAT,
         version=version if isinstance(version, int) and not isinstance(version, bool) else None,
         backend=backend if isinstance(backend, str) else None,
+        tracer=tracer if isinstance(tracer, str) else None,
         code_hash=code_hash if isinstance(code_hash, str) else None,
         artifact=read_mega_cache(artifact, where=f"{where} field artifact") if isinstance(artifact, bytes) else None,
     )
@@ -81,6 +89,9 @@ def upstream_pairing_problem(digest: str, code: UpstreamCodeInfo, envelope: Upst
     (upstream's load refuses such a pair), or None."""
     if envelope.backend != code.backend:
         return f"the cache's backend {envelope.backend!r} does not match the python_code BACKEND {code.backend!r}"
+    if (envelope.tracer or DEFAULT_TRACER) != code.tracer:
+        return (f"the cache's tracer {envelope.tracer or DEFAULT_TRACER!r} does not match the python_code TRACER "
+                f"{code.tracer!r}")
     if envelope.code_hash != digest:
         return f"the cache's code_hash {envelope.code_hash} does not match sha256(python_code) {digest}"
     return None
