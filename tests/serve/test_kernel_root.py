@@ -49,7 +49,7 @@ def default_root(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr("tempfile.tempdir", None)
-    root = kernels.inductor_cache_dir()
+    root = kernel_root.inductor_cache_dir()
     assert root.parent == tmp
     return root
 
