@@ -36,7 +36,9 @@ and several processes saving one pair at once.
    in both (an unshown eval otherwise), no benign one may be, and no payload may ever run. A tenth of
    the cases are built to make the scan's work outgrow the blob (a memoized string encoded thousands
    of times, a memoized dict set as a state again and again, many entries holding nested pickles):
-   each must be a finding of show within mega_hostile's CPU bound, linear in the blob's size.
+   each must be a finding of show within mega_hostile's CPU bound, linear in the blob's size. Another
+   tenth hold an output module without Inductor's `async_compile = AsyncCompile()` line that opens
+   with a payload: show --json must list it as the entry's code (an unshown import otherwise).
 6. Co-tenants against the JIT path (bench/jit_cotenant.py): a second user (uid 65534) takes Inductor's
    default root first, or writes into this user's, and plants a library whose constructor leaves a
    mark at every path the pair's kernels and ISA probes, and a compile after load, will have; the
@@ -589,7 +591,8 @@ def report_mega(args, work: Path) -> int:
     started = time.perf_counter()
     result = mega_hostile.run(args.mega_cases, args.seed, work, run_cli)
     figures = result["figures"]
-    names = ("hostile cases", "shown as findings (show exit 1, verify --host FAIL)", "unshown evals", "benign cases",
+    names = ("hostile cases", "shown as findings (show exit 1, verify --host FAIL)", "unshown evals",
+             "output modules without the AsyncCompile line", "unshown imports", "benign cases",
              "false findings", "executions (canary file created)", "tracebacks or hangs", "costly blobs",
              "costly blobs over the CPU bound", "costly blobs not shown as findings", "costly blobs: most CPU-ms per MB")
     table(f"5. hostile Mega-Cache entries through show and verify --host ({time.perf_counter() - started:.0f} s)",
