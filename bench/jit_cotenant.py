@@ -128,7 +128,7 @@ def _child(tmp: Path, extra: dict[str, str], *args: str) -> dict:
     env.update({"TMPDIR": str(tmp), "PYTHONPATH": str(ROOT), **extra})
     proc = _sh([sys.executable, "-c", CHILD, *args], env=env, timeout=900)
     if proc.returncode != 0:
-        return {"outcome": f"crashed: {proc.stderr.strip().splitlines()[-1:]}"}
+        return {"outcome": f"crashed ({proc.returncode})"}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
