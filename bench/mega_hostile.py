@@ -9,12 +9,16 @@ guard expression, output stride or cache_key carries what torch would evaluate o
 torch writes. Every payload would create a canary file if evaluated. A case is "shown" when show exits
 1 naming the field and verify --host fails its "mega-cache code torch runs" check; an unshown eval is
 a case either lets through. Benign cases (guards and strides as torch's printer writes them, drawn
-from a small grammar of it) must show clean: a finding there is a false one.
+from a small grammar of it) must show clean: a finding there is a false one. A share of the cases
+(`unmarked_case`) is an entry whose output module, the source_code torch writes out and imports,
+lacks Inductor's `async_compile = AsyncCompile()` line and opens with a payload: `show --json` must
+list that source as the entry's code (by its sha256); an unshown import is a case it does not.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import lzma
 import pickletools
 import random
@@ -26,10 +30,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURE = ROOT / "fixtures" / "mega_cache" / "torch-2.13.0.bin.xz"
 MODULE = "async_compile = AsyncCompile()\ndef call(args):\n    return args\n"
-MUST_BE_ZERO = ("unshown evals", "false findings", "executions (canary file created)", "tracebacks or hangs",
+MUST_BE_ZERO = ("unshown evals", "unshown imports", "false findings", "executions (canary file created)", "tracebacks or hangs",
                 "costly blobs over the CPU bound", "costly blobs not shown as findings")
 COSTLY_SHARE = 0.1
 """Of the cases, those that are `costly_case`s."""
+UNMARKED_SHARE = 0.1
+"""Of the cases, those that are `unmarked_case`s."""
 CPU_S, CPU_S_PER_MB = 1.0, 10.0
 """The CPU a costly blob's `show` may spend: linear in its size (the scan's work once was quadratic)."""
 
@@ -133,6 +139,40 @@ def case(rng: random.Random, canary: Path, real: list[tuple[str, str, bytes]]) -
     return "cache_key", "cache_key", blob([(kind, "k", _graph({"cache_key": _str(key), "source_code": _str(MODULE)}))])
 
 
+def unmarked_case(rng: random.Random, canary: Path, real: list[tuple[str, str, bytes]]) -> tuple[str, str, bytes]:
+    """(what, the output module's source, the blob): an entry whose source_code has no
+    `async_compile = AsyncCompile()` line and opens with a payload, its cache_key torch's hash of
+    it (so nothing else about it is a finding): synthetic, or a real entry's module rewritten."""
+    payload = f"__import__('pathlib').Path({str(canary)!r}).touch()\n"
+    if rng.random() < 0.5:
+        source = payload + "def call(args):\n    return args\n"
+        return "output module without its AsyncCompile line", source, blob([
+            (rng.choice(["inductor", "aot_autograd"]), "k", _graph({"cache_key": _str(code_hash(source)), "source_code": _str(source)}))])
+    index = rng.choice([i for i, (k, _, c) in enumerate(real) if k == "inductor" and b"async_compile = AsyncCompile()" in c])
+    kind, key, content = real[index]
+    old = next(a for _, a, _ in pickletools.genops(content) if isinstance(a, str) and "async_compile = AsyncCompile()\n" in a)
+    source = payload + old.replace("async_compile = AsyncCompile()\n", "async_compile = __import__('torch')._inductor.async_compile.AsyncCompile()\n")
+    entries = list(real)
+    entries[index] = (kind, key, _rewritten(_rewritten(content, old, source), code_hash(old), code_hash(source)))
+    return "a real entry's output module without its AsyncCompile line", source, blob(entries)
+
+
+def _unmarked(rng: random.Random, canary: Path, real, path: Path, run_cli, figures: Counter, kinds: Counter,
+              failures: list[str], number: int) -> None:
+    what, source, data = unmarked_case(rng, canary, real)
+    kinds[what] += 1
+    figures["output modules without the AsyncCompile line"] += 1
+    path.write_bytes(data)
+    shown, shown_out = run_cli(["show", "--json", str(path)])
+    digest = hashlib.sha256(source.encode("utf-8")).hexdigest()
+    if not isinstance(shown, int):
+        figures["tracebacks or hangs"] += 1
+        failures.append(f"case {number} ({what}): {shown}")
+    elif json.dumps(digest) not in shown_out:
+        figures["unshown imports"] += 1
+        failures.append(f"case {number} ({what}): show --json {shown} lists no code of sha256 {digest}")
+
+
 def _unicode(text: str) -> bytes:
     data = text.encode("utf-8")
     return b"X" + len(data).to_bytes(4, "little") + data
@@ -191,8 +231,12 @@ def run(count: int, seed: str, work: Path, run_cli) -> dict:
     failures: list[str] = []
     path = work / "mega.bin"
     for number in range(count):
-        if rng.random() < COSTLY_SHARE:
+        roll = rng.random()
+        if roll < COSTLY_SHARE:
             _costly(rng, path, run_cli, figures, kinds, failures, number)
+            continue
+        if roll < COSTLY_SHARE + UNMARKED_SHARE:
+            _unmarked(rng, canary, real, path, run_cli, figures, kinds, failures, number)
             continue
         what, field, data = case(rng, canary, real)
         kinds[what] += 1

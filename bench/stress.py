@@ -3,7 +3,7 @@ and several processes saving one pair at once.
 
     python bench/stress.py [--mutations 10000] [--jobs 1] [--kills 200] [--capture-kills 10]
                            [--writers 2-8] [--trials 5] [--subprocess 30] [--load-mutations 5000]
-                           [--mega-cases 2000] [--seed 0] [--parts mutations,kills,concurrency,load,mega]
+                           [--mega-cases 2000] [--seed 0] [--parts mutations,kills,concurrency,load,mega,cotenant]
 
 1. Mutations: seeded mutations of real fixture pairs (bit flips, truncations, splices, length-field
    lies, zstd frame and msgpack header damage in caches; syntax damage, changed and huge metadata
@@ -36,7 +36,15 @@ and several processes saving one pair at once.
    in both (an unshown eval otherwise), no benign one may be, and no payload may ever run. A tenth of
    the cases are built to make the scan's work outgrow the blob (a memoized string encoded thousands
    of times, a memoized dict set as a state again and again, many entries holding nested pickles):
-   each must be a finding of show within mega_hostile's CPU bound, linear in the blob's size.
+   each must be a finding of show within mega_hostile's CPU bound, linear in the blob's size. Another
+   tenth hold an output module without Inductor's `async_compile = AsyncCompile()` line that opens
+   with a payload: show --json must list it as the entry's code (an unshown import otherwise).
+6. Co-tenants against the JIT path (bench/jit_cotenant.py): a second user (uid 65534) takes Inductor's
+   default root first, or writes into this user's, and plants a library whose constructor leaves a
+   mark at every path the pair's kernels and ISA probes, and a compile after load, will have; the
+   mlp_inductor pair then loads in a fresh process as python_code alone, signed with a bundle for
+   another machine (pinned and not) or one that fits, with a torch.compile after load. Foreign
+   libraries mapped must be 0, and each case must be served or refused as docs/trust.md says.
  each part's figures as a table; exits 1 if any figure that must be zero is not.
 """
 from __future__ import annotations
@@ -583,7 +591,8 @@ def report_mega(args, work: Path) -> int:
     started = time.perf_counter()
     result = mega_hostile.run(args.mega_cases, args.seed, work, run_cli)
     figures = result["figures"]
-    names = ("hostile cases", "shown as findings (show exit 1, verify --host FAIL)", "unshown evals", "benign cases",
+    names = ("hostile cases", "shown as findings (show exit 1, verify --host FAIL)", "unshown evals",
+             "output modules without the AsyncCompile line", "unshown imports", "benign cases",
              "false findings", "executions (canary file created)", "tracebacks or hangs", "costly blobs",
              "costly blobs over the CPU bound", "costly blobs not shown as findings", "costly blobs: most CPU-ms per MB")
     table(f"5. hostile Mega-Cache entries through show and verify --host ({time.perf_counter() - started:.0f} s)",
@@ -592,6 +601,21 @@ def report_mega(args, work: Path) -> int:
     for failure in result["failures"][:10]:
         print("   FAILURE", failure)
     return sum(figures[name] for name in mega_hostile.MUST_BE_ZERO)
+
+
+# -- part 6: co-tenants against the JIT path -----------------------------------------------------
+def report_cotenant() -> int:
+    """Run and print part 6; return how many figures that must be zero are not."""
+    from bench import jit_cotenant
+
+    result = jit_cotenant.run()
+    if result["skipped"]:
+        print(f"\n6. co-tenants against the JIT path: skipped ({result['skipped']})")
+        return 0
+    table(f"6. co-tenants against the JIT path ({result['seconds']:.0f} s)", ("figure", "value"),
+          list(result["figures"].items()))
+    table("   cases", ("case", "the rule says", "outcome", "foreign libraries mapped"), result["rows"])
+    return sum(result["figures"][name] for name in jit_cotenant.MUST_BE_ZERO)
 
 
 # -- report --------------------------------------------------------------------------------------
@@ -616,9 +640,9 @@ def main() -> int:
     parser.add_argument("--seed", default="0")
     parser.add_argument("--load-mutations", type=int, default=5_000, help="mutated caches through load (part 4)")
     parser.add_argument("--mega-cases", type=int, default=2_000, help="hostile and benign Mega-Cache entries (part 5)")
-    parser.add_argument("--parts", default="mutations,kills,concurrency,load,mega")
+    parser.add_argument("--parts", default="mutations,kills,concurrency,load,mega,cotenant")
     args = parser.parse_args()
-    known = ("mutations", "kills", "concurrency", "load", "mega")
+    known = ("mutations", "kills", "concurrency", "load", "mega", "cotenant")
     unknown = [part for part in args.parts.split(",") if part not in known]
     if unknown:  # a misspelt part would run nothing and report every figure as required
         parser.error(f"unknown parts {unknown}; choose from {list(known)}")
@@ -676,6 +700,8 @@ def main() -> int:
             bad += report_load_fuzz(load_fuzz(args))
         if "mega" in parts:
             bad += report_mega(args, work)
+        if "cotenant" in parts:
+            bad += report_cotenant()
     print(f"\n{'all figures as required' if not bad else f'{bad} failures'}")
     return 1 if bad else 0
 

@@ -30,6 +30,7 @@ PRIVATE_NAMES: dict[str, str] = {
     "cpp_builder": "torch._inductor.cpp_builder",
     "cpu_vec_isa": "torch._inductor.cpu_vec_isa",
     "temporary_cache_dir": "torch._inductor.runtime.cache_dir_utils:temporary_cache_dir",
+    "inductor_default_cache_dir": "torch._inductor.runtime.cache_dir_utils:default_cache_dir",
     "compile_fx": "torch._inductor.compile_fx",
     # what a primed C++ kernel library reads at load (codegen/drivers/inductor_runtime.py)
     "inductor_tensor_data_ptr": "torch._C:_dynamo.guards._torchinductor_pyobject_tensor_data_ptr",

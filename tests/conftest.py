@@ -54,6 +54,7 @@ SLOW_TESTS = {
     "test_cli_demo.py::test_demo_captures_reloads_in_a_fresh_process_and_matches_eager",
     "test_deterministic_capture.py::test_captures_under_two_tmpdirs_diff_equal_in_their_kernels",
     "test_kernel_dir.py::test_two_captures_in_two_processes_take_turns_the_second_saying_it_waits_and_for_whom",
+    "test_jit_root.py::test_python_code_alone_compiles_into_a_private_root_and_never_maps_the_co_tenants_libraries",
     "test_constants.py::test_a_large_constant_is_refused_before_lowering[dynamo-inductor-adds_a_big_constant]",
     "test_constants.py::test_a_large_constant_is_refused_before_lowering[makefx-inductor-reads_a_big_global]",
     "test_constants.py::test_inductor_renders_the_constants_its_output_module_keeps",

@@ -7,13 +7,10 @@ uses without importing torch._inductor. Nothing here imports torch._inductor at 
 from __future__ import annotations
 
 import contextlib
-import getpass
 import hashlib
 import importlib.util
 import os
-import re
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,18 +18,6 @@ from precompile.artifact import bundle_keys, triton_groups
 from precompile.artifact.bundle_rules import destination
 from precompile.artifact.envelope import KernelBundle
 from precompile.serve import kernel_root, triton_cache
-
-
-def inductor_cache_dir() -> Path:
-    """Inductor's kernel cache dir, computed as torch._inductor computes it, without importing it."""
-    configured = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    if configured:
-        return Path(configured)
-    try:
-        user = getpass.getuser()
-    except (KeyError, ModuleNotFoundError, OSError):
-        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
-    return Path(tempfile.gettempdir()) / ("torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def built_from(source: str, built: dict[str, str]) -> str | None:

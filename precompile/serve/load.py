@@ -339,16 +339,16 @@ def execute(
     return namespace
 
 
-def _prime_kernels(cache) -> tuple[dict[str, str], Path] | None:
-    """Extract the cache's kernel bundle for this process and return its kernels by source sha256,
-    and the root they were written under (serve/kernel_root.py); None if there is no bundle, or (with
-    a warning saying why) if it cannot serve this host."""
+def _prime_kernels(cache, root: Path) -> dict[str, str] | None:
+    """Extract the cache's kernel bundle under `root` (serve/kernel_root.py) for this process and
+    return its kernels by source sha256; None if there is no bundle, or (with a warning saying why) if
+    it cannot serve this host."""
     bundle = cache.envelope.bundle
     if bundle is None or not bundle.files:
         return None
     from precompile.artifact import bundle_keys, bundle_rules
     from precompile.artifact.codec import CacheFormatError, decode_payload
-    from precompile.serve import kernel_root, kernels
+    from precompile.serve import kernels
 
     unserved = bundle_rules.unserved_reason(cache.envelope)
     if unserved is not None:
@@ -356,7 +356,7 @@ def _prime_kernels(cache) -> tuple[dict[str, str], Path] | None:
             f"not serving the kernel bundle in {cache.path}: {unserved}. python_code will compile its kernels here "
             "instead (JIT); capture again to ship kernels this precompile serves",
             PrecompileWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         return None
     reasons = bundle_keys.mismatches(bundle.keys, kernels.serving_keys(bundle.keys))
@@ -365,20 +365,40 @@ def _prime_kernels(cache) -> tuple[dict[str, str], Path] | None:
             f"the kernel bundle in {cache.path} does not fit this host: {'; '.join(map(str, reasons))}. "
             "python_code will compile its kernels here instead (JIT)",
             PrecompileWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         return None
     try:
         files = decode_payload(bundle, cache.data, cache.payload_offset, source=f"cache {cache.path}")
-        root = kernel_root.writable_root(kernels.inductor_cache_dir())
-        return kernels.prime(bundle, files, root), root
+        return kernels.prime(bundle, files, root)
     except (CacheFormatError, OSError, ValueError, MemoryError) as exc:
         warnings.warn(
             f"ignoring the kernel bundle: {exc}. python_code will compile its kernels here instead (JIT)",
             PrecompileWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
         return None
+
+
+def _kernels_for(python_code: PythonCode, cache, kept: set[str], *, pinned: bool):
+    """The bundle's kernels primed for python_code (see _prime_kernels; None where none are) and the
+    root judged for them (serve/kernel_root.py), before python_code runs: where this process's
+    Inductor looks kernels up and compiles them, for an Inductor artifact or a cache with a bundle
+    (None for an eager one without: nothing of it reaches Inductor). A private root Inductor is
+    pointed at outlives load (`kept`), so compiles after load returns use it too; under trust pins,
+    python_code that would compile its kernels beside a root someone else can write is refused."""
+    bundle = cache.envelope.bundle if cache is not None else None
+    if python_code.header.backend == "eager" and (bundle is None or not bundle.files):
+        return None, None
+    from precompile.serve import kernel_root
+
+    judged = kernel_root.for_this_process()
+    if judged.set_aside is not None:
+        kept.add("TORCHINDUCTOR_CACHE_DIR")
+    primed = _prime_kernels(cache, judged.root) if cache is not None else None
+    if pinned and primed is None and judged.set_aside is not None and python_code.header.backend != "eager":
+        raise kernel_root.jit_refused(judged, python_code.path)
+    return primed, judged
 
 
 def served_by_aotautograd(header: MetadataHeader) -> bool:
@@ -418,7 +438,7 @@ def load(
     # Load builds long-lived objects (the metadata, python_code's code and namespace): the collector
     # waits until it is done, as it does for load's own imports (see the top of this module), unless
     # python_code is to compile something here (its bytecode, or kernels no bundle primed).
-    with environment.restored(), contextlib.ExitStack() as collector, _urls_named(fetched):
+    with environment.restored() as kept, contextlib.ExitStack() as collector, _urls_named(fetched):
         collector.enter_context(cyclic_gc_paused())
         if fetched is not None:  # the bytes fetched (and sha256-checked) are the ones used, named in the fetch cache
             artifact_path, cache_path = fetched.python_code_path, fetched.cache_path
@@ -434,8 +454,7 @@ def load(
                 "variants miss); load it without the flag, and capture the calls it misses"
             )
         cache = _usable_cache(python_code, cache_file)
-        primed_in = _prime_kernels(cache) if cache is not None else None
-        primed, kernel_dir = primed_in if primed_in is not None else (None, None)
+        primed, kernel_dir = _kernels_for(python_code, cache, kept, pinned=bool(pins))
         filename = str(artifact_path.resolve())
         prepared = _prepared_code(cache.envelope, python_code, filename) if cache is not None else None
         code, modules = prepared if prepared is not None else (None, None)
@@ -456,7 +475,7 @@ def load(
 
                 bundle = cache.envelope.bundle
                 stack.enter_context(kernels.producer_vec_isas(bundle.keys))
-                stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernel_dir)))
+                stack.enter_context(kernels.inductor_serves_from(primed, kernels.built_sources(bundle, kernel_dir.root)))
             # The text is decoded where it is parsed or compiled here, else when a traceback first reads it.
             namespace = execute(lambda: python_code.source, filename, primed, allow_serve_time_compiles, python_code.tree,
                                 code, modules, opaque)

@@ -186,3 +186,44 @@ def test_verify_of_an_upstream_pair_fails_a_guard_expression_in_its_artifact(cap
     assert rc == 1, (out, err)
     assert "FAIL  cache code torch runs: cache " in out and "Mega-Cache inductor k: guards_expr (set at opcode offset" in out
     assert [line.strip().split(":")[0] for line in out.splitlines() if line.strip().startswith("FAIL")] == ["FAIL  cache code torch runs"]
+
+
+def test_a_real_entry_whose_output_module_lacks_the_async_compile_line_is_shown_extracted_and_counted(capsys, tmp_path):
+    """Issue 52, finding 2: torch imports an entry's source_code (written to the path its cache_key
+    names) whatever lines it holds, so the module is recognised by those fields, not by the
+    `async_compile = AsyncCompile()` line Inductor writes: without that line it is still shown,
+    extracted and counted by verify --host (it was hidden before ca653f3: no code, verify 0)."""
+    with open(_blob(tmp_path, "torch-2.13.0.bin"), "rb") as handle:
+        entries = entry_contents(handle.read())
+    index, (kind, key, content) = next((i, entry) for i, entry in enumerate(entries)
+                                       if entry[0] == "inductor" and b"async_compile = AsyncCompile()" in entry[2])
+    old = next(arg for _, arg, _ in pickletools.genops(content) if isinstance(arg, str) and "async_compile = AsyncCompile()\n" in arg)
+    canary = tmp_path / "CANARY"
+    marker = f"__import__('pathlib').Path({str(canary)!r}).touch()"
+    new = marker + "\n" + old.replace("async_compile = AsyncCompile()\n", "async_compile = __import__('torch._inductor.async_compile').AsyncCompile()\n")
+    assert "async_compile = AsyncCompile()" not in new
+    content = _replaced(_replaced(content, old, new), code_hash(old), code_hash(new))  # torch's key for the new text
+    entries[index] = (kind, key, content)
+    path = tmp_path / "unmarked.bin"
+    path.write_bytes(_mega_cache(entries))
+    rc, out, err = run_cli(capsys, ["show", str(path)])
+    assert rc == 0, (out, err)
+    assert f"output module file load writes and imports: <inductor cache>/{code_hash(new)[1:3]}/{code_hash(new)}.py" in out
+    rc, _, err = run_cli(capsys, ["extract", str(path), str(tmp_path / "out")])
+    written = [path.read_text() for path in (tmp_path / "out" / "mega_cache" / "code").rglob("*") if path.is_file()]
+    assert rc == 0 and any(text.startswith(marker) for text in written), err
+    rc, out, _ = run_cli(capsys, ["verify", "--host", "--json", str(path)])
+    check = next(check for check in json.loads(out)["checks"] if check["name"] == "mega-cache code torch runs")
+    assert check["status"] == "ok" and "3 output module files" in check["actual"], check
+    assert not canary.exists()
+
+
+@pytest.mark.parametrize(("source", "why"), [
+    (b"C" + bytes([len(MODULE)]) + MODULE.encode(), "source_code (set at opcode offset"),  # SHORT_BINBYTES: no text to show
+    (b"N", "source_code (set at opcode offset"),  # None
+])
+def test_an_output_module_whose_code_cannot_be_shown_is_a_finding_of_show_and_verify_host(capsys, tmp_path, source, why):
+    rc, out, err = _show(capsys, tmp_path, _graph(cache_key=_str(code_hash(MODULE)), source_code=source))
+    assert rc == 1 and why in err and "not a string beside a cache_key" in err, (out, err)
+    rc, out, _ = run_cli(capsys, ["verify", "--host", str(tmp_path / "mc.bin")])
+    assert rc == 1 and "FAIL  mega-cache code torch runs: Mega-Cache inductor k: source_code (set at opcode offset" in out, out

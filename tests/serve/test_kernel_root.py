@@ -38,6 +38,22 @@ def _pair(tmp_path: Path) -> tuple[Path, Path]:
     return artifact, cache
 
 
+@pytest.fixture(autouse=True)
+def _torch_roots_put_back(monkeypatch):
+    """Where a root breaks the rule, load points this process's Inductor at a private root for the
+    rest of the process (torch's default root included): put back after each test here."""
+    import sys
+
+    import torch._inductor.runtime.cache_dir_utils  # noqa: F401  (what load points there)
+
+    for name in ("torch._inductor.runtime.cache_dir_utils", "torch._inductor.runtime.runtime_utils",
+                 "torch._inductor.codecache"):
+        module = sys.modules.get(name)
+        if module is not None:
+            monkeypatch.setattr(module, "default_cache_dir", module.default_cache_dir)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+
+
 @pytest.fixture
 def default_root(tmp_path, monkeypatch):
     """The root load computes with TORCHINDUCTOR_CACHE_DIR unset, under this test's own TMPDIR (a
@@ -49,7 +65,7 @@ def default_root(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr("tempfile.tempdir", None)
-    root = kernels.inductor_cache_dir()
+    root = kernel_root.inductor_cache_dir()
     assert root.parent == tmp
     return root
 

@@ -196,7 +196,7 @@ PRIMED_SERVE = r"""
 import json, os, sys
 import msgspec
 import precompile, triton_cases as tc
-from precompile.serve import kernels as priming
+from precompile.serve import kernel_root, kernels as priming
 from precompile.artifact.codec import decode_payload
 from precompile.artifact.envelope import KernelBundle
 import torch
@@ -208,7 +208,7 @@ payload = open(sys.argv[2], "rb").read()
 tc.use_cpu_only_driver()
 mode = sys.argv[3]
 if mode == "primed":
-    priming.prime(bundle, decode_payload(bundle, payload, 0), priming.inductor_cache_dir())
+    priming.prime(bundle, decode_payload(bundle, payload, 0), kernel_root.inductor_cache_dir())
 outcome = "served"
 try:
     with precompile.no_compilation():
