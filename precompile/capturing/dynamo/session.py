@@ -30,6 +30,7 @@ from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists,
 from precompile.capturing.dynamo.guard_pickling import faithful_module_pickling, refuse_unfaithful_guard_state
 from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
+from precompile.capturing.dynamo.minted_globals import record_guarded_minted_modules, record_minted_modules
 from precompile.capturing.dynamo.next_call import served_again
 from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
 from precompile.capturing.dynamo.standalone import minted_renamed, remainder_bytes, standalone_parts
@@ -81,41 +82,6 @@ def runs_as_python(code, continuations: set) -> bool:
     if code.backend_ids or code.bypassed:
         return False
     return not any(continuations & set(guarded.dynamo_code.co_names) for guarded in code.guarded_codes)
-
-
-# Globals Dynamo installs by id into the module of the code it compiles (install_global_by_id):
-# ___module_collections_<id>_c<compile id> and the like.
-_MINTED_BY_ID = re.compile(r"^___\w+_\d+_c\d+$")
-
-
-def _names_used(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_used(const)
-    return names
-
-
-def record_minted_modules(code) -> None:
-    """Dynamo binds some modules its transformed bytecode reads under minted names in the compiled
-    code's module and records none of them in the package: add each to the code's import sources, so
-    the driver seeds it as it seeds Dynamo's own import aliases. A minted global that is not a module
-    cannot be seeded in another process: refuse the capture, naming it."""
-    from precompile.torch_compat import SerializedCode
-
-    scope = sys.modules[code.python_module].__dict__
-    for guarded in code.guarded_codes:
-        for name in sorted(_names_used(SerializedCode.to_code_object(guarded.dynamo_code))):
-            if not _MINTED_BY_ID.match(name) or name in code.import_sources or name not in scope:
-                continue
-            value = scope[name]
-            if not isinstance(value, types.ModuleType):
-                raise CaptureRefused(
-                    f"Dynamo's compiled code for {code.python_code.co_name} ({code.python_module}) reads {name}, a "
-                    f"{type(value).__name__} it bound by id, which no other process can have; capture with "
-                    "MakeFxTracer, or keep that object out of the compiled code"
-                )
-            code.import_sources[name] = value.__name__
 
 
 def refuse_uninstallable(entry, frames: list[DynamoFrame]) -> None:
@@ -340,6 +306,7 @@ class DynamoSession:
         installed = any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
         if installed:
             refuse_uninstallable(entry, frames)
+            record_guarded_minted_modules(entry, frames, guards)
             refuse_unfaithful_guard_state(entry, frames, guards, self._ledger.seen)
         sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
         inlined = tuple(
