@@ -84,3 +84,8 @@ def weight_and_its_transpose(w, x):
 def raises_its_own(x):
     y = x * 2
     raise ValueError(f"fn's own error on a tensor of shape {tuple(y.shape)}")
+
+
+def rnn_step(rnn, x):
+    """An nn.LSTM (or GRU) called directly: Dynamo gives up on it unless torch._dynamo.config.allow_rnn."""
+    return rnn(x)[0]

@@ -29,7 +29,7 @@ from precompile.capturing import kernels, pipeline
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.capturing.dynamo.guard_pickling import faithful_module_pickling, refuse_unfaithful_guard_state
 from precompile.capturing.dynamo.inlined_files import inlined_files
-from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
+from precompile.capturing.dynamo.logs import BackendFallbackLog, GraphBreakReasons, TruncationLog
 from precompile.capturing.dynamo.minted_globals import record_guarded_minted_modules, record_minted_modules
 from precompile.capturing.dynamo.next_call import served_again
 from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
@@ -186,6 +186,7 @@ class DynamoSession:
         # without compiling, so nothing would be recorded: start from Dynamo's empty caches.
         dynamo.reset()
         PrecompileContext.clear()
+        self._graph_breaks = GraphBreakReasons()
         self.package = CompilePackage(self.fn)
         self._recorder = AtenRecorder() if self.kernel_build is None else InductorLowerer(self.kernel_build.directory)
         self.compiled = dynamo.optimize(
@@ -416,9 +417,12 @@ class DynamoSession:
             summary.guarded_codes and summary.backend_graphs
         )
         if self.tracer.require_complete and gap:
+            reasons = self._graph_breaks.since()
+            why = f"; Dynamo broke graphs or skipped frames because: {reasons}" if reasons else ""
             raise CaptureRefused(
-                f"the capture is incomplete ({summary}); run calls that compile every frame, or pass "
-                "DynamoTracer(require_complete=False) to write a partial artifact"
+                f"the capture is incomplete ({summary}){why}; run calls that compile every frame, follow "
+                "Dynamo's hint, capture with MakeFxTracer, or pass DynamoTracer(require_complete=False) to "
+                "write a partial artifact"
             )
         if self.tracer.require_no_risky_drops and summary.risky_dropped_guards:
             raise CaptureRefused(
