@@ -12,7 +12,6 @@ import functools
 import hashlib
 import logging
 import pickle
-import re
 import sys
 import threading
 import types
@@ -26,6 +25,7 @@ from precompile.artifact.metadata import CompiledSubgraph, DynamoFrame, DynamoMe
 from precompile.artifact.pycode import cyclic_gc_paused
 from precompile.artifact.summary import PrecompileSummary, without_object_ids
 from precompile.capturing import kernels, pipeline
+from precompile.capturing.dynamo.call_built_state import CallBuiltState, traced_sources
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.capturing.dynamo.guard_pickling import faithful_module_pickling, refuse_unfaithful_guard_state
 from precompile.capturing.dynamo.inlined_files import inlined_files
@@ -150,6 +150,7 @@ class DynamoSession:
         self._served_calls: list[tuple[tuple, dict]] = []
         """Each call that ran, to check at build whether the artifact would serve it again."""
         self._warned: set[int] = set()
+        self._call_built: CallBuiltState | None = None
 
     def __enter__(self) -> DynamoSession:
         if not _active.acquire(blocking=False):
@@ -199,6 +200,8 @@ class DynamoSession:
 
     def __call__(self, *args, **kwargs):
         refuse_parametrized_modules(args, kwargs)
+        if self._call_built is None:
+            self._call_built = CallBuiltState(self.fn, args, kwargs)
         self.calls += 1
         try:
             counted = libraries_in(self.kernel_build.directory) if self.kernel_build is not None else None
@@ -303,6 +306,7 @@ class DynamoSession:
         entry, frames, guards, backends, slots = self._collect()
         summary = self._summary(entry, frames, backends, guards, slots)
         self._gate(summary)
+        self._refuse_state_built_before(entry, guards)
         # Frames reached by an ordinary call serve only through Dynamo's frame evaluator.
         installed = any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
         if installed:
@@ -409,6 +413,22 @@ class DynamoSession:
         for slot, check in slots.policy_code.items():
             rendered.setdefault(slot, check)
         return tuple((t, src, without_object_ids(check)) for (t, src), check in sorted(rendered.items()))
+
+    def _refuse_state_built_before(self, entry, guards: list[VariantGuards]) -> None:
+        """A model run before the capture is captured in the state its calls built; a fresh serving
+        model misses (call_built_state.py). A coverage gap: require_complete=False writes it anyway."""
+        if self._call_built is None or not self.tracer.require_complete:
+            return
+        built = self._call_built.built_before(traced_sources(entry), guards)
+        if built:
+            raise CaptureRefused(
+                f"the model came to the capture with state its own calls build, which the artifact's guards "
+                f"check: {built}; no call of the capture changed it, so a call before the capture built it, and "
+                "a fresh serving model, which has not run yet, misses. Capture from a model that has not been "
+                "called (its first call inside the capture builds that state; call it twice so that the calls "
+                "after the first are recorded too), or pass DynamoTracer(require_complete=False) and run the "
+                "serving model once, eagerly, before its first served call"
+            )
 
     def _gate(self, summary: PrecompileSummary) -> None:
         # A frame past recompile_limit ran eager and is only reported (truncated): the limit is the
