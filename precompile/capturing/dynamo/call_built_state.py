@@ -9,6 +9,7 @@ The capture notes every model attribute when its first call comes. At write time
 state built by a call when the code Dynamo traced assigns it (`self.name = ...`, `setattr(self,
 "name", ...)`, there or in a method of the model's classes or a function of its module it calls), a
 kept guard reads it, and no call of the capture changed it: its value came from before the capture.
+Only flags, numbers, strings, None and tensors are such state, and only code outside torch builds it.
 """
 from __future__ import annotations
 
@@ -68,11 +69,16 @@ class CallBuiltState:
         read = "\n".join(line for v in guards for line in v.checks)
         found = []
         for path, module, name, value in self._first:
-            if name not in assigned or not _same(value, vars(module).get(name, _Gone)):
+            if name not in assigned or not isinstance(value, _STATE) or not _same(value, vars(module).get(name, _Gone)):
                 continue
             if re.search(rf"\.{re.escape(name)}(?!\w)|\['{re.escape(name)}'\]", read):
                 found.append(f"{path}.{name} (= {_shown(value)}, assigned in {assigned[name]})")
         return list(dict.fromkeys(found))
+
+
+# The values a first call's state is checked for: flags, sizes, settings and tensors (a list or a dict
+# the model rebuilds the same way in its __init__ guards the same in a fresh model).
+_STATE = (bool, int, float, str, type(None), torch.Tensor)
 
 
 class _Gone:
@@ -94,7 +100,7 @@ def _assigned_names(traced: list[tuple[str, str]], classes: set) -> dict[str, st
     callees: dict[str, types.FunctionType] = {}
     for module, text in traced:
         tree = _parsed(text)
-        if tree is None or not _one_function(tree) or _builds_its_own_object(tree):
+        if tree is None or not _one_function(tree) or _builds_its_own_object(tree) or _torchs(module):
             continue  # a whole module's or class's text (Dynamo records what getsource gives) is not one call's
         called: set[str] = set()
         _collect(tree, assigned, called, f"{tree.body[0].name} in {module}")  # type: ignore[attr-defined]
@@ -102,7 +108,7 @@ def _assigned_names(traced: list[tuple[str, str]], classes: set) -> dict[str, st
         for name in called - _OWN_OBJECT_BUILDERS:
             found = [scope.get(name), *(getattr(cls, name, None) for cls in classes)]
             for function in found:
-                if isinstance(function, types.FunctionType):
+                if isinstance(function, types.FunctionType) and not _torchs(function.__module__):
                     callees.setdefault(f"{function.__module__}.{function.__qualname__}", function)
     for where, function in sorted(callees.items()):
         tree = _parsed(_source(function))
@@ -114,6 +120,11 @@ def _assigned_names(traced: list[tuple[str, str]], classes: set) -> dict[str, st
 # Methods that set up the object they are called on, not state of a model that existed before the
 # call: a ModelOutput's __init__ Dynamo traces, a super().__init__() the traced code calls.
 _OWN_OBJECT_BUILDERS = frozenset({"__init__", "__post_init__", "__new__", "__setattr__", "__setstate__"})
+
+
+def _torchs(module: str) -> bool:
+    """torch's own modules (an RNN rebuilding its flat weight list) keep state a fresh module has too."""
+    return module == "torch" or module.startswith("torch.")
 
 
 def _one_function(tree: ast.AST) -> bool:
