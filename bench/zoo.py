@@ -7,6 +7,12 @@ and compares with eager (the tracers' pairs of one backend and order served in t
   load-first  load the pair before the model's library is imported, then build the model and call
   load-after  build the model first (its library imported), then load and call
 
+A Dynamo capture makes one more call at another shape (every batch one larger, token ids two
+longer: `ZooModel.other_shape`), as serving varying batches needs: Dynamo's automatic dynamic shapes
+record a variant with those dims dynamic. Each serve row also tries a third shape (`other_shape`:
+ok, differs, or what refused it); the summary's last column says, per tracer, whether the first and
+the other shape served.
+
 Each serve row records load time, first-call time, steady per-call time (median), the largest
 difference to eager (over `--serve-runs` fresh processes, 3 by default: the median of each time, the
 largest difference), and which of torch._dynamo / torch._inductor the load and the first call imported
@@ -77,6 +83,8 @@ try:
     ) as cap:
         for _ in range(zoo.capture_calls if tracer == "dynamo" else 1):
             out = cap(model, *args)
+        if tracer == "dynamo":  # a second shape: Dynamo records a variant with the changed dims dynamic
+            cap(model, *zoo.other_shape(args, 1))
 except precompile.CaptureRefused as exc:  # a refusal the zoo documents for this model is its outcome
     if not any(t == tracer and re.search(pattern, str(exc)) for t, pattern in zoo.refused):
         raise
@@ -121,6 +129,12 @@ with zoo.grad_mode(), precompile.no_compilation():
         started = time.perf_counter()
         served(model, *args)
         steady.append(time.perf_counter() - started)
+    other = zoo.other_shape(args, 2)  # a shape no capture call had
+    try:
+        other_diff = (served(model, *other) - zoo.step(model, *other)).abs().max().item()
+        other_shape = "ok" if other_diff <= 1e-3 else f"differs {other_diff:.1e}"
+    except Exception as exc:  # refused (CallMismatch) or failed: what the cell reports
+        other_shape = f"{type(exc).__name__}: {str(exc).split(';')[0][-120:]}"
 with zoo.grad_mode():
     eager = []
     for _ in range(5):
@@ -129,7 +143,8 @@ with zoo.grad_mode():
         eager.append(time.perf_counter() - started)
 print(json.dumps({"load_s": load_s, "first_s": first_s, "steady_s": statistics.median(steady),
                   "eager_s": statistics.median(eager), "max_diff": (out - expected).abs().max().item(),
-                  "imported": imported, "library_imported_by_load": library_imported_by_load}))
+                  "imported": imported, "library_imported_by_load": library_imported_by_load,
+                  "other_shape": other_shape}))
 """
 
 COMPILE_REF = r"""
@@ -290,7 +305,7 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
 
 COLUMNS = (("model", "{}"), ("tracer", "{}"), ("backend", "{}"), ("order", "{}"), ("capture_s", "{:.1f}"),
            ("compile_cold_s", "{:.1f}"), ("load_s", "{:.3f}"), ("first_s", "{:.3f}"), ("steady_s", "{:.4f}"),
-           ("eager_s", "{:.4f}"), ("max_diff", "{:.1e}"), ("imported", "{}"), ("library_imported_by_load", "{}"), ("error", "{}"),
+           ("eager_s", "{:.4f}"), ("max_diff", "{:.1e}"), ("imported", "{}"), ("library_imported_by_load", "{}"), ("other_shape", "{}"), ("error", "{}"),
            ("refused", "{}"))
 
 
@@ -339,7 +354,8 @@ def summary_table(rows: list[dict]) -> str:
 
     cells = [["model", "cells pass", "capture / torch.compile (Dynamo, MakeFx)", "load+first ms eager (Dynamo, MakeFx)",
               "load+first ms inductor (Dynamo, MakeFx)", "Dynamo / MakeFx (eager, inductor)", "eager first ms",
-              "MakeFx load+first / eager first (eager, inductor)", "largest diff"]]
+              "MakeFx load+first / eager first (eager, inductor)", "largest diff",
+              "first shape / other shape serve (Dynamo, MakeFx)"]]
     for model in dict.fromkeys(r["model"] for r in rows if "skipped" not in r):
         mine = [r for r in rows if r.get("model") == model and r.get("tracer") != "torch.compile"]
         reference = next((r["compile_cold_s"] for r in rows if r.get("model") == model and r.get("compile_cold_s")), None)
@@ -357,8 +373,22 @@ def summary_table(rows: list[dict]) -> str:
         line += [", ".join(ratios), f"{1000 * eager_first:.0f}" if eager_first else "-",
                  ", ".join(f"{_load_first(r) / (1000 * eager_first):.2f}" if r and eager_first else "-" for r in makefx),
                  f"{max((r.get('max_diff') or 0) for r in mine):.1e}"]
+        line.append(", ".join(_shapes(model, tracer, rows) for tracer in ("dynamo", "makefx")))
         cells.append(line)
     return _markdown(cells)
+
+
+def _shapes(model: str, tracer: str, rows: list[dict]) -> str:
+    """`first/other` for one tracer's served rows of a model: whether every one served the captured
+    shape and matched eager, and whether every one served the other shape ("refused" when one refused
+    it), "-" when none served."""
+    served = [r for r in rows if (r.get("model"), r.get("tracer")) == (model, tracer) and "order" in r]
+    if not served:
+        return "-"
+    first = "yes" if all(map(passed, served)) else "no"
+    others = [r.get("other_shape", "") for r in served]
+    other = "yes" if all(o == "ok" for o in others) else "refused" if any("Mismatch" in o for o in others) else "no"
+    return f"{first}/{other}"
 
 
 def _capture_ratio(row: dict, reference: float | None) -> float | None:

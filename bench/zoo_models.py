@@ -282,6 +282,27 @@ class ZooModel:
         model, args = self.build()
         return model.train(self.train), args
 
+    def other_shape(self, args: tuple, step: int) -> tuple:
+        """`args` at another shape, `step` sizes on: every tensor's batch (dim 0) `step` larger, and
+        token ids' length (an integer tensor's dim 1) `2 * step` longer; values drawn seeded, ids below
+        the largest one seen. A Dynamo capture makes a call at step 1 (Dynamo's automatic dynamic
+        shapes then record a variant with those dims dynamic); serving tries step 2."""
+        generator = torch.Generator().manual_seed(3 + step)
+        resized = []
+        for arg in args:
+            if not isinstance(arg, torch.Tensor) or arg.dim() == 0:
+                resized.append(arg)
+                continue
+            shape = list(arg.shape)
+            shape[0] += step
+            if arg.dim() == 2 and not arg.is_floating_point():
+                shape[1] += 2 * step
+            if arg.is_floating_point():
+                resized.append(torch.randn(shape, generator=generator, dtype=arg.dtype))
+            else:
+                resized.append(torch.randint(0, int(arg.max()) + 1, shape, generator=generator, dtype=arg.dtype))
+        return tuple(resized)
+
     def grad_mode(self) -> contextlib.AbstractContextManager:
         """What the step runs under: grad enabled for a training step, else inference (no_grad)."""
         return torch.enable_grad() if self.train else torch.no_grad()

@@ -53,6 +53,7 @@ PRIVATE_NAMES: dict[str, str] = {
     "resolve_process_group": "torch._C:_distributed_c10d._resolve_process_group",
     "lookup_code": "torch._dynamo.package:_lookup_code",
     "PackageError": "torch._dynamo.exc:PackageError",
+    "dynamo_counters": "torch._dynamo.utils:counters",
     # what the installed serving mode's driver reaches (codegen/drivers/dynamo.py)
     "load_precompile_entry": "torch._C:_dynamo.eval_frame._load_precompile_entry",
     "set_eval_frame": "torch._C:_dynamo.eval_frame.set_eval_frame",

@@ -34,6 +34,9 @@ COMPAT_FILES = {
 # By file basename, or by "file::test" (every case of it) or
 # "file::test[case]" (that case alone).
 SLOW_FILES = {
+    "test_dynamo_call_built_state.py",
+    "test_dynamo_rnn.py",
+    "test_dynamic_shapes.py",
     "test_changed_after_capture.py",
     "test_makefx_autograd.py",
     "test_trace_failures.py",
@@ -49,6 +52,7 @@ SLOW_FILES = {
     "test_zoo.py",
 }
 SLOW_TESTS = {
+    "test_installed.py::test_a_global_dynamo_bound_by_id_is_seeded_by_name_so_a_fresh_process_serves_installed",
     "test_child_python.py::test_demo_serves_in_an_empty_dir_without_importing_from_the_cwd",
     "test_child_python.py::test_doctor_probe_does_not_import_from_the_cwd",
     "test_cli_demo.py::test_demo_captures_reloads_in_a_fresh_process_and_matches_eager",

@@ -84,3 +84,33 @@ def weight_and_its_transpose(w, x):
 def raises_its_own(x):
     y = x * 2
     raise ValueError(f"fn's own error on a tensor of shape {tuple(y.shape)}")
+
+
+def rnn_step(rnn, x):
+    """An nn.LSTM (or GRU) called directly: Dynamo gives up on it unless torch._dynamo.config.allow_rnn."""
+    return rnn(x)[0]
+
+
+class BuildsOnFirstCall(torch.nn.Module):
+    """Sets state on its first call, as timm's convit (rel_indices) and transformers' rwkv
+    (layers_are_rescaled) do."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.ready = False
+
+    def forward(self, x):
+        if not self.ready:
+            self.ready = True
+            self.scale = 2.0
+        return self.linear(x) * self.scale
+
+
+def call(model, x):
+    return model(x)
+
+
+def builds_on_first_call() -> BuildsOnFirstCall:
+    torch.manual_seed(0)
+    return BuildsOnFirstCall()

@@ -152,3 +152,23 @@ def make_function_module(reduces_itself: bool) -> Parent:
     torch.manual_seed(0)
     module = PicklingFunctionModule() if reduces_itself else BareFunctionModule()
     return Parent(FunctionModuleChild(module))
+
+
+class TypeCheckingChild(torch.nn.Module):
+    """Graph-breaks, then asks `type(y) is torch.Tensor` (as longformer's attention does): Dynamo binds
+    the torch module under a global named by its id in this process (`_<id>_c<n>`) and guards
+    `G['_<id>_c<n>'].Tensor`."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.linear(x)
+        print("child saw", tuple(y.shape))
+        return y * 2 if type(y) is torch.Tensor else y
+
+
+def make_type_checking() -> Parent:
+    torch.manual_seed(0)
+    return Parent(TypeCheckingChild())

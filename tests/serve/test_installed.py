@@ -4,6 +4,7 @@ Dynamo's frame evaluator, refusing to compile. Fresh processes throughout, as th
 are about a serving process; captures are shared per session and use the eager backend."""
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
@@ -380,3 +381,29 @@ def test_a_kept_guard_the_pickled_guard_state_cannot_read_back_refuses_the_insta
     assert ("FunctionModuleChild.forward), variant 0: SEQUENCE_LENGTH dict(type(self._funcs['scaled']).__dict__)"
             "['forward'].__closure__[0].cell_contents.__defaults__") in message
     assert "reads back nothing" in message and "guard_filter_fn" in message
+
+
+TYPE_CHECKING = r"""
+import json, sys
+import torch, precompile, installed_cases as ic
+from torch._dynamo.utils import counters
+directory = sys.argv[1]
+x = torch.ones(4, 8)
+model = ic.make_type_checking()
+with precompile.no_compilation(), torch.no_grad():
+    served = precompile.load(f"{directory}/type_checking.py", f"{directory}/type_checking.cache")
+    equal = torch.equal(served(model, x), ic.run(model, x))
+print(json.dumps({"installed": served.installed, "equal": equal, "compiles": dict(counters["stats"])}))
+"""
+
+
+def test_a_global_dynamo_bound_by_id_is_seeded_by_name_so_a_fresh_process_serves_installed(tmp_path):
+    """`type(y) is torch.Tensor` after a graph break in a child (longformer's attention): Dynamo guards
+    G['_<id>_c<n>'].Tensor, a global named by an object id of the capturing process; the artifact binds
+    that name to the module it held, by the module's name, when it loads."""
+    with torch.no_grad():
+        artifact, _, summary = _capture(tmp_path, "type_checking", ic.run, [(ic.make_type_checking(), torch.ones(4, 8))])
+    assert summary.complete
+    assert re.search(r"G\['_\d+_c\d+'\]\.Tensor", artifact.read_text())
+    report = fresh_json(TYPE_CHECKING, str(tmp_path))
+    assert report == {"installed": True, "equal": True, "compiles": {}}

@@ -19,6 +19,7 @@ import json
 import math
 import re
 import types
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -104,6 +105,11 @@ class _Variant:
         return self.expression(guard.name, label)
 
     def expression(self, name: str, label: str) -> str:
+        if name.endswith("()") and self.holds_weak_reference(name[:-2]):
+            # Dynamo's WeakRefCallSource (an RNN's _flat_weight_refs[0]()): the referent, where the
+            # source still holds a weak reference.
+            held = self.expression(name[:-2], label)
+            return f"({held}() if type({held}) is {self.named(weakref.ref, label)} else None)"
         text = _MINTED_GLOBAL.sub(lambda match: self.minted_module(match, label), rename_sources(name, self.renames))
         names_in(text, _SOURCE_NAMES | _SOURCE_BUILTINS | {"_by_name"}, _SOURCE_CALLS, label)
         return text
@@ -121,6 +127,12 @@ class _Variant:
     def saw(self, guard) -> Seen | None:
         """What the guard's source held when Dynamo built it (the live object), where the filter saw it."""
         return self.seen.get(seen_key(guard))
+
+    def holds_weak_reference(self, name: str) -> bool:
+        try:
+            return type(self.evaluate(name, name)) is weakref.ref
+        except Unrenderable:
+            return False
 
     def value(self, guard, label: str):
         return self.evaluate(guard.name, label)

@@ -11,7 +11,6 @@ import contextlib
 import hashlib
 import logging
 import pickle
-import re
 import sys
 import threading
 import types
@@ -25,10 +24,12 @@ from precompile.artifact.metadata import CompiledSubgraph, DynamoFrame, DynamoMe
 from precompile.artifact.pycode import cyclic_gc_paused
 from precompile.artifact.summary import PrecompileSummary, without_object_ids
 from precompile.capturing import kernels, pipeline
+from precompile.capturing.dynamo.call_built_state import CallBuiltState, traced_sources
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.capturing.dynamo.guard_pickling import faithful_module_pickling, refuse_unfaithful_guard_state
 from precompile.capturing.dynamo.inlined_files import inlined_files
-from precompile.capturing.dynamo.logs import BackendFallbackLog, TruncationLog
+from precompile.capturing.dynamo.logs import BackendFallbackLog, GraphBreakReasons, TruncationLog
+from precompile.capturing.dynamo.minted_globals import record_guarded_minted_modules, record_minted_modules
 from precompile.capturing.dynamo.next_call import served_again
 from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
 from precompile.capturing.dynamo.standalone import minted_renamed, readable_guards, remainder_bytes, standalone_parts
@@ -78,41 +79,6 @@ def runs_as_python(code, continuations: set) -> bool:
     if code.backend_ids or code.bypassed:
         return False
     return not any(continuations & set(guarded.dynamo_code.co_names) for guarded in code.guarded_codes)
-
-
-# Globals Dynamo installs by id into the module of the code it compiles (install_global_by_id):
-# ___module_collections_<id>_c<compile id> and the like.
-_MINTED_BY_ID = re.compile(r"^___\w+_\d+_c\d+$")
-
-
-def _names_used(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _names_used(const)
-    return names
-
-
-def record_minted_modules(code) -> None:
-    """Dynamo binds some modules its transformed bytecode reads under minted names in the compiled
-    code's module and records none of them in the package: add each to the code's import sources, so
-    the driver seeds it as it seeds Dynamo's own import aliases. A minted global that is not a module
-    cannot be seeded in another process: refuse the capture, naming it."""
-    from precompile.torch_compat import SerializedCode
-
-    scope = sys.modules[code.python_module].__dict__
-    for guarded in code.guarded_codes:
-        for name in sorted(_names_used(SerializedCode.to_code_object(guarded.dynamo_code))):
-            if not _MINTED_BY_ID.match(name) or name in code.import_sources or name not in scope:
-                continue
-            value = scope[name]
-            if not isinstance(value, types.ModuleType):
-                raise CaptureRefused(
-                    f"Dynamo's compiled code for {code.python_code.co_name} ({code.python_module}) reads {name}, a "
-                    f"{type(value).__name__} it bound by id, which no other process can have; capture with "
-                    "MakeFxTracer, or keep that object out of the compiled code"
-                )
-            code.import_sources[name] = value.__name__
 
 
 def refuse_uninstallable(entry, frames: list[DynamoFrame]) -> None:
@@ -181,6 +147,7 @@ class DynamoSession:
         self._served_calls: list[tuple[tuple, dict]] = []
         """Each call that ran, to check at build whether the artifact would serve it again."""
         self._warned: set[int] = set()
+        self._call_built: CallBuiltState | None = None
 
     def __enter__(self) -> DynamoSession:
         if not _active.acquire(blocking=False):
@@ -217,6 +184,7 @@ class DynamoSession:
         # without compiling, so nothing would be recorded: start from Dynamo's empty caches.
         dynamo.reset()
         PrecompileContext.clear()
+        self._graph_breaks = GraphBreakReasons()
         self.package = CompilePackage(self.fn)
         self._recorder = AtenRecorder() if self.kernel_build is None else InductorLowerer(self.kernel_build.directory)
         self.compiled = dynamo.optimize(
@@ -229,6 +197,8 @@ class DynamoSession:
 
     def __call__(self, *args, **kwargs):
         refuse_parametrized_modules(args, kwargs)
+        if self._call_built is None:
+            self._call_built = CallBuiltState(self.fn, args, kwargs)
         self.calls += 1
         try:
             counted = libraries_in(self.kernel_build.directory) if self.kernel_build is not None else None
@@ -333,10 +303,12 @@ class DynamoSession:
         entry, frames, guards, backends, slots = self._collect()
         summary = self._summary(entry, frames, backends, guards, slots)
         self._gate(summary)
+        self._refuse_state_built_before(entry, guards)
         # Frames reached by an ordinary call serve only through Dynamo's frame evaluator.
         installed = any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
         if installed:
             refuse_uninstallable(entry, frames)
+            record_guarded_minted_modules(entry, frames, guards)
             refuse_unfaithful_guard_state(entry, frames, guards, self._ledger.seen)
             guards = readable_guards(entry, frames, guards, self._ledger.seen)
         sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
@@ -440,6 +412,22 @@ class DynamoSession:
             rendered.setdefault(slot, check)
         return tuple((t, src, without_object_ids(check)) for (t, src), check in sorted(rendered.items()))
 
+    def _refuse_state_built_before(self, entry, guards: list[VariantGuards]) -> None:
+        """A model run before the capture is captured in the state its calls built; a fresh serving
+        model misses (call_built_state.py). A coverage gap: require_complete=False writes it anyway."""
+        if self._call_built is None or not self.tracer.require_complete:
+            return
+        built = self._call_built.built_before(traced_sources(entry), guards)
+        if built:
+            raise CaptureRefused(
+                f"the model came to the capture with state its own calls build, which the artifact's guards "
+                f"check: {built}; no call of the capture changed it, so a call before the capture built it, and "
+                "a fresh serving model, which has not run yet, misses. Capture from a model that has not been "
+                "called (its first call inside the capture builds that state; call it twice so that the calls "
+                "after the first are recorded too), or pass DynamoTracer(require_complete=False) and run the "
+                "serving model once, eagerly, before its first served call"
+            )
+
     def _gate(self, summary: PrecompileSummary) -> None:
         # A frame past recompile_limit ran eager and is only reported (truncated): the limit is the
         # caller's choice. A bypassed or uncovered frame, a call that raised or nothing compiled is a gap.
@@ -447,9 +435,12 @@ class DynamoSession:
             summary.guarded_codes and summary.backend_graphs
         )
         if self.tracer.require_complete and gap:
+            reasons = self._graph_breaks.since()
+            why = f"; Dynamo broke graphs or skipped frames because: {reasons}" if reasons else ""
             raise CaptureRefused(
-                f"the capture is incomplete ({summary}); run calls that compile every frame, or pass "
-                "DynamoTracer(require_complete=False) to write a partial artifact"
+                f"the capture is incomplete ({summary}){why}; run calls that compile every frame, follow "
+                "Dynamo's hint, capture with MakeFxTracer, or pass DynamoTracer(require_complete=False) to "
+                "write a partial artifact"
             )
         if self.tracer.require_no_risky_drops and summary.risky_dropped_guards:
             raise CaptureRefused(
