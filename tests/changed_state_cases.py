@@ -61,13 +61,17 @@ def scaled(x, k):
     return x * k
 
 
+class PlainLinear(nn.Linear):
+    """A subclass that inherits Linear's forward (kind "subclass_forward" patches it on this class)."""
+
+
 class Model(nn.Module):
     SCALE = 0.5  # a class attribute the forward reads (kind "class_value")
 
     def __init__(self, kind: str):
         super().__init__()
         self.kind = kind
-        self.lin = nn.Linear(4, 4)
+        self.lin = PlainLinear(4, 4) if kind == "subclass_forward" else nn.Linear(4, 4)
         self.norm = nn.LayerNorm(4)
         self.cfg = {"attrdict": AttrDict(scale=2.0), "namedtuple": Config(2.0, 0.5), "slots": SlotConfig(),
                     "array": np.array([2.0, 0.5]), "scalar": np.float64(2.0)}.get(kind)
@@ -188,6 +192,17 @@ def _swap_class(model):
     model.__class__ = Doubled
 
 
+def _patch_linear_call(model):
+    original = nn.Linear.__call__
+    nn.Linear.__call__ = lambda self, x: original(self, x) * 3  # as a profiling or quantization shim does
+    return lambda: delattr(nn.Linear, "__call__")
+
+
+def _patch_subclass_forward(model):
+    PlainLinear.forward = lambda self, x: F.linear(x, self.weight, self.bias) * 3
+    return lambda: delattr(PlainLinear, "forward")
+
+
 def _swap_lambda(model):
     model.act = lambda x: x * 2.0
 
@@ -227,13 +242,15 @@ KINDS = {
     "instance_value": (_set_instance_value, ("makefx",)),
     "missing": (_add_missing, ("makefx",)),
     "class_swap": (_swap_class, ("makefx",)),
+    "linear_call": (_patch_linear_call, ("makefx", "dynamo")),
+    "subclass_forward": (_patch_subclass_forward, ("makefx", "dynamo")),
 }
 
 
 def model_kind(kind: str) -> str:
     """The Model kind a change kind is made on."""
     return {"closure_cell": "closure", "instance_forward": "layernorm", "class_forward": "layernorm",
-            "instance_value": "class_value", "class_swap": "layernorm"}.get(kind, kind)
+            "instance_value": "class_value", "class_swap": "layernorm", "linear_call": "layernorm"}.get(kind, kind)
 
 
 def build(kind: str, seed: int = 0):

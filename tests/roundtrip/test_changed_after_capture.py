@@ -1,6 +1,7 @@
 """Settings held in config containers (an attribute-style dict, a namedtuple, a slotted dataclass, a
 numpy array or scalar, a set changed in place), in functions (a closure, its cell, a lambda, a closure
-in a tuple, a partial's keywords), on the model's class (a class attribute, the class itself) or
+in a tuple, a partial's keywords), on the model's class (a class attribute, the class itself, a layer's __call__ or an inherited forward
+patched) or
 missing at capture, and in torch itself (a patched torch function, a patched layer's forward),
 changed after capture: each captured in this process,
 then served by a fresh process that makes the same change to eager and the artifact, before the
@@ -97,6 +98,8 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "instance_value": "args[0].SCALE is 2.0 but the artifact was captured with 0.5",
         "missing": "args[0].extra is 3.0 but the artifact was captured with missing",
         "class_swap": "args[0].__class__ is class changed_state_cases.Doubled",
+        "linear_call": "global torch.nn.modules.linear.Linear.__call__ is function changed_state_cases._patch_linear_call",
+        "subclass_forward": "global changed_state_cases.PlainLinear.forward is function changed_state_cases._patch_subclass_forward",
     }
     for kind, text in named.items():
         for when in ("first call", "after a validated call"):

@@ -140,24 +140,28 @@ FORWARD_MATCH = "FORWARD_MATCH"
 
 def forward_checks(entry, classes: set) -> tuple[str, ...] | None:
     """For a kept TYPE_MATCH on a module, once per class (`classes`: the ones already checked): the
-    by-value checks of the forward its class holds, by module and qualified name. Dynamo inlines a
+    by-value checks of the forward and the __call__ its class holds, by module and qualified name. Dynamo inlines a
     module's forward without guarding it (its instance dict is: NOT_PRESENT_IN_GENERIC_DICT), so a
-    class patched after capture (`nn.LayerNorm.forward = ...`) would serve the captured forward; read
+    class patched after capture (`nn.LayerNorm.forward = ...`, `nn.Linear.__call__ = ...` as profiling
+    shims do) would serve the captured forward; read
     when the call comes, a patch made before load is seen too."""
     value = entry.value if entry.has_value else None
     kind = type(value)
     if entry.guard_type != "TYPE_MATCH" or kind in classes or not any(k.__name__ == "Module" and k.__module__ == "torch.nn.modules.module"
                                                                       for k in kind.__mro__):
         return None
-    forward = getattr(kind, "forward", None)
-    module, qualname = _text(getattr(forward, "__module__", None)), _text(getattr(forward, "__qualname__", None))
-    if not isinstance(forward, types.FunctionType) or module is None or qualname is None:
-        return None
     if not SOURCE.fullmatch(entry.name) or entry.name.startswith("type("):
         return None
+    lines = []
+    for name in ("forward", "__call__"):  # what calling it runs: Module's call machinery, unless patched
+        method = getattr(kind, name, None)
+        module, qualname = _text(getattr(method, "__module__", None)), _text(getattr(method, "__qualname__", None))
+        if not isinstance(method, types.FunctionType) or module is None or qualname is None:
+            return None
+        lines += [f"{FORWARD_MATCH} {entry.name}.{name}.__func__.__module__ == {module!r}",
+                  f"{FORWARD_MATCH} {entry.name}.{name}.__func__.__qualname__ == {qualname!r}"]
     classes.add(kind)
-    return (f"{FORWARD_MATCH} {entry.name}.forward.__func__.__module__ == {module!r}",
-            f"{FORWARD_MATCH} {entry.name}.forward.__func__.__qualname__ == {qualname!r}")
+    return tuple(lines)
 
 
 def _text(value: object) -> str | None:

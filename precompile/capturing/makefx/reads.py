@@ -432,19 +432,30 @@ class _FrameHook:
             obj = value
 
 
-def _note_forward(log: ReadLog, kind: type) -> None:
-    """The forward a module runs, read on the class that defines it (`LayerNorm.forward`,
-    `GPT2MLP.forward`): patched after capture, eager runs the patch while the served graph holds what
-    the trace ran (Module's call machinery, which looks it up, is not noted). A class of __main__ or
-    one defined in a function has no name a serving process finds; fn's own code there is fn's."""
-    owner = next((klass for klass in kind.__mro__ if "forward" in vars(klass)), None)
-    if (owner is None or owner is torch.nn.Module or owner.__module__ == "__main__" or "<" in owner.__qualname__
-            or sys.modules.get(owner.__module__) is None):
-        return
-    spelling = spelled(vars(owner)["forward"])
-    if spelling is not None:
-        log.globals.setdefault((owner.__module__, f"{owner.__qualname__}.forward"), spelling)
-        log.globals_of.setdefault(owner.__module__, vars(sys.modules[owner.__module__]))
+def _named(klass: type) -> bool:
+    """Whether a serving process finds `klass` by its module and qualified name."""
+    return (klass.__module__ != "__main__" and "<" not in klass.__qualname__
+            and sys.modules.get(klass.__module__) is not None)
+
+
+def _note_calls(log: ReadLog, kind: type) -> None:
+    """What calling a module of class `kind` runs: its forward and its __call__ (Module's call
+    machinery, unless a class replaced it), read on `kind` (`LayerNorm.forward`, `GPT2MLP.__call__`)
+    so that a patch on it or on any class it inherits from is seen: patched after capture, eager runs
+    the patch while the served graph holds what the trace ran. A class of __main__ or one defined in a
+    function has no name a serving process finds: they are read on the class defining them, where it
+    has one (fn's own code there is fn's)."""
+    for name in ("forward", "__call__"):
+        owner = next((klass for klass in kind.__mro__ if name in vars(klass)), None)
+        if owner is None or (name == "forward" and owner is torch.nn.Module):
+            continue
+        where = kind if _named(kind) else owner
+        if not _named(where):
+            continue
+        spelling = spelled(vars(owner)[name])
+        if spelling is not None:
+            log.globals.setdefault((where.__module__, f"{where.__qualname__}.{name}"), spelling)
+            log.globals_of.setdefault(where.__module__, vars(sys.modules[where.__module__]))
 
 
 @contextlib.contextmanager
@@ -458,7 +469,7 @@ def recording(modules: dict[int, torch.nn.Module]):
                 # What each submodule is: a module replaced by one of another class (Tanh by Sigmoid)
                 # changes what runs while every parameter and attribute read may stay the same.
                 log.attributes[Owner(position, name), "__class__"] = str(spelled(type(submodule)))
-                _note_forward(log, type(submodule))
+                _note_calls(log, type(submodule))
     previous = sys.gettrace()
     # The cyclic collector's callbacks (a profiler's, hypothesis') would run inside the trace's frames.
     collecting = gc.isenabled()

@@ -64,9 +64,9 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         record = SpecializedValue(kind="global", name=name, value=value, module=module,
                                   checked=_importable(module))
         where = read.globals_of[module]
-        head, _, attribute = name.rpartition(".")  # a torch class's method (`LayerNorm.forward`) is read on its class
+        head, _, attribute = name.rpartition(".")  # a module class's method (`LayerNorm.forward`) is read on the class
         klass = (where.get(head) if isinstance(where, dict) else getattr(where, head, None)) if head else None
-        now = (vars(klass).get(attribute) if isinstance(klass, type) else None) if head else (
+        now = (getattr(klass, attribute, None) if isinstance(klass, type) else None) if head else (
             where.get(name) if isinstance(where, dict) else getattr(where, name, None))
         _refuse_changed(record, spelled(now))
         out.append(record)

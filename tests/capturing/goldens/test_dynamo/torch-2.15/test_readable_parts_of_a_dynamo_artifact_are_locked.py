@@ -74,6 +74,8 @@ GUARDS = ({'frame': 'break_and_scale',
   'by_name': ("BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is "
               'torch._C._nn:linear',
               "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break",
+              "FORWARD_MATCH model.__call__.__func__.__module__ == 'torch.nn.modules.module'",
+              "FORWARD_MATCH model.__call__.__func__.__qualname__ == 'Module._wrapped_call_impl'",
               "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'",
               "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'",
               "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:",
@@ -119,6 +121,8 @@ GUARDS = ({'frame': 'break_and_scale',
   'by_name': ("BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is "
               'torch._C._nn:linear',
               "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break",
+              "FORWARD_MATCH model.__call__.__func__.__module__ == 'torch.nn.modules.module'",
+              "FORWARD_MATCH model.__call__.__func__.__qualname__ == 'Module._wrapped_call_impl'",
               "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'",
               "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'",
               "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:",
@@ -581,12 +585,19 @@ def guards_0_0(L, G, explain=False):
         s7 = s6._dynamo
         if not (s7.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
             return failing
+        failing = "FORWARD_MATCH model.__call__.__func__.__module__ == 'torch.nn.modules.module'"
+        s8 = s1.__call__.__func__
+        if not (type(s8.__module__) is str and s8.__module__ == 'torch.nn.modules.module'):
+            return failing
+        failing = "FORWARD_MATCH model.__call__.__func__.__qualname__ == 'Module._wrapped_call_impl'"
+        if not (type(s8.__qualname__) is str and s8.__qualname__ == 'Module._wrapped_call_impl'):
+            return failing
         failing = "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'"
-        s8 = s1.forward.__func__
-        if not (type(s8.__module__) is str and s8.__module__ == 'torch.nn.modules.linear'):
+        s9 = s1.forward.__func__
+        if not (type(s9.__module__) is str and s9.__module__ == 'torch.nn.modules.linear'):
             return failing
         failing = "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'"
-        if not (type(s8.__qualname__) is str and s8.__qualname__ == 'Linear.forward'):
+        if not (type(s9.__qualname__) is str and s9.__qualname__ == 'Linear.forward'):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
         if not (s4 is _by_name['torch.nn.modules.linear:']):
@@ -697,12 +708,19 @@ def guards_0_1(L, G, explain=False):
         s8 = s7._dynamo
         if not (s8.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
             return failing
+        failing = "FORWARD_MATCH model.__call__.__func__.__module__ == 'torch.nn.modules.module'"
+        s9 = s1.__call__.__func__
+        if not (type(s9.__module__) is str and s9.__module__ == 'torch.nn.modules.module'):
+            return failing
+        failing = "FORWARD_MATCH model.__call__.__func__.__qualname__ == 'Module._wrapped_call_impl'"
+        if not (type(s9.__qualname__) is str and s9.__qualname__ == 'Module._wrapped_call_impl'):
+            return failing
         failing = "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'"
-        s9 = s1.forward.__func__
-        if not (type(s9.__module__) is str and s9.__module__ == 'torch.nn.modules.linear'):
+        s10 = s1.forward.__func__
+        if not (type(s10.__module__) is str and s10.__module__ == 'torch.nn.modules.linear'):
             return failing
         failing = "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'"
-        if not (type(s9.__qualname__) is str and s9.__qualname__ == 'Linear.forward'):
+        if not (type(s10.__qualname__) is str and s10.__qualname__ == 'Linear.forward'):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
         if not (s5 is _by_name['torch.nn.modules.linear:']):

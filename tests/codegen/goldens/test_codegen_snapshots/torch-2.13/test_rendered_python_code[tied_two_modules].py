@@ -48,6 +48,10 @@ SPECIALIZED = ({'kind': 'global_state', 'name': 'default_dtype', 'value': 'torch
   'value': 'function torch._C._nn.linear',
   'module': 'torch.nn.functional'},
  {'kind': 'global',
+  'name': 'Linear.__call__',
+  'value': 'function torch.nn.modules.module.Module._wrapped_call_impl',
+  'module': 'torch.nn.modules.linear'},
+ {'kind': 'global',
   'name': 'Linear.forward',
   'value': 'function torch.nn.modules.linear.Linear.forward',
   'module': 'torch.nn.modules.linear'})
