@@ -51,6 +51,7 @@ from pathlib import Path
 
 # run as a script (the fuzz's long-lived processes), the repository is on PYTHONPATH
 from bench import load_fuzz_signing as signed
+from precompile.serve.kernel_root import default_cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "v1"
@@ -134,7 +135,10 @@ def snapshot(root: Path) -> dict[str, tuple[int, int, int]]:
 def writes_outside_roots(sandbox: Sandbox, before: dict, after: dict) -> list[str]:
     """Entries created, changed or removed in the case dir outside Inductor's and Triton's cache dirs
     (a directory's own mtime aside: it moves whenever an entry inside it does)."""
-    roots = (os.path.relpath(sandbox.inductor, sandbox.case_dir), os.path.relpath(sandbox.triton, sandbox.case_dir))
+    # torch's default Inductor root under the case's TMPDIR, beside TORCHINDUCTOR_CACHE_DIR: load claims
+    # it (owner-only) before python_code runs, since torch keeps precompiled headers there either way.
+    default_root = sandbox.tmp / default_cache_dir().name
+    roots = tuple(os.path.relpath(root, sandbox.case_dir) for root in (sandbox.inductor, sandbox.triton, default_root))
     changed = []
     for path in sorted(set(before) | set(after)):
         if any(path == root or path.startswith(root + os.sep) for root in roots):

@@ -79,11 +79,19 @@ def freeze(kernel_build: kernels.KernelBuild, kernel_modules: Iterable[str]) -> 
 def seal(python_code: bytes, *, backend: Backend, tracer: TracerTag, bundle: KernelBundle | None, payload: bytes) -> bytes:
     """The cache file that pairs with `python_code`: its envelope, tagged and hashed, the bundle, and
     what load would otherwise do itself: python_code compiled, and its metadata literals decoded
-    (from the rendered text, exactly as load and verify read them)."""
+    (from the rendered text, exactly as load and verify read them). A python_code whose opaque state
+    load would refuse is refused here: nothing is written that cannot serve."""
     digest = code_hash(python_code)
     source = decode_source(python_code)
     tree = parse_source(source)
     compiled, metadata = bytecode.prepare(source, digest, parse_metadata(tree), tree)
+    if compiled is not None and compiled.opaque is not None and compiled.opaque.problems:
+        raise CaptureRefused(
+            f"the Dynamo state this capture would write is one load refuses to unpickle: {compiled.opaque.problems[0].split('; do not load')[0]}. "
+            "A training graph AOTAutograd serves itself (an output that aliases an input or another output) keeps "
+            "torch's fx GraphModule, which rebuilds itself from source when unpickled: return a copy of such an "
+            "output (`.clone()`), or capture with MakeFxTracer"
+        )
     envelope = CacheEnvelopeV1(
         code_hash=digest,
         backend=backend,
