@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -21,12 +21,16 @@ class SnapshotCapture:
         self._assertions: dict[bool, tuple[Any, Any]] = {}
         self._calls = 0
 
-    def __call__(self, fn, *args, tolerance: float | None = None, per_torch: bool = False, **capture_kwargs) -> CapturedPair:
+    def __call__(self, fn, *args, tolerance: float | None = None, per_torch: bool = False,
+                 factory: Callable[[], Any] | None = None, **capture_kwargs) -> CapturedPair:
         __tracebackhide__ = True
+        if factory is not None and args:
+            raise TypeError("precompile_snapshot takes the arguments or a factory that builds them, not both: "
+                            f"got {len(args)} argument(s) and factory={getattr(factory, '__qualname__', factory)!r}")
         code_assertion, table_assertion = self._snapshots(per_torch)
         prefix = self._directory / f"capture-{self._calls}"
         self._calls += 1
-        pair = capture_and_serve(fn, args, prefix, tolerance=tolerance, capture_kwargs=capture_kwargs)
+        pair = capture_and_serve(fn, args, prefix, tolerance=tolerance, capture_kwargs=capture_kwargs, factory=factory)
 
         from precompile.testing.normalize import mismatch_message, readable
 
@@ -52,8 +56,8 @@ class SnapshotCapture:
                                    "(-p no:syrupy?)") from None
             from precompile.testing import extensions
 
-            code, table = ((extensions.PerTorchPythonSource, extensions.PerTorchGuardTable) if per_torch
-                           else (extensions.PythonSourceSnapshot, extensions.GuardTableSnapshot))
+            code, table = ((extensions.PerTorchModelCode, extensions.PerTorchGuardTable) if per_torch
+                           else (extensions.ModelCodeSnapshot, extensions.GuardTableSnapshot))
             self._assertions[per_torch] = (snapshot.use_extension(code), snapshot.use_extension(table))
         return self._assertions[per_torch]
 
