@@ -57,6 +57,15 @@ class Slotted:
         return self._values[name]
 
 
+class ReadsRegistry(nn.Module):
+    def forward(self, x):
+        return x * 2 if type(self) in OUTPUT_TYPES else x
+
+
+OUTPUT_TYPES = {ReadsRegistry}
+"""A library's registry of classes, filled as its modules import (transformers' _registered_model_output_types)."""
+
+
 def scaled(x, k):
     return x * k
 

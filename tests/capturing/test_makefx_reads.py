@@ -297,3 +297,20 @@ def test_a_closure_held_by_a_model_attribute_is_checked_by_it_without_a_warning(
     fresh.act.__closure__[0].cell_contents = 2.0
     with pytest.raises(CallMismatch, match=r"args\[0\]\.act is function .*closing over k=2\.0"):
         served(fresh, x)
+
+
+def test_a_library_registry_of_classes_filled_by_imports_is_listed_not_checked(tmp_path):
+    """A process that imported more of a library (a registry of its output classes grown) serves as
+    one that imported less: the registry's contents name the imports, not a setting."""
+    import changed_state_cases as cases
+
+    artifact, cache = _capture(tmp_path, sc.step, cases.ReadsRegistry(), torch.ones(2))
+    records = ast.literal_eval(next(n.value for n in ast.parse(artifact.read_text()).body if isinstance(n, ast.Assign)
+                                    and getattr(n.targets[0], "id", None) == "SPECIALIZED"))
+    assert [r.get("checked", True) for r in records if r["name"] == "OUTPUT_TYPES"] == [False]
+    served = precompile.load(artifact, cache)
+    cases.OUTPUT_TYPES.add(dict)
+    try:
+        assert torch.equal(served(cases.ReadsRegistry(), torch.ones(2)), torch.full((2,), 2.0))
+    finally:
+        cases.OUTPUT_TYPES.discard(dict)

@@ -433,9 +433,15 @@ class _FrameHook:
 
 
 def _named(klass: type) -> bool:
-    """Whether a serving process finds `klass` by its module and qualified name."""
-    return (klass.__module__ != "__main__" and "<" not in klass.__qualname__
-            and sys.modules.get(klass.__module__) is not None)
+    """Whether a serving process finds `klass` by its module and qualified name (a class made at run
+    time, such as parametrize's `ParametrizedConv1d`, names a module that does not hold it)."""
+    module = sys.modules.get(klass.__module__)
+    if klass.__module__ == "__main__" or "<" in klass.__qualname__ or module is None:
+        return False
+    found: object = module
+    for part in klass.__qualname__.split("."):
+        found = getattr(found, part, None)
+    return found is klass
 
 
 def _note_calls(log: ReadLog, kind: type) -> None:

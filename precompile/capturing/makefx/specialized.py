@@ -61,13 +61,13 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         _refuse_changed(record, attribute_spelling(objects[owner], name))
         out.append(record)
     for (module, name), value in sorted(read.globals.items()):
-        record = SpecializedValue(kind="global", name=name, value=value, module=module,
-                                  checked=_importable(module))
         where = read.globals_of[module]
         head, _, attribute = name.rpartition(".")  # a module class's method (`LayerNorm.forward`) is read on the class
         klass = (where.get(head) if isinstance(where, dict) else getattr(where, head, None)) if head else None
         now = (getattr(klass, attribute, None) if isinstance(klass, type) else None) if head else (
             where.get(name) if isinstance(where, dict) else getattr(where, name, None))
+        record = SpecializedValue(kind="global", name=name, value=value, module=module,
+                                  checked=_importable(module) and not (module != fn_module and _class_registry(now)))
         _refuse_changed(record, spelled(now))
         out.append(record)
     for (function, name), value in sorted(read.closures.items()):
@@ -85,6 +85,14 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         log.warning("%s", message)
         warnings.warn(message, PrecompileWarning, stacklevel=4)
     return out
+
+
+def _class_registry(value: object) -> bool:
+    """A library's registry of classes (a set of them, or a dict keyed by them), which fills as the
+    library's modules import: its contents say which modules a process imported, not a setting, so
+    a serving process that imported fewer would be refused for nothing. Listed, not checked."""
+    members = value if isinstance(value, (set, frozenset)) else value.keys() if isinstance(value, dict) else None
+    return bool(members) and all(isinstance(member, type) for member in members)  # type: ignore[union-attr]
 
 
 def _spelled_with(cell: SpecializedValue, out: list[SpecializedValue]) -> bool:
