@@ -57,6 +57,19 @@ class Slotted:
         return self._values[name]
 
 
+class PlainConfig:
+    """A config as a plain object, read for a setting it may lack (`getattr(cfg, "extra", None)`)."""
+
+    scale = 2.0
+
+
+def hf_config():
+    """A transformers config (its __getattribute__ renames names through attribute_map)."""
+    import transformers
+
+    return transformers.GPT2Config(n_layer=2)
+
+
 class ReadsRegistry(nn.Module):
     def forward(self, x):
         return x * 2 if type(self) in OUTPUT_TYPES else x
@@ -83,7 +96,8 @@ class Model(nn.Module):
         self.lin = PlainLinear(4, 4) if kind == "subclass_forward" else nn.Linear(4, 4)
         self.norm = nn.LayerNorm(4)
         self.cfg = {"attrdict": AttrDict(scale=2.0), "namedtuple": Config(2.0, 0.5), "slots": SlotConfig(),
-                    "array": np.array([2.0, 0.5]), "scalar": np.float64(2.0)}.get(kind)
+                    "array": np.array([2.0, 0.5]), "scalar": np.float64(2.0), "missing_config": PlainConfig(),
+                    "hf_config": hf_config() if kind == "hf_config" else None}.get(kind)
         self.act = {"closure": make_act(0.5), "lambda": lambda x: x * 0.5, "defaults": make_scaled(0.5),
                     "partial": functools.partial(scaled, k=0.5)}.get(kind)
         self.acts = (make_act(0.5),) if kind == "tuple_closure" else None
@@ -109,6 +123,9 @@ class Model(nn.Module):
             return y * self.SCALE
         if kind == "missing":
             extra = getattr(self, "extra", None)
+            return y if extra is None else y * extra
+        if kind in ("missing_config", "hf_config"):
+            extra = getattr(self.cfg, "extra", None)
             return y if extra is None else y * extra
         if kind == "slotted":
             return y * self.slotted.scale
@@ -197,6 +214,21 @@ class Doubled(Model):
         return super().forward(x) * 2
 
 
+def _add_missing_setting(model):
+    model.cfg.extra = 3.0
+
+
+def _give_config_class_getattr(model):
+    PlainConfig.__getattr__ = lambda self, name: 3.0  # every name it lacks now reads 3.0
+    return lambda: delattr(PlainConfig, "__getattr__")
+
+
+def _rename_missing_setting(model):
+    renames = type(model.cfg).attribute_map
+    renames["extra"] = "n_layer"  # cfg.extra now reads n_layer (2)
+    return lambda: renames.pop("extra")
+
+
 def _swap_class(model):
     model.__class__ = Doubled
 
@@ -251,6 +283,10 @@ KINDS = {
     "instance_value": (_set_instance_value, ("makefx",)),
     "missing": (_add_missing, ("makefx",)),
     "class_swap": (_swap_class, ("makefx",)),
+    "missing_setting": (_add_missing_setting, ("makefx", "dynamo")),
+    "config_getattr": (_give_config_class_getattr, ("makefx", "dynamo")),
+    "hf_missing_setting": (_add_missing_setting, ("makefx", "dynamo")),
+    "hf_renamed": (_rename_missing_setting, ("makefx", "dynamo")),
     "linear_call": (_patch_linear_call, ("makefx", "dynamo")),
     "subclass_forward": (_patch_subclass_forward, ("makefx", "dynamo")),
 }
@@ -259,7 +295,9 @@ KINDS = {
 def model_kind(kind: str) -> str:
     """The Model kind a change kind is made on."""
     return {"closure_cell": "closure", "instance_forward": "layernorm", "class_forward": "layernorm",
-            "instance_value": "class_value", "class_swap": "layernorm", "linear_call": "layernorm"}.get(kind, kind)
+            "instance_value": "class_value", "class_swap": "layernorm", "linear_call": "layernorm",
+            "missing_setting": "missing_config", "config_getattr": "missing_config", "hf_missing_setting": "hf_config",
+            "hf_renamed": "hf_config"}.get(kind, kind)
 
 
 def build(kind: str, seed: int = 0):

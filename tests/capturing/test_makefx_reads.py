@@ -219,11 +219,13 @@ def test_a_hook_registered_replaced_or_removed_after_capture_is_refused(tmp_path
     (sc.Aliased, lambda m: setattr(m.knobs, "flag", False), torch.no_grad, r"args\[0\]\.knobs\.flag is False but the artifact was captured with True"),
     (sc.Aliased, lambda m: setattr(m.knobs, "act", torch.tanh), torch.no_grad,
      r"args\[0\]\.knobs\.act is function torch\.\S*tanh but the artifact was captured with function torch\.\S*relu"),
+    (sc.Aliased, lambda m: setattr(m.knobs, "boost", True), torch.no_grad,
+     r"args\[0\]\.knobs\.boost is True but the artifact was captured with missing"),
     (sc.AsksGradMode, lambda m: None, torch.enable_grad, "grad_mode is True but the artifact was captured under False"),
     (sc.AsksInferenceMode, lambda m: None, torch.inference_mode, "inference_mode is True but the artifact was captured under False"),
 ])
 def test_state_read_through_an_alias_a_function_or_a_mode_query_is_checked(tmp_path, model, change, serve_under, message):
-    """`knobs = self.knobs; knobs.flag`, a function kept as a setting, and a branch on
+    """`knobs = self.knobs; knobs.flag` (and `getattr(knobs, "boost", None)`, which it lacks), a function kept as a setting, and a branch on
     torch.is_grad_enabled() / is_inference_mode_enabled() of a model nothing of which requires grad:
     each served silently the captured branch before."""
     m, x = model(), torch.ones(2, 4)

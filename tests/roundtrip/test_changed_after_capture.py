@@ -98,6 +98,10 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "instance_value": "args[0].SCALE is 2.0 but the artifact was captured with 0.5",
         "missing": "args[0].extra is 3.0 but the artifact was captured with missing",
         "class_swap": "args[0].__class__ is class changed_state_cases.Doubled",
+        "missing_setting": "args[0].cfg.extra is 3.0 but the artifact was captured with missing",
+        "config_getattr": "args[0].cfg.extra is 3.0 but the artifact was captured with missing",
+        "hf_missing_setting": "args[0].cfg.extra is 3.0 but the artifact was captured with missing",
+        "hf_renamed": "args[0].cfg.extra is 2 but the artifact was captured with missing",
         "linear_call": "global torch.nn.modules.linear.Linear.__call__ is function changed_state_cases._patch_linear_call",
         "subclass_forward": "global changed_state_cases.PlainLinear.forward is function changed_state_cases._patch_subclass_forward",
     }

@@ -108,8 +108,8 @@ class _Loads:
     free: tuple[str, ...]
     probes: tuple[tuple[int, str], ...] = ()
     """(offset, GLOBAL_STATE name) of each load of a STATE_PROBES function: noted when it runs."""
-    optional: tuple[tuple[str, str], ...] = ()
-    """(root, name) read by getattr or hasattr with a constant name: an absence there is a value."""
+    optional: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Chains whose last name getattr or hasattr reads, a constant: an absence there is a value."""
 
 
 # torch's functions that read global state a branch may depend on, by the GLOBAL_STATE name they read
@@ -121,8 +121,8 @@ STATE_PROBES = {"is_grad_enabled": "grad_mode", "is_inference_mode_enabled": "in
 
 def _loads(code: types.CodeType) -> _Loads:
     """Roots are the frame's arguments and free variables (a comprehension's or a nested function's
-    `self`), and globals (a module's attribute: `cfg.SCALE`); `getattr(root, "name")` with a constant
-    name reads as `root.name`; a local stored once from a chain (`cfg = self.cfg`) reads as that
+    `self`), and globals (a module's attribute: `cfg.SCALE`); `getattr(chain, "name")` with a constant
+    name reads as `chain.name` (`getattr(self.config, "flag", None)` as `self.config.flag`); a local stored once from a chain (`cfg = self.cfg`) reads as that
     chain (`cfg.flag` is `self.cfg.flag`)."""
     scan = _LoadScan(code)
     for index, instruction in enumerate(scan.instructions):
@@ -145,14 +145,15 @@ class _LoadScan:
         self.globals: set[str] = set()
         self.free: set[str] = set()
         self.probes: set[tuple[int, str]] = set()
-        self.optional: set[tuple[str, str]] = set()
+        self.optional: set[tuple[str, tuple[str, ...]]] = set()
         self.root: str | None = None
         self.path: list[str] = []
+        self.by_getattr = False  # the chain being read is getattr's or hasattr's first argument
 
     def close(self) -> None:
         if self.root is not None and self.path:
             self.chains.add((self.root, tuple(self.path[:_MAX_CHAIN])))
-        self.root, self.path = None, []
+        self.root, self.path, self.by_getattr = None, [], False
 
     def step(self, index: int, instruction) -> None:
         name, value = instruction.opname, instruction.argval
@@ -161,6 +162,10 @@ class _LoadScan:
         if name in ("LOAD_ATTR", "LOAD_METHOD") and self.root is not None:
             self.path.append(value)
             return
+        if name == "LOAD_CONST" and isinstance(value, str) and self.by_getattr and self.root is not None:
+            read = (self.root, (*self.path, value)[:_MAX_CHAIN])
+            self.chains.add(read)
+            self.optional.add(read)
         if (name == "STORE_FAST" and self.root is not None and self.path and not self.root.startswith(_GLOBAL)
                 and self.stores[value] == 1):
             self.aliases[value] = (self.root, tuple(self.path))
@@ -177,26 +182,17 @@ class _LoadScan:
         local = instruction.argval[-1] if isinstance(instruction.argval, tuple) else instruction.argval
         if local in self.aliases:
             self.root, self.path = self.aliases[local][0], list(self.aliases[local][1])
-            return
-        self.root = local if local in self.roots else None
-        following = self.instructions[index + 1] if index + 1 < len(self.instructions) else None
-        if self.root is not None and _getattr_call(self.instructions, index) and following is not None:
-            self.chains.add((self.root, (following.argval,)))
-            self.optional.add((self.root, following.argval))
+        else:
+            self.root = local if local in self.roots else None
+        before = self.instructions[index - 1] if index else None
+        self.by_getattr = (self.root is not None and before is not None and before.opname in ("LOAD_GLOBAL", "LOAD_NAME")
+                           and before.argval in ("getattr", "hasattr"))
         if instruction.opname == "LOAD_DEREF" and instruction.argval in self.code.co_freevars:
             self.free.add(instruction.argval)
 
 
 _GLOBAL = "global:"
 """How a chain rooted at a global names its root (`cfg.SCALE` where cfg is a module global)."""
-
-
-def _getattr_call(instructions: list, index: int) -> bool:
-    """Whether the load at `index` is getattr's or hasattr's first argument with a constant string name after it."""
-    before = instructions[index - 1] if index else None
-    after = instructions[index + 1] if index + 1 < len(instructions) else None
-    return (before is not None and before.opname in ("LOAD_GLOBAL", "LOAD_NAME") and before.argval in ("getattr", "hasattr")
-            and after is not None and after.opname == "LOAD_CONST" and isinstance(after.argval, str))
 
 
 def _followable(value: object) -> bool:
@@ -331,7 +327,7 @@ class _FrameHook:
                 if root.startswith(_GLOBAL):
                     self.note_module_attribute(frame.f_globals.get(root[len(_GLOBAL):]), path)
                 else:
-                    self.note_chain(local.get(root, _MISSING), path, (root, path[0]) in loads.optional)
+                    self.note_chain(local.get(root, _MISSING), path, (root, path) in loads.optional)
         if loads.globals:
             module = frame.f_globals.get("__name__", "?")
             log.globals_of.setdefault(module, frame.f_globals)

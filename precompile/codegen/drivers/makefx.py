@@ -260,7 +260,7 @@ def _class_is_type(owner):
 
 def _class_dicts(owner, name):
     """Where getattr(owner, name) finds what a full check read, when not in owner's instance dict, as
-    (dict, name) pairs the next calls read instead (binding a method anew makes a new object each time;
+    (holder, name) pairs the next calls read instead, a holder a dict or a class for its dict (binding a method anew makes a new object each time;
     nn.Module's __getattr__ raises a new error for a missing name): owner's instance dict, which lacks
     it, and the dicts of its classes up to the one defining a method or a plain value (no descriptor);
     for a name an nn.Module lacks, every class dict and its parameters, buffers and submodules, which
@@ -271,17 +271,44 @@ def _class_dicts(owner, name):
     watched = [(instance, name)]
     for klass in type(owner).__mro__:
         found = klass.__dict__.get(name, _ABSENT)
-        watched.append((klass.__dict__, name))
+        watched.append((klass, name))
         if found is _ABSENT:
             continue
         if isinstance(found, _types.FunctionType):
             return watched
         plain = not hasattr(type(found), "__get__") and getattr(owner, name, _ABSENT) is found
         return watched if plain else []
-    if getattr(type(owner), "__getattr__", None) is not torch.nn.Module.__getattr__:
-        return []
-    tables = [instance.get(table) for table in ("_parameters", "_buffers", "_modules")]
-    return watched + [(table, name) for table in tables] if all(type(t) is dict for t in tables) else []
+    lookup = _lookup_kept_missing(owner, instance, name)
+    return [] if lookup is None else watched + lookup
+
+
+# A transformers config's __getattribute__ (PreTrainedConfig in transformers 5, PretrainedConfig before):
+# a name in attribute_map reads the one it maps to, any other reads as object's lookup would.
+_RENAMING_LOOKUPS = {("transformers.configuration_utils", f"{c}.__getattribute__") for c in ("PreTrainedConfig", "PretrainedConfig")}
+
+
+def _lookup_kept_missing(owner, instance, name):
+    """What else keeps a name owner lacks (in its instance and class dicts) missing, by how its class
+    looks names up, as (holder, name) pairs: every class's __getattr__ and __getattribute__ entries
+    (their functions, or their absence), and for nn.Module's __getattr__ its parameters, buffers and
+    submodules, for a transformers config's __getattribute__ the attribute_map it renames through;
+    None for a lookup only running it tells (getattr must read the name)."""
+    klasses = type(owner).__mro__[:-1]
+    hooks = [(klass, hook) for klass in klasses for hook in ("__getattr__", "__getattribute__")]
+    get, get_missing = type(owner).__getattribute__, getattr(type(owner), "__getattr__", None)
+    if get is object.__getattribute__ and get_missing is None:
+        return hooks
+    if get is object.__getattribute__ and get_missing is torch.nn.Module.__getattr__:
+        tables = [instance.get(table) for table in ("_parameters", "_buffers", "_modules")]
+        return hooks + [(table, name) for table in tables] if all(type(t) is dict for t in tables) else None
+    if get_missing is None and (getattr(get, "__module__", None), getattr(get, "__qualname__", None)) in _RENAMING_LOOKUPS:
+        held = next((klass for klass in klasses if "attribute_map" in klass.__dict__), None)
+        renames = instance.get("attribute_map", held and held.__dict__["attribute_map"])
+        if type(renames) is not dict or name in renames:
+            return None
+        where = [(instance, "attribute_map"), (renames, name)]
+        return hooks + where + ([(held, "attribute_map")] if held is not None else [])
+    return None
 
 
 def _autocast(device):
@@ -372,6 +399,7 @@ class _ReadPlan:
         self.typed: list = []
         self.owners: list = []
         self.names: list = []
+        entries: dict = {}  # (id of a holder, key) watched, holding the holder so its id stays its own
         for owner, name in places:
             if _plainly_there(owner, name):
                 self.dicts.append(_instance_dict(owner))
@@ -379,7 +407,11 @@ class _ReadPlan:
             elif name == "__class__" and _class_is_type(owner):
                 self.typed.append(owner)
             elif watched := _class_dicts(owner, name):
-                for where, key in watched:
+                for holder, key in watched:
+                    if (id(holder), key) in entries:  # a class many owners share: watched once
+                        continue
+                    entries[id(holder), key] = holder
+                    where = holder.__dict__ if isinstance(holder, type) else holder
                     (self.dicts if key in where else self.absent_dicts).append(where)
                     (self.keys if key in where else self.absent_keys).append(key)
             else:
