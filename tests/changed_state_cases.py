@@ -57,6 +57,24 @@ class Slotted:
         return self._values[name]
 
 
+class Scaler:
+    """A setting kept as a callable object (`self.act = Scaler(0.5)`), its factor an attribute."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def __call__(self, x):
+        return x * self.k
+
+
+_SCALER_CALL = Scaler.__call__
+
+
+class Shifter(Scaler):
+    def __call__(self, x):
+        return x + self.k
+
+
 class PlainConfig:
     """A config as a plain object, read for a setting it may lack (`getattr(cfg, "extra", None)`)."""
 
@@ -99,7 +117,7 @@ class Model(nn.Module):
                     "array": np.array([2.0, 0.5]), "scalar": np.float64(2.0), "missing_config": PlainConfig(),
                     "hf_config": hf_config() if kind == "hf_config" else None}.get(kind)
         self.act = {"closure": make_act(0.5), "lambda": lambda x: x * 0.5, "defaults": make_scaled(0.5),
-                    "partial": functools.partial(scaled, k=0.5)}.get(kind)
+                    "partial": functools.partial(scaled, k=0.5), "callable": Scaler(0.5)}.get(kind)
         self.acts = (make_act(0.5),) if kind == "tuple_closure" else None
         self.flags = {"a"} if kind == "set" else None
         self.slotted = Slotted(scale=2.0) if kind == "slotted" else None
@@ -113,7 +131,7 @@ class Model(nn.Module):
             return y * float(self.cfg[0])
         if kind == "scalar":
             return y * float(self.cfg)
-        if kind in ("closure", "lambda", "defaults", "partial"):
+        if kind in ("closure", "lambda", "defaults", "partial", "callable"):
             return self.act(y)
         if kind == "tuple_closure":
             return self.acts[0](y)
@@ -229,6 +247,19 @@ def _rename_missing_setting(model):
     return lambda: renames.pop("extra")
 
 
+def _set_callable_attribute(model):
+    model.act.k = 2.0
+
+
+def _swap_callable_class(model):
+    model.act = Shifter(0.5)
+
+
+def _patch_callable_call(model):
+    Scaler.__call__ = lambda self, x: x * self.k * 3
+    return lambda: setattr(Scaler, "__call__", _SCALER_CALL)
+
+
 def _swap_class(model):
     model.__class__ = Doubled
 
@@ -287,6 +318,9 @@ KINDS = {
     "config_getattr": (_give_config_class_getattr, ("makefx", "dynamo")),
     "hf_missing_setting": (_add_missing_setting, ("makefx", "dynamo")),
     "hf_renamed": (_rename_missing_setting, ("makefx", "dynamo")),
+    "callable": (_set_callable_attribute, ("makefx", "dynamo")),
+    "callable_class": (_swap_callable_class, ("makefx", "dynamo")),
+    "callable_call": (_patch_callable_call, ("makefx", "dynamo")),
     "linear_call": (_patch_linear_call, ("makefx", "dynamo")),
     "subclass_forward": (_patch_subclass_forward, ("makefx", "dynamo")),
 }
@@ -297,7 +331,7 @@ def model_kind(kind: str) -> str:
     return {"closure_cell": "closure", "instance_forward": "layernorm", "class_forward": "layernorm",
             "instance_value": "class_value", "class_swap": "layernorm", "linear_call": "layernorm",
             "missing_setting": "missing_config", "config_getattr": "missing_config", "hf_missing_setting": "hf_config",
-            "hf_renamed": "hf_config"}.get(kind, kind)
+            "hf_renamed": "hf_config", "callable_class": "callable", "callable_call": "callable"}.get(kind, kind)
 
 
 def build(kind: str, seed: int = 0):

@@ -1,6 +1,6 @@
 """Settings held in config containers (an attribute-style dict, a namedtuple, a slotted dataclass, a
 numpy array or scalar, a set changed in place), in functions (a closure, its cell, a lambda, a closure
-in a tuple, a partial's keywords), on the model's class (a class attribute, the class itself, a layer's __call__ or an inherited forward
+in a tuple, a partial's keywords, a callable object's attribute, class or __call__), on the model's class (a class attribute, the class itself, a layer's __call__ or an inherited forward
 patched) or
 missing at capture, and in torch itself (a patched torch function, a patched layer's forward),
 changed after capture: each captured in this process,
@@ -102,6 +102,9 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "config_getattr": "args[0].cfg.extra is 3.0 but the artifact was captured with missing",
         "hf_missing_setting": "args[0].cfg.extra is 3.0 but the artifact was captured with missing",
         "hf_renamed": "args[0].cfg.extra is 2 but the artifact was captured with missing",
+        "callable": "args[0].act.k is 2.0 but the artifact was captured with 0.5",
+        "callable_class": "args[0].act.__class__ is class changed_state_cases.Shifter",
+        "callable_call": "global changed_state_cases.Scaler.__call__ is function changed_state_cases._patch_callable_call",
         "linear_call": "global torch.nn.modules.linear.Linear.__call__ is function changed_state_cases._patch_linear_call",
         "subclass_forward": "global changed_state_cases.PlainLinear.forward is function changed_state_cases._patch_subclass_forward",
     }

@@ -23,8 +23,10 @@ import types
 NAMEABLE = frozenset({"ID_MATCH", "CLOSURE_MATCH", "CLASS_MATCH", "FUNCTION_MATCH", "MODULE_MATCH", "BUILTIN_MATCH"})
 
 # A guard source the driver can walk without eval: a local (x, or L['x']) or a global (G['x']), then
-# .attr, [0] or ['key'] steps, the whole optionally inside type(...).
-SOURCE = re.compile(r"(?:type\()?(?:[LG]\['[^'\]]+'\]|[A-Za-z_]\w*)(?:\.\w+|\[\d+\]|\['[^'\]]+'\])*\)?")
+# .attr, [0] or ['key'] steps, optionally inside type(...), which more steps may follow
+# (`type(L['model'].act).__call__`: what calling an object runs).
+_ROOT, _STEP = r"(?:[LG]\['[^'\]]+'\]|[A-Za-z_]\w*)", r"(?:\.\w+|\[\d+\]|\['[^'\]]+'\])"
+SOURCE = re.compile(rf"(?:type\({_ROOT}{_STEP}*\){_STEP}*|{_ROOT}{_STEP}*)")
 
 _MAX_UNWRAPS = 8
 
@@ -108,8 +110,6 @@ def valued_check(entry) -> str | None:
 def named_check(entry) -> str | None:
     """`TYPE source is reference` for a guard checkable by name, else None."""
     if entry.guard_type not in NAMEABLE or not entry.has_value or not SOURCE.fullmatch(entry.name):
-        return None
-    if entry.name.startswith("type(") != entry.name.endswith(")"):
         return None
     ref = reference(entry.value)
     return None if ref is None else f"{entry.guard_type} {entry.name} is {ref}"

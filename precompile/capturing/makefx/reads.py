@@ -207,7 +207,15 @@ def _followable(value: object) -> bool:
         plain = _slotted(kind) and kind.__getattribute__ is object.__getattribute__
     return (plain
             and not isinstance(value, (torch.Tensor, type, types.ModuleType, enum.Enum))
-            and not callable(value) and kind.__module__ != "builtins" and not kind.__module__.startswith("torch"))
+            and (not callable(value) or _calls_python(kind))
+            and kind.__module__ != "builtins" and not kind.__module__.startswith("torch"))
+
+
+def _calls_python(kind: type) -> bool:
+    """Whether calling an object of `kind` runs a Python __call__ its class defines (`self.act =
+    Scaler(0.5)`): its reads of self are the object's settings, as a module's are."""
+    call = next((vars(klass)["__call__"] for klass in kind.__mro__ if "__call__" in vars(klass)), None)
+    return isinstance(call, types.FunctionType)
 
 
 def _slotted(kind: type) -> bool:
@@ -424,7 +432,12 @@ class _FrameHook:
                 continue
             if not _followable(value):
                 return
-            log.owners.setdefault(id(value), (Owner(owner.arg, owner.module, (*owner.chain, name)), value))
+            if id(value) not in log.owners:
+                followed = Owner(owner.arg, owner.module, (*owner.chain, name))
+                log.owners[id(value)] = (followed, value)
+                if callable(value):  # what it is decides what a call runs, as for a module
+                    log.attributes[followed, "__class__"] = str(spelled(type(value)))
+                    _note_calls(log, type(value))
             obj = value
 
 

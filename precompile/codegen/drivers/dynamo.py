@@ -243,7 +243,7 @@ def _slot_text(guard):
 
 
 # A guard source walked without eval (precompile/capturing/dynamo/named_identity.py SOURCE): a local (x, or
-# L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...).
+# L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...), then more steps.
 _SOURCE_STEP = r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]"
 _SOURCE_ROOT = r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))"
 
@@ -301,11 +301,11 @@ def _check_by_name(manager, line, scope, artifact):
     guard_type = line.split(" ", 1)[0]
     source, operator, ref = _identity_parts(line)
     of_type = source.startswith("type(")
-    walked = source[5:-1] if of_type else source
+    walked, after = source[5:].split(")", 1) if of_type else (source, "")
     root = _re.match(_SOURCE_ROOT, walked)
     if root is None:
         _fail(artifact, f"{line}: its source names neither a local, a global nor a name", _RECAPTURE)
-    steps = _re.findall(_SOURCE_STEP, walked[root.end():])
+    steps, type_steps = _re.findall(_SOURCE_STEP, walked[root.end():]), _re.findall(_SOURCE_STEP, after)
     try:
         expected = ast.literal_eval(ref) if operator == "==" else _resolve_reference(ref)
     except Exception as exc:  # the named object is not here: the variant cannot serve
@@ -318,9 +318,11 @@ def _check_by_name(manager, line, scope, artifact):
             value = (scope if in_globals else f_locals)[name]
             for attr, index, key in steps:
                 value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+            value = type(value) if of_type else value
+            for attr, index, key in type_steps:
+                value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
         except Exception:  # a source that is not there fails the check
             return False
-        value = type(value) if of_type else value
         return value is expected or (operator == "==" and type(value) is type(expected) and value == expected)
 
     manager.root.add_lambda_guard(check, [f"{guard_type}: {source} {operator} {ref}"], None)
