@@ -11,7 +11,7 @@ statement added in the middle of its python_code (two releases that differ in on
 `--sizes`: python_code of each size (MB) built from the dynamo_rows fixture by appending what a big
 artifact holds, and its cache beside it, sealed as capture seals one (it carries python_code's bytecode
 and typed metadata, so `verify` proves the bytecode, compiling python_code again in a child bounded in
-memory: inspect/bytecode_proof.py). `mixed`: a third each of an opaque-state-like base64
+memory: inspect/verify/bytecode_proof.py). `mixed`: a third each of an opaque-state-like base64
 literal (the renderer's one-chunk lines), a metadata-like tuple literal of one string per line, and
 plain code lines. `code`: plain code lines only, the costliest shape to parse (its syntax tree takes
 about 250 bytes per byte, which is why python_code is parsed a part at a time). The generated
@@ -73,7 +73,7 @@ def seal(prefix: Path) -> None:
 
     from precompile.artifact import bytecode, codec
     from precompile.artifact.pycode import code_hash, decode_source, literal_assignments, metadata_of
-    from precompile.inspect.chunked_parse import parsed_chunks
+    from precompile.inspect.parsing.chunked_parse import parsed_chunks
 
     data = prefix.with_suffix(".py").read_bytes()
     source, digest = decode_source(data), code_hash(data)

@@ -92,7 +92,7 @@ class PartFacts:
 
 Statements = ast.Module | Iterable[tuple[ast.Module | PartFacts, int]]
 """python_code's syntax tree, or its parts in file order, each with the line of the file it starts
-at (inspect/chunked_parse.py), as trees or as the facts `part_facts` takes from them: no tree of the
+at (inspect/parsing/chunked_parse.py), as trees or as the facts `part_facts` takes from them: no tree of the
 whole file is then held."""
 
 _metadata_encoder = msgspec.msgpack.Encoder()

@@ -1,7 +1,7 @@
 """verify's proof that a cache's stored bytecode is its python_code's (artifact/bytecode.py): the
 record checked against what capture writes, python_code compiled again as capture compiled it (whole,
 or a part at a time: artifact/code_parts.py) and the marshalled bytes compared by sha256, never loaded.
-Torch-free; a MemoryError is the caller's (inspect/bytecode_proof.py runs this in a bounded child).
+Torch-free; a MemoryError is the caller's (inspect/verify/bytecode_proof.py runs this in a bounded child).
 """
 from __future__ import annotations
 

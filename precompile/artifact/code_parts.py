@@ -4,7 +4,7 @@ Compiling python_code whole takes 37 to 150 bytes a byte of it (the compiler's s
 table): 4.1 GB for 110 MB, past what verify's proof may take. So capture stores the bytecode of
 python_code over WHOLE_MAX_CHARS as one module code object a part: a run of whole top-level
 statements, about PART_CHARS long, cut where a line can only start a statement (as the reader cuts,
-inspect/chunked_parse.py) and grown while it does not compile alone. Each part is compiled with the
+inspect/parsing/chunked_parse.py) and grown while it does not compile alone. Each part is compiled with the
 lines before it as blank lines, so its line numbers are the file's, and with capture's compile flags
 (`from __future__ import annotations`, which the whole file is compiled with too; no other feature
 changes how Python 3.11+ compiles, but barry_as_FLUFL, which is refused). Load executes the parts in turn in one

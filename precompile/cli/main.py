@@ -15,7 +15,7 @@ from precompile._version import __version__
 from precompile.cli.signing import register as register_signing_verbs
 from precompile.errors import PrecompileError
 from precompile.inspect.commands import register as register_inspect_verbs
-from precompile.inspect.terminal_text import printable
+from precompile.inspect.render.terminal_text import printable
 
 
 def _demo(args: argparse.Namespace, out: Console, err: Console) -> int:

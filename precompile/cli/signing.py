@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from precompile.inspect.commands import ARTIFACT_HELP, guarded
-from precompile.inspect.terminal_text import printable
+from precompile.inspect.render.terminal_text import printable
 
 __all__ = ["register"]
 
@@ -29,8 +29,8 @@ def _keygen(args, out, err) -> int:
 def _sign(args, out, err) -> int:
     import msgspec
 
-    from precompile.inspect.reader import open_artifact, resolve_pair
-    from precompile.inspect.verify import verify
+    from precompile.inspect.reading.reader import open_artifact, resolve_pair
+    from precompile.inspect.verify.verify import verify
     from precompile.signing.envelope import Signature
     from precompile.signing.pair import NO_IDENTITY, check_pair, describe, sign_pair
 

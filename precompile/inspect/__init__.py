@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from precompile.artifact.pickle_scan import scan_pickle
     from precompile.inspect.api import diff_report, guards_report, open_path, show_report, verify_report
-    from precompile.inspect.diff import CATEGORIES
-    from precompile.inspect.model import (
+    from precompile.inspect.diff.diff import CATEGORIES
+    from precompile.inspect.diff.process_ids import mask_artifact_names, mask_process_ids
+    from precompile.inspect.model.artifact import (
         Artifact,
         FrameGuards,
         Guards,
@@ -28,9 +29,7 @@ if TYPE_CHECKING:
         PickleScan,
         Specialization,
     )
-    from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
-    from precompile.inspect.reader import open_artifact, resolve_pair
-    from precompile.inspect.report import (
+    from precompile.inspect.model.report import (
         Check,
         CodeDiff,
         DiffEntry,
@@ -40,6 +39,7 @@ if TYPE_CHECKING:
         ShowReport,
         VerifyReport,
     )
+    from precompile.inspect.reading.reader import open_artifact, resolve_pair
 
 __all__ = [
     "CATEGORIES", "Artifact", "Check", "CodeDiff", "DiffEntry", "DiffReport", "FrameGuards", "GuardSlot", "Guards",
@@ -53,15 +53,15 @@ __all__ = [
 # that defines it.
 _LAZY = {
     **dict.fromkeys(("Artifact", "FrameGuards", "Guards", "GuardSlot", "PickleImport", "PickleScan", "Specialization"),
-                    "precompile.inspect.model"),
-    **dict.fromkeys(("open_artifact", "resolve_pair"), "precompile.inspect.reader"),
+                    "precompile.inspect.model.artifact"),
+    **dict.fromkeys(("open_artifact", "resolve_pair"), "precompile.inspect.reading.reader"),
     **dict.fromkeys(("diff_report", "guards_report", "open_path", "show_report", "verify_report"), "precompile.inspect.api"),
-    "CATEGORIES": "precompile.inspect.diff",
+    "CATEGORIES": "precompile.inspect.diff.diff",
     "scan_pickle": "precompile.artifact.pickle_scan",
-    "mask_artifact_names": "precompile.inspect.process_ids",
-    "mask_process_ids": "precompile.inspect.process_ids",
+    "mask_artifact_names": "precompile.inspect.diff.process_ids",
+    "mask_process_ids": "precompile.inspect.diff.process_ids",
     **dict.fromkeys(("Check", "CodeDiff", "DiffEntry", "DiffReport", "GuardsReport", "KernelDiff", "ShowReport", "VerifyReport"),
-                    "precompile.inspect.report"),
+                    "precompile.inspect.model.report"),
 }
 
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from precompile.artifact.pickle_scan import finding_text
-from precompile.inspect.diff import diff
-from precompile.inspect.guards import filtered, guards_of
-from precompile.inspect.model import Artifact
-from precompile.inspect.reader import open_given, python_code_bytes
-from precompile.inspect.report import DiffReport, GuardsReport, ShowReport, VerifyReport
-from precompile.inspect.verify import verify
+from precompile.inspect.diff.diff import diff
+from precompile.inspect.model.artifact import Artifact
+from precompile.inspect.model.report import DiffReport, GuardsReport, ShowReport, VerifyReport
+from precompile.inspect.reading.guards import filtered, guards_of
+from precompile.inspect.reading.reader import open_given, python_code_bytes
+from precompile.inspect.verify.verify import verify
 from precompile.signing.identity import Expectation
 from precompile.signing.keys import Key
 
@@ -82,5 +82,5 @@ def verify_report(artifact: Artifact, *, host: bool = False, trusted_keys: Seque
     """`precompile verify --json`: integrity (open the artifact with `deep=True` so the bundle's bytes
     are checked), the signature (by one of `trusted_keys` when given: `precompile.signing.pair.
     read_trusted_keys` reads them), and with `host=True` whether this machine can serve it.
-    `proof_memory_mib`: the memory the bytecode proof may take (inspect/bytecode_proof.py)."""
+    `proof_memory_mib`: the memory the bytecode proof may take (inspect/verify/bytecode_proof.py)."""
     return verify(artifact, host=host, trusted_keys=trusted_keys, expect=expect, proof_memory_mib=proof_memory_mib)

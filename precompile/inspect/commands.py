@@ -22,10 +22,9 @@ from pathlib import Path
 from precompile.artifact.pair import pending_path
 from precompile.artifact.pickle_scan import finding_text
 from precompile.errors import PrecompileError
-from precompile.inspect import render_text
 from precompile.inspect.formats.mega_cache_runs import run_finding
-from precompile.inspect.model import Artifact
-from precompile.inspect.reader import (
+from precompile.inspect.model.artifact import Artifact
+from precompile.inspect.reading.reader import (
     given_pair,
     is_mega_cache_file,
     open_artifact,
@@ -34,7 +33,8 @@ from precompile.inspect.reader import (
     python_code_bytes,
     resolve_pair,
 )
-from precompile.inspect.terminal_text import printable
+from precompile.inspect.render import render_text
+from precompile.inspect.render.terminal_text import printable
 
 ARTIFACT_HELP = ("the artifact: PYTHON_CODE CACHE, a directory holding one pair, or a prefix DIR/NAME; each a path or an "
                  "fsspec URL (s3://, gs://, https://, hf://, file://; needs precompile[remote])")
@@ -49,7 +49,7 @@ def _artifact(paths: list[str], *, deep: bool = False, prove: bool = False, proo
 
 def _emit(args, out, report, lines) -> None:
     if args.json:
-        from precompile.inspect.report import encode
+        from precompile.inspect.model.report import encode
 
         out.file.write(encode(report))
         out.file.flush()
@@ -156,7 +156,7 @@ def _guards(args, out, err) -> int:
 
 def _diff(args, out, err) -> int:
     from precompile.inspect.api import diff_report
-    from precompile.inspect.verify import start_proofs
+    from precompile.inspect.verify.verify import start_proofs
 
     if len(args.paths) not in (2, 4):
         raise PrecompileError(f"diff compares two artifacts: A B, or A.py A.cache B.py B.cache; got {len(args.paths)} paths")
@@ -168,21 +168,21 @@ def _diff(args, out, err) -> int:
     output = _diff_format(args)
     report = diff_report(a, b, context=args.context, provenance=args.provenance)
     if output == "markdown":
-        from precompile.inspect.render_markdown import render_markdown
+        from precompile.inspect.render.render_markdown import render_markdown
 
         out.file.write(render_markdown(report, stat=args.stat, fail_on=fail_on))
         out.file.flush()
     else:
         _emit(args, out, report, render_text.render_diff(report, stat=args.stat, fail_on=fail_on) if output == "text" else ())
     if args.junit is not None:
-        from precompile.inspect.junit import write_junit
+        from precompile.inspect.render.junit import write_junit
 
         write_junit(args.junit, report, fail_on)
     _diagnose(err, report.problems)
     if report.problems:
         return 2
     if fail_on is not None:
-        from precompile.inspect.diff import gate_failures
+        from precompile.inspect.diff.diff import gate_failures
 
         return 1 if gate_failures(report, fail_on) else 0
     return 0 if report.equal and not report.unpaired else 1
@@ -198,7 +198,7 @@ def _diff_format(args) -> str:
 
 def _fail_on(value: str | None) -> tuple[str, ...] | None:
     """The categories of `--fail-on a,b`, each one of diff's CATEGORIES."""
-    from precompile.inspect.diff import CATEGORIES
+    from precompile.inspect.diff.diff import CATEGORIES
 
     if value is None:
         return None
@@ -235,7 +235,7 @@ def _mib(text: str) -> int:
 def _verify_mega_cache(args, out, err) -> int:
     """verify of a bare Mega-Cache: the container and each entry's scan (what `show` judges), and with
     --host whether this host would hit its entries; it has nothing to pair or sign."""
-    from precompile.inspect.mega_cache_host import mega_cache_host_report
+    from precompile.inspect.verify.mega_cache_host import mega_cache_host_report
 
     if args.trusted_key:
         raise PrecompileError(f"--trusted-key: Mega-Cache {args.artifact[0]} carries no signature; verify it without the flag")
@@ -263,7 +263,7 @@ def _expectations(name: str | None, min_release: str | None):
 
 
 def _extract(args, out, err) -> int:
-    from precompile.inspect.extract import extract
+    from precompile.inspect.reading.extract import extract
 
     if len(args.paths) < 2:
         raise PrecompileError("extract needs an artifact and a directory: extract ARTIFACT [CACHE] DIR")
@@ -292,8 +292,8 @@ def _report(args, out, err) -> int:
     import hashlib
 
     from precompile.inspect.api import problems_of
-    from precompile.inspect.html_report import artifact_page, render
-    from precompile.inspect.report import HtmlReport
+    from precompile.inspect.model.report import HtmlReport
+    from precompile.inspect.render.html_report import artifact_page, render
 
     artifacts = _report_artifacts(args.paths)
     inputs = {os.path.realpath(p) for artifact in artifacts for p in (artifact.python_code.path, artifact.cache.path) if p}
@@ -307,7 +307,7 @@ def _report(args, out, err) -> int:
              for label, artifact, code in zip("AB", artifacts, codes)]
     report = None
     if len(artifacts) == 2:
-        from precompile.inspect.diff import diff
+        from precompile.inspect.diff.diff import diff
 
         report = diff(artifacts[0], artifacts[1], codes[0], codes[1], context=args.context)
         problems += [p for p in report.problems if p not in problems]
@@ -336,7 +336,7 @@ def _schema(args, out, err) -> int:
     from precompile.artifact.envelope import CacheEnvelope
     from precompile.artifact.jsonschema import render
     from precompile.artifact.metadata import ArtifactMetadata
-    from precompile.inspect.report import render_schema
+    from precompile.inspect.model.report import render_schema
 
     schemas = {
         "cache-envelope": lambda: render(CacheEnvelope),
@@ -368,7 +368,7 @@ def guarded(handler):
                 raise PrecompileError(f"{type(exc).__name__}: {exc}") from None
         except PrecompileError as exc:
             if getattr(args, "json", False):  # keygen has no --json
-                from precompile.inspect.report import ErrorReport, encode
+                from precompile.inspect.model.report import ErrorReport, encode
 
                 out.file.write(encode(ErrorReport(verb=args.verb, error=str(exc))))
                 out.file.flush()

@@ -1,7 +1,7 @@
 """A URL in any form a local path takes, fetched and given back as the same form of a local path.
 
 What the verbs accept locally (a directory holding one pair, a prefix DIR/NAME, a file of a pair or a
-file alone; inspect/reader.py resolves them) works at a URL too, by listing and asking the store what
+file alone; inspect/reading/reader.py resolves them) works at a URL too, by listing and asking the store what
 exists: the files found are fetched (fetch_cache.py) into one view directory, and the verb reads the
 matching local form there. `load` fetches the two URLs it is given (and the .sig beside them).
 """

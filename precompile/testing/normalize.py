@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from precompile.artifact.pycode import decode_source
-from precompile.inspect.diff import compare_flattened, flatten
-from precompile.inspect.line_diff import unified
-from precompile.inspect.reader import open_artifact, python_code_bytes
-from precompile.inspect.render_text import render_diff
+from precompile.inspect.diff.diff import compare_flattened, flatten
+from precompile.inspect.diff.line_diff import unified
+from precompile.inspect.reading.reader import open_artifact, python_code_bytes
+from precompile.inspect.render.render_text import render_diff
 from precompile.testing.user_code import normalized_code, users_lines
 
 TABLE_SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata")

@@ -19,9 +19,9 @@ import types
 
 from precompile._version import __version__
 from precompile.artifact.section_grammar import BANNER, title_line
-from precompile.inspect.code_lines import compared_lines
-from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
-from precompile.inspect.sections import split_sections
+from precompile.inspect.diff.code_lines import compared_lines
+from precompile.inspect.diff.process_ids import mask_artifact_names, mask_process_ids
+from precompile.inspect.parsing.sections import split_sections
 
 RUNTIME_SECTIONS = frozenset({"header", "world", "kernel-runtime", "subgraph-runtime", "guard-checks", "driver"})
 """Sections whose text is precompile's, copied from its source (the entry line rides the last one)."""

@@ -21,7 +21,7 @@ import pytest
 from precompile.cli.main import main
 from precompile.codegen import render as render_module
 from precompile.codegen.models import GraphSection, MakeFxArtifact, SubgraphSection
-from precompile.inspect import report
+from precompile.inspect.model import report
 from precompile.artifact import jsonschema
 from precompile.artifact.envelope import FORMAT_VERSION
 from precompile.artifact.pycode import parse_metadata

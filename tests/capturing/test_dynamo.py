@@ -515,7 +515,7 @@ def test_readable_parts_of_a_dynamo_artifact_are_locked(dynamo_pairs, snapshot):
 
     from snapshot_extensions import TorchVersionedSource
 
-    from precompile.inspect.process_ids import mask_process_ids
+    from precompile.inspect.diff.process_ids import mask_process_ids
 
     _, pairs = dynamo_pairs
     source = pairs["break_eager"][0].read_text(encoding="utf-8")

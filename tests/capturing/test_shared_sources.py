@@ -9,7 +9,7 @@ import pytest
 
 from precompile.capturing.dynamo.guard_function import guard_function
 from precompile.capturing.dynamo.shared_sources import shared_sources
-from precompile.inspect.rendered_guards import _SpelledOut, rendered_checks
+from precompile.inspect.parsing.rendered_guards import _SpelledOut, rendered_checks
 
 CHECKS = [
     ("TYPE_MATCH model", "type(L['m']) is Box"),

@@ -11,7 +11,7 @@ import pytest
 from precompile.codegen import render
 from precompile.codegen.drivers import dynamo as dynamo_driver
 from precompile.codegen.drivers import makefx as makefx_driver
-from precompile.inspect.guards import shape_text
+from precompile.inspect.reading.guards import shape_text
 from precompile.capturing.dynamo import guard_accounting
 
 TEMPLATES = Path(render.__file__).parent / "templates"

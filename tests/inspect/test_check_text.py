@@ -8,7 +8,7 @@ import types
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from precompile.inspect import check_text, rendered_guards
+from precompile.inspect.parsing import check_text, rendered_guards
 from property_budget import examples
 
 PATHS = {"s1": "L['model']", "s2": "L['model']._modules['features']", "s3": "G['torch'].float32"}

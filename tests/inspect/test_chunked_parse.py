@@ -10,7 +10,8 @@ import pytest
 from test_inspect_helpers import ALL, FIXTURES
 
 from precompile.errors import PrecompileError
-from precompile.inspect import chunked_parse, reader
+from precompile.inspect.parsing import chunked_parse
+from precompile.inspect.reading import reader
 from precompile.artifact.pycode import parse_source
 
 STATE = base64.b64encode(pickle.dumps({"k": "v" * 40}, protocol=4)).decode()

@@ -7,10 +7,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from precompile.inspect.diff import CATEGORIES
-from precompile.inspect.junit import junit_xml
-from precompile.inspect.render_markdown import code_span, render_markdown
-from precompile.inspect.report import DiffEntry, DiffReport
+from precompile.inspect.diff.diff import CATEGORIES
+from precompile.inspect.render.junit import junit_xml
+from precompile.inspect.render.render_markdown import code_span, render_markdown
+from precompile.inspect.model.report import DiffEntry, DiffReport
 from test_inspect_helpers import ROOT, run_cli
 
 GUARDS_PAIR = ["fixtures/v1/dynamo_rows", "fixtures/v1/dynamo_rows_risky"]  # x's tensor guard kept, then risky-dropped

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from precompile.inspect.highlight import highlight_lines
-from precompile.inspect.html_report import side_by_side
+from precompile.inspect.render.highlight import highlight_lines
+from precompile.inspect.render.html_report import side_by_side
 from test_inspect_helpers import ALL, FIXTURES, ROOT, run_cli
 
 HOSTILE = "</pre><script>alert(1)</script><img src=x onerror=alert(2)>"
@@ -113,7 +113,7 @@ def test_json_says_what_was_written(capsys, tmp_path):
     assert all(f'id="{section}"' in html for section in report["sections"])
     import msgspec
 
-    from precompile.inspect.report import Report
+    from precompile.inspect.model.report import Report
 
     assert msgspec.json.decode(out, type=Report).report_version == "1"  # the report obeys its own schema
 

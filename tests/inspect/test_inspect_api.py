@@ -22,7 +22,7 @@ from precompile.inspect import (
     show_report,
     verify_report,
 )
-from precompile.inspect.report import encode
+from precompile.inspect.model.report import encode
 from test_inspect_helpers import FIXTURES, run_cli
 
 MLP, MLP_B4 = str(FIXTURES / "v1" / "mlp"), str(FIXTURES / "v1" / "mlp_b4")
@@ -62,7 +62,7 @@ def test_scan_pickle_names_what_a_pickle_would_import():
 
 
 def test_importing_the_api_imports_no_torch_and_loads_the_verbs_only_when_asked():
-    code = ("import sys, precompile.inspect as i; before = 'precompile.inspect.diff' in sys.modules; i.diff_report; "
-            "print(before, 'precompile.inspect.diff' in sys.modules, 'torch' in sys.modules)")
+    code = ("import sys, precompile.inspect as i; before = 'precompile.inspect.diff.diff' in sys.modules; i.diff_report; "
+            "print(before, 'precompile.inspect.diff.diff' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["False", "True", "False"]

@@ -14,7 +14,7 @@ import pytest
 
 from test_inspect_helpers import FIXTURES, ROOT, run_cli
 
-from precompile.inspect import line_diff
+from precompile.inspect.diff import line_diff
 
 
 def _apply(a: list[str], b: list[str], codes: list[line_diff.Opcode]) -> list[str]:
@@ -140,8 +140,8 @@ class _CountedSections(tuple):
 def test_the_pickle_scan_reads_the_section_list_once_not_once_per_pickle():
     import ast
 
-    from precompile.inspect.opaque import OpaqueReader, read_part
-    from precompile.inspect.sections import split_sections
+    from precompile.inspect.parsing.opaque import OpaqueReader, read_part
+    from precompile.inspect.parsing.sections import split_sections
 
     blob = base64.b64encode(pickle.dumps({"k": 1}, protocol=4)).decode()
     banner = "# " + "=" * 40 + "\n"
@@ -155,7 +155,7 @@ def test_the_pickle_scan_reads_the_section_list_once_not_once_per_pickle():
 
 
 def test_a_pickle_of_more_opcodes_than_the_cap_has_no_masked_fingerprint(monkeypatch):
-    from precompile.inspect import process_ids
+    from precompile.inspect.diff import process_ids
 
     data = pickle.dumps(list(range(1_000)), protocol=4)
     assert process_ids.opaque_fingerprint(data) is not None

@@ -60,7 +60,7 @@ def test_verb_json(capsys, verb, name):
     assert report["verb"] == verb and report["report_version"] == "1"
     import msgspec
 
-    from precompile.inspect.report import Report
+    from precompile.inspect.model.report import Report
 
     assert msgspec.json.decode(out, type=Report).report_version == "1"  # the report obeys its own schema
     rc_text, _, _ = run_cli(capsys, [verb, f"fixtures/{name}"])
@@ -88,7 +88,7 @@ def test_verify_host_mismatch_names_both_values(capsys, tmp_path, monkeypatch):
     source = (FIXTURES / "v1/mlp.py").read_text().replace("PYTHON_VERSION = (3, ", "PYTHON_VERSION = (2, ")
     (tmp_path / "old.py").write_text(source)
     shutil.copy(FIXTURES / "v1/mlp.cache", tmp_path / "old.cache")
-    monkeypatch.setattr("precompile.inspect.verify.host_torch_version", lambda: "9.9.9")
+    monkeypatch.setattr("precompile.inspect.verify.verify.host_torch_version", lambda: "9.9.9")
     rc, out, err = run_cli(capsys, ["verify", "-v", "--host", str(tmp_path / "old")])
     assert rc == 1
     assert "captured with Python 2." in out and "this host runs Python 3." in out
@@ -139,8 +139,8 @@ def test_diff_shows_the_difference_first(capsys):
 
 
 def test_diff_keys_by_identity_not_position(tmp_path):
-    from precompile.inspect.diff import diff
-    from precompile.inspect.reader import open_artifact
+    from precompile.inspect.diff.diff import diff
+    from precompile.inspect.reading.reader import open_artifact
 
     source = (FIXTURES / "v1/mlp.py").read_text()
     start = source.index("PARAMS = (") + len("PARAMS = (")
@@ -209,10 +209,10 @@ def test_schema(capsys):
 
 
 def test_report_schema_committed():
-    from precompile.inspect.report import SCHEMA_PATH, render_schema
+    from precompile.inspect.model.report import SCHEMA_PATH, render_schema
 
     assert SCHEMA_PATH.read_text(encoding="utf-8") == render_schema(), (
-        "precompile/inspect/report.schema.json drifted: run python -m precompile.inspect.report"
+        "precompile/inspect/model/report.schema.json drifted: run python -m precompile.inspect.model.report"
     )
 
 

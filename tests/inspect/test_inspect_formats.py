@@ -31,7 +31,7 @@ def _repo_root(monkeypatch):
 
 
 def _show_json(capsys, *paths) -> tuple[int, dict, str]:
-    from precompile.inspect.report import Report
+    from precompile.inspect.model.report import Report
 
     rc, out, err = run_cli(capsys, ["show", "--json", *map(str, paths)])
     msgspec.json.decode(out, type=Report)  # the report obeys its own schema

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from test_inspect_helpers import FIXTURES
 
-from precompile.inspect import chunked_parse, part_readings
 from precompile.inspect.api import guards_report, open_path, show_report, verify_report
+from precompile.inspect.parsing import chunked_parse, part_readings
 
 BASE = FIXTURES / "v1" / "dynamo_lowered"
 

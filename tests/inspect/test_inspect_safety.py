@@ -135,7 +135,7 @@ def test_huge_declared_header_is_refused_before_allocation(capsys, tmp_path):
 
 
 def test_zip_member_size_is_bounded(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("precompile.inspect.reader.MAX_PICKLE_SIZE", 100)
+    monkeypatch.setattr("precompile.inspect.reading.reader.MAX_PICKLE_SIZE", 100)
     shutil.copy(FIXTURES / "v1/mlp.py", tmp_path / "z.py")
     with zipfile.ZipFile(tmp_path / "z.cache", "w") as archive:
         archive.writestr("archive/data.pkl", pickle.dumps({"x": b"\x00" * 1000}))

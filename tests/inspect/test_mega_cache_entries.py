@@ -222,7 +222,7 @@ def test_plain_verify_judges_a_mega_cache_as_show_does(capsys, tmp_path):
 
 
 def test_verify_host_judges_the_recorded_keys_against_this_host(capsys, tmp_path, monkeypatch):
-    import precompile.inspect.mega_cache_host as host
+    import precompile.inspect.verify.mega_cache_host as host
 
     blob = _blob(tmp_path, "torch-2.13.0.bin")
     monkeypatch.setattr(host, "host_torch_version", lambda: "2.13.0+cpu")
@@ -267,7 +267,7 @@ def test_diff_of_two_blobs_names_the_kernel_that_differs(capsys, tmp_path):
 def test_precompile_entries_name_their_kernels_and_system_but_are_not_reviewed(capsys, tmp_path, monkeypatch):
     # torch 2.14 with TORCH_CACHING_PRECOMPILE=1: Dynamo's entry nests its guards and the user's own
     # classes (here __main__.Tiny), which no list reviews; its SystemInfo records Python and torch.
-    import precompile.inspect.mega_cache_host as host
+    import precompile.inspect.verify.mega_cache_host as host
 
     blob = _blob(tmp_path, "torch-2.14.1-precompile.bin")
     rc, out, err = run_cli(capsys, ["show", blob])

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from property_budget import examples
 from test_inspect_helpers import FIXTURES
 
-from precompile.inspect import chunked_parse, part_readings, reader, rendered_guards
+from precompile.inspect.parsing import chunked_parse, part_readings, rendered_guards
+from precompile.inspect.reading import reader
 
 PICKLE = base64.b64encode(pickle.dumps({"k": "v" * 40}, protocol=4)).decode()
 TAIL = f"_blob = {PICKLE!r}\nBACKEND = open('x')\n"

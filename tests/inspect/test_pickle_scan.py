@@ -217,7 +217,7 @@ def _data_only(result) -> bool:
 def test_dynamo_fixtures_carry_nothing_dangerous():
     """The real opaque states: nothing dangerous anywhere; and as the opaque state load unpickles,
     every name is on the data-only list or reviewed as Dynamo's (or the captured model's) own."""
-    from precompile.inspect.reader import read_python_code
+    from precompile.inspect.reading.reader import read_python_code
 
     states = [name for name in FIXTURE_PICKLES if name.endswith(":_dynamo_state") and "hostile" not in name]
     assert len(states) == 5  # dynamo_break, _eager, _installed, _rows, _rows_risky (_lowered pickles nothing)

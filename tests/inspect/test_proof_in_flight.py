@@ -12,7 +12,8 @@ from test_inspect_helpers import run_cli
 
 from precompile.artifact import bytecode, codec
 from precompile.artifact.pycode import code_hash, decode_source, parse_metadata, parse_source
-from precompile.inspect import bytecode_proof, reader
+from precompile.inspect.reading import reader
+from precompile.inspect.verify import bytecode_proof
 
 BASE = ROOT / "fixtures" / "v1" / "dynamo_rows"
 

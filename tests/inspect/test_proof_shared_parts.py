@@ -8,7 +8,8 @@ from conftest import ROOT
 
 from precompile.artifact import bytecode
 from precompile.artifact.pycode import code_hash, decode_source, parse_metadata, parse_source
-from precompile.inspect import bytecode_proof, chunked_parse
+from precompile.inspect.parsing import chunked_parse
+from precompile.inspect.verify import bytecode_proof
 
 BASE = (ROOT / "fixtures" / "v1" / "dynamo_rows.py").read_bytes()
 # A non-canonical opaque part: load's rule finds a problem that names its line, which moves below.

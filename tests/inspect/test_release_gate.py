@@ -15,7 +15,7 @@ import torch
 import precompile
 from gate_model import Scaled, step
 from precompile.artifact import codec
-from precompile.inspect.diff import CATEGORIES
+from precompile.inspect.diff.diff import CATEGORIES
 from test_inspect_helpers import FIXTURES, ROOT, run_cli
 
 RELEASES = {  # name: (grad enabled, scale, hidden, dtype)
@@ -230,9 +230,9 @@ def test_a_release_signed_by_another_key_is_a_difference(releases, capsys, tmp_p
 def test_a_long_value_is_cut_around_the_part_that_changed(capsys):
     """A guard value of thousands of characters that changed near its end showed only its shared head
     (issue 51, item 6): both renderings show the part that differs."""
-    from precompile.inspect.render_markdown import render_markdown
-    from precompile.inspect.render_text import render_diff
-    from precompile.inspect.report import DiffEntry, DiffReport
+    from precompile.inspect.model.report import DiffEntry, DiffReport
+    from precompile.inspect.render.render_markdown import render_markdown
+    from precompile.inspect.render.render_text import render_diff
 
     head = "CONSTANT_MATCH model.table == (" + ", ".join(str(i) for i in range(1500))
     entry = DiffEntry(section="guards", key="CONSTANT_MATCH model.table", change="changed", a=head + ", 7777)", b=head + ", 8888)")

@@ -6,7 +6,7 @@ import pytest
 from snapshot_extensions import torch_series
 from test_inspect_helpers import FIXTURES, ROOT
 
-from precompile.inspect.sections import split_sections
+from precompile.inspect.parsing.sections import split_sections
 
 GOLDENS = ROOT / "tests" / "codegen" / "goldens" / "test_codegen_snapshots"
 

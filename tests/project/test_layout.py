@@ -1,6 +1,8 @@
 """The house's floor plan, checked from the code: the public names are the intended ones, and the
 rooms import each other only along the data flow (capture -> codegen -> artifact on disk -> serve,
-with the torch-free artifact and inspect rooms importing neither capture nor serve nor torch).
+with the torch-free artifact and inspect rooms importing neither capture nor serve nor torch), and
+inspect's own rooms import one way down (model -> formats, parsing -> verify -> reading -> diff -> render,
+beneath its command layer).
 
 Imports are read with ast from every module of the package, lazy ones inside functions included.
 """
@@ -79,6 +81,59 @@ def test_rooms_import_each_other_only_along_the_data_flow(modules):
                 if target_room not in ("top", room) and target_room not in ALLOWED[room]:
                     wrong.append(f"{name} ({room}) imports {target} ({target_room})")
     assert wrong == []
+
+
+# inspect's own rooms (its sub-packages) -> the rooms of inspect each may import, as each one's docstring
+# says. inspect's top-level modules are the command layer (the CLI verbs, the Python API): they may
+# import any room, and no room imports them or the package itself (a climb).
+INSPECT_ALLOWED = {
+    "model": set(),
+    "formats": {"model"},
+    "parsing": {"model"},
+    "verify": {"model", "formats", "parsing"},
+    "reading": {"model", "formats", "parsing", "verify"},
+    "diff": {"model", "parsing", "verify", "reading"},
+    "render": {"model", "formats", "reading", "diff"},
+}
+MAX_INSPECT_TOP_MODULES = 10
+
+
+def _inspect_room(module: str) -> str | None:
+    """The room of inspect a dotted module name lies in, "" for its command layer, None outside inspect."""
+    parts = module.split(".")
+    if parts[:2] != ["precompile", "inspect"]:
+        return None
+    return parts[2] if len(parts) > 2 and parts[2] in INSPECT_ALLOWED else ""
+
+
+def test_inspect_rooms_import_down_one_way(modules):
+    wrong = []
+    for name, tree in modules.items():
+        room = _inspect_room(name)
+        if not room:
+            continue
+        for imported, names in _imports(tree):
+            for target in _targets(imported, names):
+                target_room = _inspect_room(target)
+                if target_room is not None and target_room != room and target_room not in INSPECT_ALLOWED[room]:
+                    wrong.append(f"{name} ({room}) imports {target} ({target_room or 'the command layer'})")
+    assert wrong == []
+
+
+def test_inspect_is_a_house_of_declared_rooms_without_cycles(modules):
+    """Every sub-package is a declared room with a docstring saying what it owns and may import, the
+    rooms' allowances have no cycle, and the command layer stays a handful of modules."""
+    rooms = {name.split(".")[2] for name in modules if name.startswith("precompile.inspect.") and name.count(".") == 3}
+    assert rooms == set(INSPECT_ALLOWED)
+    for room in rooms:
+        assert ast.get_docstring(modules[f"precompile.inspect.{room}.__init__"]), room
+    placed: list[str] = []
+    while len(placed) < len(INSPECT_ALLOWED):
+        ready = [room for room, allowed in INSPECT_ALLOWED.items() if room not in placed and allowed <= set(placed)]
+        assert ready, f"the rooms {sorted(set(INSPECT_ALLOWED) - set(placed))} allow each other in a cycle"
+        placed.extend(ready)
+    top = [name for name in modules if name.startswith("precompile.inspect.") and name.count(".") == 2]
+    assert len(top) <= MAX_INSPECT_TOP_MODULES, top
 
 
 def test_the_torch_free_rooms_never_import_torch(modules):

@@ -554,7 +554,7 @@ def test_a_summary_whose_value_is_not_a_plain_literal_is_compiled(value):
 def test_the_cli_escapes_artifact_text_in_its_errors_and_what_a_terminal_would_hide(capsys, tmp_path):
     """Errors the CLI prints quote files (a path here), and separators or invisible characters in
     what an artifact says are shown as escapes, not acted on or hidden."""
-    from precompile.inspect.terminal_text import printable
+    from precompile.inspect.render.terminal_text import printable
 
     assert printable("a\u2028b\u200bc\ufeffd\u061ce\x9bf") == "a\\u2028b\\u200bc\\ufeffd\\u061ce\\x9bf"
     hostile = tmp_path / "m\x1b]0;pwned\x07.py"

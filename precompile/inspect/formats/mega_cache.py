@@ -26,7 +26,7 @@ from precompile.artifact.pickle_scan import is_pickle, scan_pickle
 from precompile.inspect.formats.mega_cache_code import entry_code, recorded_keys
 from precompile.inspect.formats.mega_cache_policy import call_shape_for, reviewed_for, with_stored_callables
 from precompile.inspect.formats.mega_cache_runs import entry_runs
-from precompile.inspect.model import Blob, MegaCache, MegaCacheContent, MegaCacheEntry
+from precompile.inspect.model.artifact import Blob, MegaCache, MegaCacheContent, MegaCacheEntry
 
 ENCODING_VERSION = 1
 MAX_ENTRIES = 100_000

@@ -21,7 +21,7 @@ import hashlib
 import re
 
 from precompile.artifact.pickle_ops import PickleStreamError, read_ops
-from precompile.inspect.model import MegaCacheCode, NamedValue
+from precompile.inspect.model.artifact import MegaCacheCode, NamedValue
 
 MAX_DEPTH = 3
 """Pickles nested in bytes read for strings, below the entry's own (precompile entries nest two deep)."""

@@ -24,7 +24,7 @@ from typing import NamedTuple
 import msgspec
 
 from precompile.artifact.pickle_shapes import CallShape
-from precompile.inspect.model import PickleScan
+from precompile.inspect.model.artifact import PickleScan
 
 
 class Review(NamedTuple):

@@ -30,7 +30,7 @@ from precompile.artifact.pickle_machine import BuildState
 from precompile.artifact.pickle_symbols import summarize
 from precompile.inspect.formats.guard_expressions import refusal
 from precompile.inspect.formats.mega_cache_policy import REVIEWED
-from precompile.inspect.model import MegaCacheEntry, MegaCacheRun
+from precompile.inspect.model.artifact import MegaCacheEntry, MegaCacheRun
 
 MAX_SHOWN = 2000
 """Characters of a field's text kept in the report; a longer one is cut, giving its length."""

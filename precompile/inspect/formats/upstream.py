@@ -15,7 +15,7 @@ from __future__ import annotations
 from precompile.artifact.pycode import NotALiteral
 from precompile.inspect.formats.mega_cache import read_mega_cache
 from precompile.inspect.formats.pickle_values import PickleValueError, pickle_value
-from precompile.inspect.model import NamedValue, UpstreamCodeInfo, UpstreamPrecompile
+from precompile.inspect.model.artifact import NamedValue, UpstreamCodeInfo, UpstreamPrecompile
 
 CACHE_FORMAT = "torch.compiler.precompile"
 CACHE_VERSION = 1

@@ -30,16 +30,16 @@ from precompile.artifact.codec import CacheFormatError
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
-from precompile.inspect.bundle_payload import bundle_files
-from precompile.inspect.diff import category
-from precompile.inspect.frames import frame_label, frame_role, frame_served
-from precompile.inspect.guards import guards_of, shape_text
-from precompile.inspect.highlight import highlight_lines, language_of
-from precompile.inspect.kernels import named_kernels
-from precompile.inspect.model import Artifact
-from precompile.inspect.render_text import diff_verdict, render_show
-from precompile.inspect.report import DiffReport, ShowReport
-from precompile.inspect.terminal_text import printable
+from precompile.inspect.diff.diff import category
+from precompile.inspect.diff.kernels import named_kernels
+from precompile.inspect.model.artifact import Artifact
+from precompile.inspect.model.report import DiffReport, ShowReport
+from precompile.inspect.reading.bundle_payload import bundle_files
+from precompile.inspect.reading.frames import frame_label, frame_role, frame_served
+from precompile.inspect.reading.guards import guards_of, shape_text
+from precompile.inspect.render.highlight import highlight_lines, language_of
+from precompile.inspect.render.render_text import diff_verdict, render_show
+from precompile.inspect.render.terminal_text import printable
 
 MAX_SHOWN_SOURCE = 512 * 1024
 """A kernel source or section longer than this (characters) is cut, saying so: the page stays openable."""
@@ -55,7 +55,7 @@ def _shown(value):
 
 
 _ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("precompile.inspect", "templates"),
+    loader=jinja2.PackageLoader("precompile.inspect.render", "templates"),
     autoescape=True,
     undefined=jinja2.StrictUndefined,
     trim_blocks=True,
@@ -234,7 +234,7 @@ def _guards(page: ArtifactPage, artifact: Artifact, source: str | None) -> None:
 
 
 def _kernels(page: ArtifactPage, artifact: Artifact, source: str | None, code: bytes | None) -> None:
-    from precompile.inspect.extract import subgraph_modules
+    from precompile.inspect.reading.extract import subgraph_modules
 
     if source is not None and artifact.python_code.metadata is not None:
         try:

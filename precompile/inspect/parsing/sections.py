@@ -13,7 +13,7 @@ import hashlib
 import re
 
 from precompile.artifact.section_grammar import BANNER_LINE, NAMED_TITLE, TITLE_LINE
-from precompile.inspect.model import Section
+from precompile.inspect.model.artifact import Section
 
 # Titles of the layout before explicit slugs, and the names that layout's sections now go by.
 _LEGACY_SUBGRAPH = re.compile(r"Subgraph (graph_\d+), compiled in frame .*?: (forward|backward)? ?")

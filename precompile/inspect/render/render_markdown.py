@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import re
 
-from precompile.inspect.diff import CATEGORIES, category, code_category, gate_failures
-from precompile.inspect.line_diff import around_change
-from precompile.inspect.render_text import diff_verdict
-from precompile.inspect.report import DiffEntry, DiffReport
-from precompile.inspect.terminal_text import printable
+from precompile.inspect.diff.diff import CATEGORIES, category, code_category, gate_failures
+from precompile.inspect.diff.line_diff import around_change
+from precompile.inspect.model.report import DiffEntry, DiffReport
+from precompile.inspect.render.render_text import diff_verdict
+from precompile.inspect.render.terminal_text import printable
 
 MAX_ENTRIES = 50
 """Differences listed per category; the rest are counted."""

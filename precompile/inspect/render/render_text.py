@@ -13,13 +13,11 @@ from precompile.artifact.bundle_keys import provenance, requirements
 from precompile.artifact.bundle_rules import unserved_reason
 from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMetadata
 from precompile.artifact.pickle_policy import DATA_ONLY, PARTIAL
-from precompile.inspect.diff import SECTIONS
+from precompile.inspect.diff.diff import SECTIONS
+from precompile.inspect.diff.line_diff import MAX_SHOWN_CHARS, around_change, shown
 from precompile.inspect.formats.mega_cache_policy import review_reason
 from precompile.inspect.formats.mega_cache_runs import run_finding
-from precompile.inspect.frames import frame_label, frame_role, frame_served
-from precompile.inspect.guards import shape_text
-from precompile.inspect.line_diff import MAX_SHOWN_CHARS, around_change, shown
-from precompile.inspect.model import (
+from precompile.inspect.model.artifact import (
     Artifact,
     CacheInfo,
     Guards,
@@ -29,7 +27,9 @@ from precompile.inspect.model import (
     PythonCodeInfo,
     UpstreamCache,
 )
-from precompile.inspect.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
+from precompile.inspect.model.report import DiffReport, ExtractReport, GuardsReport, ShowReport, VerifyReport
+from precompile.inspect.reading.frames import frame_label, frame_role, frame_served
+from precompile.inspect.reading.guards import shape_text
 
 Line = tuple[str, "str | None"]
 HEAD = "bold"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from precompile.artifact.codec import MAX_HEADER_SIZE, MAX_PAYLOAD_SIZE, PREFIX_SIZE, decode_payload
 from precompile.artifact.pair import read_bytes
-from precompile.inspect.model import CacheInfo
+from precompile.inspect.model.artifact import CacheInfo
 
 
 def bundle_files(cache: CacheInfo) -> dict[str, bytes]:

@@ -27,8 +27,6 @@ from precompile.artifact.pickle_ops import OPCODE_BYTES
 from precompile.artifact.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, decode_source, metadata_of
 from precompile.errors import PrecompileError
-from precompile.inspect import part_readings, rendered_guards
-from precompile.inspect.chunked_parse import read_parts
 from precompile.inspect.formats.mega_cache import looks_like_mega_cache, read_mega_cache
 from precompile.inspect.formats.upstream import (
     CACHE_VERSION,
@@ -37,7 +35,7 @@ from precompile.inspect.formats.upstream import (
     upstream_envelope,
     upstream_pairing_problem,
 )
-from precompile.inspect.model import (
+from precompile.inspect.model.artifact import (
     Artifact,
     Blob,
     CacheInfo,
@@ -45,8 +43,10 @@ from precompile.inspect.model import (
     UpstreamCache,
     ZipMember,
 )
-from precompile.inspect.opaque import OpaqueReader
-from precompile.inspect.sections import split_sections
+from precompile.inspect.parsing import part_readings, rendered_guards
+from precompile.inspect.parsing.chunked_parse import read_parts
+from precompile.inspect.parsing.opaque import OpaqueReader
+from precompile.inspect.parsing.sections import split_sections
 
 MAX_ZIP_MEMBERS = 10_000
 SNIFF_SIZE = 256
@@ -347,7 +347,7 @@ def open_artifact(python_code_path: str, cache_path: str, *, deep: bool = False,
     `prove`: start the bytecode proof verify and diff make (with `proof_memory_mib`) first, so that
     it runs while python_code is parsed."""
     if prove:
-        from precompile.inspect.verify import start_proofs
+        from precompile.inspect.verify.verify import start_proofs
 
         start_proofs([(python_code_path, cache_path)], proof_memory_mib)
     code_info, code = read_python_code(python_code_path)

@@ -20,9 +20,9 @@ from collections import Counter
 
 from precompile.artifact.bundle_keys import cpu_flags
 from precompile.inspect.formats.mega_cache_runs import run_finding
-from precompile.inspect.model import Artifact, MegaCache, MegaCacheEntry, PickleImport
-from precompile.inspect.report import Check, VerifyReport
-from precompile.inspect.verify import host_torch_version
+from precompile.inspect.model.artifact import Artifact, MegaCache, MegaCacheEntry, PickleImport
+from precompile.inspect.model.report import Check, VerifyReport
+from precompile.inspect.verify.verify import host_torch_version
 
 _VECTOR_ISA = ("avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "avx2", "fma", "sse4_2", "asimd", "sve", "sve2")
 

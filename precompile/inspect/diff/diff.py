@@ -18,20 +18,20 @@ from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMet
 from precompile.artifact.pycode import decode_source
 from precompile.artifact.summary import without_object_ids
 from precompile.errors import PrecompileError
-from precompile.inspect.bundle_payload import bundle_files
-from precompile.inspect.bytecode_proof import NOT_PROVEN
-from precompile.inspect.code_lines import compared_lines
-from precompile.inspect.frames import frame_label, frame_role, frame_served
-from precompile.inspect.guards import guards_of, readable_source, rendered_lines
-from precompile.inspect.kernels import kernel_diffs
-from precompile.inspect.library_code import code_digest
-from precompile.inspect.line_diff import unified
-from precompile.inspect.model import Artifact, MegaCache, UpstreamCache
-from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids
-from precompile.inspect.rendered_guards import global_state_rows, shape_text
-from precompile.inspect.report import Change, CodeDiff, DiffEntry, DiffReport, KernelDiff
-from precompile.inspect.sections import split_sections
-from precompile.inspect.verify import prepared_checks
+from precompile.inspect.diff.code_lines import compared_lines
+from precompile.inspect.diff.kernels import kernel_diffs
+from precompile.inspect.diff.library_code import code_digest
+from precompile.inspect.diff.line_diff import unified
+from precompile.inspect.diff.process_ids import mask_artifact_names, mask_process_ids
+from precompile.inspect.model.artifact import Artifact, MegaCache, UpstreamCache
+from precompile.inspect.model.report import Change, CodeDiff, DiffEntry, DiffReport, KernelDiff
+from precompile.inspect.parsing.rendered_guards import global_state_rows, shape_text
+from precompile.inspect.parsing.sections import split_sections
+from precompile.inspect.reading.bundle_payload import bundle_files
+from precompile.inspect.reading.frames import frame_label, frame_role, frame_served
+from precompile.inspect.reading.guards import guards_of, readable_source, rendered_lines
+from precompile.inspect.verify.bytecode_proof import NOT_PROVEN
+from precompile.inspect.verify.verify import prepared_checks
 from precompile.signing.envelope import Signature, read_signature, signature_path
 
 SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "envelope", "bundle", "entries")

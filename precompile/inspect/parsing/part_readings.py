@@ -15,8 +15,8 @@ import ast
 from typing import Any, NamedTuple
 
 from precompile.artifact.pycode import NotALiteral, literal_assignments
-from precompile.inspect import rendered_guards
-from precompile.inspect.opaque import OpaquePart, read_part
+from precompile.inspect.parsing import rendered_guards
+from precompile.inspect.parsing.opaque import OpaquePart, read_part
 
 
 class PartReading(NamedTuple):

@@ -40,11 +40,11 @@ from precompile.artifact.pair import pending_path, read_bytes
 from precompile.artifact.pickle_scan import finding_text, is_pickle, scan_pickle
 from precompile.artifact.pycode import MAX_PYTHON_CODE_SIZE, code_hash, decode_source
 from precompile.errors import PrecompileError
-from precompile.inspect import bytecode_proof
 from precompile.inspect.formats.mega_cache_runs import run_finding
 from precompile.inspect.formats.upstream import DEFAULT_TRACER
-from precompile.inspect.model import Artifact, PickleScan, UpstreamCodeInfo, UpstreamPrecompile
-from precompile.inspect.report import Check, VerifyReport
+from precompile.inspect.model.artifact import Artifact, PickleScan, UpstreamCodeInfo, UpstreamPrecompile
+from precompile.inspect.model.report import Check, VerifyReport
+from precompile.inspect.verify import bytecode_proof
 from precompile.signing.identity import Expectation
 from precompile.signing.keys import Key
 from precompile.signing.pair import check_pair

@@ -15,8 +15,8 @@ from __future__ import annotations
 import hashlib
 import re
 
-from precompile.inspect.opaque import pickle_of
-from precompile.inspect.process_ids import mask_artifact_names, mask_process_ids, opaque_fingerprint
+from precompile.inspect.diff.process_ids import mask_artifact_names, mask_process_ids, opaque_fingerprint
+from precompile.inspect.parsing.opaque import pickle_of
 
 LONG_LITERAL = 160
 """Base64 characters from which a literal is abbreviated: longer than a sha256 or sha512 in hex."""

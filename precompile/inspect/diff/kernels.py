@@ -18,10 +18,10 @@ import re
 
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
-from precompile.inspect.extract import subgraph_modules
-from precompile.inspect.line_diff import unified
-from precompile.inspect.model import Artifact
-from precompile.inspect.report import Change, KernelDiff
+from precompile.inspect.diff.line_diff import unified
+from precompile.inspect.model.artifact import Artifact
+from precompile.inspect.model.report import Change, KernelDiff
+from precompile.inspect.reading.extract import subgraph_modules
 
 MAX_KERNEL_LINES = 2000
 """Changed lines shown of the kernels' source diffs, all kernels together; the rest are counted."""

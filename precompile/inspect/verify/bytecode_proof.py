@@ -41,7 +41,7 @@ from precompile.artifact import bytecode, bytecode_check, opaque_state
 from precompile.artifact.envelope import CompiledCode
 from precompile.artifact.pycode import code_hash, decode_source
 from precompile.errors import PrecompileError, cause_of
-from precompile.inspect.chunked_parse import parsed_chunks, read_parts
+from precompile.inspect.parsing.chunked_parse import parsed_chunks, read_parts
 
 PROOF_MEMORY_ENV = "PRECOMPILE_PROOF_MEMORY"
 MIN_PROOF_MEMORY = 256 * 1024 * 1024
@@ -51,7 +51,7 @@ _MORE_THAN_ANY_MACHINE = 1 << 60
 MEMORY_PER_BYTE = 50
 NOT_PROVEN = "not proven"
 _MiB = 1024 * 1024
-_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from precompile.inspect.bytecode_proof import child_main; child_main()"
+_CHILD = "import sys; sys.path.insert(0, sys.argv[1]); from precompile.inspect.verify.bytecode_proof import child_main; child_main()"
 _SAFE_PATH = ("-P",) if sys.version_info >= (3, 11) else ()
 _Request = tuple[str, bytes, CompiledCode]
 Request = tuple[bytes, str, CompiledCode, int]
@@ -133,7 +133,7 @@ class _Running:
     bounds and take the sum of their time limits; it prints one answer a request."""
 
     def __init__(self, requests: list[Request]) -> None:
-        root = str(Path(__file__).resolve().parent.parent.parent)
+        root = str(Path(__file__).resolve().parents[3])  # the folder holding the precompile package
         self.sizes = [len(python_code) for python_code, *_ in requests]
         self.memory = max(memory for *_, memory in requests)
         self.seconds = sum(map(proof_seconds, self.sizes))

@@ -27,13 +27,13 @@ from precompile.artifact.pair import read_bytes
 from precompile.artifact.pickle_scan import MAX_PICKLE_SIZE
 from precompile.artifact.pycode import decode_source
 from precompile.errors import PrecompileError
-from precompile.inspect.bundle_payload import bundle_files
 from precompile.inspect.formats.mega_cache import entry_contents
 from precompile.inspect.formats.pickle_values import pickle_value
-from precompile.inspect.model import Artifact, Blob, CacheInfo
-from precompile.inspect.reader import MAX_ZIP_MEMBERS, read_member
-from precompile.inspect.report import ExtractedFile, ExtractReport
-from precompile.inspect.sections import split_sections
+from precompile.inspect.model.artifact import Artifact, Blob, CacheInfo
+from precompile.inspect.model.report import ExtractedFile, ExtractReport
+from precompile.inspect.parsing.sections import split_sections
+from precompile.inspect.reading.bundle_payload import bundle_files
+from precompile.inspect.reading.reader import MAX_ZIP_MEMBERS, read_member
 
 MAX_MEMBER_SIZE = 1024 * 1024 * 1024
 

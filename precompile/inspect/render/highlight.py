@@ -16,7 +16,7 @@ import tokenize
 
 from markupsafe import Markup, escape
 
-from precompile.inspect.terminal_text import printable
+from precompile.inspect.render.terminal_text import printable
 
 _BUILTINS = frozenset(name for name in dir(builtins) if not name.startswith("_"))
 _STRING_TYPES = frozenset(getattr(tokenize, name) for name in ("STRING", "FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END")

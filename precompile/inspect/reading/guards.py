@@ -17,7 +17,7 @@ from precompile.artifact.metadata import (
     SpecializedValue,
     specialized_source,
 )
-from precompile.inspect.model import (
+from precompile.inspect.model.artifact import (
     Artifact,
     FrameGuards,
     Guards,
@@ -27,7 +27,7 @@ from precompile.inspect.model import (
     SpecializationKind,
     UpstreamCodeInfo,
 )
-from precompile.inspect.rendered_guards import Rendered, global_state_rows, rendered_checks, shape_text, tensor_rows
+from precompile.inspect.parsing.rendered_guards import Rendered, global_state_rows, rendered_checks, shape_text, tensor_rows
 
 _NOT_CHECKED_ALWAYS = (
     "tensor values: control flow that depended on them was fixed at capture",
@@ -271,7 +271,7 @@ def guards_of(artifact: Artifact, source: str | bytes | None = None) -> Guards |
 def rendered_lines(artifact: Artifact, source: str | bytes | None) -> Rendered | None:
     """Where python_code (`source`, as read for the artifact) renders its guards, from the parse that
     read it (None: parse it again a part at a time)."""
-    from precompile.inspect.reader import rendered_guards_found
+    from precompile.inspect.reading.reader import rendered_guards_found
 
     if not isinstance(source, bytes) or not artifact.python_code.path:
         return None

@@ -15,8 +15,8 @@ from precompile.artifact.metadata import DynamoMetadata
 from precompile.artifact.opaque_state import nodes
 from precompile.artifact.pycode import code_lines, cyclic_gc_paused
 from precompile.errors import PrecompileError
-from precompile.inspect import check_text
-from precompile.inspect.chunked_parse import parsed_chunks
+from precompile.inspect.parsing import check_text
+from precompile.inspect.parsing.chunked_parse import parsed_chunks
 
 
 def shape_text(shape) -> str:

@@ -35,7 +35,7 @@ from precompile.artifact.opaque_state import (
 )
 from precompile.artifact.pickle_policy import captured_modules, dynamo_state_reviewed
 from precompile.artifact.pickle_scan import MAX_PICKLE_SIZE, is_pickle, scan_pickle
-from precompile.inspect.model import PickleScan, Section
+from precompile.inspect.model.artifact import PickleScan, Section
 
 MIN_BLOB_CHARS = 16
 _PICKLE_BASE64 = re.compile(r"[^A-Za-z0-9+/]*g|[^A-Za-z0-9+/_-]*g")

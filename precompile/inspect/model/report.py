@@ -2,7 +2,7 @@
 
 `report_version` changes only on a backward-incompatible change (a field removed, or its meaning or
 type changed); tools must check it. New fields may appear with defaults at any time. After a
-deliberate change run `python -m precompile.inspect.report` to refresh `report.schema.json`; a test
+deliberate change run `python -m precompile.inspect.model.report` to refresh `report.schema.json`; a test
 fails while it drifts.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Literal, Union
 
 import msgspec
 
-from precompile.inspect.model import Artifact, Blob, Guards, PickleScan
+from precompile.inspect.model.artifact import Artifact, Blob, Guards, PickleScan
 
 REPORT_VERSION = "1"
 SCHEMA_PATH = Path(__file__).parent / "report.schema.json"

@@ -21,10 +21,10 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from precompile.errors import PrecompileError
-from precompile.inspect.diff import CATEGORIES, category, code_category, gate_failures
-from precompile.inspect.render_text import diff_verdict
-from precompile.inspect.report import DiffReport
-from precompile.inspect.terminal_text import printable
+from precompile.inspect.diff.diff import CATEGORIES, category, code_category, gate_failures
+from precompile.inspect.model.report import DiffReport
+from precompile.inspect.render.render_text import diff_verdict
+from precompile.inspect.render.terminal_text import printable
 
 SUITE = "precompile diff"
 MAX_LISTED = 1000
