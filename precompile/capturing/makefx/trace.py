@@ -398,7 +398,9 @@ def _data_dependent(what: str) -> str:
 def _user_args(args: tuple, kwargs: dict[str, Any], module_positions: tuple[int, ...]) -> dict[int | str, Any]:
     """The runtime inputs: fn's positional args but the modules, keyed by position (paths read args[i]),
     then its keyword arguments, keyed by name in the call's order (paths read kwargs['name'])."""
-    return {**{i: a for i, a in enumerate(args) if i not in module_positions}, **kwargs}
+    inputs: dict[int | str, Any] = {i: a for i, a in enumerate(args) if i not in module_positions}
+    inputs.update(kwargs.items())
+    return inputs
 
 
 def _name(fn) -> str:

@@ -552,14 +552,23 @@ class _Frame:
             _fail(self.artifact, f"frame {self.label!r} has no captured variant (it was bypassed during capture)",
                   "capture again with calls that compile it", CallMismatch)
         reasons = [f"variant {index}: {guards.explain(f_locals)}" for index, (guards, _) in enumerate(self.variants)]
+        # Dynamo specializes each graph on its tensors' strides, as torch.compile does (it recompiles
+        # for a new layout): a layout is served by a variant captured with it.
+        remedy = _LAYOUT_REMEDY if any("stride mismatch" in reason for reason in reasons) else self.remedy
         _fail(self.artifact, f"no captured variant of {self.label!r} covers this call ({len(self.variants)} captured): "
-                             + " | ".join(reasons), self.remedy, CallMismatch)
+                             + " | ".join(reasons), remedy, CallMismatch)
 
     def update_threads(self):
         if self.global_state_guards and torch.get_num_threads() != self.threads:
             self.threads = torch.get_num_threads()
             for guard in self.global_state_guards:
                 _set_thread_count(guard, self.threads)
+
+
+_LAYOUT_REMEDY = ("a tensor's memory layout (its strides) differs from every captured call's, and each captured graph is "
+                  "specialized on it: capture a call with this layout too (call the capture once per layout you serve, "
+                  "e.g. with x.to(memory_format=torch.channels_last) or the strided view you pass; each becomes a "
+                  "variant), or pass contiguous tensors (.contiguous())")
 
 
 def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, runs_as_python, target):
