@@ -489,6 +489,13 @@ def _binder(code, name, defaults, kwdefaults):
     return binder
 
 
+_CALL_REMEDY = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
+_LAYOUT_REMEDY = ("a tensor's memory layout (its strides) differs from every captured call's, and each captured graph is "
+                  "specialized on it: capture a call with this layout too (call the capture once per layout you serve, "
+                  "e.g. with x.to(memory_format=torch.channels_last) or the strided view you pass; each becomes a "
+                  "variant), or pass contiguous tensors (.contiguous())")
+
+
 class _Frame:
     """One captured code object: its variants (guards, then the transformed code) and how to call it."""
 
@@ -501,7 +508,7 @@ class _Frame:
         self.original = original
         # The code object the guards are built for: the live one an installed frame serves from.
         self.target = self.original if target is None else target
-        self.remedy = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
+        self.remedy = _CALL_REMEDY
         # A continuation that compiled nothing runs as its original bytecode, as during capture.
         self.runs_as_python = runs_as_python
         self.bypassed = bypassed
@@ -554,7 +561,9 @@ class _Frame:
         reasons = [f"variant {index}: {guards.explain(f_locals)}" for index, (guards, _) in enumerate(self.variants)]
         # Dynamo specializes each graph on its tensors' strides, as torch.compile does (it recompiles
         # for a new layout): a layout is served by a variant captured with it.
-        remedy = _LAYOUT_REMEDY if any("stride mismatch" in reason for reason in reasons) else self.remedy
+        remedy = self.remedy
+        if any("stride mismatch" in reason for reason in reasons):
+            remedy = _LAYOUT_REMEDY if remedy == _CALL_REMEDY else f"{_LAYOUT_REMEDY}; {remedy}"
         _fail(self.artifact, f"no captured variant of {self.label!r} covers this call ({len(self.variants)} captured): "
                              + " | ".join(reasons), remedy, CallMismatch)
 
@@ -563,12 +572,6 @@ class _Frame:
             self.threads = torch.get_num_threads()
             for guard in self.global_state_guards:
                 _set_thread_count(guard, self.threads)
-
-
-_LAYOUT_REMEDY = ("a tensor's memory layout (its strides) differs from every captured call's, and each captured graph is "
-                  "specialized on it: capture a call with this layout too (call the capture once per layout you serve, "
-                  "e.g. with x.to(memory_format=torch.channels_last) or the strided view you pass; each becomes a "
-                  "variant), or pass contiguous tensors (.contiguous())")
 
 
 def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, runs_as_python, target):
