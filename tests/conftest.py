@@ -46,6 +46,7 @@ SLOW_FILES = {
     "test_html_report_browser.py",
     "test_inductor.py",
     "test_inspect_determinism.py",
+    "test_layouts_and_keywords.py",
     "test_plain_exec.py",
     "test_pytest_plugin.py",
     "test_roundtrip.py",

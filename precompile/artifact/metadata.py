@@ -134,7 +134,8 @@ class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", t
     """Parameters of the module arguments, in order; a tied weight appears once, under its first name."""
     buffers: tuple[NamedTensor, ...]
     in_spec: str
-    """pytree spec (treespec_dumps) of the positional args with every module replaced by None."""
+    """pytree spec (treespec_dumps) of fn's arguments but the modules: a dict of the positional args by
+    position, then the keyword arguments by name, in the captured call's order."""
     inputs: tuple[Leaf, ...]
     out_spec: str
     outputs: tuple[Leaf, ...]

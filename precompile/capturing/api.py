@@ -187,10 +187,6 @@ class Capture(Generic[_P, _R]):
             with progress.shown(self.verbose):
                 return dynamo(*args, **kwargs)  # runs compiled, in the caller's grad mode; recorded
         with self._lock:
-            if kwargs:
-                raise CaptureRefused(
-                    f"MakeFxTracer takes positional arguments only, got keyword arguments {sorted(kwargs)}; pass them positionally"
-                )
             if self._call_failed is not None:
                 raise CaptureRefused(
                     f"this MakeFxTracer capture's call already raised {type(self._call_failed).__name__}; run a fresh capture()"
@@ -204,7 +200,7 @@ class Capture(Generic[_P, _R]):
                 with progress.shown(self.verbose):
                     assert isinstance(self.tracer, MakeFxTracer)  # a capture without a Dynamo session
                     built = build_makefx(
-                        self.fn, args, backend=self.backend, decompositions=self.tracer.decompositions,
+                        self.fn, args, kwargs, backend=self.backend, decompositions=self.tracer.decompositions,
                         artifact_path=self.artifact_path,
                     )
             except BaseException as exc:
@@ -212,7 +208,7 @@ class Capture(Generic[_P, _R]):
                 raise
             self._pair = built.pair
         # Serve the rendered artifact: the call runs for real, exactly as load() would run it.
-        return built.forward(*args)
+        return built.forward(*args, **kwargs)
 
     def save(self) -> None:
         """Write what has been captured so far without ending the capture."""

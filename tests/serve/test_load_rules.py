@@ -175,8 +175,9 @@ def test_served_calls_check_the_calling_convention(pair, args, message):
     assert str(pair[0].name) in str(info.value)
 
 
-def test_keyword_arguments_are_refused_at_serve_time(pair):
-    with pytest.raises(PrecompileError, match=r"got keyword arguments \['scale'\].*positional arguments only"):
+def test_a_keyword_the_capture_did_not_pass_is_refused_at_serve_time(pair):
+    with pytest.raises(PrecompileError, match=r"got keyword arguments \['scale'\] but the artifact was captured with \[\] "
+                                              r"\(missing \[\], unexpected \['scale'\]\)"):
         precompile.load(*pair)(MODEL, torch.ones(2, 4), scale=0.5)
 
 

@@ -29,13 +29,14 @@ class BuiltPair:
     """The served forward of the rendered python_code, already loaded in this process."""
 
 
-def build_makefx(fn, args: tuple, *, backend: Backend, decompositions, artifact_path: Path) -> BuiltPair:
-    """Trace fn(*args), lower and render it (for Inductor, lowering builds the kernels into the
+def build_makefx(fn, args: tuple, kwargs: dict[str, Any], *, backend: Backend, decompositions,
+                 artifact_path: Path) -> BuiltPair:
+    """Trace fn(*args, **kwargs), lower and render it (for Inductor, lowering builds the kernels into the
     capture's kernel dir), load the rendered python_code on those kernels as load will, and finish
     the pair (pipeline.py)."""
     with contextlib.ExitStack() as stack:
         with phase("trace with make_fx"):
-            traced = makefx.trace(fn, args, decompositions, layout=backend == "inductor")
+            traced = makefx.trace(fn, args, decompositions, kwargs=kwargs, layout=backend == "inductor")
         kernel_build = None
         if backend == "inductor":  # the kernel dir is held from lowering to freezing, not while fn is traced
             kernel_build = stack.enter_context(kernels.private_inductor_cache())

@@ -1,4 +1,4 @@
-"""MakeFxTracer: one non-strict make_fx trace of fn(*args) on fake tensors.
+"""MakeFxTracer: one non-strict make_fx trace of fn(*args, **kwargs) on fake tensors.
 
 Every nn.Module argument has its parameters and buffers lifted to graph inputs (tied weights once),
 so the graph holds no weights. The trace runs on fakes: nothing real is computed or mutated here;
@@ -119,6 +119,7 @@ class _FlatCall:
     what rebuilds fn's arguments from it."""
 
     args: tuple
+    kwargs: dict[str, Any]
     module_positions: tuple[int, ...]
     modules: list[torch.nn.Module]
     params: list[tuple[str, torch.Tensor]]
@@ -134,19 +135,23 @@ class _FlatCall:
         return self.params + self.buffers
 
 
-def _flatten_call(args: tuple, layout: bool) -> _FlatCall:
+def _flatten_call(args: tuple, kwargs: dict[str, Any], layout: bool) -> _FlatCall:
     """Split a call into the models' state and the runtime inputs, refusing what cannot be captured."""
+    for name, value in kwargs.items():
+        if isinstance(value, torch.nn.Module):
+            raise CaptureRefused(f"keyword argument {name!r} is an nn.Module ({type(value).__name__}); a MakeFx artifact "
+                                 "takes its models positionally: pass it positionally")
     module_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.nn.Module))
     modules = [args[i] for i in module_positions]
     params, buffers = collect_params_and_buffers(modules)
     for name, tensor in params + buffers:
         if unbacked.marked_dims(tensor):
             raise CaptureRefused(f"model tensor {name!r} has dims marked with mark_unbacked; only runtime inputs can be")
-    keyed_leaves, in_spec = pytree.tree_flatten_with_path(_user_args(args, module_positions))
+    keyed_leaves, in_spec = pytree.tree_flatten_with_path(_user_args(args, kwargs, module_positions))
     inputs: list[str | ConstantLeaf] = []
     tensor_inputs = []
     for key_path, value in keyed_leaves:
-        path = _path("args", key_path)
+        path = _path("kwargs" if isinstance(key_path[0].key, str) else "args", key_path)
         _refuse_unsupported_input(path, value)
         if isinstance(value, torch.Tensor):
             unbacked.refuse_unsupported_marks(path, value, allow_unbacked=layout)
@@ -154,7 +159,7 @@ def _flatten_call(args: tuple, layout: bool) -> _FlatCall:
             inputs.append(path)
         else:
             inputs.append(ConstantLeaf(path=path, value=value))
-    return _FlatCall(args, module_positions, modules, params, buffers, keyed_leaves, in_spec, inputs, tensor_inputs)
+    return _FlatCall(args, kwargs, module_positions, modules, params, buffers, keyed_leaves, in_spec, inputs, tensor_inputs)
 
 
 class _TracedFn:
@@ -197,7 +202,7 @@ class _TracedFn:
                 )
             with reads.recording(dict(zip(call.module_positions, call.modules))) as self.read, \
                     autograd_watch.watching() as self.autograd:
-                result = self.fn(*[by_position[i] for i in range(len(call.args))])
+                result = self.fn(*[by_position[i] for i in range(len(call.args))], **{k: by_position[k] for k in call.kwargs})
         self._refuse_stray_gradients(state, flat[n_state:])
         graph_outputs = self._record_outputs(result)
         grads = [(i, state[i].grad) for i in range(len(call.params)) if state[i].grad is not None]
@@ -235,11 +240,12 @@ class _TracedFn:
         return graph_outputs
 
 
-def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, layout: bool = False) -> MakeFxTrace:
-    """Trace fn(*args); `layout` records strides too, for backends that specialize on memory layout
+def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, kwargs: dict[str, Any] | None = None,
+          layout: bool = False) -> MakeFxTrace:
+    """Trace fn(*args, **kwargs); `layout` records strides too, for backends that specialize on memory layout
     (inductor), which are also the backends that serve dims marked with mark_unbacked."""
     started = time.perf_counter()
-    call = _flatten_call(args, layout)
+    call = _flatten_call(args, dict(kwargs or {}), layout)
     in_spec_text = _spec_text(call.in_spec, "input")
     example_inputs = [t for _, t in call.state] + call.tensor_inputs
     fake_mode = None
@@ -389,9 +395,12 @@ def _data_dependent(what: str) -> str:
     )
 
 
-def _user_args(args: tuple, module_positions: tuple[int, ...]) -> dict[int, Any]:
-    """The runtime inputs: fn's positional args but the modules, keyed by position (paths read args[i])."""
-    return {i: a for i, a in enumerate(args) if i not in module_positions}
+def _user_args(args: tuple, kwargs: dict[str, Any], module_positions: tuple[int, ...]) -> dict[int | str, Any]:
+    """The runtime inputs: fn's positional args but the modules, keyed by position (paths read args[i]),
+    then its keyword arguments, keyed by name in the call's order (paths read kwargs['name'])."""
+    inputs: dict[int | str, Any] = {i: a for i, a in enumerate(args) if i not in module_positions}
+    inputs.update(kwargs.items())
+    return inputs
 
 
 def _name(fn) -> str:

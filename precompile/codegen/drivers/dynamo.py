@@ -491,6 +491,13 @@ def _binder(code, name, defaults, kwdefaults):
     return binder
 
 
+_CALL_REMEDY = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
+_LAYOUT_REMEDY = ("a tensor's memory layout (its strides) differs from every captured call's, and each captured graph is "
+                  "specialized on it: capture a call with this layout too (call the capture once per layout you serve, "
+                  "e.g. with x.to(memory_format=torch.channels_last) or the strided view you pass; each becomes a "
+                  "variant), or pass contiguous tensors (.contiguous())")
+
+
 class _Frame:
     """One captured code object: its variants (guards, then the transformed code) and how to call it."""
 
@@ -503,7 +510,7 @@ class _Frame:
         self.original = original
         # The code object the guards are built for: the live one an installed frame serves from.
         self.target = self.original if target is None else target
-        self.remedy = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
+        self.remedy = _CALL_REMEDY
         # A continuation that compiled nothing runs as its original bytecode, as during capture.
         self.runs_as_python = runs_as_python
         self.bypassed = bypassed
@@ -554,8 +561,13 @@ class _Frame:
             _fail(self.artifact, f"frame {self.label!r} has no captured variant (it was bypassed during capture)",
                   "capture again with calls that compile it", CallMismatch)
         reasons = [f"variant {index}: {guards.explain(f_locals)}" for index, (guards, _) in enumerate(self.variants)]
+        # Dynamo specializes each graph on its tensors' strides, as torch.compile does (it recompiles
+        # for a new layout): a layout is served by a variant captured with it.
+        remedy = self.remedy
+        if any("stride mismatch" in reason for reason in reasons):
+            remedy = _LAYOUT_REMEDY if remedy == _CALL_REMEDY else f"{_LAYOUT_REMEDY}; {remedy}"
         _fail(self.artifact, f"no captured variant of {self.label!r} covers this call ({len(self.variants)} captured): "
-                             + " | ".join(reasons), self.remedy, CallMismatch)
+                             + " | ".join(reasons), remedy, CallMismatch)
 
     def update_threads(self):
         if self.global_state_guards and torch.get_num_threads() != self.threads:

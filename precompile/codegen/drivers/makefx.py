@@ -680,6 +680,9 @@ class _ServedForward:
         self.state_checks = [_TensorCheck(t["name"], t["shape"], t["dtype"], t["device"], t.get("stride"))
                              for t in (*metadata["PARAMS"], *metadata["BUFFERS"])]
         self.in_spec = _pytree.treespec_loads(metadata["IN_SPEC"])
+        # The inputs are a dict of the positional args by position, then the keywords by name.
+        self.keywords = tuple(key for key in self.in_spec.context if isinstance(key, str))
+        self.keyword_set = frozenset(self.keywords)
         self.out_spec = _pytree.treespec_loads(metadata["OUT_SPEC"])
         # A tensor input's check, or (path, value) of a non-tensor input baked into the graph.
         self.input_checks = [
@@ -728,9 +731,11 @@ class _ServedForward:
 
     def arguments(self, args, kwargs):
         """The model arguments and the tensor inputs of a call, its structure and constants checked."""
-        if kwargs:
-            self.fail(f"got keyword arguments {sorted(kwargs)}, but a MakeFxTracer artifact takes positional arguments only",
-                      "pass them positionally, as in the captured call")
+        if kwargs.keys() != self.keyword_set:
+            missing = [name for name in self.keywords if name not in kwargs]
+            extra = [name for name in kwargs if name not in self.keywords]
+            self.fail(f"got keyword arguments {list(kwargs)} but the artifact was captured with {list(self.keywords)} "
+                      f"(missing {missing}, unexpected {extra})", "pass the captured call's keyword arguments, by name")
         if len(args) != self.num_args:
             self.fail(f"expected {self.num_args} positional arguments, got {len(args)}", "call it with the captured call's arguments")
         modules = []
@@ -739,7 +744,8 @@ class _ServedForward:
                 self.fail(f"argument {position} must be an nn.Module (the captured call passed one there), got {type(args[position]).__name__}",
                           "pass the model in the same position")
             modules.append(args[position])
-        leaves, spec = _pytree.tree_flatten({i: a for i, a in enumerate(args) if i not in self.module_positions})
+        leaves, spec = _pytree.tree_flatten({**{i: a for i, a in enumerate(args) if i not in self.module_positions},
+                                             **{name: kwargs[name] for name in self.keywords}})
         if spec != self.in_spec:
             self.fail(f"the inputs have structure {_one_line(spec)} but the artifact was captured with {_one_line(self.in_spec)}",
                       "pass inputs with the captured structure")

@@ -1,0 +1,125 @@
+"""Issue 55 item 5, served in a fresh process under no_compilation(): inputs of another memory layout
+than the captured call's (channels_last, a transpose, a view with a storage offset or a wider row
+stride) and keyword arguments, both tracers. Nothing served differs from eager; a refusal names the
+remedy."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import fresh_json
+from layout_keyword_cases import layouts, models, run, scaled
+
+import precompile
+
+SERVE_LAYOUTS = r"""
+import json, sys, torch, precompile
+from layout_keyword_cases import layouts, models, run
+served = [precompile.load(sys.argv[1] + f"/{name}.py", sys.argv[1] + f"/{name}.cache") for name in ("conv", "linear")]
+model = models()
+report = {}
+for case, (which, x) in layouts().items():
+    try:
+        with torch.no_grad(), precompile.no_compilation():
+            y = served[which](model[which], x)
+    except precompile.PrecompileError as exc:
+        report[case] = "refused: " + str(exc)
+        continue
+    with torch.no_grad():
+        torch.testing.assert_close(y, run(model[which], x), rtol=1e-5, atol=1e-5)
+    report[case] = "served"
+print(json.dumps(report))
+"""
+
+# What Dynamo's graphs are specialized on (strides) is served by a variant captured with it; a storage
+# offset is not guarded, so an offset view of the captured layout serves from the contiguous variant.
+DYNAMO_SERVES = {"conv contiguous", "conv channels_last", "conv permuted to channels_last", "conv offset view x[1:]",
+                 "linear offset view x[1:]"}
+
+
+@pytest.mark.parametrize(("tracer", "backend"), [("makefx", "eager"), ("dynamo", "eager"), ("dynamo", "inductor")])
+def test_other_layouts_serve_as_eager_or_are_refused_naming_the_remedy(tmp_path, tracer, backend):
+    conv, linear = models()
+    image = torch.randn(2, 3, 8, 8)
+    # The conv model captured with both layouts it serves (DynamoTracer: two variants); the linear
+    # model with the contiguous layout only.
+    calls = {"conv": (conv, [image, image.to(memory_format=torch.channels_last)]), "linear": (linear, [torch.randn(4, 5)])}
+    for name, (model, inputs) in calls.items():
+        make = precompile.MakeFxTracer if tracer == "makefx" else precompile.DynamoTracer
+        with torch.no_grad(), precompile.capture(run, artifact_path=tmp_path / f"{name}.py", cache_path=tmp_path / f"{name}.cache",
+                                                 tracer=make(), backend=backend) as cap:
+            for x in inputs[:1] if tracer == "makefx" else inputs:  # a MakeFx capture takes one call
+                cap(model, x)
+    report = fresh_json(SERVE_LAYOUTS, str(tmp_path))
+    assert set(report) == set(layouts())
+    if tracer == "makefx":  # the eager backend's ATen graph is layout-flexible
+        assert all(outcome == "served" for outcome in report.values()), report
+        return
+    for case, outcome in report.items():
+        if case in DYNAMO_SERVES:
+            assert outcome == "served", (case, outcome)
+        else:
+            assert "stride mismatch" in outcome and "capture a call with this layout too" in outcome, (case, outcome)
+            assert "or pass contiguous tensors (.contiguous())" in outcome, outcome
+
+
+SERVE_KEYWORDS = r"""
+import json, sys, torch, precompile
+from layout_keyword_cases import models, scaled
+f = precompile.load(sys.argv[1] + "/kw.py", sys.argv[1] + "/kw.cache")
+model = models()[1]
+x, bias = torch.randn(4, 5), torch.randn(3)
+calls = {
+    "as captured": dict(scale=2.0, bias=bias),
+    "another order, new tensors": dict(bias=torch.randn(3), scale=2.0),
+    "missing bias": dict(scale=2.0),
+    "extra mode": dict(scale=2.0, bias=bias, mode="sub"),
+    "another scale": dict(scale=3.0, bias=bias),
+    "bias of another shape": dict(scale=2.0, bias=torch.randn(4, 3)),
+    "scale passed positionally": None,
+}
+report = {}
+for case, kwargs in calls.items():
+    try:
+        with precompile.no_compilation():
+            y = f(model, x, 2.0, bias=bias) if kwargs is None else f(model, x, **kwargs)
+    except (precompile.PrecompileError, TypeError) as exc:
+        report[case] = "refused: " + str(exc)
+        continue
+    torch.testing.assert_close(y, scaled(model, x, **kwargs))
+    report[case] = "served"
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("tracer", ["makefx", "dynamo"])
+def test_keyword_arguments_are_captured_and_served_by_name(tmp_path, tracer):
+    model = models()[1]
+    x, bias = torch.randn(4, 5), torch.randn(3)
+    make = precompile.MakeFxTracer if tracer == "makefx" else precompile.DynamoTracer
+    with precompile.capture(scaled, artifact_path=tmp_path / "kw.py", cache_path=tmp_path / "kw.cache", tracer=make(),
+                            backend="eager") as cap:
+        torch.testing.assert_close(cap(model, x, scale=2.0, bias=bias), scaled(model, x, scale=2.0, bias=bias))
+    report = fresh_json(SERVE_KEYWORDS, str(tmp_path))
+    assert report["as captured"] == report["another order, new tensors"] == "served", report
+    refused = {case: outcome for case, outcome in report.items() if case not in ("as captured", "another order, new tensors")}
+    assert all(outcome.startswith("refused: ") for outcome in refused.values()), report
+    if tracer == "dynamo":  # Dynamo's own guards name the argument
+        for case, name in (("missing bias", "bias"), ("extra mode", "mode"), ("another scale", "scale"),
+                           ("bias of another shape", "bias")):
+            assert name in refused[case], (case, refused[case])
+        return
+    assert "kw.py: got keyword arguments ['scale'] but the artifact was captured with ['scale', 'bias'] (missing ['bias'], " \
+           "unexpected [])" in refused["missing bias"]
+    assert "(missing [], unexpected ['mode']); pass the captured call's keyword arguments, by name" in refused["extra mode"]
+    assert "input kwargs['scale'] is 3.0 but the artifact was captured with 2.0" in refused["another scale"]
+    assert "input kwargs['bias']: expected shape (3,), got (4, 3)" in refused["bias of another shape"]
+    assert "(missing ['scale'], unexpected [])" in refused["scale passed positionally"]
+
+
+def test_a_model_passed_by_keyword_is_refused_at_capture_naming_it(tmp_path):
+    with pytest.raises(precompile.CaptureRefused, match=r"keyword argument 'model' is an nn.Module \(Linear\); a MakeFx "
+                                                        r"artifact takes its models positionally: pass it positionally"):
+        with precompile.capture(run, artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache",
+                                tracer=precompile.MakeFxTracer(), backend="eager") as cap:
+            cap(model=models()[1], x=torch.randn(4, 5))
+    assert not (tmp_path / "m.py").exists()
