@@ -76,8 +76,18 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
         return result
 
     context = tracing(TracingContext(fake_mode)) if fake_mode is not None else contextlib.nullcontext()
-    with torch.no_grad(), context:
-        compile_fx.compile_fx(graph_module, [t.detach() for t in example_inputs], inner_compile=keep_source)
+    try:
+        with torch.no_grad(), context:
+            compile_fx.compile_fx(graph_module, [t.detach() for t in example_inputs], inner_compile=keep_source)
+    except torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode as exc:
+        if fake_mode is None:
+            raise
+        raise CaptureRefused(
+            f"lowering the graph with Inductor needs to guard on a dim marked with mark_unbacked "
+            f"({str(exc).splitlines()[0]}): an artifact serves every size of a marked dim, so nothing may depend on "
+            "it. Remove the mark (the artifact serves the captured size), or capture with DynamoTracer, whose "
+            "dynamic shapes guard on sizes (torch._dynamo.mark_dynamic, or two calls of other sizes: docs/usage.md)"
+        ) from None
     if len(compiled) == 1 and not getattr(compiled[0], "source_code", None):
         raise CaptureRefused(
             "the inductor backend has nothing to compile in this graph (fn returns its inputs, views of them or "

@@ -235,3 +235,25 @@ def test_unbacked_dims_sharing_a_shape_id_must_agree_and_stay_within_bounds(tmp_
         runnable(torch.randn(7, 4), torch.randn(6, 4))
     with pytest.raises(PrecompileError, match=r"input args\[0\] has size 65 in dim 0, outside the mark_unbacked bounds \[2, 64\]"):
         runnable(torch.randn(65, 4), torch.randn(65, 4))
+
+
+def test_a_marked_dim_inductor_must_guard_on_while_lowering_is_refused_naming_the_route(tmp_path):
+    """GPT-2's graph traces with its batch marked, but Inductor's lowering views a tensor whose size
+    holds the mark and must guard on it (`224*u0 < 2`): a refusal naming DynamoTracer's dynamic
+    shapes, not torch's raw GuardOnDataDependentSymNode."""
+    import transformers
+    from torch._dynamo.decorators import mark_unbacked
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=99)
+        config._attn_implementation = "eager"
+        model = transformers.GPT2LMHeadModel(config).eval()
+    ids = torch.randint(0, 99, (2, 7))
+    mark_unbacked(ids, 0)
+    options = dict(artifact_path=tmp_path / "g.py", cache_path=tmp_path / "g.cache", tracer=precompile.MakeFxTracer())
+    with pytest.raises(PrecompileError, match=r"lowering the graph with Inductor needs to guard on a dim marked with "
+                                              r"mark_unbacked \(.*u0.*\).*capture with DynamoTracer"):
+        with torch.no_grad(), precompile.capture(lambda m, i: m(i).logits, **options) as cap:
+            cap(model, ids)
+    assert not (tmp_path / "g.py").exists()
