@@ -34,6 +34,7 @@ COMPAT_FILES = {
 # By file basename, or by "file::test" (every case of it) or
 # "file::test[case]" (that case alone).
 SLOW_FILES = {
+    "test_capture_cotenant.py",
     "test_dynamo_call_built_state.py",
     "test_dynamo_rnn.py",
     "test_dynamic_shapes.py",
