@@ -118,3 +118,23 @@ def test_a_capture_never_compiles_a_header_a_co_tenant_planted_in_the_default_ro
         assert not mapped_at_capture, "the capturing process mapped a kernel built with the co-tenant's header"
     finally:
         shutil.rmtree(outside, ignore_errors=True)
+
+
+def test_the_capture_lock_never_follows_a_co_tenants_symlink_onto_a_file_of_this_user(shared_tmp, tmp_path):
+    """The capture's lock file is a fixed name in TMPDIR (`precompile-capture-kernels-<uid>.lock`): a
+    co-tenant who makes it a symlink to a file of this user gets that file truncated and overwritten
+    with the holder's record (where fs.protected_symlinks is 0, as in many containers)."""
+    from precompile.capturing import kernel_dir
+    from precompile.errors import PrecompileError
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("this user's data\n")
+    lock = shared_tmp / f"precompile-capture-kernels-{os.getuid()}.lock"
+    _as_co_tenant(lambda: os.symlink(precious, lock))
+    try:
+        taken = kernel_dir.try_take(lock)
+    except (PrecompileError, OSError):
+        taken = None
+    if taken is not None:
+        os.close(taken)
+    assert precious.read_text() == "this user's data\n", "the capture lock wrote through the co-tenant's symlink"
