@@ -34,6 +34,9 @@ COMPAT_FILES = {
 # By file basename, or by "file::test" (every case of it) or
 # "file::test[case]" (that case alone).
 SLOW_FILES = {
+    "test_alias_identity.py",
+    "test_unbacked_reads.py",
+    "test_capture_cotenant.py::test_a_capture_never_compiles_a_header_a_co_tenant_planted_in_the_default_root",
     "test_dynamo_call_built_state.py",
     "test_dynamo_rnn.py",
     "test_dynamic_shapes.py",

@@ -25,6 +25,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -70,7 +71,14 @@ def holder(path: Path) -> str:
 
 def try_take(path: Path) -> int | None:
     """The lock at `path` taken (an open descriptor, the holder recorded), or None where another holds it."""
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:  # a fixed name in TMPDIR: never through a symlink, and only a file of this user's
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise _not_ours(path, f"it cannot be opened as a file of its own ({exc.strerror}: a symlink?)") from exc
+    found = os.fstat(descriptor)
+    if found.st_uid != os.getuid() or not stat.S_ISREG(found.st_mode):
+        os.close(descriptor)
+        raise _not_ours(path, f"it is owned by uid {found.st_uid}, not this user's {os.getuid()}, or not a regular file")
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -83,6 +91,11 @@ def try_take(path: Path) -> int | None:
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, json.dumps(record).encode("utf-8"), 0)
     return descriptor
+
+
+def _not_ours(path: Path, why: str) -> PrecompileError:
+    return PrecompileError(f"the capture kernel dir lock {path} is not this user's: {why}, so another user may have "
+                           f"planted it. Remove it, or set TMPDIR to a directory only you can write")
 
 
 def take(path: Path, timeout: float) -> int:

@@ -14,9 +14,11 @@ _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")
 EXTRA = "pip install 'precompile[remote]'"
 
 SECRET_PARAMETERS = ("x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature", "x-goog-credential",
-                     "sig", "token", "access_token", "key", "signature", "password", "secret")
+                     "sig", "token", "access_token", "key", "signature", "password", "secret", "api_key", "apikey",
+                     "client_secret", "id_token", "refresh_token")
 """The query parameters of a signed URL (S3, GCS, an Azure SAS) and others that carry a secret (compared
-without case): their values are never printed."""
+without case), in the query or the fragment (OAuth's implicit flow puts `access_token` there): their
+values are never printed."""
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]+://[^\s'\"<>]*")
 _USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+://)[^/?#]*@")
 _SECRET_VALUE = re.compile(rf"((?:^|&)(?:{'|'.join(map(re.escape, SECRET_PARAMETERS))})=)[^&]*", re.IGNORECASE)
@@ -61,7 +63,7 @@ def _redacted_url(url: str) -> str:
     url = _USERINFO.sub(r"\1***@", url, count=1)
     head, mark, fragment = url.partition("#")
     base, question, query = head.partition("?")
-    return base + question + _SECRET_VALUE.sub(r"\1***", query) + mark + fragment
+    return base + question + _SECRET_VALUE.sub(r"\1***", query) + mark + _SECRET_VALUE.sub(r"\1***", fragment)
 
 
 def redacted(text: str) -> str:
