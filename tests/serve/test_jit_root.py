@@ -13,6 +13,7 @@ its kernels (JIT, ~20 s); a signed copy whose bundle records another machine fal
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -63,9 +64,20 @@ print(json.dumps(result))
 """
 
 
-def _bundle_libraries() -> list[str]:
+@functools.cache
+def _kernel_libraries() -> tuple[str, ...]:
+    """The libraries (relative to the root) loading the fixture's python_code alone compiles on this
+    host, learnt by a rehearsal as a co-tenant would (the paths are keyed by the compile command,
+    which holds this CPU's flags), and the ones its bundle holds."""
     envelope = parse_cache(FIXTURE.with_suffix(".cache"), FIXTURE.with_suffix(".cache").read_bytes()).envelope
-    return [entry.path for entry in envelope.bundle.files if entry.path.endswith(".so")]
+    bundled = [entry.path for entry in envelope.bundle.files if entry.path.endswith(".so")]
+    with tempfile.TemporaryDirectory(prefix="precompile-rehearsal-") as rehearsal:
+        root = Path(rehearsal) / "root"
+        _load(FIXTURE.with_suffix(".py"), Path(rehearsal) / "missing.cache",
+              {"TMPDIR": rehearsal, "TORCHINDUCTOR_CACHE_DIR": str(root)})
+        compiled = [str(path.relative_to(root)) for path in root.rglob("*.so")]
+    assert any(path.endswith(".main.so") for path in compiled), compiled
+    return tuple(dict.fromkeys([*compiled, *bundled]))
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +129,7 @@ def shared_tmp():
 
 def _plant(root: Path, library: Path) -> None:
     """The co-tenant's libraries at every path the pair's kernels and ISA probes will have under `root`."""
-    for relative in _bundle_libraries():
+    for relative in _kernel_libraries():
         target = root / relative
         target.parent.mkdir(mode=0o777, parents=True, exist_ok=True)
         shutil.copyfile(library, target)
@@ -138,6 +150,7 @@ def _take_root(tmp: Path, library: Path, how: str, private: Path) -> tuple[dict[
         os.chmod(root, 0o777)
     if how == "default taken, TORCHINDUCTOR_CACHE_DIR private":
         env["TORCHINDUCTOR_CACHE_DIR"] = str(private)
+    _kernel_libraries()  # rehearsed as this user, before the co-tenant's child forks
     _as_co_tenant(lambda: (root.mkdir(mode=0o777, exist_ok=True), _plant(root, library)))
     return env, root
 
@@ -167,7 +180,7 @@ def test_python_code_alone_compiles_into_a_private_root_and_never_maps_the_co_te
     assert set_aside and f"{root}: {root} is owned by uid {CO_TENANT}" in set_aside[0]
     private = Path(result["env"])
     assert private != root and private.stat().st_mode & 0o777 == 0o700
-    kernel = next(path for path in _bundle_libraries() if path.endswith(".main.so"))
+    kernel = next(path for path in _kernel_libraries() if path.endswith(".main.so"))
     assert (private / kernel).is_file(), "the kernel compiled elsewhere than where the co-tenant planted it"
     assert result["after"] == [str(private), str(private), str(private / "precompiled_headers")]
 
@@ -187,8 +200,12 @@ def _signed(directory: Path, **keys_changed: str) -> tuple[Path, Path, Path]:
     bundle = parsed.envelope.bundle
     files = decode_payload(bundle, parsed.data, parsed.payload_offset)
     kinds = {entry.path: entry.kind for entry in bundle.files}
+    host = host_keys()
+    # This host's CPU flags, not the capturing CPU's (an AMD one, whose clzero an Intel host lacks)
+    flags = {"cpu_flags": host["cpu_flags"]} if "cpu_flags" in host else {}
     rebuilt, payload = codec.build_bundle({path: (kinds[path], data) for path, data in files.items()},
-                                          {**host_keys(), "valid_isas": "avx512", **bundle.keys, **keys_changed}, dict(bundle.kernels))
+                                          {**host, "valid_isas": "avx512", **bundle.keys, **flags, **keys_changed},
+                                          dict(bundle.kernels))
     cache.write_bytes(codec.encode_cache(msgspec.structs.replace(parsed.envelope, bundle=rebuilt), payload))
     private_key, public_key, _ = generate(directory / "release")
     sign_pair(artifact, cache, private_key)
