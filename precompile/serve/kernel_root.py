@@ -10,7 +10,8 @@ default root whatever TORCHINDUCTOR_CACHE_DIR says, so both roots are judged. Th
 StrictModes rule (storage/owner_only.py, which the fetch cache keeps too).
 
 load judges them before python_code runs (`for_this_process`). Where one breaks the rule, this
-process's Inductor is pointed at a private root (mkdtemp, 0700, one per process) for the rest of the
+process's Inductor is pointed at a private root (mkdtemp, 0700, one per process, in TMPDIR or, where
+that is another user's to write, the user's cache dir) for the rest of the
 process, with a warning that says why: TORCHINDUCTOR_CACHE_DIR (torch reads it at every lookup, and
 its compile workers inherit it) and torch's default root (`default_cache_dir`, and the precompiled
 header dir computed from it). Under trust pins, a load that would compile its kernels is refused
@@ -18,6 +19,7 @@ instead (`jit_refused`): the rule of docs/trust.md, "JIT compiles".
 """
 from __future__ import annotations
 
+import contextlib
 import getpass
 import os
 import re
@@ -100,11 +102,39 @@ def jit_refused(judged: Judged, python_code: Path) -> PrecompileError:
     )
 
 
+def _made_private_root() -> Path:
+    """A new directory (mkdtemp, 0700) that keeps the rule, in TMPDIR or else in this user's cache
+    dir: one made in a directory another user can write and that is not sticky (a TMPDIR the
+    co-tenant owns) is theirs to rename away and replace before Inductor writes or maps into it, so it
+    is judged once made and given up where it breaks the rule."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "precompile"
+    reasons = []
+    for parent in (Path(tempfile.gettempdir()), cache):
+        try:
+            if parent == cache:
+                os.makedirs(parent, mode=0o700, exist_ok=True)
+            made = Path(tempfile.mkdtemp(prefix="precompile-kernels-", dir=parent))
+        except OSError as exc:
+            reasons.append(f"{parent}: it cannot be made there ({exc.strerror})")
+            continue
+        found = problem(made)
+        if found is None:
+            return made
+        with contextlib.suppress(OSError):
+            os.rmdir(made)
+        reasons.append(found)
+    raise PrecompileError(
+        f"Inductor's kernel root breaks the owner-only rule and no private root can be made in its place: "
+        f"{'; '.join(reasons)}. Not loading; set TMPDIR to a directory only you can write (mkdir -m 700 ~/tmp), "
+        "or TORCHINDUCTOR_CACHE_DIR to one you own that no one else can write"
+    )
+
+
 def _pointed_at_private_root() -> Path:
     """Point this process's Inductor (its cache dir, torch's default root and the precompiled header
     dir Inductor computed from it) at a private root, made once per process; return it."""
     if not _private:
-        _private.append(Path(tempfile.mkdtemp(prefix="precompile-kernels-")))
+        _private.append(_made_private_root())
     private = str(_private[0])
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = private
     from precompile import torch_compat
