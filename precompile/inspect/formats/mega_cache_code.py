@@ -6,7 +6,8 @@ output module (`source_code`, and again in `_cached_files`), which binds each ke
 name (`cpp_fused_relu_0 = async_compile.cpp_pybinding([...], r'''<C++>''')`, `triton_poi_fused_relu_0
 = async_compile.triton('triton_poi_fused_relu_0', '''<Triton>''')`) and which load writes out and
 imports; an AOTAutograd entry holds such graphs too, and its saved FX graph modules' `forward`, which
-`reduce_graph_module` rebuilds with exec. Every string and UTF-8 bytes value of the pickle (and of a
+`reduce_graph_module` rebuilds with exec (`import_block + body["_code"]`: both are kept as graph code,
+found by where the pickle puts them, not by what the text says). Every string and UTF-8 bytes value of the pickle (and of a
 pickle nested in bytes, as precompile entries nest them) is read; a value that is an output module is
 split into its kernels, one that is a graph module's code is kept whole.
 
@@ -62,6 +63,42 @@ def _texts(data: bytes, depth: int = 0):
         return  # the scan reports where the stream breaks; the code before it is still shown
 
 
+_MEMO_WRITES = frozenset({"MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT"})
+_TEXT = "text"
+
+
+def _graph_module_texts(data: bytes, depth: int = 0):
+    """(name, text) of what `reduce_graph_module` execs when load rebuilds a saved graph module, found by
+    where the pickle puts it, whatever the text says: the value of each `_code` key, and the string
+    that closes the args tuple after that function is named (its import_block, exec'd first)."""
+    recent: list = []  # the last few text pushes, for STACK_GLOBAL's module and name
+    rebuilding = False  # reduce_graph_module named: args tuples (body dict, import_block) follow
+    code_key = False
+    ops: list[str] = []  # the last opcodes but memo writes: a dict closed, then a text, then TUPLE2
+    try:
+        for name, arg, _ in read_ops(data):
+            if name in _TEXT_OPS and isinstance(arg, (str, bytes)):
+                text = arg if isinstance(arg, str) else arg.decode("latin-1")
+                if code_key:
+                    yield "forward", text
+                code_key = text == "_code"
+                recent = [*recent[-1:], text]
+            elif name in _BYTES_OPS and isinstance(arg, (bytes, bytearray)) and arg[:1] == b"\x80" and depth < MAX_DEPTH:
+                yield from _graph_module_texts(bytes(arg), depth + 1)
+            elif name in ("STACK_GLOBAL", "GLOBAL"):
+                named = recent if name == "STACK_GLOBAL" else str(arg).split(" ", 1)
+                rebuilding = rebuilding or list(named) == ["torch.fx.graph_module", "reduce_graph_module"]
+            elif (name == "TUPLE2" and rebuilding and ops[-1:] == [_TEXT] and ops[-2:-1] in (["SETITEM"], ["SETITEMS"])
+                  and recent[-1].strip()):
+                yield "import block", recent[-1]
+            if name in _MEMO_WRITES:
+                continue
+            code_key = code_key and name in _TEXT_OPS
+            ops = [*ops[-1:], _TEXT if name in _TEXT_OPS else name]
+    except (PickleStreamError, ValueError, EOFError):
+        return
+
+
 def _code(kind, name: str, source: str) -> MegaCacheCode:
     return MegaCacheCode(kind=kind, name=name, source=source, sha256=hashlib.sha256(source.encode("utf-8", "surrogatepass")).hexdigest())
 
@@ -97,6 +134,10 @@ def entry_code(content: bytes, modules: tuple[str, ...] = ()) -> tuple[MegaCache
             module(text)
         elif _GRAPH.match(text):
             code = _code("graph", "forward", text)
+            seen.setdefault((code.kind, code.name, code.sha256), code)
+    for name, text in _graph_module_texts(content):
+        code = _code("graph", name, text)
+        if not any(known.sha256 == code.sha256 for known in seen.values()):
             seen.setdefault((code.kind, code.name, code.sha256), code)
     for text in modules:
         if _code("wrapper", "", text).sha256 not in {code.sha256 for code in seen.values() if code.kind == "wrapper"}:
