@@ -11,6 +11,7 @@ import os
 import sysconfig
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from pathlib import Path
 from precompile.artifact import bundle_keys, triton_groups
 from precompile.artifact.bundle_rules import kind_of
 from precompile.capturing.kernel_dir import KernelDir
-from precompile.errors import CaptureRefused
+from precompile.errors import CaptureRefused, PrecompileWarning
 from precompile.serve import triton_cache
 from precompile.serve.kernels import built_from, gpu_keys
 
@@ -145,6 +146,8 @@ class KernelBuild:
     directory: Path
     commands: list[str]
     lent: KernelDir
+    precompiled_headers: bool = PRECOMPILED_HEADERS
+    """Whether kernels build with them (not where torch keeps them is another user's to write)."""
 
     def held(self) -> contextlib.AbstractContextManager[Path]:
         """The dir, this capture's alone for the block: around whatever compiles into it or reads it."""
@@ -166,6 +169,7 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
     from precompile.torch_compat import cpp_builder, inductor_config, temporary_cache_dir
 
     suffix = kernel_dir_suffix()
+    headers = PRECOMPILED_HEADERS and _headers_are_ours()
     commands: list[str] = []
     original = cpp_builder.CppBuilder.get_command_line
 
@@ -181,10 +185,10 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
         cpp_builder.CppBuilder.get_command_line = observed
         try:
             with temporary_cache_dir(str(directory)), triton_cache.triton_block(directory / _TRITON_DIR), inductor_config.patch(
-                cpp_cache_precompile_headers=PRECOMPILED_HEADERS, **_triton_in_this_process()
+                cpp_cache_precompile_headers=headers, **_triton_in_this_process()
             ), _inductor_triton_memo_set_aside():
                 _forget_isa_probes()
-                yield KernelBuild(directory, commands, lent)
+                yield KernelBuild(directory, commands, lent, headers)
             # Only the probes: the Triton check ran inside the block (freeze), where the kernels the
             # block compiled were still apart from those of the process before it.
             built = lent.files()
@@ -194,6 +198,23 @@ def private_inductor_cache() -> Iterator[KernelBuild]:
         finally:
             cpp_builder.CppBuilder.get_command_line = original
             lent.close()
+
+
+def _headers_are_ours() -> bool:
+    """Whether the capture may build with precompiled headers: Inductor reads the header from torch's
+    default root (`$TMPDIR/torchinductor_<user>/precompiled_headers`), a name another user can take
+    first and plant a header in that every kernel would `-include` and the bundle would ship. Where
+    that dir is not this user's alone, kernels build without (slower), with a warning saying why."""
+    from precompile.serve.kernel_root import headers_problem
+
+    found = headers_problem()
+    if found is not None:
+        warnings.warn(
+            f"building kernels without precompiled headers: Inductor keeps them under {found}, so another user "
+            "could plant a header every kernel includes; the capture is slower, the kernels the same. Remedy: set "
+            "TMPDIR to a directory whose torchinductor_<user> is yours alone (mode 0700)",
+            PrecompileWarning, stacklevel=4)
+    return found is None
 
 
 def _seed_probes(directory: Path) -> None:
@@ -278,7 +299,7 @@ def producer_keys(files: dict[str, tuple[str, bytes]]) -> dict[str, str]:
     return keys
 
 
-def producer_provenance(commands: list[str], cache_dir: Path) -> dict[str, str]:
+def producer_provenance(commands: list[str], cache_dir: Path, precompiled_headers: bool = PRECOMPILED_HEADERS) -> dict[str, str]:
     """Where this build lives and how it compiled: recorded for information, never required of a host.
     The command hash covers the builds of the capture's own dir (kernels, ISA probes), its paths left
     out: Inductor's checks of its precompiled header run in a fresh temporary dir, once per process,
@@ -291,5 +312,5 @@ def producer_provenance(commands: list[str], cache_dir: Path) -> dict[str, str]:
         **bundle_keys.host_provenance(),
         "compiler": " ".join(compilers),
         "compiler_command_sha256": hashlib.sha256("\n".join(normalized).encode("utf-8")).hexdigest(),
-        "precompiled_headers": "on" if PRECOMPILED_HEADERS else "off",
+        "precompiled_headers": "on" if precompiled_headers else "off",
     }

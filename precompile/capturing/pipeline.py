@@ -72,7 +72,7 @@ def freeze(kernel_build: kernels.KernelBuild, kernel_modules: Iterable[str]) -> 
         )
     return build_bundle(
         files, kernels.producer_keys(files), libraries,
-        kernels.producer_provenance(kernel_build.commands, kernel_build.directory),
+        kernels.producer_provenance(kernel_build.commands, kernel_build.directory, kernel_build.precompiled_headers),
     )
 
 

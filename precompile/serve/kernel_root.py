@@ -32,7 +32,8 @@ from pathlib import Path
 from precompile.errors import PrecompileError, PrecompileWarning
 from precompile.storage.owner_only import created_problem, problem
 
-__all__ = ["REMEDY", "Judged", "default_cache_dir", "for_this_process", "inductor_cache_dir", "jit_refused", "problem"]
+__all__ = ["REMEDY", "Judged", "default_cache_dir", "for_this_process", "headers_problem", "inductor_cache_dir", "jit_refused",
+           "problem"]
 
 REMEDY = ("set TORCHINDUCTOR_CACHE_DIR to a directory you own that no one else can write (mode 0700), and TMPDIR to "
           "one whose torchinductor_<user> is yours alone (torch keeps precompiled headers there)")
@@ -89,6 +90,15 @@ def for_this_process() -> Judged:
         stacklevel=4,
     )
     return Judged(private, f"{root}: {found}")
+
+
+def headers_problem() -> str | None:
+    """Why the precompiled header dir Inductor reads a header from (`precompiled_headers` under torch's
+    default root, whatever TORCHINDUCTOR_CACHE_DIR says) is not one only this user controls, each dir
+    created 0700 where missing; None where it is. A header there is `-include`d by every kernel
+    built with precompiled headers, and Inductor writes one only where none has its name yet."""
+    root = default_cache_dir()
+    return created_problem(root) or created_problem(root / "precompiled_headers")
 
 
 def jit_refused(judged: Judged, python_code: Path) -> PrecompileError:
