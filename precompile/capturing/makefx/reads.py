@@ -22,6 +22,7 @@ import contextlib
 import dis
 import enum
 import gc
+import importlib.util
 import sys
 import sysconfig
 import types
@@ -36,7 +37,21 @@ from precompile.codegen.drivers.makefx import spelled
 # torch's and precompile's own code, and code that is no file (<frozen ...>, <string>), are not fn's
 # reads; torch's layers are (Dropout's forward reads self.p and self.training), its Module machinery not.
 _PRECOMPILE = str(Path(__file__).parent.parent.parent) + "/"
-_SKIPPED_ROOTS = (str(Path(torch.__file__).parent) + "/", _PRECOMPILE, "<")
+def _package_dirs(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Where each installed package of `names` lives (found without importing it)."""
+    found = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        found += [str(Path(location)) + "/" for location in (spec.submodule_search_locations or ()) if spec is not None]
+    return tuple(found)
+
+
+# The libraries torch's tracing machinery runs (symbolic shapes' sympy and its mpmath): what they read is
+# theirs, not fn's (a mark_unbacked trace ran sympy's code on every size expression).
+_SKIPPED_ROOTS = (str(Path(torch.__file__).parent) + "/", _PRECOMPILE, "<", *_package_dirs(("sympy", "mpmath")))
 _LAYERS = str(Path(torch.__file__).parent / "nn" / "modules") + "/"
 _MACHINERY = _LAYERS + "module.py"
 _STDLIB = sysconfig.get_paths()["stdlib"] + "/"

@@ -49,7 +49,7 @@ def makefx_guards(meta: MakeFxMetadata, records_autograd: bool = False) -> Guard
         if isinstance(leaf, ConstantLeaf):
             specs.append(Specialization(kind="constant", path=leaf.path, value=repr(leaf.value)))
             continue
-        specs.append(Specialization(kind="shape", path=leaf.path, value=shape_text(leaf.shape)))
+        specs.append(Specialization(kind="shape", path=leaf.path, value=shape_text(leaf.shape) + _unbacked_text(leaf)))
         specs.append(Specialization(kind="dtype", path=leaf.path, value=leaf.dtype))
         specs.append(Specialization(kind="device", path=leaf.path, value=leaf.device))
         if leaf.stride is not None:
@@ -84,6 +84,13 @@ def makefx_guards(meta: MakeFxMetadata, records_autograd: bool = False) -> Guard
         frames=(FrameGuards(frame=meta.fn_name, variant=0, slots=()),),
         specializations=tuple(specs),
     )
+
+
+def _unbacked_text(leaf) -> str:
+    """The bounds a served call checks of each dim marked with mark_unbacked (`; dim 0 unbacked u0 in [2, 8]`)."""
+    marked = getattr(leaf, "unbacked", None) or {}
+    return "".join(f"; dim {dim} unbacked {info.symbol} in [{info.min or 0}, {'inf' if info.max is None else info.max}]"
+                   for dim, info in sorted(marked.items()))
 
 
 def _reads_path(record: SpecializedValue) -> str:
