@@ -114,3 +114,27 @@ def call(model, x):
 def builds_on_first_call() -> BuildsOnFirstCall:
     torch.manual_seed(0)
     return BuildsOnFirstCall()
+
+
+class NoGradPositions(torch.nn.Module):
+    """A layer whose forward is decorated with @torch.no_grad() (transformers' sinusoidal position
+    embeddings): the function Dynamo inlines closes over a bound method, whose class it guards."""
+
+    @torch.no_grad()
+    def forward(self, x):
+        return torch.arange(x.shape[-1], dtype=x.dtype).expand_as(x)
+
+
+class WithNoGradPositions(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.positions = NoGradPositions()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x + self.positions(x))
+
+
+def with_no_grad_positions() -> WithNoGradPositions:
+    torch.manual_seed(0)
+    return WithNoGradPositions()

@@ -835,3 +835,27 @@ def test_a_function_kept_as_a_setting_or_a_hook_registered_after_capture_is_refu
     proc = run_fresh(_SERVE_CHANGED, str(directory / "act.py"), str(directory / "act.cache"), change)
     assert proc.returncode == 0, proc.stderr
     assert re.search(message, ast.literal_eval(proc.stdout.strip().splitlines()[-1]))
+
+
+SERVE_NO_GRAD_POSITIONS = r"""
+import json, sys, torch, precompile, dynamo_cases
+served = precompile.load(sys.argv[1], sys.argv[2])
+model, x = dynamo_cases.with_no_grad_positions(), torch.randn(2, 4)
+with torch.no_grad(), precompile.no_compilation():
+    print(json.dumps(torch.equal(served(model, x), dynamo_cases.call(model, x))))
+"""
+
+
+def test_a_layer_decorated_with_no_grad_is_captured_and_served(tmp_path):
+    """Its forward closes over a bound method: Dynamo's TYPE_MATCH on that cell names an interpreter
+    type builtins does not export (`method`), checked by its name in the types module (speech2text was
+    refused as having a guard python_code cannot check)."""
+    from precompile.capturing.dynamo.named_identity import reference, resolve
+
+    assert reference(types.MethodType) == "types:MethodType" and resolve("types:MethodType") is types.MethodType
+    model, x = dynamo_cases.with_no_grad_positions(), torch.randn(2, 4)
+    paths = (tmp_path / "p.py", tmp_path / "p.cache")
+    with torch.no_grad(), precompile.capture(dynamo_cases.call, artifact_path=paths[0], cache_path=paths[1],
+                                             tracer=precompile.DynamoTracer(), backend="eager") as cap:
+        cap(model, x)
+    assert fresh_json(SERVE_NO_GRAD_POSITIONS, str(paths[0]), str(paths[1])) is True

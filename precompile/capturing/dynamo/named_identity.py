@@ -53,6 +53,10 @@ def reference(value) -> str | None:
         ref = _unwrapped_to(value, module, candidate)
         if ref is not None:
             return ref
+    if isinstance(value, type) and module == "builtins":
+        # An interpreter type builtins does not export (`method`, `cell`, `NoneType`): named by the types
+        # module (a function decorated with @torch.no_grad() closes over a bound method).
+        return next((f"types:{name}" for name, held in sorted(vars(types).items()) if held is value), None)
     return None
 
 
