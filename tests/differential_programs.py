@@ -6,7 +6,8 @@ A program is a JSON-able spec: which state its forward reads (module attributes 
 config object, config containers (an attribute-style dict, a namedtuple, a slotted dataclass),
 globals, a global tensor, a buffer it updates in place, BatchNorm's training flag, a closure cell, a
 lambda and a closure kept as attributes, a torch function and a torch layer's forward that a change
-patches, parameters that require grad or not) with their initial values, and the grad mode it is
+patches, a setting read by getattr off a config object, a callable object's attribute, parameters that
+require grad or not) with their initial values, and the grad mode it is
 captured under. `source(spec)`
 renders it as an importable module; `apply(change, ...)` makes one change after capture, to the
 eager and the served side alike; `verdict(...)` is the property: the served result equals eager's,
@@ -20,11 +21,11 @@ from hypothesis import strategies as st
 
 FEATURES = ("a_float", "a_int", "a_bool", "a_str", "a_enum", "a_dtype", "a_dict", "a_list", "a_act", "cfg", "bn",
             "g_num", "g_flag", "g_int", "g_tensor", "buffer", "closure", "opt", "method", "hook",
-            "attrdict", "ntuple", "slotcfg", "lam", "mkact", "torchfn", "layerfwd", "reqgrad")
+            "attrdict", "ntuple", "slotcfg", "lam", "mkact", "torchfn", "layerfwd", "reqgrad", "cfgopt", "callobj")
 
-ADDED = ("opt", "method", "hook", "lam", "torchfn", "layerfwd")
+ADDED = ("opt", "method", "hook", "lam", "torchfn", "layerfwd", "cfgopt")
 """State a change adds or replaces where the capture found another: an attribute read by getattr with
-a default, a method replaced on the instance, a forward hook, a lambda defined elsewhere, a torch
+a default (on the model or on its config object), a method replaced on the instance, a forward hook, a lambda defined elsewhere, a torch
 function or a torch layer's forward patched; their drawn value is only what the change sets."""
 
 VALUES = {
@@ -56,6 +57,8 @@ VALUES = {
     "torchfn": st.sampled_from([2.0, -1.0]),
     "layerfwd": st.sampled_from([2.0, -1.0]),
     "reqgrad": st.booleans(),
+    "cfgopt": st.sampled_from([2.0, 0.5]),
+    "callobj": st.sampled_from([2.0, 0.5, 1.5]),
 }
 
 
@@ -123,6 +126,8 @@ def source(spec: dict) -> str:
         "torchfn": (None, "y = torch.nn.functional.silu(y)"),
         "layerfwd": ("self.soft = torch.nn.Softsign()", "y = self.soft(y)"),
         "reqgrad": ("self.requires_grad_({!r})", None),
+        "cfgopt": (None, "extra = getattr(self.cfgopt, 'extra', None)\nif extra is not None:\n    y = y * extra"),
+        "callobj": ("self.callobj = Scale({!r})", "y = self.callobj(y)"),
         "method": (None, "y = self.helper(y)"),
         "cfg": ("self.cfg = Config({!r})", "y = y * self.cfg.gain"),
         "g_num": (None, "y = y * G_NUM"),
@@ -132,6 +137,8 @@ def source(spec: dict) -> str:
         "buffer": ("self.register_buffer('count', torch.full((), {!r}))", "self.count.add_(1.0)\ny = y + self.count"),
         "a_dtype": ("self.a_dtype = torch.{}", None),
     }
+    if "cfgopt" in f:
+        init.append("self.cfgopt = Config(1.0)")
     for name in sorted(f & set(lines)):
         setup, use = lines[name]
         if setup:
@@ -154,6 +161,8 @@ def source(spec: dict) -> str:
         "class Mode(enum.Enum):", "    A = 'a'", "    B = 'b'", "",
         "class Config:", "    def __init__(self, gain):", "        self.gain = gain", "",
         "class AttrDict(dict):", "    def __getattr__(self, name):", "        return self[name]", "",
+        "class Scale:", "    def __init__(self, k):", "        self.k = k", "",
+        "    def __call__(self, t):", "        return t * self.k", "",
         "Gains = collections.namedtuple('Gains', 'gain')", "",
         "@dataclasses.dataclass(slots=True)", "class SlotConfig:", "    gain: float", "",
         "def make_act(k):", "    def act(t):", "        return t * k", "    return act", "",
@@ -198,6 +207,10 @@ def apply_to_model(change: dict, model) -> None:
         model.attrdict["gain"] = value
     elif what == "ntuple":
         model.ntuple = model.ntuple._replace(gain=value)
+    elif what == "cfgopt":
+        model.cfgopt.extra = value
+    elif what == "callobj":
+        model.callobj.k = value
     elif what == "slotcfg":
         model.slotcfg.gain = value
     elif what == "lam":
