@@ -574,7 +574,7 @@ def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame
     def rejecting(saved):
         raise TypeError("DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given")
 
-    # Capture reads guard state back the way the installed driver does (drivers/dynamo.py read_guards_state).
+    # Capture reads guard state back the way the installed driver does (drivers/dynamo_checks.py read_guards_state).
     monkeypatch.setattr(torch._dynamo.package, "load_guards_state", rejecting)
     message = _refused_uses_global(tmp_path)
     assert "cannot read back the guard state it saved for uses_global" in message
