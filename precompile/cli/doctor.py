@@ -68,7 +68,8 @@ def _feature(name: str, problem: str | None, works: str) -> Feature:
 # (the drivers' module-level imports and the kernel loader's torch._C entry).
 _LOAD_PATH_PROBE = """
 import json, sys, torch
-import precompile.codegen.drivers.inductor_runtime, precompile.codegen.drivers.makefx, precompile.serve.load
+import precompile.codegen.drivers.inductor_runtime, precompile.codegen.drivers.makefx_reads, precompile.codegen.drivers.makefx
+import precompile.serve.load
 print(json.dumps(sorted(m for m in sys.modules if m == "triton" or m.startswith("torch._inductor"))))
 """
 

@@ -59,6 +59,8 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
     sections.append(_Section("graph", graph.title, graph.source))
     if artifact.autograd_graph is not None:
         sections.append(_Section("autograd-graph", artifact.autograd_graph.title, artifact.autograd_graph.source))
+    sections.append(_Section("read-checks", "Spells the Python values the trace read, and finds where each call "
+                             "reads them again.", source_of("makefx_reads").rstrip("\n")))
     sections.append(_Section("driver", "Checks each call against the metadata, runs the graph, scatters gradients.",
                              source_of("makefx").rstrip("\n")))
     return render(
@@ -111,6 +113,8 @@ def render_dynamo(
             f"({state_size} bytes, sha256 {state_sha256}). Executing this file unpickles it.",
             "_dynamo_state = " + _chunked(state_base64, indent="    ", close=""),
         ),
+        _Section("driver-checks", "Checks the code Dynamo inlined is unchanged; rebuilds each variant's guards from "
+                 "its pickled state, with the by-name checks.", source_of("dynamo_checks").rstrip("\n")),
         _Section("driver", "Rebuilds the guards, seeds the minted names, dispatches each call to a variant.",
                  source_of("dynamo").rstrip("\n")),
     ]
@@ -174,6 +178,8 @@ def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, 
         _Section("guards", "Each variant's kept guards, the checks that run on every call, in order.",
                  "\n\n\n".join(guards)),
         opaque,
+        _Section("driver-checks", "Checks the code Dynamo inlined is unchanged; calls each variant's guards as "
+                 "rendered above.", source_of("dynamo_checks").rstrip("\n")),
         _Section("driver", "Seeds the minted names, dispatches each call to the first variant whose guards hold.",
                  source_of("dynamo").rstrip("\n")),
     ]

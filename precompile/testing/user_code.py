@@ -1,7 +1,7 @@
 """What of a python_code is the user's, as a `.py` snapshot stores it.
 
 A snapshot locks what the user's code made: the captured graphs, the guards, the calling convention,
-the bytecode Dynamo transformed. precompile's own runtime (the header, the driver, the guard-check
+the bytecode Dynamo transformed. precompile's own runtime (the header, the driver and its checks, the guard-check
 helpers, the kernel and subgraph runtimes, the world check: text copied verbatim from precompile's
 source) is named by one line each, `# precompile runtime: driver, precompile 0.1.0, sha256 ...`,
 which the comparison leaves out: a precompile release that edits its driver fails no one's snapshot.
@@ -23,7 +23,8 @@ from precompile.inspect.diff.code_lines import compared_lines
 from precompile.inspect.diff.process_ids import mask_artifact_names, mask_process_ids
 from precompile.inspect.parsing.sections import split_sections
 
-RUNTIME_SECTIONS = frozenset({"header", "world", "kernel-runtime", "subgraph-runtime", "guard-checks", "driver"})
+RUNTIME_SECTIONS = frozenset({"header", "world", "kernel-runtime", "subgraph-runtime", "guard-checks", "read-checks",
+                              "driver-checks", "driver"})
 """Sections whose text is precompile's, copied from its source (the entry line rides the last one)."""
 RUNTIME_MARK = "# precompile runtime: "
 """How a runtime section's stand-in line starts: the comparison leaves these lines out."""

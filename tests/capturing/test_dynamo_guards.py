@@ -326,7 +326,7 @@ def test_a_standalone_eager_artifact_serves_without_importing_dynamo_inductor_or
 def test_the_driver_hashes_inlined_source_exactly_as_dynamo_does():
     from torch._dynamo.package import _hash_sourcelines
 
-    from precompile.codegen.drivers import dynamo as driver
+    from precompile.codegen.drivers import dynamo_checks as driver
 
     def ours(module, first, last):
         return driver.hash_source_lines(driver._source_lines(module.__name__, "artifact.py"), first, last)
@@ -348,7 +348,7 @@ def test_a_whole_file_hash_is_recorded_only_where_it_proves_every_range(monkeypa
 
     from precompile.artifact.metadata import InlinedFile, InlinedSource
     from precompile.capturing.dynamo.inlined_files import _decoded_lines, inlined_files
-    from precompile.codegen.drivers import dynamo as driver
+    from precompile.codegen.drivers import dynamo_checks as driver
 
     for module in (dynamo_cases, transformer):  # decoded as linecache decodes, so as Dynamo hashed
         assert _decoded_lines(Path(module.__file__).read_bytes()) == inspect.getsourcelines(module)[0]
@@ -382,7 +382,7 @@ def test_a_whole_file_hash_is_recorded_only_where_it_proves_every_range(monkeypa
 def test_inlined_spans_pass_only_as_the_same_whole_lines(tmp_path):
     """The spans InlinedFile hashes pass only while each still holds the same bytes and begins and ends
     a line: a newline removed before one, or a last line extended past the end of the file, fails."""
-    from precompile.codegen.drivers import dynamo as driver
+    from precompile.codegen.drivers import dynamo_checks as driver
 
     captured = b"a = 1\ndef f():\n    return 2\nb = f()"
     spans = ((6, 28), (28, len(captured)))
@@ -411,7 +411,7 @@ def test_inlined_spans_pin_the_encoding_declaration(tmp_path, monkeypatch):
     edit that moves the range to other line numbers without moving its bytes passes: same text."""
     from precompile.artifact.metadata import InlinedSource
     from precompile.capturing.dynamo.inlined_files import inlined_files
-    from precompile.codegen.drivers import dynamo as driver
+    from precompile.codegen.drivers import dynamo_checks as driver
 
     captured = '# padding comment line one x\nimport torch\n# xx\ndef step(x):\n    return x.sin() * len("+AGE-")\n'
     (tmp_path / "cookie_module.py").write_text(captured)
@@ -433,7 +433,7 @@ def test_the_driver_finds_an_inlined_module_file_without_importing_it():
     """Dynamo's polyfills live under torch._dynamo: their source is found and hashed, not imported."""
     import torch._dynamo.polyfills.builtins as polyfills
 
-    from precompile.codegen.drivers import dynamo as driver
+    from precompile.codegen.drivers import dynamo_checks as driver
 
     for module in (polyfills, transformer, dynamo_cases):
         assert driver._unimported_origin(module.__name__) == module.__file__
@@ -443,7 +443,7 @@ def test_the_driver_finds_an_inlined_module_file_without_importing_it():
 
 def test_the_driver_finds_a_module_file_whose_package_was_never_imported(tmp_path, monkeypatch):
     """The search walks the package path without executing a package's __init__ or the module."""
-    from precompile.codegen.drivers import dynamo as driver
+    from precompile.codegen.drivers import dynamo_checks as driver
 
     package = tmp_path / "never_imported_pkg"
     package.mkdir()
@@ -478,7 +478,7 @@ def test_a_module_imported_from_a_zip_archive_is_read_through_its_loader(tmp_pat
     module and reads its source through the zip loader, so an unchanged module passes the check."""
     import zipfile
 
-    from precompile.codegen.drivers import dynamo as driver
+    from precompile.codegen.drivers import dynamo_checks as driver
 
     text = "def inner(x):\n    return x * 2\n"
     with zipfile.ZipFile(tmp_path / "lib.zip", "w") as archive:
@@ -574,7 +574,7 @@ def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame
     def rejecting(saved):
         raise TypeError("DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given")
 
-    # Capture reads guard state back the way the installed driver does (drivers/dynamo.py read_guards_state).
+    # Capture reads guard state back the way the installed driver does (drivers/dynamo_checks.py read_guards_state).
     monkeypatch.setattr(torch._dynamo.package, "load_guards_state", rejecting)
     message = _refused_uses_global(tmp_path)
     assert "cannot read back the guard state it saved for uses_global" in message
@@ -770,7 +770,7 @@ def test_identity_lines_split_at_their_operator_whatever_the_literal_holds(line,
     """By-name (`source is module:qualname`) and by-value (`source == literal`) identity lines: the
     renderer and the installed driver read the same three parts."""
     from precompile.capturing.dynamo.named_identity import CHECK
-    from precompile.codegen.drivers import dynamo as driver
+    from precompile.codegen.drivers import dynamo_checks as driver
 
     assert driver._identity_parts(line) == parts
     assert CHECK.fullmatch(line.split(" ", 1)[1]).groups() == parts

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from precompile.codegen import render
-from precompile.codegen.drivers import dynamo as dynamo_driver
+from precompile.codegen.drivers import dynamo_checks
 from precompile.codegen.drivers import makefx as makefx_driver
 from precompile.inspect.reading.guards import shape_text
 from precompile.capturing.dynamo import guard_accounting
@@ -18,8 +18,8 @@ TEMPLATES = Path(render.__file__).parent / "templates"
 
 
 def test_the_dynamo_driver_reads_guard_slots_with_the_runtime_slot_pattern():
-    assert dynamo_driver._LOCAL == guard_accounting._LOCAL.pattern  # the driver keeps its patterns as text
-    assert guard_accounting._LOCAL.flags == re.compile(dynamo_driver._LOCAL).flags
+    assert dynamo_checks._LOCAL == guard_accounting._LOCAL.pattern  # the driver keeps its patterns as text
+    assert guard_accounting._LOCAL.flags == re.compile(dynamo_checks._LOCAL).flags
 
 
 @pytest.mark.parametrize("shape", [(), (3,), (None,), (2, None, 4), (1, 1)])
@@ -41,7 +41,7 @@ def test_the_opaque_state_name_render_writes_is_the_one_the_dynamo_template_pass
 def test_the_dynamo_driver_resolves_named_identity_references_as_capture_wrote_them(ref):
     from precompile.capturing.dynamo import named_identity
 
-    assert dynamo_driver._resolve_reference(ref) is named_identity.resolve(ref)
+    assert dynamo_checks._resolve_reference(ref) is named_identity.resolve(ref)
 
 
 @pytest.mark.parametrize(
@@ -56,6 +56,6 @@ def test_the_dynamo_driver_walks_exactly_the_sources_capture_checks_by_name(sour
     assert bool(named_identity.SOURCE.fullmatch(source)) is walkable
     if walkable:  # the driver's root and steps cover the whole source
         inner = source[5:-1] if source.startswith("type(") else source
-        root = re.match(dynamo_driver._SOURCE_ROOT, inner)
+        root = re.match(dynamo_checks._SOURCE_ROOT, inner)
         rest = inner[root.end():]
-        assert "".join(m.group(0) for m in re.finditer(dynamo_driver._SOURCE_STEP, rest)) == rest
+        assert "".join(m.group(0) for m in re.finditer(dynamo_checks._SOURCE_STEP, rest)) == rest

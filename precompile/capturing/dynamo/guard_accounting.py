@@ -307,7 +307,7 @@ def _guards_state(saved: bytes, name: str):
     """The guard state Dynamo saved for a variant of frame `name`, read back (the driver's `read_guards_state`);
     a CaptureRefused where this torch cannot (torch 2.11 saves a guard on a function's __defaults__,
     such as transformers' masking helpers carry, in a form its loader rejects)."""
-    from precompile.codegen.drivers.dynamo import read_guards_state
+    from precompile.codegen.drivers.dynamo_checks import read_guards_state
 
     try:
         return read_guards_state(saved)

@@ -139,7 +139,7 @@ def refuse_unfaithful_guard_state(entry, frames: list[DynamoFrame], guards: list
     at write time, a variant whose kept guards read back from that state as other objects than the
     capture's (`seen`: GuardLedger.seen), naming each, rather than an artifact that cannot load or
     never serves."""
-    from precompile.codegen.drivers.dynamo import rebuilt_guards_state
+    from precompile.codegen.drivers.dynamo_checks import rebuilt_guards_state
 
     listed = {(v.frame, v.variant): v for v in guards}
     problems = []

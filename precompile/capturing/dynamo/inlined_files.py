@@ -20,7 +20,7 @@ import tokenize
 from collections.abc import Iterable, Sequence
 
 from precompile.artifact.metadata import InlinedFile, InlinedSource
-from precompile.codegen.drivers.dynamo import hash_source_lines, hash_spans, source_file
+from precompile.codegen.drivers.dynamo_checks import hash_source_lines, hash_spans, source_file
 
 
 def _decoded_lines(data: bytes) -> list[str]:

@@ -60,7 +60,7 @@ def record_guarded_minted_modules(entry, frames: list[DynamoFrame], guards: list
     `CLASS_MATCH G['_<id>_c6'].Tensor`, the torch module) is recorded by its module's name, so the
     driver binds that name again before building them. A standalone artifact renders such a source
     by name instead (guard_code)."""
-    from precompile.codegen.drivers.dynamo import rebuilt_guards_state
+    from precompile.codegen.drivers.dynamo_checks import rebuilt_guards_state
 
     listed = {(v.frame, v.variant): v for v in guards}
     for code, frame in zip(entry.codes, frames):

@@ -172,7 +172,7 @@ def readable_guards(entry, frames: list[DynamoFrame], guards: list[VariantGuards
     renders them (`VariantGuards.rendered`: text for readers, never run; load checks the guards torch
     rebuilds from the pickled state), so that inspect reads their values and tensors alike in both
     serving modes. A variant whose guards cannot be rendered keeps none, as before."""
-    from precompile.codegen.drivers.dynamo import read_guards_state
+    from precompile.codegen.drivers.dynamo_checks import read_guards_state
 
     listed = {(v.frame, v.variant): v for v in guards}
     for index, (code, frame) in enumerate(zip(entry.codes, frames)):
@@ -197,7 +197,7 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
                      subgraph_sources: list[str], seen: dict | None = None) -> StandaloneParts:
     """`seen`: {(frame qualname, variant): what its kept guards' sources held as Dynamo built them}
     (GuardLedger.seen), which the rendered checks compare with."""
-    from precompile.codegen.drivers.dynamo import read_guards_state
+    from precompile.codegen.drivers.dynamo_checks import read_guards_state
     from precompile.torch_compat import SerializedCode
 
     states = {

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from precompile.codegen.drivers.makefx import spelled
+from precompile.codegen.drivers.makefx_reads import spelled
 
 # torch's and precompile's own code, and code that is no file (<frozen ...>, <string>), are not fn's
 # reads; torch's layers are (Dropout's forward reads self.p and self.training), its Module machinery not.

@@ -13,7 +13,7 @@ import warnings
 
 from precompile.artifact.metadata import SpecializedValue, specialized_source
 from precompile.capturing.makefx.reads import ReadLog, attribute_spelling
-from precompile.codegen.drivers.makefx import GLOBAL_STATE, MODULE_HOOKS, module_hooks, spelled
+from precompile.codegen.drivers.makefx_reads import GLOBAL_STATE, MODULE_HOOKS, module_hooks, spelled
 from precompile.errors import CaptureRefused, PrecompileWarning
 
 log = logging.getLogger("precompile")

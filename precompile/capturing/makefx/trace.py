@@ -24,7 +24,8 @@ from torch.nn.utils import stateless
 from precompile.artifact.metadata import ConstantLeaf, NamedTensor, SpecializedValue, TensorLeaf
 from precompile.capturing import constants
 from precompile.capturing.makefx import autograd_watch, reads, specialized, unbacked
-from precompile.codegen.drivers.makefx import REQUIRES_GRAD, collect_params_and_buffers, spelled
+from precompile.codegen.drivers.makefx import collect_params_and_buffers
+from precompile.codegen.drivers.makefx_reads import REQUIRES_GRAD, spelled
 from precompile.errors import CaptureRefused, PrecompileError
 from precompile.serve.ranks import traceable_collectives
 from precompile.torch_compat import pytree

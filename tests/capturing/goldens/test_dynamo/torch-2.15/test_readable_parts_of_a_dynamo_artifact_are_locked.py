@@ -872,31 +872,21 @@ _dynamo_state = None
 
 
 # ======================================================================================
-# 11. driver: Seeds the minted names, dispatches each call to the first variant whose guards hold.
+# 11. driver-checks: Checks the code Dynamo inlined is unchanged; calls each variant's guards as rendered above.
 # ======================================================================================
-# Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
-# It builds each compiled subgraph from its source section above, rebuilds each captured variant's
-# guard tree and transformed bytecode once, and seeds the names Dynamo minted (compiled graphs,
-# continuations, import aliases, the builtins dict) into the captured module.
-# Standalone (SERVING_MODE "standalone"): every call goes to the first variant whose guards (rendered
-# above as Python) pass; a continuation that compiled nothing runs as its original bytecode. Nothing
-# is installed into torch.
-# Installed ("installed": a graph break inside a function the captured code calls): each frame's
-# variants are installed onto its live code object through Dynamo's hook for precompiled entries,
-# and calls run under Dynamo's frame evaluator with a callback that refuses to compile.
-# Either way nothing compiles (unless load allowed serve-time compiles): a call no variant covers raises.
-import base64 as _base64
+# What a DynamoTracer artifact's driver checks with (precompile/codegen/drivers/dynamo_checks.py,
+# included verbatim before the driver, which serves each call from them): that the code Dynamo
+# inlined still says what it said at capture (guards do not check it), and each variant's guards,
+# rendered in python_code as Python (_RenderedGuards) or rebuilt from the pickled guard state as
+# torch's guard manager (_TorchGuards), the invariance policy's slots taken out and the by-name
+# identity checks added against what each name resolves to here.
 import hashlib as _hashlib
 import importlib as _importlib
 import importlib.machinery as _machinery
 import inspect as _inspect
-import itertools as _itertools
 import json as _json
-import keyword as _keyword
 import linecache as _linecache
-import marshal as _marshal
 import os as _os
-import pickle as _pickle
 import re as _re
 import sys as _sys
 import types as _types
@@ -905,13 +895,10 @@ import typing as _typing
 import torch
 
 try:
-    from precompile.errors import CallMismatch, PrecompileError
-except ImportError:  # served where only torch is installed: twins of the same names
+    from precompile.errors import PrecompileError
+except ImportError:  # served where only torch is installed: a twin of the same name
 
     class PrecompileError(RuntimeError):
-        pass
-
-    class CallMismatch(PrecompileError):
         pass
 
 
@@ -919,15 +906,7 @@ def _fail(artifact, message, remedy, error=PrecompileError) -> _typing.NoReturn:
     raise error(f"{artifact}: {message}; {remedy}")
 
 
-def _check_versions(metadata, artifact):
-    captured = tuple(metadata["PYTHON_VERSION"])
-    if captured != tuple(_sys.version_info[:2]):
-        _fail(artifact, f"it was captured on Python {captured[0]}.{captured[1]} and this is Python "
-                        f"{_sys.version_info[0]}.{_sys.version_info[1]}; its bytecode only runs on the capturing version",
-              "serve it with that Python, or capture it again here")
-    if metadata["TORCH_VERSION"] != str(torch.__version__):
-        _fail(artifact, f"it was captured with torch {metadata['TORCH_VERSION']} and this is torch {torch.__version__}; "
-                        "its guard state is tied to that build", "serve it with that torch, or capture it again here")
+_RECAPTURE = "capture it again; never load an artifact whose opaque parts were rewritten (precompile inspect verify tells)"
 
 
 def hash_source_lines(lines, first_line, last_line):
@@ -1064,7 +1043,6 @@ def _check_sources(metadata, artifact):
                             "changed since capture (its compiled graphs may no longer match it)",
                   "capture the artifact again from the current source")
 
-
 def _module(name, artifact):
     if name == "__main__":
         _fail(artifact, "it captured code defined in __main__, which another process cannot import",
@@ -1075,31 +1053,12 @@ def _module(name, artifact):
         _fail(artifact, f"its code lives in module {name!r}, which cannot be imported here ({exc})",
               "serve it where that module is importable")
 
-
-# The attribute that marks what one loading of an artifact seeded (so loading it again may rebind it).
-_ARTIFACT_TAG = "__precompile_artifact__"
-
-
-def _seed(scope, name, value, tag, artifact, module_name):
-    """Bind a Dynamo-minted name in the captured module, refusing to clobber someone else's.
-
-    Values this artifact binds carry its tag, so loading the same artifact again rebinds them.
-    """
-    current = scope.get(name, value)
-    if current is not value and getattr(current, _ARTIFACT_TAG, None) != tag:
-        _fail(artifact, f"module {module_name} already binds {name!r}, a name this artifact must install "
-                        "(a live torch.compile of the same code, or another artifact, minted it)",
-              "load the artifact in a fresh process")
-    scope[name] = value
-
-
 def _set_thread_count(guard, threads):
     """The GLOBAL_STATE guard pins torch.get_num_threads(); the driver keeps it at the current count,
     so serving with another thread count matches while grad mode and the rest stay checked."""
     state = _json.loads(guard.__getstate__())
     state["num_threads"] = threads
     guard.__setstate__(_json.dumps(state))
-
 
 # This driver's regular expressions stay text: `re` compiles (and caches) each on first use, so a load
 # that needs none of them compiles none.
@@ -1119,7 +1078,7 @@ def _slot_text(guard):
 
 
 # A guard source walked without eval (precompile/capturing/dynamo/named_identity.py SOURCE): a local (x, or
-# L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...).
+# L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...), then more steps.
 _SOURCE_STEP = r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]"
 _SOURCE_ROOT = r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))"
 
@@ -1177,11 +1136,11 @@ def _check_by_name(manager, line, scope, artifact):
     guard_type = line.split(" ", 1)[0]
     source, operator, ref = _identity_parts(line)
     of_type = source.startswith("type(")
-    walked = source[5:-1] if of_type else source
+    walked, after = source[5:].split(")", 1) if of_type else (source, "")
     root = _re.match(_SOURCE_ROOT, walked)
     if root is None:
         _fail(artifact, f"{line}: its source names neither a local, a global nor a name", _RECAPTURE)
-    steps = _re.findall(_SOURCE_STEP, walked[root.end():])
+    steps, type_steps = _re.findall(_SOURCE_STEP, walked[root.end():]), _re.findall(_SOURCE_STEP, after)
     try:
         expected = ast.literal_eval(ref) if operator == "==" else _resolve_reference(ref)
     except Exception as exc:  # the named object is not here: the variant cannot serve
@@ -1194,18 +1153,14 @@ def _check_by_name(manager, line, scope, artifact):
             value = (scope if in_globals else f_locals)[name]
             for attr, index, key in steps:
                 value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+            value = type(value) if of_type else value
+            for attr, index, key in type_steps:
+                value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
         except Exception:  # a source that is not there fails the check
             return False
-        value = type(value) if of_type else value
         return value is expected or (operator == "==" and type(value) is type(expected) and value == expected)
 
     manager.root.add_lambda_guard(check, [f"{guard_type}: {source} {operator} {ref}"], None)
-
-
-def _empty_cells(code):
-    """Cells standing in for a code object's free variables until a call brings the real closure."""
-    return tuple(_types.CellType() for _ in code.co_freevars) or None
-
 
 class _RenderedGuards:
     """A variant's guards as rendered in python_code (`guards_F_V(L, G)`): the checks that run."""
@@ -1339,6 +1294,89 @@ def _seed_builtins(scope, key, artifact):
               "load the artifact in a fresh process")
 
 
+# ======================================================================================
+# 12. driver: Seeds the minted names, dispatches each call to the first variant whose guards hold.
+# ======================================================================================
+# Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
+# It builds each compiled subgraph from its source section above, rebuilds each captured variant's
+# guard tree and transformed bytecode once, and seeds the names Dynamo minted (compiled graphs,
+# continuations, import aliases, the builtins dict) into the captured module. What it checks with
+# (the inlined source, each variant's guards) is the driver-checks section above (drivers/dynamo_checks.py).
+# Standalone (SERVING_MODE "standalone"): every call goes to the first variant whose guards (rendered
+# above as Python) pass; a continuation that compiled nothing runs as its original bytecode. Nothing
+# is installed into torch.
+# Installed ("installed": a graph break inside a function the captured code calls): each frame's
+# variants are installed onto its live code object through Dynamo's hook for precompiled entries,
+# and calls run under Dynamo's frame evaluator with a callback that refuses to compile.
+# Either way nothing compiles (unless load allowed serve-time compiles): a call no variant covers raises.
+import base64 as _base64
+import hashlib as _hashlib
+import importlib as _importlib
+import inspect as _inspect
+import itertools as _itertools
+import keyword as _keyword
+import marshal as _marshal
+import os as _os
+import pickle as _pickle
+import re as _re
+import sys as _sys
+import types as _types
+import typing as _typing
+
+import torch
+
+if "_torch_guards" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.dynamo_checks import (
+        _RECAPTURE,
+        PrecompileError,
+        _builtins_dict,
+        _check_sources,
+        _fail,
+        _module,
+        _RenderedGuards,
+        _resolve_reference,
+        _set_thread_count,
+        _torch_guards,
+    )
+
+try:
+    from precompile.errors import CallMismatch
+except ImportError:  # served where only torch is installed: a twin of the same name
+
+    class CallMismatch(PrecompileError):
+        pass
+
+
+def _check_versions(metadata, artifact):
+    captured = tuple(metadata["PYTHON_VERSION"])
+    if captured != tuple(_sys.version_info[:2]):
+        _fail(artifact, f"it was captured on Python {captured[0]}.{captured[1]} and this is Python "
+                        f"{_sys.version_info[0]}.{_sys.version_info[1]}; its bytecode only runs on the capturing version",
+              "serve it with that Python, or capture it again here")
+    if metadata["TORCH_VERSION"] != str(torch.__version__):
+        _fail(artifact, f"it was captured with torch {metadata['TORCH_VERSION']} and this is torch {torch.__version__}; "
+                        "its guard state is tied to that build", "serve it with that torch, or capture it again here")
+
+# The attribute that marks what one loading of an artifact seeded (so loading it again may rebind it).
+_ARTIFACT_TAG = "__precompile_artifact__"
+
+
+def _seed(scope, name, value, tag, artifact, module_name):
+    """Bind a Dynamo-minted name in the captured module, refusing to clobber someone else's.
+
+    Values this artifact binds carry its tag, so loading the same artifact again rebinds them.
+    """
+    current = scope.get(name, value)
+    if current is not value and getattr(current, _ARTIFACT_TAG, None) != tag:
+        _fail(artifact, f"module {module_name} already binds {name!r}, a name this artifact must install "
+                        "(a live torch.compile of the same code, or another artifact, minted it)",
+              "load the artifact in a fresh process")
+    scope[name] = value
+
+def _empty_cells(code):
+    """Cells standing in for a code object's free variables until a call brings the real closure."""
+    return tuple(_types.CellType() for _ in code.co_freevars) or None
+
 def _binder(code, name, defaults, kwdefaults):
     """A function with `code`'s signature and defaults that returns its arguments by name, defaults
     applied: Python's own argument binding, which the guards read as the frame's locals. A name that
@@ -1365,6 +1403,13 @@ def _binder(code, name, defaults, kwdefaults):
     return binder
 
 
+_CALL_REMEDY = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
+_LAYOUT_REMEDY = ("a tensor's memory layout (its strides) differs from every captured call's, and each captured graph is "
+                  "specialized on it: capture a call with this layout too (call the capture once per layout you serve, "
+                  "e.g. with x.to(memory_format=torch.channels_last) or the strided view you pass; each becomes a "
+                  "variant), or pass contiguous tensors (.contiguous())")
+
+
 class _Frame:
     """One captured code object: its variants (guards, then the transformed code) and how to call it."""
 
@@ -1377,7 +1422,7 @@ class _Frame:
         self.original = original
         # The code object the guards are built for: the live one an installed frame serves from.
         self.target = self.original if target is None else target
-        self.remedy = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
+        self.remedy = _CALL_REMEDY
         # A continuation that compiled nothing runs as its original bytecode, as during capture.
         self.runs_as_python = runs_as_python
         self.bypassed = bypassed
@@ -1428,8 +1473,13 @@ class _Frame:
             _fail(self.artifact, f"frame {self.label!r} has no captured variant (it was bypassed during capture)",
                   "capture again with calls that compile it", CallMismatch)
         reasons = [f"variant {index}: {guards.explain(f_locals)}" for index, (guards, _) in enumerate(self.variants)]
+        # Dynamo specializes each graph on its tensors' strides, as torch.compile does (it recompiles
+        # for a new layout): a layout is served by a variant captured with it.
+        remedy = self.remedy
+        if any("stride mismatch" in reason for reason in reasons):
+            remedy = _LAYOUT_REMEDY if remedy == _CALL_REMEDY else f"{_LAYOUT_REMEDY}; {remedy}"
         _fail(self.artifact, f"no captured variant of {self.label!r} covers this call ({len(self.variants)} captured): "
-                             + " | ".join(reasons), self.remedy, CallMismatch)
+                             + " | ".join(reasons), remedy, CallMismatch)
 
     def update_threads(self):
         if self.global_state_guards and torch.get_num_threads() != self.threads:
@@ -1501,10 +1551,6 @@ def _artifact_tag(raw_state, namespace):
             elif value is not None:
                 digest.update(_marshal.dumps(value.__code__))
     return digest.hexdigest()[:16]
-
-
-_RECAPTURE = "capture it again; never load an artifact whose opaque parts were rewritten (precompile inspect verify tells)"
-
 
 def _state_bytes(state_blob, artifact, optional):
     """The pickle the opaque state holds. precompile writes it as one base64 str literal (None, when

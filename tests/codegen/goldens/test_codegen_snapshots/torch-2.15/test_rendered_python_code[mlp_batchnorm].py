@@ -146,41 +146,23 @@ captured_graph_autograd = captured_graph
 
 
 # ======================================================================================
-# 4. driver: Checks each call against the metadata, runs the graph, scatters gradients.
+# 4. read-checks: Spells the Python values the trace read, and finds where each call reads them again.
 # ======================================================================================
-# Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
-# It checks a call against the captured calling convention, runs the captured graph on the
-# runtime model's parameters and buffers, scatters parameter gradients like eager .backward(),
-# and rebuilds fn's result. It also checks the Python values the trace read besides tensors
-# (SPECIALIZED): torch's global state, attributes of the model, module globals.
+# What the checks of a MakeFxTracer artifact's reads are made of (precompile/codegen/drivers/
+# makefx_reads.py, included verbatim before the driver, which checks SPECIALIZED with them). The trace
+# read Python values besides tensors: how such a value is spelled (recorded at capture, compared at
+# serve), what of a value that may change in place a later call compares instead of spelling it again,
+# where each read value lives for later calls to read it again in C (_ReadPlan), torch's global state
+# and the hooks the model's modules hold.
 import enum as _enum
 import functools as _functools
-import gc as _gc
 import hashlib as _hashlib
-import importlib as _importlib
-import sys as _sys
 import types as _types
-import warnings as _warnings
 from operator import contains as _contains
 from operator import getitem as _getitem
 from operator import is_ as _is
 
 import torch
-import torch.utils._pytree as _pytree
-from torch._C._dynamo.guards import TensorGuards as _TensorGuards
-
-try:
-    from precompile.errors import CallMismatch, PrecompileWarning
-except ImportError:  # served where only torch is installed: twins of the same names
-
-    class PrecompileError(RuntimeError):
-        pass
-
-    class CallMismatch(PrecompileError):
-        pass
-
-    class PrecompileWarning(UserWarning):
-        pass
 
 
 def spelled(value):
@@ -410,7 +392,7 @@ def _class_is_type(owner):
 
 def _class_dicts(owner, name):
     """Where getattr(owner, name) finds what a full check read, when not in owner's instance dict, as
-    (dict, name) pairs the next calls read instead (binding a method anew makes a new object each time;
+    (holder, name) pairs the next calls read instead, a holder a dict or a class for its dict (binding a method anew makes a new object each time;
     nn.Module's __getattr__ raises a new error for a missing name): owner's instance dict, which lacks
     it, and the dicts of its classes up to the one defining a method or a plain value (no descriptor);
     for a name an nn.Module lacks, every class dict and its parameters, buffers and submodules, which
@@ -421,17 +403,44 @@ def _class_dicts(owner, name):
     watched = [(instance, name)]
     for klass in type(owner).__mro__:
         found = klass.__dict__.get(name, _ABSENT)
-        watched.append((klass.__dict__, name))
+        watched.append((klass, name))
         if found is _ABSENT:
             continue
         if isinstance(found, _types.FunctionType):
             return watched
         plain = not hasattr(type(found), "__get__") and getattr(owner, name, _ABSENT) is found
         return watched if plain else []
-    if getattr(type(owner), "__getattr__", None) is not torch.nn.Module.__getattr__:
-        return []
-    tables = [instance.get(table) for table in ("_parameters", "_buffers", "_modules")]
-    return watched + [(table, name) for table in tables] if all(type(t) is dict for t in tables) else []
+    lookup = _lookup_kept_missing(owner, instance, name)
+    return [] if lookup is None else watched + lookup
+
+
+# A transformers config's __getattribute__ (PreTrainedConfig in transformers 5, PretrainedConfig before):
+# a name in attribute_map reads the one it maps to, any other reads as object's lookup would.
+_RENAMING_LOOKUPS = {("transformers.configuration_utils", f"{c}.__getattribute__") for c in ("PreTrainedConfig", "PretrainedConfig")}
+
+
+def _lookup_kept_missing(owner, instance, name):
+    """What else keeps a name owner lacks (in its instance and class dicts) missing, by how its class
+    looks names up, as (holder, name) pairs: every class's __getattr__ and __getattribute__ entries
+    (their functions, or their absence), and for nn.Module's __getattr__ its parameters, buffers and
+    submodules, for a transformers config's __getattribute__ the attribute_map it renames through;
+    None for a lookup only running it tells (getattr must read the name)."""
+    klasses = type(owner).__mro__[:-1]
+    hooks = [(klass, hook) for klass in klasses for hook in ("__getattr__", "__getattribute__")]
+    get, get_missing = type(owner).__getattribute__, getattr(type(owner), "__getattr__", None)
+    if get is object.__getattribute__ and get_missing is None:
+        return hooks
+    if get is object.__getattribute__ and get_missing is torch.nn.Module.__getattr__:
+        tables = [instance.get(table) for table in ("_parameters", "_buffers", "_modules")]
+        return hooks + [(table, name) for table in tables] if all(type(t) is dict for t in tables) else None
+    if get_missing is None and (getattr(get, "__module__", None), getattr(get, "__qualname__", None)) in _RENAMING_LOOKUPS:
+        held = next((klass for klass in klasses if "attribute_map" in klass.__dict__), None)
+        renames = instance.get("attribute_map", held and held.__dict__["attribute_map"])
+        if type(renames) is not dict or name in renames:
+            return None
+        where = [(instance, "attribute_map"), (renames, name)]
+        return hooks + where + ([(held, "attribute_map")] if held is not None else [])
+    return None
 
 
 def _autocast(device):
@@ -496,19 +505,6 @@ def _hook_ids(owner):
     return ids if forward is None else (*ids, id(forward))
 
 
-def specialized_source(record):
-    """Where a SPECIALIZED value is read, as the user would spell it."""
-    kind = record["kind"]
-    if kind == "global_state":
-        return f"torch global state {record['name']}"
-    if kind == "attribute":
-        return ".".join([f"args[{record['arg']}]", *([record["module"]] if record.get("module") else []),
-                         *record.get("chain", ()), record["name"]])
-    if kind == "global":
-        return f"global {record['module']}.{record['name']}"
-    return f"closure cell {record['name']} of {record['module']}"
-
-
 class _ReadPlan:
     """Where the values a full check read live, for later calls to read them again in C: an entry of an
     instance dict (or of a class dict, for a method: the dicts before the defining class must stay
@@ -522,6 +518,7 @@ class _ReadPlan:
         self.typed: list = []
         self.owners: list = []
         self.names: list = []
+        entries: dict = {}  # (id of a holder, key) watched, holding the holder so its id stays its own
         for owner, name in places:
             if _plainly_there(owner, name):
                 self.dicts.append(_instance_dict(owner))
@@ -529,7 +526,11 @@ class _ReadPlan:
             elif name == "__class__" and _class_is_type(owner):
                 self.typed.append(owner)
             elif watched := _class_dicts(owner, name):
-                for where, key in watched:
+                for holder, key in watched:
+                    if (id(holder), key) in entries:  # a class many owners share: watched once
+                        continue
+                    entries[id(holder), key] = holder
+                    where = holder.__dict__ if isinstance(holder, type) else holder
                     (self.dicts if key in where else self.absent_dicts).append(where)
                     (self.keys if key in where else self.absent_keys).append(key)
             else:
@@ -547,6 +548,67 @@ class _ReadPlan:
 
     def still_absent(self):
         return not any(map(_contains, self.absent_dicts, self.absent_keys))
+
+
+# ======================================================================================
+# 5. driver: Checks each call against the metadata, runs the graph, scatters gradients.
+# ======================================================================================
+# Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
+# It checks a call against the captured calling convention, runs the captured graph on the
+# runtime model's parameters and buffers, scatters parameter gradients like eager .backward(),
+# and rebuilds fn's result. It also checks the Python values the trace read besides tensors
+# (SPECIALIZED): torch's global state, attributes of the model, module globals, spelled and found
+# as the read-checks section above (drivers/makefx_reads.py) says.
+import gc as _gc
+import importlib as _importlib
+import sys as _sys
+import warnings as _warnings
+from operator import is_ as _is
+
+import torch
+import torch.utils._pytree as _pytree
+from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+
+if "_ReadPlan" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.makefx_reads import (
+        _ABSENT,
+        _GLOBAL_HOOKS,
+        GLOBAL_STATE,
+        MODULE_HOOKS,
+        REQUIRES_GRAD,
+        _Contents,
+        _hook_ids,
+        _may_change,
+        _ReadPlan,
+        module_hooks,
+        spelled,
+    )
+
+try:
+    from precompile.errors import CallMismatch, PrecompileWarning
+except ImportError:  # served where only torch is installed: twins of the same names
+
+    class PrecompileError(RuntimeError):
+        pass
+
+    class CallMismatch(PrecompileError):
+        pass
+
+    class PrecompileWarning(UserWarning):
+        pass
+
+
+def specialized_source(record):
+    """Where a SPECIALIZED value is read, as the user would spell it."""
+    kind = record["kind"]
+    if kind == "global_state":
+        return f"torch global state {record['name']}"
+    if kind == "attribute":
+        return ".".join([f"args[{record['arg']}]", *([record["module"]] if record.get("module") else []),
+                         *record.get("chain", ()), record["name"]])
+    if kind == "global":
+        return f"global {record['module']}.{record['name']}"
+    return f"closure cell {record['name']} of {record['module']}"
 
 
 class _Specialized:
@@ -798,6 +860,9 @@ class _ServedForward:
         self.state_checks = [_TensorCheck(t["name"], t["shape"], t["dtype"], t["device"], t.get("stride"))
                              for t in (*metadata["PARAMS"], *metadata["BUFFERS"])]
         self.in_spec = _pytree.treespec_loads(metadata["IN_SPEC"])
+        # The inputs are a dict of the positional args by position, then the keywords by name.
+        self.keywords = tuple(key for key in self.in_spec.context if isinstance(key, str))
+        self.keyword_set = frozenset(self.keywords)
         self.out_spec = _pytree.treespec_loads(metadata["OUT_SPEC"])
         # A tensor input's check, or (path, value) of a non-tensor input baked into the graph.
         self.input_checks = [
@@ -846,9 +911,11 @@ class _ServedForward:
 
     def arguments(self, args, kwargs):
         """The model arguments and the tensor inputs of a call, its structure and constants checked."""
-        if kwargs:
-            self.fail(f"got keyword arguments {sorted(kwargs)}, but a MakeFxTracer artifact takes positional arguments only",
-                      "pass them positionally, as in the captured call")
+        if kwargs.keys() != self.keyword_set:
+            missing = [name for name in self.keywords if name not in kwargs]
+            extra = [name for name in kwargs if name not in self.keywords]
+            self.fail(f"got keyword arguments {list(kwargs)} but the artifact was captured with {list(self.keywords)} "
+                      f"(missing {missing}, unexpected {extra})", "pass the captured call's keyword arguments, by name")
         if len(args) != self.num_args:
             self.fail(f"expected {self.num_args} positional arguments, got {len(args)}", "call it with the captured call's arguments")
         modules = []
@@ -857,7 +924,8 @@ class _ServedForward:
                 self.fail(f"argument {position} must be an nn.Module (the captured call passed one there), got {type(args[position]).__name__}",
                           "pass the model in the same position")
             modules.append(args[position])
-        leaves, spec = _pytree.tree_flatten({i: a for i, a in enumerate(args) if i not in self.module_positions})
+        leaves, spec = _pytree.tree_flatten({**{i: a for i, a in enumerate(args) if i not in self.module_positions},
+                                             **{name: kwargs[name] for name in self.keywords}})
         if spec != self.in_spec:
             self.fail(f"the inputs have structure {_one_line(spec)} but the artifact was captured with {_one_line(self.in_spec)}",
                       "pass inputs with the captured structure")
