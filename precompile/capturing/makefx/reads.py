@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from precompile.capturing.makefx.registries import global_spelling
 from precompile.codegen.drivers.makefx_reads import spelled
 
 # torch's and precompile's own code, and code that is no file (<frozen ...>, <string>), are not fn's
@@ -356,7 +357,7 @@ class _FrameHook:
             log.globals_of.setdefault(module, frame.f_globals)
             for name in loads.globals:
                 value = frame.f_globals.get(name, _MISSING)
-                spelling = None if value is _MISSING or (module, name) in log.globals else spelled(value)
+                spelling = None if value is _MISSING or (module, name) in log.globals else global_spelling(value)
                 if spelling is not None:
                     log.globals[module, name] = spelling
         if loads.free:
@@ -385,7 +386,7 @@ class _FrameHook:
         name = path[0]
         key = (module.__name__, name)
         value = vars(module).get(name, _MISSING)
-        spelling = None if value is _MISSING or key in self.log.globals else spelled(value)
+        spelling = None if value is _MISSING or key in self.log.globals else global_spelling(value)
         if spelling is not None:
             self.log.globals[key] = spelling
             self.log.globals_of.setdefault(module.__name__, vars(module))

@@ -13,6 +13,7 @@ import warnings
 
 from precompile.artifact.metadata import SpecializedValue, specialized_source
 from precompile.capturing.makefx.reads import ReadLog, attribute_spelling
+from precompile.capturing.makefx.registries import REGISTRY
 from precompile.codegen.drivers.makefx_reads import GLOBAL_STATE, MODULE_HOOKS, module_hooks, spelled
 from precompile.errors import CaptureRefused, PrecompileWarning
 
@@ -66,8 +67,14 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         klass = (where.get(head) if isinstance(where, dict) else getattr(where, head, None)) if head else None
         now = (getattr(klass, attribute, None) if isinstance(klass, type) else None) if head else (
             where.get(name) if isinstance(where, dict) else getattr(where, name, None))
-        record = SpecializedValue(kind="global", name=name, value=value, module=module,
-                                  checked=_importable(module) and not (module != fn_module and _class_registry(now)))
+        if value == REGISTRY and module == fn_module:  # fn's own registry is a setting of fn's: checked
+            value = spelled(now)
+            if value is None:
+                continue
+        elif value == REGISTRY:  # a library's: what it holds differs from process to process; listed, not checked
+            out.append(SpecializedValue(kind="global", name=name, value=value, module=module, checked=False))
+            continue
+        record = SpecializedValue(kind="global", name=name, value=value, module=module, checked=_importable(module))
         _refuse_changed(record, spelled(now))
         out.append(record)
     for (function, name), value in sorted(read.closures.items()):
@@ -85,14 +92,6 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         log.warning("%s", message)
         warnings.warn(message, PrecompileWarning, stacklevel=4)
     return out
-
-
-def _class_registry(value: object) -> bool:
-    """A library's registry of classes (a set of them, or a dict keyed by them), which fills as the
-    library's modules import: its contents say which modules a process imported, not a setting, so
-    a serving process that imported fewer would be refused for nothing. Listed, not checked."""
-    members = value if isinstance(value, (set, frozenset)) else value.keys() if isinstance(value, dict) else None
-    return bool(members) and all(isinstance(member, type) for member in members)  # type: ignore[union-attr]
 
 
 def _spelled_with(cell: SpecializedValue, out: list[SpecializedValue]) -> bool:
