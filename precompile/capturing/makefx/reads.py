@@ -46,7 +46,8 @@ def _package_dirs(names: tuple[str, ...]) -> tuple[str, ...]:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):
             continue
-        found += [str(Path(location)) + "/" for location in (spec.submodule_search_locations or ()) if spec is not None]
+        if spec is not None:
+            found += [str(Path(location)) + "/" for location in (spec.submodule_search_locations or ())]
     return tuple(found)
 
 
