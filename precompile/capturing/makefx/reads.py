@@ -22,67 +22,17 @@ import contextlib
 import dis
 import enum
 import gc
-import importlib.util
 import sys
-import sysconfig
 import types
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
+from precompile.capturing.makefx.code_origins import in_trace, skipped
 from precompile.capturing.makefx.registries import global_spelling
 from precompile.codegen.drivers.makefx_reads import spelled
 
-# torch's and precompile's own code, and code that is no file (<frozen ...>, <string>), are not fn's
-# reads; torch's layers are (Dropout's forward reads self.p and self.training), its Module machinery not.
-_PRECOMPILE = str(Path(__file__).parent.parent.parent) + "/"
-def _package_dirs(names: tuple[str, ...]) -> tuple[str, ...]:
-    """Where each installed package of `names` lives (found without importing it)."""
-    found = []
-    for name in names:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        if spec is not None:
-            found += [str(Path(location)) + "/" for location in (spec.submodule_search_locations or ())]
-    return tuple(found)
-
-
-# The libraries torch's tracing machinery runs (symbolic shapes' sympy and its mpmath): what they read is
-# theirs, not fn's (a mark_unbacked trace ran sympy's code on every size expression).
-_SKIPPED_ROOTS = (str(Path(torch.__file__).parent) + "/", _PRECOMPILE, "<", *_package_dirs(("sympy", "mpmath")))
-_LAYERS = str(Path(torch.__file__).parent / "nn" / "modules") + "/"
-_MACHINERY = _LAYERS + "module.py"
-_STDLIB = sysconfig.get_paths()["stdlib"] + "/"
-_SITE = tuple({sysconfig.get_paths()[key] + "/" for key in ("purelib", "platlib")})
-
-
-def _stdlib(filename: str) -> bool:
-    return filename.startswith(_STDLIB) and not filename.startswith(_SITE)
-
-
-def _in_trace(frame) -> bool:
-    """Whether a frame runs for fn's call: up its stack, precompile's trace (which calls fn) comes
-    before any frame of the standard library or the import system. Code those call back (a logging
-    handler, an import hook, a module's body as it is imported) runs beside the trace, not in it."""
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if filename.startswith(_PRECOMPILE):
-            return True
-        if _stdlib(filename) or filename.startswith("<frozen"):
-            return False
-        frame = frame.f_back
-    return False
-
-
-def _skipped(filename: str) -> bool:
-    """Code whose reads are not fn's: torch but its layers, precompile, the standard library."""
-    if filename.startswith(_LAYERS):
-        return filename == _MACHINERY
-    return filename.startswith(_SKIPPED_ROOTS) or _stdlib(filename)
 _MAX_CHAIN = 4
 """How many attributes one chain is followed through (self.config.text_config.flag)."""
 _MISSING = object()
@@ -319,8 +269,8 @@ class _FrameHook:
             if code in self.loads:
                 loads = self.loads[code]
             else:
-                loads = self.loads[code] = None if _skipped(code.co_filename) else _loads(code)
-            if loads is not None and _in_trace(frame.f_back):
+                loads = self.loads[code] = None if skipped(code.co_filename) else _loads(code)
+            if loads is not None and in_trace(frame.f_back):
                 self.note(frame, loads)
                 if loads.probes:
                     return self.probing(frame, dict(loads.probes), self.previous(frame, event, arg) if self.previous else None)
@@ -382,7 +332,7 @@ class _FrameHook:
         if isinstance(module, types.ModuleType) and (module.__name__ == "torch" or module.__name__.startswith("torch.")):
             self.note_torch_function(module, path)
             return
-        if not isinstance(module, types.ModuleType) or _skipped(getattr(module, "__file__", None) or "<"):
+        if not isinstance(module, types.ModuleType) or skipped(getattr(module, "__file__", None) or "<"):
             return
         name = path[0]
         key = (module.__name__, name)
