@@ -199,3 +199,33 @@ def captured(tmp_path_factory):
 def captured_inductor(tmp_path_factory):
     """Every case of tests/cases.py captured once per session with the inductor backend (slow: ~15 s each)."""
     return capture_cases(tmp_path_factory.mktemp("captured-inductor"), "inductor")
+
+
+CO_TENANT = 65534
+"""The second user the co-tenant tests emulate (nobody), by a forked child that drops to it."""
+
+
+def as_co_tenant(action, what: str) -> None:
+    """Run `action` in a forked child that dropped to the co-tenant's uid and gid (umask 0, as a
+    careless or hostile user runs); skip where this process cannot (not root). `what`: what the
+    action does, for the failure."""
+    import os
+
+    if os.getuid() != 0:
+        pytest.skip("emulating a second user needs root here (to drop a forked child to uid 65534)")
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.setgroups([])
+            os.setgid(CO_TENANT)
+            os.setuid(CO_TENANT)
+            os.umask(0)
+            action()
+            status = 0
+        except BaseException as exc:  # said on stderr, which pytest shows with the failure
+            os.write(2, f"co-tenant: {type(exc).__name__}: {exc}\n".encode())
+        finally:
+            os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the co-tenant could not {what}"

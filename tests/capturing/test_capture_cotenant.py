@@ -22,12 +22,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, as_co_tenant
 
 from precompile.artifact.codec import decode_payload
 from precompile.artifact.pair import parse_cache
 
-CO_TENANT = 65534
 
 CAPTURE = r"""
 import sys, torch, precompile
@@ -49,25 +48,6 @@ __attribute__((constructor)) static void co_tenant_planted(void) {
 """
 
 
-def _as_co_tenant(action) -> None:
-    if os.getuid() != 0:
-        pytest.skip("emulating a second user needs root here (to drop a forked child to uid 65534)")
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            os.setgroups([])
-            os.setgid(CO_TENANT)
-            os.setuid(CO_TENANT)
-            os.umask(0)
-            action()
-            status = 0
-        except BaseException as exc:
-            os.write(2, f"co-tenant: {type(exc).__name__}: {exc}\n".encode())
-        finally:
-            os._exit(status)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the co-tenant could not plant its header"
 
 
 def _capture(prefix: Path, tmp: Path) -> subprocess.CompletedProcess:
@@ -105,7 +85,7 @@ def test_a_capture_never_compiles_a_header_a_co_tenant_planted_in_the_default_ro
             for name in names:
                 (root / "precompiled_headers" / name).write_text(PLANTED.replace("MARKER", f'"{marker}"'))
 
-        _as_co_tenant(plant)
+        as_co_tenant(plant, "plant its header")
         captured = _capture(tmp_path / "model", shared_tmp)
         mapped_at_capture = marker.exists()
         marker.unlink(missing_ok=True)
@@ -130,7 +110,7 @@ def test_the_capture_lock_never_follows_a_co_tenants_symlink_onto_a_file_of_this
     precious = tmp_path / "precious.txt"
     precious.write_text("this user's data\n")
     lock = shared_tmp / f"precompile-capture-kernels-{os.getuid()}.lock"
-    _as_co_tenant(lambda: os.symlink(precious, lock))
+    as_co_tenant(lambda: os.symlink(precious, lock), "make its symlink")
     try:
         taken = kernel_dir.try_take(lock)
     except (PrecompileError, OSError):

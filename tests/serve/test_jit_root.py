@@ -24,14 +24,13 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from conftest import ROOT
+from conftest import CO_TENANT, ROOT, as_co_tenant
 
 from precompile.artifact import codec
 from precompile.artifact.codec import decode_payload
 from precompile.artifact.pair import parse_cache
 
 FIXTURE = ROOT / "fixtures" / "v1" / "mlp_inductor"
-CO_TENANT = 65534
 
 CONSTRUCTOR = r"""
 #include <fcntl.h>
@@ -96,26 +95,6 @@ def planted_library():
     shutil.rmtree(directory, ignore_errors=True)
 
 
-def _as_co_tenant(action) -> None:
-    """Run `action` in a forked child that dropped to the co-tenant's uid and gid."""
-    if os.getuid() != 0:
-        pytest.skip("emulating a second user needs root here (to drop a forked child to uid 65534)")
-    pid = os.fork()
-    if pid == 0:
-        status = 1
-        try:
-            os.setgroups([])
-            os.setgid(CO_TENANT)
-            os.setuid(CO_TENANT)
-            os.umask(0)
-            action()
-            status = 0
-        except BaseException as exc:  # said on stderr, which pytest shows with the failure
-            os.write(2, f"co-tenant: {type(exc).__name__}: {exc}\n".encode())
-        finally:
-            os._exit(status)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0, "the co-tenant could not plant its libraries"
 
 
 @pytest.fixture
@@ -151,7 +130,7 @@ def _take_root(tmp: Path, library: Path, how: str, private: Path) -> tuple[dict[
     if how == "default taken, TORCHINDUCTOR_CACHE_DIR private":
         env["TORCHINDUCTOR_CACHE_DIR"] = str(private)
     _kernel_libraries()  # rehearsed as this user, before the co-tenant's child forks
-    _as_co_tenant(lambda: (root.mkdir(mode=0o777, exist_ok=True), _plant(root, library)))
+    as_co_tenant(lambda: (root.mkdir(mode=0o777, exist_ok=True), _plant(root, library)), "plant its libraries")
     return env, root
 
 
