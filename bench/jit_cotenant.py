@@ -114,7 +114,9 @@ def _pairs(work: Path) -> tuple[dict[str, tuple[Path, Path]], Path, list[str]]:
         artifact, cache = directory / "model.py", directory / "model.cache"
         shutil.copy(FIXTURE.with_suffix(".py"), artifact)
         # sealed as capture seals it now: the requirements the fixture predates recorded as this host's
-        keys = {**host_keys(), "valid_isas": "avx512", **bundle.keys, **changed}
+        host = host_keys()
+        flags = {"cpu_flags": host["cpu_flags"]} if "cpu_flags" in host else {}  # this CPU's, not the fixture's AMD one's
+        keys = {**host, "valid_isas": "avx512", **bundle.keys, **flags, **changed}
         rebuilt, payload = codec.build_bundle({path: (kinds[path], data) for path, data in files.items()}, keys,
                                               dict(bundle.kernels))
         cache.write_bytes(codec.encode_cache(msgspec.structs.replace(parsed.envelope, bundle=rebuilt), payload))
