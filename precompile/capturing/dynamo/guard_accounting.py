@@ -319,11 +319,12 @@ def _guards_state(saved: bytes, name: str):
         ) from exc
 
 
-def account_frame(code, name: str, ledger: GuardLedger, slots: SlotLists, taken: set) -> list[VariantGuards]:
+def account_frame(code, name: str, ledger: GuardLedger, slots: SlotLists, taken: set, read: dict) -> list[VariantGuards]:
     """Each captured variant of one package frame (`name`: its qualified name), readably: its kept
     checks (shape guards last), the slots the filter dropped in its compile, and those the
-    invariance policy takes out."""
+    invariance policy takes out. `read` gets each variant's guard state: {(name, variant): state}."""
     states = [_guards_state(guarded.guards_state, name) for guarded in code.guarded_codes]
+    read.update({(name, index): state for index, state in enumerate(states)})
     kept = [
         {(g.create_fn_name(), slot_source(g.name)): joined_check(g.code_list) for g in state.output_graph.guards}
         for state in states

@@ -29,6 +29,7 @@ from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_so
 from precompile.capturing.dynamo.guard_expressions import Unrenderable, literal, names_in, reads_back
 from precompile.capturing.dynamo.guard_function import guard_function
 from precompile.capturing.dynamo.guard_origin import origin
+from precompile.capturing.dynamo.key_lookups import KeyLookups
 from precompile.capturing.dynamo.named_identity import CHECK, reference
 
 # Guard types Dynamo's guard builder adds no check for: GLOBAL_STATE's C++ guard covers them.
@@ -86,10 +87,11 @@ class _Variant:
     """Collects one variant's checks in order, then writes its function."""
 
     def __init__(self, frame: int, variant: int, state, renames: dict[str, str], seen: dict | None = None,
-                 module_globals: dict | None = None) -> None:
+                 module_globals: dict | None = None, lookups: KeyLookups | None = None) -> None:
         self.prefix = f"{frame}_{variant}"
         self.state, self.module_globals = state, module_globals or {}
         self.renames, self.seen = renames, seen or {}
+        self.lookups = lookups or KeyLookups()
         self.lines: list[tuple[str, str]] = []  # (label, condition that must hold)
         self.origins: dict[str, str] = {}  # label: where the user's code made the guard (guard_origin)
         self.notes: list[tuple[str, str]] = []  # (label, why it adds no check)
@@ -110,9 +112,17 @@ class _Variant:
             # source still holds a weak reference.
             held = self.expression(name[:-2], label)
             return f"({held}() if type({held}) is {self.named(weakref.ref, label)} else None)"
-        text = _MINTED_GLOBAL.sub(lambda match: self.minted_module(match, label), rename_sources(name, self.renames))
+        text = _MINTED_GLOBAL.sub(lambda match: self.minted_module(match, label), self.renamed(name))
         names_in(text, _SOURCE_NAMES | _SOURCE_BUILTINS | {"_by_name"}, _SOURCE_CALLS, label)
         return text
+
+    def renamed(self, text: str) -> str:
+        """Dynamo's source text as the artifact reads it: dicts by key (key_lookups), its globals renamed."""
+        return rename_sources(self.lookups.text(text), self.renames)
+
+    def listed(self, name: str) -> str:
+        """A guard's source as the artifact's listings show it."""
+        return self.lookups.text(slot_source(name))
 
     def minted_module(self, match: re.Match, label: str) -> str:
         """A module Dynamo bound under a name minted from its id (G['_<id>_c0']), which no other process
@@ -171,8 +181,12 @@ class _Variant:
     # -- one guard ------------------------------------------------------------------------------
     def add(self, guard) -> None:
         kind = guard.create_fn_name()
-        label = slot_text((kind, slot_source(guard.name)))
-        if kind in _COVERED_BY_GLOBAL_STATE:
+        label = slot_text(self.lookups.slot((kind, slot_source(guard.name))))
+        owner = self.lookups.key_guard(kind, guard.name)
+        if owner is not None:  # a key position read by key: the key is in the dict, by dict's own lookup
+            key = self.lookups.keys[guard.name]
+            self.lines.append((f"{label} ({key})", f"dict.__contains__({self.expression(owner, label)}, {key})"))
+        elif kind in _COVERED_BY_GLOBAL_STATE:
             self.notes.append((label, "checked by GLOBAL_STATE (torch adds no check of its own)"))
         elif kind in _RENDERERS:
             before = len(self.lines)
@@ -277,7 +291,7 @@ class _Variant:
             self.notes.append((label, "skipped by torch (a source it does not guard)"))
             return
         text = self.expression(other.name, label)
-        self.lines.append((f"{label} is {slot_source(other.name)}", f"{text} is {self.source(guard, label)}"))
+        self.lines.append((f"{label} is {self.listed(other.name)}", f"{text} is {self.source(guard, label)}"))
 
     def sequence_length(self, guard, label: str, kind: str) -> None:
         seen = self.saw(guard)
@@ -372,9 +386,9 @@ class _Variant:
         if parts is None:
             raise Unrenderable(f"{label}: the saved state holds no shape-guard expressions (torch would rebuild them)")
         for expr in dict.fromkeys(parts.python_code_parts.exprs):
-            text = rename_sources(expr, self.renames)
+            text = self.renamed(expr)
             names_in(text, _SHAPE_NAMES, _SHAPE_CALLS, label)
-            self.lines.append((f"{label}: {slot_source(expr)}", text))
+            self.lines.append((f"{label}: {self.listed(expr)}", text))
 
     def tensor(self, guard, label: str, kind: str = "TENSOR_MATCH") -> None:
         from precompile.torch_compat import dispatch_keys, dynamo_config, is_from_unspecialized_builtin_nn_module_source
@@ -394,14 +408,14 @@ class _Variant:
         sizes, strides = tuple(sizes_strides["size"]), tuple(sizes_strides["stride"])
         if not all(d is None or type(d) is int for d in (*sizes, *strides)):
             raise Unrenderable(f"{label}: symbolic sizes or strides {sizes} {strides}")
-        self.tensors.append((slot_source(guard.name), _TENSOR_TYPES[pytype], str(value.dtype), str(value.device),
+        self.tensors.append((self.listed(guard.name), _TENSOR_TYPES[pytype], str(value.dtype), str(value.device),
                              bool(value.requires_grad), sizes, strides))
         self.tensor_sources.append(source)
         skip_params = dynamo_config.skip_no_tensor_aliasing_guards_on_parameters
         unspecialized = is_from_unspecialized_builtin_nn_module_source(guard.originating_source)
         if not (skip_params and (pytype is torch.nn.Parameter or unspecialized)):
             self.aliasing.append(source)
-        parts = [rename_sources(part, self.renames) for part in dict.fromkeys(guard.code_list or ())
+        parts = [self.renamed(part) for part in dict.fromkeys(guard.code_list or ())
                  if part.startswith(("hasattr(", "((getattr("))]
         if parts and not marking_guard_enforced():
             self.notes.append((label, "dimension markings (mark_dynamic and the like): this torch's guard manager lets "
@@ -462,15 +476,18 @@ _RENDERERS = {
 
 def render_variant(frame: int, variant: int, title: str, state, policy: frozenset, by_name: tuple[str, ...],
                    renames: dict[str, str], seen: dict | None = None,
-                   module_globals: dict | None = None) -> RenderedVariant:
+                   module_globals: dict | None = None, lookups: KeyLookups | None = None) -> RenderedVariant:
     """The rendered check of one variant (its guards state loaded, the policy's slots left out, its by-name
     identity lines; `module_globals`: its module's live globals), or Unrenderable naming the first guard it cannot render."""
     if state.output_graph._aotautograd_guards:
         raise Unrenderable("AOTAutograd guards: the variant carries guards AOTAutograd added, not rendered here")
-    rendering = _Variant(frame, variant, state, renames, seen, module_globals)
+    rendering = _Variant(frame, variant, state, renames, seen, module_globals, lookups)
     guards = sorted(state.output_graph.guards, key=lambda g: (g.create_fn_name(), g.name))
     for guard in guards:
-        if slot_text((guard.create_fn_name(), slot_source(guard.name))) in policy:
+        kind = guard.create_fn_name()
+        if rendering.lookups.skipped(kind, guard.name):  # a dict read by key: its length is listed as dropped
+            continue
+        if slot_text(rendering.lookups.slot((kind, slot_source(guard.name)))) in policy:
             continue
         rendering.add(guard)
     for line in by_name:

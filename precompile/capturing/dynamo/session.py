@@ -28,6 +28,7 @@ from precompile.capturing.dynamo.call_built_state import CallBuiltState, traced_
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.capturing.dynamo.guard_pickling import faithful_module_pickling, refuse_unfaithful_guard_state
 from precompile.capturing.dynamo.inlined_files import inlined_files
+from precompile.capturing.dynamo.key_lookups import KeyLookups, apply, key_lookups
 from precompile.capturing.dynamo.logs import BackendFallbackLog, GraphBreakReasons, TruncationLog
 from precompile.capturing.dynamo.minted_globals import record_guarded_minted_modules, record_minted_modules
 from precompile.capturing.dynamo.next_call import served_again
@@ -44,6 +45,11 @@ from precompile.serve import ranks as distributed
 
 log = logging.getLogger("precompile")
 _active = threading.Lock()
+
+def serves_installed(frames: list[DynamoFrame]) -> bool:
+    """Frames reached by an ordinary call serve only through Dynamo's frame evaluator."""
+    return any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
+
 
 def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
     """A Dynamo artifact rebuilds fn from its code object: fn must be a module-level function."""
@@ -234,7 +240,7 @@ class DynamoSession:
 
     # -- rendering -------------------------------------------------------------------------------
     def summary(self) -> PrecompileSummary:
-        entry, frames, guards, backends, slots = self._collect()
+        entry, frames, guards, backends, slots, _ = self._collect()
         return self._summary(entry, frames, backends, guards, slots)
 
     def _collect(self):
@@ -242,6 +248,7 @@ class DynamoSession:
         backends, frames, guards = {}, [], []
         slots = SlotLists()
         taken: set = set()
+        states: dict = {}
         continuations = {name for code in entry.codes if code.install_to_global for name in code.function_names}
         for index, code in enumerate(entry.codes):
             record_minted_modules(code)
@@ -268,8 +275,12 @@ class DynamoSession:
                     **where,
                 )
             )
-            guards += account_frame(code, where["qualname"], self._ledger, slots, taken)
-        return entry, frames, guards, backends, slots
+            guards += account_frame(code, where["qualname"], self._ledger, slots, taken, states)
+        lookups = KeyLookups()
+        if not serves_installed(frames):  # an installed artifact is checked by Dynamo's own guards
+            lookups = key_lookups(entry, states, self._ledger.seen, slots.dropped)
+            guards = apply(lookups, guards, slots, self._ledger.rendered)
+        return entry, frames, guards, backends, slots, lookups
 
     def _where(self, index: int, code) -> dict:
         """Where a frame's code lives: the entry is fn; a continuation is reached by the global names
@@ -300,12 +311,11 @@ class DynamoSession:
         return self.kernel_build.held() if self.kernel_build is not None else contextlib.nullcontext()
 
     def _build(self) -> pipeline.Pair:
-        entry, frames, guards, backends, slots = self._collect()
+        entry, frames, guards, backends, slots, lookups = self._collect()
         summary = self._summary(entry, frames, backends, guards, slots)
         self._gate(summary)
         self._refuse_state_built_before(entry, guards)
-        # Frames reached by an ordinary call serve only through Dynamo's frame evaluator.
-        installed = any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
+        installed = serves_installed(frames)
         if installed:
             refuse_uninstallable(entry, frames)
             record_guarded_minted_modules(entry, frames, guards)
@@ -342,7 +352,7 @@ class DynamoSession:
             )
         else:
             parts = standalone_parts(entry, frames, guards, self.fn, pickled_backends,
-                                     [section.source for section in sections], self._ledger.seen)
+                                     [section.source for section in sections], self._ledger.seen, lookups)
             source = minted_renamed(render_dynamo_standalone(metadata, sections, parts, remainder_bytes(parts)), parts)
         log.info("rendered a Dynamo artifact: %d frames, %d variants", len(frames), len(guards))
         return pipeline.finish(source, backend=self.backend, tracer="dynamo", kernel_build=self.kernel_build,

@@ -31,6 +31,7 @@ import msgspec
 
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
 from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
+from precompile.capturing.dynamo.key_lookups import KeyLookups
 from precompile.errors import CaptureRefused
 
 _MINTED_PREFIX = "__precompile_"
@@ -117,6 +118,12 @@ DYNAMO_UTILS_STAND_IN = frozenset({"record_pregraph_bytecode_enter", "record_pre
                                    "call_stride", "call_storage_offset"})
 
 
+def _read_in_module(entry, transformed: dict, module: str) -> dict[str, set]:
+    """`_attributes_read` over the transformed code of every frame in `module`: its frames bind one
+    alias, a stand-in only where none of them reads more of it than the stand-in has."""
+    return _attributes_read([code for (index, _), code in transformed.items() if entry.codes[index].python_module == module])
+
+
 def _attributes_read(codes: list[types.CodeType]) -> dict[str, set]:
     """{global name: attributes the code reads from it right after loading it}, through nested code. A
     global stored in a local (torch 2.15's Dynamo keeps torch._dynamo.utils in one around its graph)
@@ -194,9 +201,10 @@ def readable_guards(entry, frames: list[DynamoFrame], guards: list[VariantGuards
 
 
 def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuards], fn, backends_pickled: dict,
-                     subgraph_sources: list[str], seen: dict | None = None) -> StandaloneParts:
+                     subgraph_sources: list[str], seen: dict | None = None,
+                     lookups: KeyLookups | None = None) -> StandaloneParts:
     """`seen`: {(frame qualname, variant): what its kept guards' sources held as Dynamo built them}
-    (GuardLedger.seen), which the rendered checks compare with."""
+    (GuardLedger.seen), which the rendered checks compare with; `lookups`: dicts checked by key."""
     from precompile.codegen.drivers.dynamo_checks import read_guards_state
     from precompile.torch_compat import SerializedCode
 
@@ -240,14 +248,14 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
                 variant_code = render_variant(index, variant, title, states[(index, variant)],
                                               frozenset(meta.policy_dropped), meta.by_name, renames,
                                               (seen or {}).get((frame.qualname, variant)),
-                                              getattr(sys.modules.get(code.python_module), "__dict__", None))
+                                              getattr(sys.modules.get(code.python_module), "__dict__", None), lookups)
             except Exception as exc:  # whatever stops a faithful rendering refuses the capture
                 raise unrenderable_refusal(title, exc) from None
             rendered.append(variant_code)
             references |= variant_code.references
             names.append(variant_code.function)
         keys = [states[(index, v)].output_graph.name_of_builtins_dict_key_in_fglobals for v in range(len(names))]
-        read = _attributes_read([transformed[(index, v)] for v in range(len(names))])
+        read = _read_in_module(entry, transformed, code.python_module)
         tables.append({
             "module": code.python_module,
             "name": code.python_code.co_name,

@@ -1,0 +1,45 @@
+"""Module-level functions reading a dict registry as transformers reads `_CAN_RECORD_REGISTRY` (keyed
+by the model's class name, filled in the order the process built its models), for DynamoTracer tests
+of what an artifact checks of such a dict (key_lookups)."""
+from __future__ import annotations
+
+import torch
+
+
+class Registry(dict):
+    """Keyed by the model's class name, as transformers' `_CanRecordRegistry` keys by `str(model.__class__)`."""
+
+    def get(self, model):
+        return super().get(type(model).__name__) or {}
+
+
+REGISTRY = Registry()
+
+
+CASES = ("scaled", "scaled_by_all", "scaled_after_break")
+
+
+def fill(*entries: tuple[str, float]) -> None:
+    """The registry as a process's history left it: these class names, in this order."""
+    REGISTRY.clear()
+    for name, scale in entries:
+        REGISTRY[name] = {"scale": scale}
+
+
+def scaled(model, x):
+    """Reads its own class's entry by key only."""
+    return model(x) * REGISTRY.get(model)["scale"]
+
+
+def scaled_by_all(model, x):
+    """Iterates the registry: every key and its order are part of what it computed."""
+    return model(x) * sum(spec["scale"] for spec in REGISTRY.values())
+
+
+def scaled_after_break(model, x):
+    """Reads its entry before a graph break and uses it after: the served bytecode rebuilds the entry
+    from where Dynamo found it."""
+    spec = REGISTRY.get(model)
+    y = model(x)
+    torch._dynamo.graph_break()
+    return y * spec["scale"]
