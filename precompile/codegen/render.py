@@ -145,6 +145,8 @@ def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, 
         f"_dynamo_frames = {py_literal(tuple(parts.frames))}",
         f"_dynamo_defaults = {py_literal(parts.defaults)}",
         "_dynamo_bytecode = {", *blobs, "}",
+        "# Where each code object starts in its file (marshalled above as if from line 1: moved code marshals alike).",
+        f"_dynamo_first_lines = {py_literal({blob.key: blob.first_line for blob in parts.blobs})}",
     ])
     guards = [f"_dynamo_references = {py_literal(parts.references)}"]
     guards += [variant.source for variant in parts.rendered]

@@ -35,6 +35,7 @@ _SOURCE_LINE = re.compile(r"(# [\w./<>-]+\.py):\d+ in ")
 _LINE_FIELD = re.compile(r"('(?:first|last)_line': )\d+")
 _BLOB_COMMENT = re.compile(r": \d+ bytes, sha256 [0-9a-f]{64}$")
 _BLOB_OPEN = re.compile(r"^(\s*)('[^']+'): \($")
+_FIRST_LINES = "_dynamo_first_lines = "
 
 
 def normalized_code(source: str) -> str:
@@ -84,6 +85,12 @@ def _line_free_bytecode(lines: list[str]) -> list[str]:
     while i < len(lines):
         line = lines[i]
         opened = _BLOB_OPEN.match(line.rstrip("\n"))
+        if line.startswith(_FIRST_LINES):  # where each code object starts (the code is marshalled as if from line 1)
+            out.append(f"{_FIRST_LINES}<lines>\n")
+            i += 1
+            while i < len(lines) and lines[i].startswith(" "):  # the dict's wrapped lines
+                i += 1
+            continue
         if opened is None:
             out.append(_BLOB_COMMENT.sub("", line.rstrip("\n")) + "\n" if line.lstrip().startswith("#") else line)
             i += 1

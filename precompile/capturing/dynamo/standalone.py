@@ -43,6 +43,9 @@ class CodeBlob:
     """"F" for frame F's original code, "F.V" for variant V's transformed code."""
     what: str
     data: bytes
+    """The code marshalled as `line_free` leaves it."""
+    first_line: int
+    """Where the code starts in its file: the driver moves the marshalled code there at load."""
 
     @property
     def base64(self) -> str:
@@ -71,6 +74,31 @@ def rename_code(code: types.CodeType, renames: dict[str, str], filename: str) ->
                            co_filename=filename, co_name=renames.get(code.co_name, code.co_name))
     qualname = getattr(code, "co_qualname", None)  # Python 3.11+
     return renamed.replace(co_qualname=renames[qualname]) if qualname in renames else renamed  # type: ignore[call-arg]
+
+
+_RESUME_LINE = re.compile(r"(?<=_at_)\d+")
+
+
+def line_free(code: types.CodeType) -> tuple[types.CodeType, int]:
+    """`code` as if its first line were line 1 (its nested code moved with it, and the lines Dynamo
+    names a continuation after: `torch_dynamo_resume_in_step_at_6`), and the line it starts on. A
+    line table counts from the code's first line, so code moved down its file (a comment added above
+    it) marshals to the same bytes: two releases that only moved code carry the same bytecode. The
+    driver moves it back (`_code_object`)."""
+    shift = code.co_firstlineno - 1
+
+    def named(name: str) -> str:
+        if not name.startswith("torch_dynamo_resume_in_"):
+            return name
+        return _RESUME_LINE.sub(lambda line: str(int(line.group(0)) - shift), name)
+
+    def moved(c: types.CodeType) -> types.CodeType:
+        consts = tuple(moved(const) if isinstance(const, types.CodeType) else const for const in c.co_consts)
+        renamed = c.replace(co_firstlineno=c.co_firstlineno - shift, co_consts=consts, co_name=named(c.co_name))
+        qualname = getattr(c, "co_qualname", None)  # Python 3.11+
+        return renamed.replace(co_qualname=named(qualname)) if qualname else renamed  # type: ignore[call-arg]
+
+    return moved(code), code.co_firstlineno
 
 
 def minted_renamed(text: str, parts: StandaloneParts) -> str:
@@ -222,9 +250,9 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
     digest = hashlib.sha256()
     stemmed = {name: "_" + stem for name, stem in stems.items()}
     for code in originals:  # a continuation's own name is one Dynamo minted
-        digest.update(marshal.dumps(rename_code(code, stemmed, "")))
+        digest.update(marshal.dumps(line_free(rename_code(code, stemmed, ""))[0]))
     for key in sorted(transformed):
-        digest.update(marshal.dumps(rename_code(transformed[key], stemmed, "")))
+        digest.update(marshal.dumps(line_free(rename_code(transformed[key], stemmed, ""))[0]))
     for text in subgraph_sources:
         digest.update(text.encode("utf-8"))
     prefix = f"{_MINTED_PREFIX}{digest.hexdigest()[:12]}_"
@@ -234,14 +262,14 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
     remainder: dict = {"guards": {}, "backends": {renames[b]: aot for b, aot in backends_pickled.items()}}
     for index, (code, frame) in enumerate(zip(entry.codes, frames)):
         filename = f"<module {code.python_module}>"
-        blobs.append(CodeBlob(str(index), f"frame {index} ({frame.qualname}): original code",
-                              marshal.dumps(rename_code(originals[index], renames, filename))))
+        blobs.append(_blob(str(index), f"frame {index} ({frame.qualname}): original code",
+                           rename_code(originals[index], renames, filename)))
         names = []
         for variant in range(len(code.guarded_codes)):
             if (index, variant) not in states:
                 continue
-            blobs.append(CodeBlob(f"{index}.{variant}", f"frame {index} ({frame.qualname}), variant {variant}: transformed code",
-                                  marshal.dumps(rename_code(transformed[(index, variant)], renames, filename))))
+            blobs.append(_blob(f"{index}.{variant}", f"frame {index} ({frame.qualname}), variant {variant}: transformed code",
+                               rename_code(transformed[(index, variant)], renames, filename)))
             title = f"Frame {index} ({frame.qualname}), variant {variant}"
             meta = listed[(frame.qualname, variant)]
             try:
@@ -279,6 +307,11 @@ def standalone_parts(entry, frames: list[DynamoFrame], guards: list[VariantGuard
     return StandaloneParts(frames=tables, defaults=defaults, blobs=blobs, rendered=rendered,
                            remainder=remainder, references=tuple(sorted(references)),
                            minted={name: renames[name] for name in stems if not name.startswith("__import_")})
+
+
+def _blob(key: str, what: str, code: types.CodeType) -> CodeBlob:
+    moved, first_line = line_free(code)
+    return CodeBlob(key, what, marshal.dumps(moved), first_line)
 
 
 def remainder_bytes(parts: StandaloneParts) -> bytes:

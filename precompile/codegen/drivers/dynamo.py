@@ -352,10 +352,22 @@ def _marshalled(metadata, key, artifact):
 
 def _code_object(metadata, key, filename, artifact):
     """A code object python_code carries marshalled (the Bytecode section), by its key, with the
-    serving process's file of its module named in it and its nested code (tracebacks point there)."""
+    serving process's file of its module named in it and its nested code, moved to the line it starts
+    on (marshalled as if from line 1; an artifact without _dynamo_first_lines marshalled it in place):
+    tracebacks point there."""
+    shift = metadata.get("_dynamo_first_lines", {}).get(key, 1) - 1
+
+    def moved(name):  # a continuation is named after the line it resumes at
+        if not shift or not name.startswith("torch_dynamo_resume_in_"):
+            return name
+        return _re.sub(r"(?<=_at_)\d+", lambda line: str(int(line.group(0)) + shift), name)
+
     def named(code):
         consts = tuple(named(c) if isinstance(c, _types.CodeType) else c for c in code.co_consts)
-        return code.replace(co_filename=filename, co_consts=consts)
+        code = code.replace(co_filename=filename, co_consts=consts, co_firstlineno=code.co_firstlineno + shift,
+                            co_name=moved(code.co_name))
+        qualname = getattr(code, "co_qualname", None)
+        return code.replace(co_qualname=moved(qualname)) if qualname else code
 
     return named(_marshal.loads(_marshalled(metadata, key, artifact)))
 

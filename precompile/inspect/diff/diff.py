@@ -18,6 +18,7 @@ from precompile.artifact.metadata import ConstantLeaf, DynamoMetadata, MakeFxMet
 from precompile.artifact.pycode import decode_source
 from precompile.artifact.summary import without_object_ids
 from precompile.errors import PrecompileError
+from precompile.inspect.diff import positions
 from precompile.inspect.diff.code_lines import compared_lines
 from precompile.inspect.diff.kernels import kernel_diffs
 from precompile.inspect.diff.library_code import code_digest
@@ -137,7 +138,13 @@ def flatten(artifact: Artifact, code: bytes | None = None, *, provenance: bool =
     for section, values in _guards(artifact, code).items():
         out[section] = {**out.get(section, {}), **values}
     out.update(_cache(artifact, provenance, (_bundle_or_none(artifact) or {}) if files is None else files))
-    return {section: {_masked(k): _masked(v) for k, v in values.items()} for section, values in out.items()}
+    meta = artifact.python_code.metadata
+    numbers = positions.resume_numbers(" ".join(f"{f.name} {f.qualname}" for f in meta.frames)) if isinstance(meta, DynamoMetadata) else {}
+
+    def masked(text: str) -> str:
+        return positions.resumes_numbered(_masked(text), numbers)
+
+    return {section: {masked(k): masked(v) for k, v in values.items()} for section, values in out.items()}
 
 
 def _guards(artifact: Artifact, code: bytes | None) -> dict[str, dict[str, str]]:
@@ -394,13 +401,15 @@ def _code_diffs(a_code: bytes | None, b_code: bytes | None, context: int) -> lis
     """The sections that differ as `code_lines` compares them, each a unified diff; past
     MAX_CHANGED_LINES in all, lines are counted, not shown. Sections of the same text are not compared."""
     ta, tb = _code_sections(a_code), _code_sections(b_code)
+    numbers = {id(ta): positions.resume_numbers("\n".join(ta.values())),
+               id(tb): positions.resume_numbers("\n".join(tb.values()))}
     room = MAX_CHANGED_LINES
     code: list[CodeDiff] = []
     for slug in [*ta, *(slug for slug in tb if slug not in ta)]:
         if ta.get(slug) == tb.get(slug):
             continue
-        left, right = (compared_lines(text, opaque=slug.startswith("opaque")) if text is not None else None
-                       for text in (ta.get(slug), tb.get(slug)))
+        left, right = (compared_lines(positions.compared(text, numbers[id(side)]), opaque=slug.startswith("opaque"))
+                       if text is not None else None for side, text in ((ta, ta.get(slug)), (tb, tb.get(slug))))
         if left == right:
             continue
         shown = unified(left or [], right or [], f"a/{slug}", f"b/{slug}", context=context, max_lines=room)
@@ -434,6 +443,7 @@ def compare_flattened(a: str, b: str, fa: dict[str, dict[str, str]], fb: dict[st
     their python_code bytes, named `a` and `b`: what `diff` reports, for a caller that kept only those
     (a snapshot of the normalized sections)."""
     entries: list[DiffEntry] = []
+    moved: list[DiffEntry] = []
     for section in SECTIONS:
         left, right = fa.get(section, {}), fb.get(section, {})
         for key in sorted(set(left) | set(right)):
@@ -442,7 +452,8 @@ def compare_flattened(a: str, b: str, fa: dict[str, dict[str, str]], fb: dict[st
             elif key not in left:
                 entries.append(DiffEntry(section=section, key=key, change="added", b=right[key]))
             elif left[key] != right[key]:
-                entries.append(DiffEntry(section=section, key=key, change="changed", a=left[key], b=right[key]))
+                (moved if positions.is_move(key, "changed") else entries).append(
+                    DiffEntry(section=section, key=key, change="changed", a=left[key], b=right[key]))
     code = _code_diffs(a_code, b_code, context)
     counts = {name: 0 for name in CATEGORIES}
     for entry in entries:
@@ -455,6 +466,7 @@ def compare_flattened(a: str, b: str, fa: dict[str, dict[str, str]], fb: dict[st
         equal=not entries and not code,
         categories={name: count for name, count in counts.items() if count},
         entries=tuple(entries),
+        moved=tuple(moved),
         python_code=tuple(code),
         problems=problems,
         kernels=kernels,

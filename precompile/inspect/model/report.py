@@ -90,6 +90,9 @@ class DiffReport(_Report, frozen=True, kw_only=True, tag="diff"):
     unpaired: tuple[str, ...] = ()
     """Which of `a` and `b` were given with a cache that is not their python_code's (another build's):
     what load would serve is not what was compared, so such a diff fails every gate (`--fail-on`)."""
+    moved: tuple[DiffEntry, ...] = ()
+    """What only changed place (a frame's first line, an inlined source's lines: code moved down its
+    file by a comment added above it): listed, not a difference, so two such releases diff equal."""
 
 
 class Check(msgspec.Struct, frozen=True, kw_only=True):

@@ -348,6 +348,9 @@ def render_diff(report: DiffReport, *, stat: bool = False, fail_on: tuple[str, .
     lines: list[Line] = [(f"--- {report.a}", HEAD), (f"+++ {report.b}", HEAD)]
     if report.equal:
         lines.append(("no differences", GOOD))
+    if report.moved:
+        lines.append((f"moved ({len(report.moved)}; where code sits, not what it does: not a difference)", HEAD))
+        lines.extend((f"  ~ {shown(e.key)}: {shown(e.a or '')} -> {shown(e.b or '')}", None) for e in report.moved)
     if stat:
         lines.extend((f"  {name:<20} {count:>5} difference{'s' if count != 1 else ''}", None) for name, count in report.categories.items())
     else:

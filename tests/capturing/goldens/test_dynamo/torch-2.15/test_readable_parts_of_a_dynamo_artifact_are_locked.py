@@ -31,7 +31,7 @@ FRAMES = ({'name': 'break_and_scale',
  {'name': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'module': 'dynamo_cases',
   'variants': 3,
-  'resume_names': ('__precompile_93e4116ed3e1_resume_1_0', '__precompile_93e4116ed3e1_resume_1_1'),
+  'resume_names': ('__precompile_b25cdf962118_resume_1_0', '__precompile_b25cdf962118_resume_1_1'),
   'bypassed': False,
   'runs_as_python': False,
   'qualname': 'torch_dynamo_resume_in_break_and_scale_at_11',
@@ -236,31 +236,31 @@ INLINED_FILES = ({'module': 'dynamo_cases',
  {'module': 'torch.nn.modules.linear',
   'sha256': '<file sha256>',
   'spans': ((<start>, <end>), (<start>, <end>))})
-SUBGRAPHS = ({'backend_id': '__precompile_93e4116ed3e1_graph_0',
+SUBGRAPHS = ({'backend_id': '__precompile_b25cdf962118_graph_0',
   'frame': 'break_and_scale',
   'forward': 'graph_0',
   'backward': '',
   'served_by': 'aten',
   'fallback_reason': ''},
- {'backend_id': '__precompile_93e4116ed3e1_graph_1',
+ {'backend_id': '__precompile_b25cdf962118_graph_1',
   'frame': 'break_and_scale',
   'forward': 'graph_1',
   'backward': '',
   'served_by': 'aten',
   'fallback_reason': ''},
- {'backend_id': '__precompile_93e4116ed3e1_graph_2',
+ {'backend_id': '__precompile_b25cdf962118_graph_2',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_2',
   'backward': '',
   'served_by': 'aten',
   'fallback_reason': ''},
- {'backend_id': '__precompile_93e4116ed3e1_graph_3',
+ {'backend_id': '__precompile_b25cdf962118_graph_3',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_3',
   'backward': '',
   'served_by': 'aten',
   'fallback_reason': ''},
- {'backend_id': '__precompile_93e4116ed3e1_graph_4',
+ {'backend_id': '__precompile_b25cdf962118_graph_4',
   'frame': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'forward': 'graph_4',
   'backward': '',
@@ -336,16 +336,16 @@ _dynamo_frames = ({'module': 'dynamo_cases',
   'name': 'break_and_scale',
   'install_to_global': False,
   'function_names': (),
-  'import_sources': {'__precompile_93e4116ed3e1_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils',
+  'import_sources': {'__precompile_b25cdf962118_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils',
                      '__precompile_import_torch_dot_autograd_dot_profiler': 'torch.autograd.profiler',
                      '__precompile_import_torch_dot_nn_dot_modules_dot_linear': 'torch.nn.modules.linear',
                      '__precompile_import_torch_dot_nn_dot_modules_dot_module': 'torch.nn.modules.module'},
-  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_93e4116ed3e1_import_torch_dot__dynamo_dot_utils',
+  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_b25cdf962118_import_torch_dot__dynamo_dot_utils',
               '__import_torch_dot_autograd_dot_profiler': '__precompile_import_torch_dot_autograd_dot_profiler',
               '__import_torch_dot_nn_dot_modules_dot_linear': '__precompile_import_torch_dot_nn_dot_modules_dot_linear',
               '__import_torch_dot_nn_dot_modules_dot_module': '__precompile_import_torch_dot_nn_dot_modules_dot_module'},
-  'stand_ins': ('__precompile_93e4116ed3e1_import_torch_dot__dynamo_dot_utils',),
-  'backend_ids': ('__precompile_93e4116ed3e1_graph_0', '__precompile_93e4116ed3e1_graph_1'),
+  'stand_ins': ('__precompile_b25cdf962118_import_torch_dot__dynamo_dot_utils',),
+  'backend_ids': ('__precompile_b25cdf962118_graph_0', '__precompile_b25cdf962118_graph_1'),
   'builtins_keys': ('__precompile_builtins_0_0', '__precompile_builtins_0_1'),
   'bypassed': False,
   'compiled': True,
@@ -353,15 +353,15 @@ _dynamo_frames = ({'module': 'dynamo_cases',
  {'module': 'dynamo_cases',
   'name': 'torch_dynamo_resume_in_break_and_scale_at_11',
   'install_to_global': True,
-  'function_names': ('__precompile_93e4116ed3e1_resume_1_0', '__precompile_93e4116ed3e1_resume_1_1'),
-  'import_sources': {'__precompile_93e4116ed3e1_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils',
+  'function_names': ('__precompile_b25cdf962118_resume_1_0', '__precompile_b25cdf962118_resume_1_1'),
+  'import_sources': {'__precompile_b25cdf962118_import_torch_dot__dynamo_dot_utils': 'torch._dynamo.utils',
                      '__precompile_import_torch_dot_autograd_dot_profiler': 'torch.autograd.profiler'},
-  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_93e4116ed3e1_import_torch_dot__dynamo_dot_utils',
+  'aliases': {'__import_torch_dot__dynamo_dot_utils': '__precompile_b25cdf962118_import_torch_dot__dynamo_dot_utils',
               '__import_torch_dot_autograd_dot_profiler': '__precompile_import_torch_dot_autograd_dot_profiler'},
-  'stand_ins': ('__precompile_93e4116ed3e1_import_torch_dot__dynamo_dot_utils',),
-  'backend_ids': ('__precompile_93e4116ed3e1_graph_2',
-                  '__precompile_93e4116ed3e1_graph_3',
-                  '__precompile_93e4116ed3e1_graph_4'),
+  'stand_ins': ('__precompile_b25cdf962118_import_torch_dot__dynamo_dot_utils',),
+  'backend_ids': ('__precompile_b25cdf962118_graph_2',
+                  '__precompile_b25cdf962118_graph_3',
+                  '__precompile_b25cdf962118_graph_4'),
   'builtins_keys': ('__precompile_builtins_1_0', '__precompile_builtins_1_1', '__precompile_builtins_1_2'),
   'bypassed': False,
   'compiled': True,
@@ -374,15 +374,17 @@ _dynamo_bytecode = {
     '0.0': (<marshalled code elided>),
     # frame 0 (break_and_scale), variant 1: transformed code: 1558 bytes, sha256 <sha256>
     '0.1': (<marshalled code elided>),
-    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11): original code: 504 bytes, sha256 <sha256>
+    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11): original code: 543 bytes, sha256 <sha256>
     '1': (<marshalled code elided>),
-    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 0: transformed code: 901 bytes, sha256 <sha256>
+    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 0: transformed code: 940 bytes, sha256 <sha256>
     '1.0': (<marshalled code elided>),
-    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 1: transformed code: 970 bytes, sha256 <sha256>
+    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 1: transformed code: 1009 bytes, sha256 <sha256>
     '1.1': (<marshalled code elided>),
-    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 2: transformed code: 1065 bytes, sha256 <sha256>
+    # frame 1 (torch_dynamo_resume_in_break_and_scale_at_11), variant 2: transformed code: 1104 bytes, sha256 <sha256>
     '1.2': (<marshalled code elided>),
 }
+# Where each code object starts in its file (marshalled above as if from line 1: moved code marshals alike).
+_dynamo_first_lines = {'0': 9, '0.0': 9, '0.1': 9, '1': 11, '1.0': 11, '1.1': 11, '1.2': 11}
 
 
 # ======================================================================================
@@ -1651,10 +1653,22 @@ def _marshalled(metadata, key, artifact):
 
 def _code_object(metadata, key, filename, artifact):
     """A code object python_code carries marshalled (the Bytecode section), by its key, with the
-    serving process's file of its module named in it and its nested code (tracebacks point there)."""
+    serving process's file of its module named in it and its nested code, moved to the line it starts
+    on (marshalled as if from line 1; an artifact without _dynamo_first_lines marshalled it in place):
+    tracebacks point there."""
+    shift = metadata.get("_dynamo_first_lines", {}).get(key, 1) - 1
+
+    def moved(name):  # a continuation is named after the line it resumes at
+        if not shift or not name.startswith("torch_dynamo_resume_in_"):
+            return name
+        return _re.sub(r"(?<=_at_)\d+", lambda line: str(int(line.group(0)) + shift), name)
+
     def named(code):
         consts = tuple(named(c) if isinstance(c, _types.CodeType) else c for c in code.co_consts)
-        return code.replace(co_filename=filename, co_consts=consts)
+        code = code.replace(co_filename=filename, co_consts=consts, co_firstlineno=code.co_firstlineno + shift,
+                            co_name=moved(code.co_name))
+        qualname = getattr(code, "co_qualname", None)
+        return code.replace(co_qualname=moved(qualname)) if qualname else code
 
     return named(_marshal.loads(_marshalled(metadata, key, artifact)))
 
