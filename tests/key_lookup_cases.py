@@ -43,3 +43,22 @@ def scaled_after_break(model, x):
     y = model(x)
     torch._dynamo.graph_break()
     return y * spec["scale"]
+
+
+class Table(dict):
+    """A dict subclass: Dynamo reads it item by item, so a lookup guards the key's position."""
+
+
+WEIGHTS = {name: torch.full((2, 4), float(index + 1)) for index, name in enumerate(("Other", "Linear", "Third"))}
+TABLES = {"weights": Table()}
+"""A registry nested in a global dict: the served bytecode reaches it as TABLES['weights'], a constant key."""
+
+
+def fill_tables(*names: str) -> None:
+    TABLES["weights"].clear()
+    TABLES["weights"].update((name, WEIGHTS[name]) for name in names)
+
+
+def weighted(x):
+    """Reads a tensor by key from a nested registry: the graph input is fetched by the key's position."""
+    return x * TABLES["weights"]["Linear"]

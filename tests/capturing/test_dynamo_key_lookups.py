@@ -110,3 +110,39 @@ def test_captures_from_registries_filled_in_another_order_diff_equal(captured, c
     assert rc == 0, out
     rc, out, _ = run_cli(capsys, ["diff", str(a / "scaled_by_all"), str(b / "scaled_by_all")])
     assert rc == 1 and "guards" in out
+
+
+SERVE_NESTED = r"""
+import json, sys, torch, precompile
+import key_lookup_cases as cases
+forward = precompile.load(sys.argv[1], sys.argv[2])
+out = {}
+for label, names in json.loads(sys.argv[3]).items():
+    cases.fill_tables(*names)
+    x = torch.ones(2, 4)
+    with torch.no_grad(), precompile.no_compilation():
+        try:
+            out[label] = (forward(x) - cases.weighted(x)).abs().max().item()
+        except precompile.CallMismatch:
+            out[label] = "refused"
+print(json.dumps(out))
+"""
+
+
+def test_a_nested_registry_whose_value_the_served_code_reads_by_position_is_never_served_wrong(tmp_path):
+    """The served bytecode fetches TABLES['weights'][key at position 1] as the graph's input (it names
+    the registry by a constant key, not a name): another order is refused, never served another tensor,
+    and a registry too short is refused, not a raw StopIteration."""
+    import json
+
+    cases.fill_tables("Other", "Linear")
+    artifact, cache = tmp_path / "weighted.py", tmp_path / "weighted.cache"
+    with torch.no_grad(), precompile.capture(cases.weighted, artifact_path=artifact, cache_path=cache,
+                                             tracer=precompile.DynamoTracer(), backend="eager") as cap:
+        cap(torch.ones(2, 4))
+    cases.fill_tables()
+    orders = {"as captured": ("Other", "Linear"), "reversed": ("Linear", "Other"), "alone": ("Linear",)}
+    served = fresh_json(SERVE_NESTED, str(artifact), str(cache), json.dumps(orders))
+    assert served["as captured"] == 0.0
+    assert served["reversed"] in (0.0, "refused"), served
+    assert served["alone"] in (0.0, "refused"), served
