@@ -171,9 +171,10 @@ def _named(source: str) -> str | None:
 
 
 def _names(code: types.CodeType) -> set:
-    """The names the code's instructions load, store or call, through nested code (Dynamo's transformed
+    """The names the code's instructions load, store or call, and the strings they load (a dict nested
+    in another is reached by a constant key: CFG['table']), through nested code (Dynamo's transformed
     code keeps the original's co_names, read or not: the instructions say what runs)."""
-    names = {i.argval for i in dis.get_instructions(code) if isinstance(i.argval, str) and i.opname != "LOAD_CONST"}
+    names = {i.argval for i in dis.get_instructions(code) if isinstance(i.argval, str)}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _names(const)
