@@ -62,3 +62,23 @@ def fill_tables(*names: str) -> None:
 def weighted(x):
     """Reads a tensor by key from a nested registry: the graph input is fetched by the key's position."""
     return x * TABLES["weights"]["Linear"]
+
+
+class Defaults(dict):
+    """A dict subclass whose missing keys read as 1.0: Dynamo checks a miss by the keys it looked past."""
+
+    def __missing__(self, key):
+        return 1.0
+
+
+DEFAULTS = Defaults()
+
+
+def fill_defaults(*entries: tuple[str, float]) -> None:
+    DEFAULTS.clear()
+    DEFAULTS.update(entries)
+
+
+def defaulted(x):
+    """Reads a present key and a missing one (its default, through __missing__)."""
+    return x * DEFAULTS["Linear"] * DEFAULTS["Missing"]

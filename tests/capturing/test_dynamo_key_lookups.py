@@ -146,3 +146,39 @@ def test_a_nested_registry_whose_value_the_served_code_reads_by_position_is_neve
     assert served["as captured"] == 0.0
     assert served["reversed"] in (0.0, "refused"), served
     assert served["alone"] in (0.0, "refused"), served
+
+
+SERVE_DEFAULTS = r"""
+import json, sys, torch, precompile
+import key_lookup_cases as cases
+forward = precompile.load(sys.argv[1], sys.argv[2])
+out = {}
+for label, entries in json.loads(sys.argv[3]).items():
+    cases.fill_defaults(*map(tuple, entries))
+    x = torch.ones(2, 4)
+    with torch.no_grad(), precompile.no_compilation():
+        try:
+            out[label] = (forward(x) - cases.defaulted(x)).abs().max().item()
+        except precompile.CallMismatch:
+            out[label] = "refused"
+print(json.dumps(out))
+"""
+
+
+def test_a_key_missing_at_capture_and_present_when_served_is_never_served_wrong(tmp_path):
+    """A dict subclass with __missing__: Dynamo checks that 'Missing' is absent only through the keys
+    it looked past and R's length, so once 'Missing' is added the call is refused, never served the
+    default the capture saw."""
+    import json
+
+    cases.fill_defaults(("Other", 5.0), ("Linear", 2.0))
+    artifact, cache = tmp_path / "defaulted.py", tmp_path / "defaulted.cache"
+    with torch.no_grad(), precompile.capture(cases.defaulted, artifact_path=artifact, cache_path=cache,
+                                             tracer=precompile.DynamoTracer(), backend="eager") as cap:
+        cap(torch.ones(2, 4))
+    cases.fill_defaults()
+    orders = {"as captured": (("Other", 5.0), ("Linear", 2.0)),
+              "the missing key added": (("Other", 5.0), ("Linear", 2.0), ("Missing", 3.0))}
+    served = fresh_json(SERVE_DEFAULTS, str(artifact), str(cache), json.dumps(orders))
+    assert served["as captured"] == 0.0
+    assert served["the missing key added"] in (0.0, "refused"), served
