@@ -9,7 +9,8 @@ and refuse a serving process that built another model first: a false alarm and a
 
 A standalone artifact checks such a dict by key instead, where nothing the code did depends on the
 order or on the other keys:
-  - no DICT_KEYS_MATCH guards R (Dynamo adds one for iteration, len(), keys(), items(), mutation);
+  - no DICT_KEYS_MATCH guards R (Dynamo adds one for iteration, len(), keys(), items(), mutation),
+    and R's type defines no __missing__ (a miss is then checked only by the keys looked past);
   - no transformed code names R (the served bytecode never reads R by position: no value of R is
     rebuilt from its source, no mutation of R replayed);
   - every position of R a guard reads has its key guarded, as a str or int literal, one key each.
@@ -103,14 +104,17 @@ def key_lookups(entry, states: dict, seen: dict, dropped: set) -> KeyLookups:
 
 def _guarded_keys(states: dict, seen: dict) -> tuple[dict, set]:
     """({R: {position: the key guarded there}, or None where a key is no str or int literal or two
-    variants saw two keys at one position}, the sources of dicts whose keys Dynamo matched in order)."""
+    variants saw two keys at one position}, the sources of dicts whose keys Dynamo matched in order or
+    whose type answers a missing key)."""
     keys: dict[str, dict[int, object] | None] = {}
     ordered: set = set()
     for where, state in states.items():
         held = seen.get(where, {})
         for guard in state.output_graph.guards:
             kind, name = guard.create_fn_name(), guard.name
-            if kind == "DICT_KEYS_MATCH":
+            # A dict whose type answers a missing key (__missing__): Dynamo checks the miss only by the
+            # keys it looked past and the length, so the dict keeps them.
+            if kind == "DICT_KEYS_MATCH" or hasattr(getattr(held.get(seen_key(guard)), "type", None), "__missing__"):
                 ordered |= {name, slot_source(name)}
             position = _POSITION.fullmatch(name)
             if kind not in _KEY_GUARDS or position is None:
