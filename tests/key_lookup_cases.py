@@ -82,3 +82,17 @@ def fill_defaults(*entries: tuple[str, float]) -> None:
 def defaulted(x):
     """Reads a present key and a missing one (its default, through __missing__)."""
     return x * DEFAULTS["Linear"] * DEFAULTS["Missing"]
+
+
+QUOTED = Table()
+QUOTING = "list(dict.keys(G['QUOTED']))[1]"
+"""A key that spells the guard source of another key's position in QUOTED."""
+
+
+def fill_quoted(*entries: tuple[str, float]) -> None:
+    QUOTED.clear()
+    QUOTED.update(entries)
+
+
+def quoted(x):
+    return x * QUOTED[QUOTING] * QUOTED["b"]
