@@ -47,10 +47,11 @@ class KeyLookups:
     before it. Their guards are listed with R's length, as dropped."""
 
     def text(self, text: str) -> str:
-        for position, key in sorted(self.keys.items(), key=lambda item: -len(item[0])):  # an outer position first
-            if position in text:
-                text = text.replace(position, key)
-        return text
+        """`text` with each position read as its key, in one pass: a key's literal may spell a position."""
+        if not self.keys:
+            return text
+        positions = sorted(self.keys, key=len, reverse=True)  # an outer position first
+        return re.sub("|".join(map(re.escape, positions)), lambda found: self.keys[found.group(0)], text)
 
     def key_guard(self, kind: str, name: str) -> str | None:
         """R's source where (kind, name) is the guard on one of R's key positions, else None."""
