@@ -96,3 +96,20 @@ def fill_quoted(*entries: tuple[str, float]) -> None:
 
 def quoted(x):
     return x * QUOTED[QUOTING] * QUOTED["b"]
+
+
+FALLBACK = Table()
+
+
+def fill_fallback(*entries: tuple[str, float]) -> None:
+    FALLBACK.clear()
+    FALLBACK.update(entries)
+
+
+def fallback(x):
+    """Catches the KeyError of a missing key: Dynamo checks the miss only by the keys it looked past."""
+    try:
+        missing = FALLBACK["Missing"]
+    except KeyError:
+        missing = 1.0
+    return x * FALLBACK["Linear"] * missing

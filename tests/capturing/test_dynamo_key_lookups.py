@@ -174,3 +174,13 @@ def test_a_key_spelling_another_keys_position_is_checked_as_itself(tmp_path):
                      {"QUOTING changed, 'b' quoted added": ((cases.QUOTING, 7.0), ("b", 3.0), ("'b'", 2.0))})
     assert served["as captured"] == 0.0
     assert served["QUOTING changed, 'b' quoted added"] in (0.0, "refused"), served
+
+
+def test_a_key_error_caught_at_capture_is_never_served_once_the_key_is_added(tmp_path):
+    """The KeyError of FALLBACK['Missing'] is caught in fn: as with __missing__, only R's length and the
+    keys Dynamo looked past tell a miss, and their guards look just like those of a lookup that hit
+    ('Linear' is the last key): once 'Missing' is added the call must be refused, not served 1.0."""
+    served = _served(tmp_path, cases.fallback, "fallback", (("Other", 5.0), ("Linear", 2.0)),
+                     {"the missing key added": (("Other", 5.0), ("Linear", 2.0), ("Missing", 3.0))})
+    assert served["as captured"] == 0.0
+    assert served["the missing key added"] in (0.0, "refused"), served
