@@ -110,3 +110,77 @@ def test_captures_from_registries_filled_in_another_order_diff_equal(captured, c
     assert rc == 0, out
     rc, out, _ = run_cli(capsys, ["diff", str(a / "scaled_by_all"), str(b / "scaled_by_all")])
     assert rc == 1 and "guards" in out
+
+
+
+SERVE_FILLED = r"""
+import json, sys, torch, precompile
+import key_lookup_cases as cases
+artifact, cache, name, fill, orders = sys.argv[1:]
+forward, fill = precompile.load(artifact, cache), getattr(cases, f"fill_{fill}")
+out = {}
+for label, entries in json.loads(orders).items():
+    fill(*(tuple(entry) if isinstance(entry, list) else entry for entry in entries))
+    x = torch.ones(2, 4)
+    with torch.no_grad(), precompile.no_compilation():
+        try:
+            out[label] = (forward(x) - getattr(cases, name)(x)).abs().max().item()
+        except precompile.CallMismatch:
+            out[label] = "refused"
+print(json.dumps(out))
+"""
+
+
+def _served(tmp_path, fn, fill: str, captured: tuple, orders: dict) -> dict:
+    """fn captured with `captured` filled in, served in a fresh process with each of `orders`."""
+    import json
+
+    getattr(cases, f"fill_{fill}")(*captured)
+    artifact, cache = tmp_path / f"{fn.__name__}.py", tmp_path / f"{fn.__name__}.cache"
+    with torch.no_grad(), precompile.capture(fn, artifact_path=artifact, cache_path=cache,
+                                             tracer=precompile.DynamoTracer(), backend="eager") as cap:
+        cap(torch.ones(2, 4))
+    getattr(cases, f"fill_{fill}")()
+    return fresh_json(SERVE_FILLED, str(artifact), str(cache), fn.__name__, fill,
+                      json.dumps({"as captured": captured, **orders}))
+
+
+def test_a_nested_registry_whose_value_the_served_code_reads_by_position_is_never_served_wrong(tmp_path):
+    """The served bytecode fetches TABLES['weights'][key at position 1] as the graph's input (it names
+    the registry by a constant key, not a name): another order is refused, never served another tensor,
+    and a registry too short is refused, not a raw StopIteration."""
+    served = _served(tmp_path, cases.weighted, "tables", ("Other", "Linear"),
+                     {"reversed": ("Linear", "Other"), "alone": ("Linear",)})
+    assert served["as captured"] == 0.0
+    assert served["reversed"] in (0.0, "refused"), served
+    assert served["alone"] in (0.0, "refused"), served
+
+
+def test_a_key_missing_at_capture_and_present_when_served_is_never_served_wrong(tmp_path):
+    """A dict subclass with __missing__: Dynamo checks that 'Missing' is absent only through the keys
+    it looked past and R's length, so once 'Missing' is added the call is refused, never served the
+    default the capture saw."""
+    served = _served(tmp_path, cases.defaulted, "defaults", (("Other", 5.0), ("Linear", 2.0)),
+                     {"the missing key added": (("Other", 5.0), ("Linear", 2.0), ("Missing", 3.0))})
+    assert served["as captured"] == 0.0
+    assert served["the missing key added"] in (0.0, "refused"), served
+
+
+def test_a_key_spelling_another_keys_position_is_checked_as_itself(tmp_path):
+    """QUOTING's literal holds the text of position 1's source: reading the positions as keys must not
+    rewrite inside a key already put in, or the artifact checks QUOTED["'b'"] for QUOTING's value:
+    its own call refused, and a changed QUOTING served its captured value."""
+    served = _served(tmp_path, cases.quoted, "quoted", ((cases.QUOTING, 2.0), ("b", 3.0)),
+                     {"QUOTING changed, 'b' quoted added": ((cases.QUOTING, 7.0), ("b", 3.0), ("'b'", 2.0))})
+    assert served["as captured"] == 0.0
+    assert served["QUOTING changed, 'b' quoted added"] in (0.0, "refused"), served
+
+
+def test_a_key_error_caught_at_capture_is_never_served_once_the_key_is_added(tmp_path):
+    """The KeyError of FALLBACK['Missing'] is caught in fn: as with __missing__, only R's length and the
+    keys Dynamo looked past tell a miss, and their guards look just like those of a lookup that hit
+    ('Linear' is the last key): once 'Missing' is added the call must be refused, not served 1.0."""
+    served = _served(tmp_path, cases.fallback, "fallback", (("Other", 5.0), ("Linear", 2.0)),
+                     {"the missing key added": (("Other", 5.0), ("Linear", 2.0), ("Missing", 3.0))})
+    assert served["as captured"] == 0.0
+    assert served["the missing key added"] in (0.0, "refused"), served

@@ -9,7 +9,8 @@ and refuse a serving process that built another model first: a false alarm and a
 
 A standalone artifact checks such a dict by key instead, where nothing the code did depends on the
 order or on the other keys:
-  - no DICT_KEYS_MATCH guards R (Dynamo adds one for iteration, len(), keys(), items(), mutation);
+  - no DICT_KEYS_MATCH guards R (Dynamo adds one for iteration, len(), keys(), items(), mutation),
+    and R's type defines no __missing__ (a miss is then checked only by the keys looked past);
   - no transformed code names R (the served bytecode never reads R by position: no value of R is
     rebuilt from its source, no mutation of R replayed);
   - every position of R a guard reads has its key guarded, as a str or int literal, one key each.
@@ -46,10 +47,11 @@ class KeyLookups:
     before it. Their guards are listed with R's length, as dropped."""
 
     def text(self, text: str) -> str:
-        for position, key in sorted(self.keys.items(), key=lambda item: -len(item[0])):  # an outer position first
-            if position in text:
-                text = text.replace(position, key)
-        return text
+        """`text` with each position read as its key, in one pass: a key's literal may spell a position."""
+        if not self.keys:
+            return text
+        positions = sorted(self.keys, key=len, reverse=True)  # an outer position first
+        return re.sub("|".join(map(re.escape, positions)), lambda found: self.keys[found.group(0)], text)
 
     def key_guard(self, kind: str, name: str) -> str | None:
         """R's source where (kind, name) is the guard on one of R's key positions, else None."""
@@ -103,14 +105,17 @@ def key_lookups(entry, states: dict, seen: dict, dropped: set) -> KeyLookups:
 
 def _guarded_keys(states: dict, seen: dict) -> tuple[dict, set]:
     """({R: {position: the key guarded there}, or None where a key is no str or int literal or two
-    variants saw two keys at one position}, the sources of dicts whose keys Dynamo matched in order)."""
+    variants saw two keys at one position}, the sources of dicts whose keys Dynamo matched in order or
+    whose type answers a missing key)."""
     keys: dict[str, dict[int, object] | None] = {}
     ordered: set = set()
     for where, state in states.items():
         held = seen.get(where, {})
         for guard in state.output_graph.guards:
             kind, name = guard.create_fn_name(), guard.name
-            if kind == "DICT_KEYS_MATCH":
+            # A dict whose type answers a missing key (__missing__): Dynamo checks the miss only by the
+            # keys it looked past and the length, so the dict keeps them.
+            if kind == "DICT_KEYS_MATCH" or hasattr(getattr(held.get(seen_key(guard)), "type", None), "__missing__"):
                 ordered |= {name, slot_source(name)}
             position = _POSITION.fullmatch(name)
             if kind not in _KEY_GUARDS or position is None:
@@ -171,9 +176,10 @@ def _named(source: str) -> str | None:
 
 
 def _names(code: types.CodeType) -> set:
-    """The names the code's instructions load, store or call, through nested code (Dynamo's transformed
+    """The names the code's instructions load, store or call, and the strings they load (a dict nested
+    in another is reached by a constant key: CFG['table']), through nested code (Dynamo's transformed
     code keeps the original's co_names, read or not: the instructions say what runs)."""
-    names = {i.argval for i in dis.get_instructions(code) if isinstance(i.argval, str) and i.opname != "LOAD_CONST"}
+    names = {i.argval for i in dis.get_instructions(code) if isinstance(i.argval, str)}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names |= _names(const)
