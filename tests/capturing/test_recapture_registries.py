@@ -51,6 +51,8 @@ def captures(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"registries-{request.param}")
     for name, first in (("alone", ""), ("after_gpt2", "gpt2")):
         proc = run_fresh(CAPTURE, str(root / name), first, str(ROOT), request.param)
+        if "cannot read back the guard state it saved" in proc.stderr:  # torch 2.11's own refusal (docs/torch-versions.md)
+            pytest.skip(proc.stderr.strip().splitlines()[-1])
         assert proc.returncode == 0, proc.stderr
     return root
 

@@ -13,7 +13,9 @@ order or on the other keys:
     and R's type defines no __missing__ (a miss is then checked only by the keys looked past);
   - no transformed code names R (the served bytecode never reads R by position: no value of R is
     rebuilt from its source, no mutation of R replayed);
-  - every position of R a guard reads has its key guarded, as a str or int literal, one key each.
+  - every position of R a guard reads has its key guarded, as a str or int literal, one key each;
+  - no lookup of R missed while Dynamo traced (`recorded_misses`: a miss caught as a KeyError, or
+    answered by a default, is checked only through the keys looked past and R's length).
 Then `list(dict.keys(R))[i]` reads as K's literal in every guard's source (listings and checks),
 the key's guard becomes DICT_CONTAINS R (K in R, by dict's own lookup) and R's length guard is
 listed as dropped: a lookup by key reads nothing of the other keys. An installed artifact is served
@@ -21,7 +23,9 @@ through Dynamo's own guards, rebuilt at load, and keeps Dynamo's positions.
 """
 from __future__ import annotations
 
+import contextlib
 import dis
+import functools
 import re
 import types
 from dataclasses import dataclass, field
@@ -74,23 +78,81 @@ class KeyLookups:
         return slot_text(self.slot((kind, source))) if source else line
 
 
-def key_lookups(entry, states: dict, seen: dict, dropped: set) -> KeyLookups:
+class DictMisses:
+    """The sources of the dicts a lookup missed in while Dynamo traced; None where this torch's dict
+    tracker has not the methods `recorded_misses` watches (then no dict is read by key)."""
+
+    def __init__(self) -> None:
+        self.sources: set[str] | None = set()
+
+    def record(self, tracker) -> None:
+        source = getattr(tracker, "source", None)
+        if source is not None and self.sources is not None:
+            name = source.name
+            self.sources.add(name() if callable(name) else name)
+
+
+# ConstDictVariable's lookups that may miss, and how each tells it: by raising, by None, by False.
+_LOOKUPS = {"getitem_const_raise_exception_if_absent": "raises", "getitem_const": "raises",
+            "maybe_getitem_const": "none", "__contains__": "false"}
+
+
+@contextlib.contextmanager
+def recorded_misses():
+    """While it is open, every lookup Dynamo's dict tracker makes that finds no key records the dict's
+    source in the DictMisses it yields."""
+    from torch._dynamo.variables.dicts import ConstDictVariable
+
+    misses = DictMisses()
+    originals = {name: ConstDictVariable.__dict__.get(name) for name in _LOOKUPS}
+    if any(original is None for original in originals.values()):
+        misses.sources = None
+        yield misses
+        return
+    for name, original in originals.items():
+        setattr(ConstDictVariable, name, _watched(original, _LOOKUPS[name], misses))
+    try:
+        yield misses
+    finally:
+        for name, original in originals.items():
+            setattr(ConstDictVariable, name, original)
+
+
+def _watched(lookup, tells: str, misses: DictMisses):
+    @functools.wraps(lookup)
+    def watched(self, *args, **kwargs):
+        try:
+            found = lookup(self, *args, **kwargs)
+        except BaseException:
+            if tells == "raises":
+                misses.record(self)
+            raise
+        if (tells == "none" and found is None) or (tells == "false" and not found):
+            misses.record(self)
+        return found
+    return watched
+
+
+def key_lookups(entry, states: dict, seen: dict, dropped: set, missed: DictMisses) -> KeyLookups:
     """The dicts of a capture read by key (see the module's doc): `states` {(frame qualname, variant):
     its guards state}, `seen` the ledger's {(qualname, variant): {seen_key: Seen}}, `dropped` the
-    dropped slots, `entry` the package entry whose transformed code is served."""
+    dropped slots, `entry` the package entry whose transformed code is served, `missed` the dicts a
+    lookup missed in."""
     from precompile.torch_compat import SerializedCode
 
+    if missed.sources is None:
+        return KeyLookups()
     served_names = set()
     for code in entry.codes:
         for guarded in code.guarded_codes:
             served_names |= _names(SerializedCode.to_code_object(guarded.dynamo_code))
     keys, ordered = _guarded_keys(states, seen)
-    ordered |= {source for kind, source in dropped if kind == "DICT_KEYS_MATCH"}
     lookups = KeyLookups()
+    ordered |= {source for kind, source in dropped if kind == "DICT_KEYS_MATCH"} | missed.sources
     for owner, positions in keys.items():
         name = _named(owner)
         if positions is None or {owner, slot_source(owner)} & ordered or name is None or name in served_names:
-            continue
+            continue  # its keys' order or absence counts, or the served code reads it
         read = {int(found.group("index")) for found in _positions_read(states, owner)}
         if not read <= set(positions) or len(set(positions.values())) != len(positions):
             continue

@@ -28,7 +28,7 @@ from precompile.capturing.dynamo.call_built_state import CallBuiltState, traced_
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
 from precompile.capturing.dynamo.guard_pickling import faithful_module_pickling, refuse_unfaithful_guard_state
 from precompile.capturing.dynamo.inlined_files import inlined_files
-from precompile.capturing.dynamo.key_lookups import KeyLookups, apply, key_lookups
+from precompile.capturing.dynamo.key_lookups import KeyLookups, apply, key_lookups, recorded_misses
 from precompile.capturing.dynamo.logs import BackendFallbackLog, GraphBreakReasons, TruncationLog
 from precompile.capturing.dynamo.minted_globals import record_guarded_minted_modules, record_minted_modules
 from precompile.capturing.dynamo.next_call import served_again
@@ -177,6 +177,7 @@ class DynamoSession:
                                                       skip_nnmodule_hook_guards=False))
         # Guard state is pickled as each frame compiles: a module whose class pickles itself is written so.
         self._stack.enter_context(faithful_module_pickling())
+        self._misses = self._stack.enter_context(recorded_misses())
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
         dynamo_log.addHandler(self._truncation)
         self._stack.callback(dynamo_log.removeHandler, self._truncation)
@@ -278,7 +279,7 @@ class DynamoSession:
             guards += account_frame(code, where["qualname"], self._ledger, slots, taken, states)
         lookups = KeyLookups()
         if not serves_installed(frames):  # an installed artifact is checked by Dynamo's own guards
-            lookups = key_lookups(entry, states, self._ledger.seen, slots.dropped)
+            lookups = key_lookups(entry, states, self._ledger.seen, slots.dropped, self._misses)
             guards = apply(lookups, guards, slots, self._ledger.rendered)
         return entry, frames, guards, backends, slots, lookups
 
