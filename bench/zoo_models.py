@@ -101,6 +101,14 @@ def unet_step(model, sample, timestep):
     return model(sample, timestep).sample
 
 
+def flux_step(model, hidden_states, encoder_hidden_states, pooled_projections, timestep):
+    """One denoising step of a Flux transformer; the rotary positions are built from the shapes (a
+    text token at 0, an image token at its index), so every argument has the batch in dim 0."""
+    img_ids = torch.arange(hidden_states.shape[1], dtype=hidden_states.dtype)[:, None].expand(-1, 3)
+    txt_ids = hidden_states.new_zeros(encoder_hidden_states.shape[1], 3)
+    return model(hidden_states, encoder_hidden_states, pooled_projections, timestep, img_ids, txt_ids).sample
+
+
 def train_step(model, images, labels):
     """One training step's numbers: the loss and the gradient of every parameter, flattened into one
     tensor (torch.autograd.grad, so repeated calls do not accumulate into .grad)."""
@@ -251,6 +259,16 @@ def unet2d():
     return model, (_randn(1, 3, 16, 16), torch.tensor([10]))
 
 
+def flux():
+    """diffusers' own tiny test config: one double-stream and one single-stream block."""
+    import diffusers
+
+    model = diffusers.FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1,
+                                             attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                             pooled_projection_dim=32, axes_dims_rope=(4, 4, 8))
+    return model, (_randn(1, 16, 4), _randn(1, 24, 32), _randn(1, 32), torch.tensor([1.0]))
+
+
 @dataclass(frozen=True)
 class ZooModel:
     name: str
@@ -321,6 +339,7 @@ ZOO = {m.name: m for m in (
     ZooModel("timm_resnet18d", "timm", timm_resnet18d, vision_step),
     ZooModel("timm_vit_tiny", "timm", timm_vit_tiny, vision_step),
     ZooModel("unet2d", "diffusers", unet2d, unet_step),
+    ZooModel("flux", "diffusers", flux, flux_step),
     # The model families outside the first zoo: each serves, or is refused naming why and the way out.
     ZooModel("wav2vec2", "transformers", wav2vec2, audio_step, refused=(("dynamo", "parametrized modules"),)),
     ZooModel("mamba", "transformers", mamba, encoder_step),

@@ -138,3 +138,15 @@ class WithNoGradPositions(torch.nn.Module):
 def with_no_grad_positions() -> WithNoGradPositions:
     torch.manual_seed(0)
     return WithNoGradPositions()
+
+
+# Keyed by dtype, as diffusers' _DTYPE_UNSUPPORTED_DEVICES is: Dynamo's guard on the value read by key
+# writes the key as its repr (`..._UNSUPPORTED[torch.float64]`).
+UNSUPPORTED = {torch.float64: frozenset({"mps", "npu"}), torch.int64: frozenset({"mps", "npu"})}
+
+
+def positions_in_float64(x):
+    """diffusers' rotary embedding: float64 positions, unless UNSUPPORTED says the device lacks it."""
+    unsupported = UNSUPPORTED.get(torch.float64)
+    dtype = torch.float32 if unsupported and x.device.type in unsupported else torch.float64
+    return (x + torch.arange(x.shape[-1], dtype=dtype)).sin()

@@ -859,3 +859,34 @@ def test_a_layer_decorated_with_no_grad_is_captured_and_served(tmp_path):
                                              tracer=precompile.DynamoTracer(), backend="eager") as cap:
         cap(model, x)
     assert fresh_json(SERVE_NO_GRAD_POSITIONS, str(paths[0]), str(paths[1])) is True
+
+
+SERVE_DTYPE_KEYED = r"""
+import json, sys, torch, precompile, dynamo_cases
+served = precompile.load(sys.argv[1], sys.argv[2])
+x = torch.randn(2, 4)
+with precompile.no_compilation():
+    out = {"same": torch.equal(served(x), dynamo_cases.positions_in_float64(x))}
+    dynamo_cases.UNSUPPORTED[torch.float64] = frozenset({"cpu"})  # eager now computes in float32
+    try:
+        served(x)
+        out["changed"] = "served"
+    except precompile.PrecompileError as exc:
+        out["changed"] = str(exc)
+print(json.dumps(out))
+"""
+
+
+def test_a_dict_read_by_a_dtype_key_is_checked_and_served(tmp_path):
+    """diffusers' Flux reads `_DTYPE_UNSUPPORTED_DEVICES.get(torch.float64)`: Dynamo's guard source writes
+    the key as `torch.float64`, which the capture refused as a name the serving process does not define.
+    The check reads the key from python_code's torch; a changed value is a miss, not the captured graph."""
+    x = torch.randn(2, 4)
+    paths = (tmp_path / "p.py", tmp_path / "p.cache")
+    with precompile.capture(dynamo_cases.positions_in_float64, artifact_path=paths[0], cache_path=paths[1],
+                            tracer=precompile.DynamoTracer(), backend="eager") as cap:
+        cap(x)
+    assert "G['UNSUPPORTED'][torch.float64]" in paths[0].read_text()
+    out = fresh_json(SERVE_DTYPE_KEYED, str(paths[0]), str(paths[1]))
+    assert out["same"] is True
+    assert "CONSTANT_MATCH G['UNSUPPORTED'][torch.float64]" in out["changed"], out["changed"]

@@ -50,6 +50,9 @@ _BARE_LOCAL = re.compile(r"^(type\()?(?!type\()(?![LG]\[)([A-Za-z_]\w*)")
 _SOURCE_BUILTINS = frozenset({"dict", "type", "list", "object"})
 _SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "__getitem__", "__getattribute__"})
 _EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object}
+# A dict read by a dtype key (diffusers' `_DTYPE_UNSUPPORTED_DEVICES.get(dtype)`): Dynamo's source text
+# writes the key as its repr, `torch.float64`, which the checks read from python_code's own `torch`.
+_TORCH_DTYPES = frozenset(f"torch.{name}" for name, value in vars(torch).items() if isinstance(value, torch.dtype))
 
 @dataclass
 class RenderedVariant:
@@ -113,7 +116,7 @@ class _Variant:
             held = self.expression(name[:-2], label)
             return f"({held}() if type({held}) is {self.named(weakref.ref, label)} else None)"
         text = _MINTED_GLOBAL.sub(lambda match: self.minted_module(match, label), self.renamed(name))
-        names_in(text, _SOURCE_NAMES | _SOURCE_BUILTINS | {"_by_name"}, _SOURCE_CALLS, label)
+        names_in(text, _SOURCE_NAMES | _SOURCE_BUILTINS | {"_by_name"}, _SOURCE_CALLS, label, _TORCH_DTYPES)
         return text
 
     def renamed(self, text: str) -> str:
@@ -151,7 +154,7 @@ class _Variant:
         og = self.state.output_graph
         scopes = {"L": og.local_scope, "G": og.global_scope}
         try:
-            return eval(name, {"__builtins__": _EVAL_BUILTINS}, scopes)  # Dynamo's own source text over its own saved scopes
+            return eval(name, {"__builtins__": _EVAL_BUILTINS, "torch": torch}, scopes)  # Dynamo's own source text over its own saved scopes
         except Exception as exc:  # the saved scope lacks it: no value to render
             raise Unrenderable(f"{label}: the saved guard state holds no value for it ({type(exc).__name__})") from None
 

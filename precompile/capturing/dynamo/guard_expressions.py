@@ -10,15 +10,20 @@ class Unrenderable(Exception):
 
 
 
-def names_in(expr: str, allowed: frozenset, calls: frozenset | None, label: str) -> None:
+def names_in(expr: str, allowed: frozenset, calls: frozenset | None, label: str, dotted: frozenset = frozenset()) -> None:
+    """Refuse `expr` unless every name it reads is in `allowed` (or is the module of an attribute
+    `dotted` names: `torch.float64`, a dict key Dynamo writes as the dtype's repr) and every call is
+    to one of `calls` (any, where None)."""
     try:
         tree = ast.parse(expr, mode="eval")
     except SyntaxError as exc:
         raise Unrenderable(f"{label}: {expr!r} is not a Python expression ({exc.msg})") from None
     # A module a frame imports by name (Dynamo's ImportSource): __import__ of one string literal.
     imports = {id(node) for node in ast.walk(tree) if isinstance(node, ast.Call) and _imports_by_name(node)}
+    named = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Attribute)
+             and isinstance(node.value, ast.Name) and f"{node.value.id}.{node.attr}" in dotted}
     for node in ast.walk(tree):
-        if id(node) in imports:
+        if id(node) in imports or id(node) in named:
             continue
         if isinstance(node, ast.Name) and node.id not in allowed and not (node.id == "__import__" and _import_name_of(node, tree, imports)):
             raise Unrenderable(f"{label}: {expr!r} uses {node.id!r}, which the serving process does not define")
