@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import fresh_json
-from layout_keyword_cases import layouts, models, run, scaled
+from layout_keyword_cases import by_keyword, layouts, models, run, scaled
 
 import precompile
 
@@ -116,10 +116,53 @@ def test_keyword_arguments_are_captured_and_served_by_name(tmp_path, tracer):
     assert "(missing ['scale'], unexpected [])" in refused["scale passed positionally"]
 
 
-def test_a_model_passed_by_keyword_is_refused_at_capture_naming_it(tmp_path):
-    with pytest.raises(precompile.CaptureRefused, match=r"keyword argument 'model' is an nn.Module \(Linear\); a MakeFx "
-                                                        r"artifact takes its models positionally: pass it positionally"):
-        with precompile.capture(run, artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache",
-                                tracer=precompile.MakeFxTracer(), backend="eager") as cap:
-            cap(model=models()[1], x=torch.randn(4, 5))
-    assert not (tmp_path / "m.py").exists()
+SERVE_MODEL_KEYWORD = r"""
+import json, sys, torch, precompile
+from layout_keyword_cases import Doubled, by_keyword, models, run
+f = precompile.load(sys.argv[1] + "/kw.py", sys.argv[1] + "/kw.cache")
+g = precompile.load(sys.argv[1] + "/all.py", sys.argv[1] + "/all.cache")
+model, x = models()[1], torch.randn(4, 5)
+other = Doubled(5, 3)
+other.load_state_dict(model.state_dict())
+calls = {
+    "as captured": lambda: f(x, model=model, scale=2.0),
+    "all by keyword": lambda: g(model=model, x=x),
+    "all by keyword, another order": lambda: g(x=x, model=model),
+    "model of another class": lambda: f(x, model=other, scale=2.0),
+    "model missing": lambda: f(x, scale=2.0),
+    "not a model": lambda: f(x, model=x, scale=2.0),
+    "model positionally": lambda: g(model, x=x),
+}
+report = {}
+for case, call in calls.items():
+    try:
+        with torch.no_grad(), precompile.no_compilation():
+            y = call()
+    except precompile.PrecompileError as exc:
+        report[case] = "refused: " + str(exc)
+        continue
+    with torch.no_grad():
+        torch.testing.assert_close(y, run(model, x) * (2.0 if case == "as captured" else 1.0))
+    report[case] = "served"
+print(json.dumps(report))
+"""
+
+
+def test_a_model_passed_by_keyword_is_captured_and_served_by_name(tmp_path):
+    """A model passed by keyword is lifted like a positional one: its parameters and buffers, its
+    class and hooks checked, named kwargs['model']."""
+    model, x = models()[1], torch.randn(4, 5)
+    for name, fn, args, kwargs in (("kw", by_keyword, (x,), dict(model=model, scale=2.0)), ("all", run, (), dict(model=model, x=x))):
+        with torch.no_grad(), precompile.capture(fn, artifact_path=tmp_path / f"{name}.py", cache_path=tmp_path / f"{name}.cache",
+                                                 tracer=precompile.MakeFxTracer(), backend="eager") as cap:
+            torch.testing.assert_close(cap(*args, **kwargs), fn(*args, **kwargs))
+    assert "MODULE_KEYWORDS = ('model',)" in (tmp_path / "kw.py").read_text()
+    report = fresh_json(SERVE_MODEL_KEYWORD, str(tmp_path))
+    for case in ("as captured", "all by keyword", "all by keyword, another order"):
+        assert report[case] == "served", (case, report[case])
+    assert ("kwargs['model'].__class__ is class layout_keyword_cases.Doubled but the artifact was captured with class "
+            "torch.nn.modules.linear.Linear") in report["model of another class"]
+    assert "captured with ['model', 'scale'] (missing ['model'], unexpected [])" in report["model missing"]
+    assert "keyword argument 'model' must be an nn.Module (the captured call passed one there), got Tensor; pass the model " \
+           "by the same keyword" in report["not a model"]
+    assert "captured with ['model', 'x'] (missing ['model'], unexpected [])" in report["model positionally"]

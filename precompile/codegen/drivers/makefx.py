@@ -25,6 +25,7 @@ if "_ReadPlan" not in globals():  # imported as a module of its own; python_code
         _hook_ids,
         _may_change,
         _ReadPlan,
+        argument_spelling,
         module_hooks,
         spelled,
     )
@@ -49,7 +50,7 @@ def specialized_source(record):
     if kind == "global_state":
         return f"torch global state {record['name']}"
     if kind == "attribute":
-        return ".".join([f"args[{record['arg']}]", *([record["module"]] if record.get("module") else []),
+        return ".".join([argument_spelling(record.get("keyword") or record["arg"]), *([record["module"]] if record.get("module") else []),
                          *record.get("chain", ()), record["name"]])
     if kind == "global":
         return f"global {record['module']}.{record['name']}"
@@ -61,9 +62,9 @@ class _Specialized:
     finds where each lives and compares its spelling, naming what differs; until the model changes,
     later calls compare the values themselves with the ones the full check saw."""
 
-    def __init__(self, records, module_positions):
+    def __init__(self, records, module_slots):
         self.records = [r for r in records if r.get("checked", True) and r["name"] != REQUIRES_GRAD]
-        self.module_positions = list(module_positions)
+        self.module_slots = list(module_slots)
         self.state = [GLOBAL_STATE[r["name"]] for r in self.records if r["kind"] == "global_state" and r["name"] in GLOBAL_STATE]
         self.state_seen = None
         self.plan = None  # the _ReadPlan of the last full check
@@ -86,7 +87,7 @@ class _Specialized:
         for record in self.records:
             where = specialized_source(record)
             if record["kind"] == "global_state" and record["name"] == MODULE_HOOKS:
-                now = module_hooks(modules, self.module_positions)
+                now = module_hooks(modules, self.module_slots)
                 if now != record["value"]:
                     fail(f"the model's hooks are {now} but the artifact was captured with {record['value']} (the trace ran "
                          "those; a served call runs its graph, which calls no hook)",
@@ -117,7 +118,7 @@ class _Specialized:
 
     def owner_of(self, record, modules, places):
         try:
-            owner = modules[self.module_positions.index(record["arg"])]
+            owner = modules[self.module_slots.index(record.get("keyword") or record["arg"])]
             if record.get("module"):
                 owner = owner.get_submodule(record["module"])
         except (ValueError, AttributeError):
@@ -301,13 +302,14 @@ class _ServedForward:
         self.artifact = artifact
         self.num_args = metadata["NUM_POSITIONAL_ARGS"]
         self.module_positions = tuple(metadata["MODULE_POSITIONS"])
+        self.module_keywords = tuple(metadata.get("MODULE_KEYWORDS", ()))
         self.expected_names = [p["name"] for p in metadata["PARAMS"]] + [b["name"] for b in metadata["BUFFERS"]]
         self.state_checks = [_TensorCheck(t["name"], t["shape"], t["dtype"], t["device"], t.get("stride"))
                              for t in (*metadata["PARAMS"], *metadata["BUFFERS"])]
         self.in_spec = _pytree.treespec_loads(metadata["IN_SPEC"])
         # The inputs are a dict of the positional args by position, then the keywords by name.
         self.keywords = tuple(key for key in self.in_spec.context if isinstance(key, str))
-        self.keyword_set = frozenset(self.keywords)
+        self.keyword_set = frozenset((*self.keywords, *self.module_keywords))
         self.out_spec = _pytree.treespec_loads(metadata["OUT_SPEC"])
         # A tensor input's check, or (path, value) of a non-tensor input baked into the graph.
         self.input_checks = [
@@ -324,7 +326,7 @@ class _ServedForward:
                          for index, leaf in enumerate(leaf for leaf in metadata["INPUTS"] if leaf["kind"] == "tensor")
                          for dim, spec in (leaf.get("unbacked") or {}).items()]
         self.dynamic_sizes = [list(c.shape) for c in (*self.state_checks, *self.tensor_checks)]
-        self.specialized = _Specialized(metadata.get("SPECIALIZED", ()), self.module_positions)
+        self.specialized = _Specialized(metadata.get("SPECIALIZED", ()), (*self.module_positions, *self.module_keywords))
         self.trusted = None  # (the model's _StatePlan, the C++ guards) of the last call that passed every check
 
     def fail(self, message, remedy):
@@ -357,9 +359,10 @@ class _ServedForward:
     def arguments(self, args, kwargs):
         """The model arguments and the tensor inputs of a call, its structure and constants checked."""
         if kwargs.keys() != self.keyword_set:
-            missing = [name for name in self.keywords if name not in kwargs]
-            extra = [name for name in kwargs if name not in self.keywords]
-            self.fail(f"got keyword arguments {list(kwargs)} but the artifact was captured with {list(self.keywords)} "
+            captured = [*self.module_keywords, *self.keywords]
+            missing = [name for name in captured if name not in kwargs]
+            extra = [name for name in kwargs if name not in self.keyword_set]
+            self.fail(f"got keyword arguments {list(kwargs)} but the artifact was captured with {captured} "
                       f"(missing {missing}, unexpected {extra})", "pass the captured call's keyword arguments, by name")
         if len(args) != self.num_args:
             self.fail(f"expected {self.num_args} positional arguments, got {len(args)}", "call it with the captured call's arguments")
@@ -369,6 +372,11 @@ class _ServedForward:
                 self.fail(f"argument {position} must be an nn.Module (the captured call passed one there), got {type(args[position]).__name__}",
                           "pass the model in the same position")
             modules.append(args[position])
+        for name in self.module_keywords:
+            if not isinstance(kwargs[name], torch.nn.Module):
+                self.fail(f"keyword argument {name!r} must be an nn.Module (the captured call passed one there), got "
+                          f"{type(kwargs[name]).__name__}", "pass the model by the same keyword")
+            modules.append(kwargs[name])
         leaves, spec = _pytree.tree_flatten({**{i: a for i, a in enumerate(args) if i not in self.module_positions},
                                              **{name: kwargs[name] for name in self.keywords}})
         if spec != self.in_spec:
