@@ -36,7 +36,11 @@ class TensorLeaf(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     dtype: str
     device: str
     stride: tuple[int | None, ...] | None = None
-    """Set where the backend specializes on memory layout (inductor); None marks a free stride."""
+    """Set where the backend specializes on memory layout (inductor); None marks a free stride. A served
+    call may pass an input in another layout: the driver copies it into this one, unless `layout_kept`."""
+    layout_kept: str = ""
+    """Why a call must pass this input in the captured layout, where it must (fn writes into it in place,
+    or returns a view of it): a copy would change what the call does."""
     unbacked: dict[int, UnbackedDim] | None = None
     """The dims marked with mark_unbacked, by index (their `shape` entry is None)."""
 

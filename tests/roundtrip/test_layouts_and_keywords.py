@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import fresh_json
-from layout_keyword_cases import by_keyword, layouts, models, run, scaled
+from layout_keyword_cases import by_keyword, layouts, models, partly_kept, run, scaled
 
 import precompile
 
@@ -36,7 +36,8 @@ DYNAMO_SERVES = {"conv contiguous", "conv channels_last", "conv permuted to chan
                  "linear offset view x[1:]"}
 
 
-@pytest.mark.parametrize(("tracer", "backend"), [("makefx", "eager"), ("dynamo", "eager"), ("dynamo", "inductor")])
+@pytest.mark.parametrize(("tracer", "backend"), [("makefx", "eager"), ("makefx", "inductor"), ("dynamo", "eager"),
+                                                  ("dynamo", "inductor")])
 def test_other_layouts_serve_as_eager_or_are_refused_naming_the_remedy(tmp_path, tracer, backend):
     conv, linear = models()
     image = torch.randn(2, 3, 8, 8)
@@ -51,7 +52,9 @@ def test_other_layouts_serve_as_eager_or_are_refused_naming_the_remedy(tmp_path,
                 cap(model, x)
     report = fresh_json(SERVE_LAYOUTS, str(tmp_path))
     assert set(report) == set(layouts())
-    if tracer == "makefx":  # the eager backend's ATen graph is layout-flexible
+    # The eager backend's ATen graph is layout-flexible; Inductor's kernels take the captured layout,
+    # into which the MakeFx driver copies an input passed in another.
+    if tracer == "makefx":
         assert all(outcome == "served" for outcome in report.values()), report
         return
     for case, outcome in report.items():
@@ -60,6 +63,44 @@ def test_other_layouts_serve_as_eager_or_are_refused_naming_the_remedy(tmp_path,
         else:
             assert "stride mismatch" in outcome and "capture a call with this layout too" in outcome, (case, outcome)
             assert "or pass contiguous tensors (.contiguous())" in outcome, outcome
+
+
+SERVE_KEPT = r"""
+import json, sys, torch, precompile
+from layout_keyword_cases import models, partly_kept
+f = precompile.load(sys.argv[1] + "/kept.py", sys.argv[1] + "/kept.cache")
+model = models()[1]
+report = {}
+for case in ("captured layout", "x transposed", "y transposed", "z transposed"):
+    inputs = [torch.randn(4, 5), torch.randn(3, 3), torch.randn(2, 3)]
+    if case != "captured layout":
+        which = "xyz".index(case[0])
+        inputs[which] = inputs[which].t().contiguous().t()  # the same values, another layout
+    ours, eager = [t.clone() for t in inputs], [t.clone() for t in inputs]  # clone keeps the layout
+    try:
+        with torch.no_grad(), precompile.no_compilation():
+            y = f(model, *ours)
+    except precompile.PrecompileError as exc:
+        report[case] = "refused: " + str(exc)
+        continue
+    with torch.no_grad():
+        torch.testing.assert_close(y, partly_kept(model, *eager))
+    torch.testing.assert_close(ours[1], eager[1])  # the in-place write reached the caller's tensor
+    assert y[1].data_ptr() == ours[2].data_ptr()  # and the view is of the caller's tensor, as eager's
+    report[case] = "served"
+print(json.dumps(report))
+"""
+
+
+def test_inductor_copies_an_input_of_another_layout_unless_fn_writes_or_returns_a_view_of_it(tmp_path):
+    with torch.no_grad(), precompile.capture(partly_kept, artifact_path=tmp_path / "kept.py", cache_path=tmp_path / "kept.cache",
+                                             tracer=precompile.MakeFxTracer(), backend="inductor") as cap:
+        cap(models()[1], torch.randn(4, 5), torch.randn(3, 3), torch.randn(2, 3))
+    report = fresh_json(SERVE_KEPT, str(tmp_path))
+    assert report["captured layout"] == report["x transposed"] == "served", report
+    for case, got, why in (("y transposed", "(1, 3)", "fn writes into it in place"), ("z transposed", "(1, 2)", "fn returns a view of it")):
+        assert (f"expected the captured memory layout (strides (3, 1) on dims [0, 1]), got strides {got} ({why}, so it "
+                "is not copied into that layout); pass an input like the captured one, or capture again") in report[case], report[case]
 
 
 SERVE_KEYWORDS = r"""

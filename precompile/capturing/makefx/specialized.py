@@ -59,7 +59,7 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
     for (owner, name), value in sorted(read.attributes.items(), key=_by_owner):
         keyword = owner.arg if isinstance(owner.arg, str) else ""
         record = SpecializedValue(kind="attribute", name=name, value=value, module=owner.module,
-                                  arg=None if keyword else owner.arg, keyword=keyword, chain=owner.chain)
+                                  arg=owner.arg if isinstance(owner.arg, int) else None, keyword=keyword, chain=owner.chain)
         _refuse_changed(record, attribute_spelling(objects[owner], name))
         out.append(record)
     for (module, name), value in sorted(read.globals.items()):

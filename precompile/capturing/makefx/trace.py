@@ -23,7 +23,7 @@ from torch.nn.utils import stateless
 
 from precompile.artifact.metadata import ConstantLeaf, NamedTensor, SpecializedValue, TensorLeaf
 from precompile.capturing import constants
-from precompile.capturing.makefx import autograd_watch, reads, specialized, unbacked
+from precompile.capturing.makefx import autograd_watch, layouts, reads, specialized, unbacked
 from precompile.codegen.drivers.makefx import collect_params_and_buffers
 from precompile.codegen.drivers.makefx_reads import REQUIRES_GRAD, spelled
 from precompile.errors import CaptureRefused, PrecompileError
@@ -270,6 +270,8 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, kwargs: d
     _refuse_forbidden_nodes(graph_module, [name for name, _ in call.params], allowed_symbols)
     if not traced.grad_param_indices:
         _drop_the_traces_detaches(graph_module, traced.requires_grad)
+    if layout:
+        inputs = layouts.keep_layouts(graph_module, inputs, call.tensor_inputs, len(call.state))
     # Grad mode changes what a training step's graph computes; a forward's values are the same in
     # either mode (a call autograd records runs an ATen graph that records it, see the driver's run).
     state = specialized.global_state(state_before, bool(traced.grad_param_indices), traced.read.state)

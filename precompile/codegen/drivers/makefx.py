@@ -1,6 +1,7 @@
 # Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
 # It checks a call against the captured calling convention, runs the captured graph on the
-# runtime model's parameters and buffers, scatters parameter gradients like eager .backward(),
+# runtime model's parameters and buffers (a compiled graph's tensor inputs copied into the captured
+# memory layout where a call passes another), scatters parameter gradients like eager .backward(),
 # and rebuilds fn's result. It also checks the Python values the trace read besides tensors
 # (SPECIALIZED): torch's global state, attributes of the model, module globals, spelled and found
 # as the read-checks section above (drivers/makefx_reads.py) says.
@@ -25,8 +26,8 @@ if "_ReadPlan" not in globals():  # imported as a module of its own; python_code
         _hook_ids,
         _may_change,
         _ReadPlan,
-        argument_spelling,
         module_hooks,
+        specialized_source,
         spelled,
     )
 
@@ -42,19 +43,6 @@ except ImportError:  # served where only torch is installed: twins of the same n
 
     class PrecompileWarning(UserWarning):
         pass
-
-
-def specialized_source(record):
-    """Where a SPECIALIZED value is read, as the user would spell it."""
-    kind = record["kind"]
-    if kind == "global_state":
-        return f"torch global state {record['name']}"
-    if kind == "attribute":
-        return ".".join([argument_spelling(record.get("keyword") or record["arg"]), *([record["module"]] if record.get("module") else []),
-                         *record.get("chain", ()), record["name"]])
-    if kind == "global":
-        return f"global {record['module']}.{record['name']}"
-    return f"closure cell {record['name']} of {record['module']}"
 
 
 class _Specialized:
@@ -241,9 +229,9 @@ class _StatePlan:
 
 
 class _TensorCheck:
-    __slots__ = ("path", "shape", "dims", "dtype", "device", "stride")
+    __slots__ = ("path", "shape", "dims", "dtype", "device", "stride", "relayout", "kept")
 
-    def __init__(self, path, shape, dtype, device, stride=None):
+    def __init__(self, path, shape, dtype, device, stride=None, copyable=False, kept=""):
         self.path = path
         self.shape = tuple(shape)
         self.dims = None if None not in shape else tuple(i for i, d in enumerate(shape) if d is not None)
@@ -253,6 +241,10 @@ class _TensorCheck:
         self.stride = None if stride is None else tuple(
             (i, s) for i, (s, d) in enumerate(zip(stride, shape)) if s is not None and d is not None and d > 1
         )
+        # An input of another layout is copied into the captured strides (`relayout`) rather than refused,
+        # unless a copy would change what the call does (`kept` says why) or a size or stride is free.
+        self.kept = kept
+        self.relayout = tuple(stride) if copyable and self.stride and not kept and self.dims is None and None not in stride else None
 
     def problem(self, value):
         if not isinstance(value, torch.Tensor):
@@ -266,12 +258,22 @@ class _TensorCheck:
             return f"expected dtype {self.dtype}, got {value.dtype}"
         if value.device != self.device:
             return f"expected device {self.device}, got {value.device}"
-        if self.stride:
-            actual = value.stride()
-            if any(actual[i] != s for i, s in self.stride):
-                return (f"expected the captured memory layout (strides {_shape_text(tuple(s for _, s in self.stride))} "
-                        f"on dims {[i for i, _ in self.stride]}), got strides {_shape_text(actual)}")
+        if self.stride and self.relayout is None and self.other_layout(value):
+            why = f" ({self.kept}, so it is not copied into that layout)" if self.kept else ""
+            return (f"expected the captured memory layout (strides {_shape_text(tuple(s for _, s in self.stride))} "
+                    f"on dims {[i for i, _ in self.stride]}), got strides {_shape_text(value.stride())}{why}")
         return None
+
+    def other_layout(self, value):
+        actual = value.stride()
+        return actual != self.relayout and any(actual[i] != s for i, s in self.stride or ())
+
+    def relaid(self, value):
+        """`value` in the captured layout: itself, or a copy where its strides differ."""
+        stride = self.relayout
+        if stride is None or not self.other_layout(value):
+            return value
+        return torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device).copy_(value)
 
 
 def build_forward(metadata, run_graph, artifact="this artifact", autograd_graph=None, no_autograd=None):
@@ -313,11 +315,13 @@ class _ServedForward:
         self.out_spec = _pytree.treespec_loads(metadata["OUT_SPEC"])
         # A tensor input's check, or (path, value) of a non-tensor input baked into the graph.
         self.input_checks = [
-            _TensorCheck(leaf["path"], leaf["shape"], leaf["dtype"], leaf["device"], leaf.get("stride"))
+            _TensorCheck(leaf["path"], leaf["shape"], leaf["dtype"], leaf["device"], leaf.get("stride"), True, leaf.get("layout_kept", ""))
             if leaf["kind"] == "tensor" else (leaf["path"], leaf["value"])
             for leaf in metadata["INPUTS"]
         ]
         self.tensor_checks = [c for c in self.input_checks if isinstance(c, _TensorCheck)]
+        # The inputs a compiled graph takes in its captured layout, copied into it where a call passes another.
+        self.relayouts = [(i, c) for i, c in enumerate(self.tensor_checks) if c.relayout is not None]
         self.outputs = [leaf if leaf["kind"] == "constant" else None for leaf in metadata["OUTPUTS"]]
         self.grad_indices = tuple(metadata["GRAD_PARAM_INDICES"])
         # Dims marked with mark_unbacked: (tensor input index, dim, its spec, path), checked on every call
@@ -423,7 +427,7 @@ class _ServedForward:
                           "on it)", "set requires_grad back, or capture again with these")
         flat_tensors = [*state_tensors, *tensors]
         # The C++ check of exactly these tensors' metadata, with the dims that may vary left free.
-        strides = [list(t.stride()) if c.stride is not None else [None] * t.dim()
+        strides = [list(t.stride()) if c.stride is not None and c.relayout is None else [None] * t.dim()
                    for c, t in zip((*self.state_checks, *self.tensor_checks), flat_tensors)]
         # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
         guards = _TensorGuards(*flat_tensors, dynamic_dims_sizes=self.dynamic_sizes,  # type: ignore[arg-type]
@@ -458,6 +462,8 @@ class _ServedForward:
                 return _pytree.tree_unflatten([next(results) if leaf is None else leaf["value"] for leaf in self.outputs],
                                               self.out_spec)
         with torch.no_grad():
+            for index, check in self.relayouts:  # `tensors` is this call's own list
+                tensors[index] = check.relaid(tensors[index])
             flat = self.run_graph(*state_tensors, *tensors)
             n_results = len(flat) - len(self.grad_indices)
             for index, grad in zip(self.grad_indices, flat[n_results:]):

@@ -331,6 +331,19 @@ def argument_spelling(slot):
     return f"kwargs[{slot!r}]" if isinstance(slot, str) else f"args[{slot}]"
 
 
+def specialized_source(record):
+    """Where a SPECIALIZED value is read, as the user would spell it."""
+    kind = record["kind"]
+    if kind == "global_state":
+        return f"torch global state {record['name']}"
+    if kind == "attribute":
+        return ".".join([argument_spelling(record.get("keyword") or record["arg"]), *([record["module"]] if record.get("module") else []),
+                         *record.get("chain", ()), record["name"]])
+    if kind == "global":
+        return f"global {record['module']}.{record['name']}"
+    return f"closure cell {record['name']} of {record['module']}"
+
+
 def module_hooks(modules, slots):
     """The hooks a call of `modules` (the module arguments, at `slots`: positions, then keywords) would
     run, spelled: "none", or each hook by where it is registered, its kind and its function's qualified name."""
