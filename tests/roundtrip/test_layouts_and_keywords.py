@@ -8,6 +8,7 @@ import pytest
 import torch
 from conftest import fresh_json
 from layout_keyword_cases import by_keyword, layouts, models, partly_kept, run, scaled
+from test_inspect_helpers import run_cli
 
 import precompile
 
@@ -92,7 +93,7 @@ print(json.dumps(report))
 """
 
 
-def test_inductor_copies_an_input_of_another_layout_unless_fn_writes_or_returns_a_view_of_it(tmp_path):
+def test_inductor_copies_an_input_of_another_layout_unless_fn_writes_or_returns_a_view_of_it(tmp_path, capsys):
     with torch.no_grad(), precompile.capture(partly_kept, artifact_path=tmp_path / "kept.py", cache_path=tmp_path / "kept.cache",
                                              tracer=precompile.MakeFxTracer(), backend="inductor") as cap:
         cap(models()[1], torch.randn(4, 5), torch.randn(3, 3), torch.randn(2, 3))
@@ -101,6 +102,9 @@ def test_inductor_copies_an_input_of_another_layout_unless_fn_writes_or_returns_
     for case, got, why in (("y transposed", "(1, 3)", "fn writes into it in place"), ("z transposed", "(1, 2)", "fn returns a view of it")):
         assert (f"expected the captured memory layout (strides (3, 1) on dims [0, 1]), got strides {got} ({why}, so it "
                 "is not copied into that layout); pass an input like the captured one, or capture again") in report[case], report[case]
+    _, shown, _ = run_cli(capsys, ["show", str(tmp_path / "kept.py")])
+    assert "args[2]  tensor (3, 3) torch.float32 cpu (served in the captured layout only: fn writes into it in place)" in shown
+    assert "args[1]  tensor (4, 5) torch.float32 cpu\n" in shown
 
 
 SERVE_KEYWORDS = r"""

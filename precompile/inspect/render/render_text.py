@@ -41,7 +41,8 @@ WARN = "yellow"
 def _leaf(leaf) -> str:
     if isinstance(leaf, ConstantLeaf):
         return f"{leaf.path}  constant {leaf.value!r}"
-    return f"{leaf.path}  tensor {shape_text(leaf.shape)} {leaf.dtype} {leaf.device}"
+    kept = f" (served in the captured layout only: {leaf.layout_kept})" if leaf.layout_kept else ""
+    return f"{leaf.path}  tensor {shape_text(leaf.shape)} {leaf.dtype} {leaf.device}{kept}"
 
 
 def _python_code(info: PythonCodeInfo) -> list[Line]:
