@@ -15,6 +15,24 @@ def run(model, x):
     return model(x)
 
 
+def partly_kept(model, x, y, z):
+    """Under Inductor, x may be passed in any layout (copied into the captured one); y, written in place,
+    and z, returned as a view, only in the captured one."""
+    y.add_(1)
+    return model(x) + y.sum(), z.t()
+
+
+def by_keyword(x, *, model, scale=1.0):
+    return model(x) * scale
+
+
+class Doubled(nn.Linear):
+    """A Linear of another class: the same parameters, another forward."""
+
+    def forward(self, x):
+        return super().forward(x) * 2
+
+
 def scaled(model, x, *, scale=1.0, bias=None, mode="add"):
     y = model(x) * scale
     if bias is not None:

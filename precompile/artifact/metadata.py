@@ -36,7 +36,11 @@ class TensorLeaf(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, 
     dtype: str
     device: str
     stride: tuple[int | None, ...] | None = None
-    """Set where the backend specializes on memory layout (inductor); None marks a free stride."""
+    """Set where the backend specializes on memory layout (inductor); None marks a free stride. A served
+    call may pass an input in another layout: the driver copies it into this one, unless `layout_kept`."""
+    layout_kept: str = ""
+    """Why a call must pass this input in the captured layout, where it must (fn writes into it in place,
+    or returns a view of it): a copy would change what the call does."""
     unbacked: dict[int, UnbackedDim] | None = None
     """The dims marked with mark_unbacked, by index (their `shape` entry is None)."""
 
@@ -108,10 +112,17 @@ class SpecializedValue(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=
     """attribute: the submodule's name under module argument `arg` ("" for the argument itself);
     global: the Python module; closure: the qualified name of the function that reads the cell."""
     arg: int | None = None
+    keyword: str = ""
+    """attribute: the keyword a module argument passed by keyword is passed by (then `arg` is None)."""
     chain: tuple[str, ...] = ()
     """attribute: the attributes of plain objects between the submodule and `name` (config, ...)."""
     checked: bool = True
     """False where a served call cannot reach the value (a closure cell, a global of __main__)."""
+
+
+def argument_spelling(slot: int | str | None) -> str:
+    """A module argument as fn's caller spells it: `args[0]` by position, `kwargs['model']` by keyword."""
+    return f"kwargs[{slot!r}]" if isinstance(slot, str) else f"args[{slot}]"
 
 
 def specialized_source(record: SpecializedValue) -> str:
@@ -119,7 +130,7 @@ def specialized_source(record: SpecializedValue) -> str:
     if record.kind == "global_state":
         return f"torch global state {record.name}"
     if record.kind == "attribute":
-        return ".".join([f"args[{record.arg}]", *([record.module] if record.module else []), *record.chain, record.name])
+        return ".".join([argument_spelling(record.keyword or record.arg), *([record.module] if record.module else []), *record.chain, record.name])
     if record.kind == "global":
         return f"global {record.module}.{record.name}"
     return f"closure cell {record.name} of {record.module}"
@@ -130,8 +141,11 @@ class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", t
 
     num_positional_args: int
     module_positions: tuple[int, ...]
+    module_keywords: tuple[str, ...] = ()
+    """The keyword arguments that pass an nn.Module, in the captured call's order: their state follows
+    that of the positional modules, and the driver takes them by name (stated only where there are)."""
     params: tuple[NamedTensor, ...]
-    """Parameters of the module arguments, in order; a tied weight appears once, under its first name."""
+    """Parameters of the module arguments (positional, then by keyword), in order; a tied weight appears once, under its first name."""
     buffers: tuple[NamedTensor, ...]
     in_spec: str
     """pytree spec (treespec_dumps) of fn's arguments but the modules: a dict of the positional args by

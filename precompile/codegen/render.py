@@ -31,6 +31,8 @@ def _ordered_literals(metadata) -> list[tuple[str, object]]:
     values = msgspec.to_builtins(metadata)
     if values.get("WORLD", 0) is None:
         del values["WORLD"]  # only an artifact whose graphs call collectives states its world
+    if "MODULE_KEYWORDS" in values and not values["MODULE_KEYWORDS"]:
+        del values["MODULE_KEYWORDS"]  # only a MakeFx artifact captured with a model passed by keyword states them
     if "SPECIALIZED" in values and not values["SPECIALIZED"]:
         del values["SPECIALIZED"]  # a MakeFx artifact captured before its reads were recorded states none
     for variant in values.get("GUARDS", ()):

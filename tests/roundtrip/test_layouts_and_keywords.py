@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import fresh_json
-from layout_keyword_cases import layouts, models, run, scaled
+from layout_keyword_cases import by_keyword, layouts, models, partly_kept, run, scaled
+from test_inspect_helpers import run_cli
 
 import precompile
 
@@ -36,7 +37,8 @@ DYNAMO_SERVES = {"conv contiguous", "conv channels_last", "conv permuted to chan
                  "linear offset view x[1:]"}
 
 
-@pytest.mark.parametrize(("tracer", "backend"), [("makefx", "eager"), ("dynamo", "eager"), ("dynamo", "inductor")])
+@pytest.mark.parametrize(("tracer", "backend"), [("makefx", "eager"), ("makefx", "inductor"), ("dynamo", "eager"),
+                                                  ("dynamo", "inductor")])
 def test_other_layouts_serve_as_eager_or_are_refused_naming_the_remedy(tmp_path, tracer, backend):
     conv, linear = models()
     image = torch.randn(2, 3, 8, 8)
@@ -51,7 +53,9 @@ def test_other_layouts_serve_as_eager_or_are_refused_naming_the_remedy(tmp_path,
                 cap(model, x)
     report = fresh_json(SERVE_LAYOUTS, str(tmp_path))
     assert set(report) == set(layouts())
-    if tracer == "makefx":  # the eager backend's ATen graph is layout-flexible
+    # The eager backend's ATen graph is layout-flexible; Inductor's kernels take the captured layout,
+    # into which the MakeFx driver copies an input passed in another.
+    if tracer == "makefx":
         assert all(outcome == "served" for outcome in report.values()), report
         return
     for case, outcome in report.items():
@@ -60,6 +64,47 @@ def test_other_layouts_serve_as_eager_or_are_refused_naming_the_remedy(tmp_path,
         else:
             assert "stride mismatch" in outcome and "capture a call with this layout too" in outcome, (case, outcome)
             assert "or pass contiguous tensors (.contiguous())" in outcome, outcome
+
+
+SERVE_KEPT = r"""
+import json, sys, torch, precompile
+from layout_keyword_cases import models, partly_kept
+f = precompile.load(sys.argv[1] + "/kept.py", sys.argv[1] + "/kept.cache")
+model = models()[1]
+report = {}
+for case in ("captured layout", "x transposed", "y transposed", "z transposed"):
+    inputs = [torch.randn(4, 5), torch.randn(3, 3), torch.randn(2, 3)]
+    if case != "captured layout":
+        which = "xyz".index(case[0])
+        inputs[which] = inputs[which].t().contiguous().t()  # the same values, another layout
+    ours, eager = [t.clone() for t in inputs], [t.clone() for t in inputs]  # clone keeps the layout
+    try:
+        with torch.no_grad(), precompile.no_compilation():
+            y = f(model, *ours)
+    except precompile.PrecompileError as exc:
+        report[case] = "refused: " + str(exc)
+        continue
+    with torch.no_grad():
+        torch.testing.assert_close(y, partly_kept(model, *eager))
+    torch.testing.assert_close(ours[1], eager[1])  # the in-place write reached the caller's tensor
+    assert y[1].data_ptr() == ours[2].data_ptr()  # and the view is of the caller's tensor, as eager's
+    report[case] = "served"
+print(json.dumps(report))
+"""
+
+
+def test_inductor_copies_an_input_of_another_layout_unless_fn_writes_or_returns_a_view_of_it(tmp_path, capsys):
+    with torch.no_grad(), precompile.capture(partly_kept, artifact_path=tmp_path / "kept.py", cache_path=tmp_path / "kept.cache",
+                                             tracer=precompile.MakeFxTracer(), backend="inductor") as cap:
+        cap(models()[1], torch.randn(4, 5), torch.randn(3, 3), torch.randn(2, 3))
+    report = fresh_json(SERVE_KEPT, str(tmp_path))
+    assert report["captured layout"] == report["x transposed"] == "served", report
+    for case, got, why in (("y transposed", "(1, 3)", "fn writes into it in place"), ("z transposed", "(1, 2)", "fn returns a view of it")):
+        assert (f"expected the captured memory layout (strides (3, 1) on dims [0, 1]), got strides {got} ({why}, so it "
+                "is not copied into that layout); pass an input like the captured one, or capture again") in report[case], report[case]
+    _, shown, _ = run_cli(capsys, ["show", str(tmp_path / "kept.py")])
+    assert "args[2]  tensor (3, 3) torch.float32 cpu (served in the captured layout only: fn writes into it in place)" in shown
+    assert "args[1]  tensor (4, 5) torch.float32 cpu\n" in shown
 
 
 SERVE_KEYWORDS = r"""
@@ -116,10 +161,53 @@ def test_keyword_arguments_are_captured_and_served_by_name(tmp_path, tracer):
     assert "(missing ['scale'], unexpected [])" in refused["scale passed positionally"]
 
 
-def test_a_model_passed_by_keyword_is_refused_at_capture_naming_it(tmp_path):
-    with pytest.raises(precompile.CaptureRefused, match=r"keyword argument 'model' is an nn.Module \(Linear\); a MakeFx "
-                                                        r"artifact takes its models positionally: pass it positionally"):
-        with precompile.capture(run, artifact_path=tmp_path / "m.py", cache_path=tmp_path / "m.cache",
-                                tracer=precompile.MakeFxTracer(), backend="eager") as cap:
-            cap(model=models()[1], x=torch.randn(4, 5))
-    assert not (tmp_path / "m.py").exists()
+SERVE_MODEL_KEYWORD = r"""
+import json, sys, torch, precompile
+from layout_keyword_cases import Doubled, by_keyword, models, run
+f = precompile.load(sys.argv[1] + "/kw.py", sys.argv[1] + "/kw.cache")
+g = precompile.load(sys.argv[1] + "/all.py", sys.argv[1] + "/all.cache")
+model, x = models()[1], torch.randn(4, 5)
+other = Doubled(5, 3)
+other.load_state_dict(model.state_dict())
+calls = {
+    "as captured": lambda: f(x, model=model, scale=2.0),
+    "all by keyword": lambda: g(model=model, x=x),
+    "all by keyword, another order": lambda: g(x=x, model=model),
+    "model of another class": lambda: f(x, model=other, scale=2.0),
+    "model missing": lambda: f(x, scale=2.0),
+    "not a model": lambda: f(x, model=x, scale=2.0),
+    "model positionally": lambda: g(model, x=x),
+}
+report = {}
+for case, call in calls.items():
+    try:
+        with torch.no_grad(), precompile.no_compilation():
+            y = call()
+    except precompile.PrecompileError as exc:
+        report[case] = "refused: " + str(exc)
+        continue
+    with torch.no_grad():
+        torch.testing.assert_close(y, run(model, x) * (2.0 if case == "as captured" else 1.0))
+    report[case] = "served"
+print(json.dumps(report))
+"""
+
+
+def test_a_model_passed_by_keyword_is_captured_and_served_by_name(tmp_path):
+    """A model passed by keyword is lifted like a positional one: its parameters and buffers, its
+    class and hooks checked, named kwargs['model']."""
+    model, x = models()[1], torch.randn(4, 5)
+    for name, fn, args, kwargs in (("kw", by_keyword, (x,), dict(model=model, scale=2.0)), ("all", run, (), dict(model=model, x=x))):
+        with torch.no_grad(), precompile.capture(fn, artifact_path=tmp_path / f"{name}.py", cache_path=tmp_path / f"{name}.cache",
+                                                 tracer=precompile.MakeFxTracer(), backend="eager") as cap:
+            torch.testing.assert_close(cap(*args, **kwargs), fn(*args, **kwargs))
+    assert "MODULE_KEYWORDS = ('model',)" in (tmp_path / "kw.py").read_text()
+    report = fresh_json(SERVE_MODEL_KEYWORD, str(tmp_path))
+    for case in ("as captured", "all by keyword", "all by keyword, another order"):
+        assert report[case] == "served", (case, report[case])
+    assert ("kwargs['model'].__class__ is class layout_keyword_cases.Doubled but the artifact was captured with class "
+            "torch.nn.modules.linear.Linear") in report["model of another class"]
+    assert "captured with ['model', 'scale'] (missing ['model'], unexpected [])" in report["model missing"]
+    assert "keyword argument 'model' must be an nn.Module (the captured call passed one there), got Tensor; pass the model " \
+           "by the same keyword" in report["not a model"]
+    assert "captured with ['model', 'x'] (missing ['model'], unexpected [])" in report["model positionally"]

@@ -107,6 +107,7 @@ def _render(fn, traced: makefx.MakeFxTrace, backend: Backend, graph, autograd_gr
         fn_name=pipeline.qualified_name(fn),
         num_positional_args=traced.num_positional_args,
         module_positions=traced.module_positions,
+        module_keywords=traced.module_keywords,
         params=traced.params,
         buffers=traced.buffers,
         in_spec=traced.in_spec,

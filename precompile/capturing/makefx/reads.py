@@ -41,10 +41,10 @@ _ABSENT = object()
 
 @dataclass(frozen=True, order=True)
 class Owner:
-    """Where an object sits: the position of the module argument, the submodule's name, then the
-    attributes of plain objects below it."""
+    """Where an object sits: the position (or keyword) of the module argument, the submodule's name,
+    then the attributes of plain objects below it."""
 
-    arg: int
+    arg: int | str
     module: str
     chain: tuple[str, ...] = ()
 
@@ -441,8 +441,9 @@ def _note_calls(log: ReadLog, kind: type) -> None:
 
 
 @contextlib.contextmanager
-def recording(modules: dict[int, torch.nn.Module]):
-    """Note what the code run inside loads; `modules` maps each module argument's position to it."""
+def recording(modules: dict[int | str, torch.nn.Module]):
+    """Note what the code run inside loads; `modules` maps each module argument's position (or
+    keyword) to it."""
     log = ReadLog()
     for position, module in modules.items():
         for name, submodule in module.named_modules(remove_duplicate=False):

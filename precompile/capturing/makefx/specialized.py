@@ -27,9 +27,9 @@ forward captured with grad on serves under no_grad or inference_mode, and one ca
 serves under inference_mode, when nothing asks."""
 
 
-def global_state_now(modules, positions) -> dict[str, str]:
+def global_state_now(modules, slots) -> dict[str, str]:
     """torch's global state and the module arguments' hooks, spelled, as the trace is about to run."""
-    return {**{name: str(spelled(get())) for name, get in GLOBAL_STATE.items()}, MODULE_HOOKS: module_hooks(modules, positions)}
+    return {**{name: str(spelled(get())) for name, get in GLOBAL_STATE.items()}, MODULE_HOOKS: module_hooks(modules, slots)}
 
 
 def global_state(before: dict[str, str], grad_matters: bool, read: set[str]) -> list[SpecializedValue]:
@@ -56,9 +56,10 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
     its settings, listed by `precompile guards` but not warned about)."""
     out: list[SpecializedValue] = []
     objects = {owner: obj for owner, obj in read.owners.values()}
-    for (owner, name), value in sorted(read.attributes.items(), key=lambda item: (item[0][0], item[0][1])):
+    for (owner, name), value in sorted(read.attributes.items(), key=_by_owner):
+        keyword = owner.arg if isinstance(owner.arg, str) else ""
         record = SpecializedValue(kind="attribute", name=name, value=value, module=owner.module,
-                                  arg=owner.arg, chain=owner.chain)
+                                  arg=owner.arg if isinstance(owner.arg, int) else None, keyword=keyword, chain=owner.chain)
         _refuse_changed(record, attribute_spelling(objects[owner], name))
         out.append(record)
     for (module, name), value in sorted(read.globals.items()):
@@ -92,6 +93,13 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         log.warning("%s", message)
         warnings.warn(message, PrecompileWarning, stacklevel=4)
     return out
+
+
+def _by_owner(item) -> tuple:
+    """Attributes sorted by where they live: positional module arguments first, then those by keyword."""
+    (owner, name), _ = item
+    slot = (0, owner.arg, "") if isinstance(owner.arg, int) else (1, 0, owner.arg)
+    return slot, owner.module, owner.chain, name
 
 
 def _spelled_with(cell: SpecializedValue, out: list[SpecializedValue]) -> bool:

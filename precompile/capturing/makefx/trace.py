@@ -23,7 +23,7 @@ from torch.nn.utils import stateless
 
 from precompile.artifact.metadata import ConstantLeaf, NamedTensor, SpecializedValue, TensorLeaf
 from precompile.capturing import constants
-from precompile.capturing.makefx import autograd_watch, reads, specialized, unbacked
+from precompile.capturing.makefx import autograd_watch, layouts, reads, specialized, unbacked
 from precompile.codegen.drivers.makefx import collect_params_and_buffers
 from precompile.codegen.drivers.makefx_reads import REQUIRES_GRAD, spelled
 from precompile.errors import CaptureRefused, PrecompileError
@@ -46,6 +46,7 @@ class MakeFxTrace:
     """The real flat graph inputs of the captured call: params, buffers, tensor inputs."""
     num_positional_args: int
     module_positions: tuple[int, ...]
+    module_keywords: tuple[str, ...]
     params: tuple[NamedTensor, ...]
     buffers: tuple[NamedTensor, ...]
     in_spec: str
@@ -122,7 +123,9 @@ class _FlatCall:
     args: tuple
     kwargs: dict[str, Any]
     module_positions: tuple[int, ...]
+    module_keywords: tuple[str, ...]
     modules: list[torch.nn.Module]
+    """The module arguments: positional, then by keyword."""
     params: list[tuple[str, torch.Tensor]]
     buffers: list[tuple[str, torch.Tensor]]
     keyed_leaves: list
@@ -132,23 +135,25 @@ class _FlatCall:
     tensor_inputs: list[torch.Tensor]
 
     @property
+    def module_slots(self) -> tuple[int | str, ...]:
+        """Where each of `modules` is passed: its position, or its keyword."""
+        return (*self.module_positions, *self.module_keywords)
+
+    @property
     def state(self) -> list[tuple[str, torch.Tensor]]:
         return self.params + self.buffers
 
 
 def _flatten_call(args: tuple, kwargs: dict[str, Any], layout: bool) -> _FlatCall:
     """Split a call into the models' state and the runtime inputs, refusing what cannot be captured."""
-    for name, value in kwargs.items():
-        if isinstance(value, torch.nn.Module):
-            raise CaptureRefused(f"keyword argument {name!r} is an nn.Module ({type(value).__name__}); a MakeFx artifact "
-                                 "takes its models positionally: pass it positionally")
     module_positions = tuple(i for i, a in enumerate(args) if isinstance(a, torch.nn.Module))
-    modules = [args[i] for i in module_positions]
+    module_keywords = tuple(name for name, value in kwargs.items() if isinstance(value, torch.nn.Module))
+    modules = [args[i] for i in module_positions] + [kwargs[name] for name in module_keywords]
     params, buffers = collect_params_and_buffers(modules)
     for name, tensor in params + buffers:
         if unbacked.marked_dims(tensor):
             raise CaptureRefused(f"model tensor {name!r} has dims marked with mark_unbacked; only runtime inputs can be")
-    keyed_leaves, in_spec = pytree.tree_flatten_with_path(_user_args(args, kwargs, module_positions))
+    keyed_leaves, in_spec = pytree.tree_flatten_with_path(_user_args(args, kwargs, (*module_positions, *module_keywords)))
     inputs: list[str | ConstantLeaf] = []
     tensor_inputs = []
     for key_path, value in keyed_leaves:
@@ -160,7 +165,7 @@ def _flatten_call(args: tuple, kwargs: dict[str, Any], layout: bool) -> _FlatCal
             inputs.append(path)
         else:
             inputs.append(ConstantLeaf(path=path, value=value))
-    return _FlatCall(args, kwargs, module_positions, modules, params, buffers, keyed_leaves, in_spec, inputs, tensor_inputs)
+    return _FlatCall(args, kwargs, module_positions, module_keywords, modules, params, buffers, keyed_leaves, in_spec, inputs, tensor_inputs)
 
 
 class _TracedFn:
@@ -195,13 +200,13 @@ class _TracedFn:
         state = flat[:n_state]
         runtime_inputs = iter(flat[n_state:])
         leaves = [next(runtime_inputs) if isinstance(v, torch.Tensor) else v for _, v in call.keyed_leaves]
-        by_position = {**dict(zip(call.module_positions, call.modules)), **pytree.tree_unflatten(leaves, call.in_spec)}
+        by_position = {**dict(zip(call.module_slots, call.modules)), **pytree.tree_unflatten(leaves, call.in_spec)}
         with contextlib.ExitStack() as stack:
             for module, names in zip(call.modules, self.module_names):
                 stack.enter_context(
                     stateless._reparametrize_module(module, {name: state[slot] for name, slot in names}, tie_weights=True)
                 )
-            with reads.recording(dict(zip(call.module_positions, call.modules))) as self.read, \
+            with reads.recording(dict(zip(call.module_slots, call.modules))) as self.read, \
                     autograd_watch.watching() as self.autograd:
                 result = self.fn(*[by_position[i] for i in range(len(call.args))], **{k: by_position[k] for k in call.kwargs})
         self._refuse_stray_gradients(state, flat[n_state:])
@@ -257,7 +262,7 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, kwargs: d
     described = iter(zip(call.tensor_inputs, trace_inputs[len(call.state):]))
     inputs = [_input_leaf(leaf, *next(described), layout) if isinstance(leaf, str) else leaf for leaf in call.inputs]
     allowed_symbols = set().union(*(free_unbacked_symbols(t) for t in trace_inputs)) if fake_mode else set()
-    state_before = specialized.global_state_now(call.modules, call.module_positions)
+    state_before = specialized.global_state_now(call.modules, call.module_slots)
     traced = _TracedFn(fn, call, inputs, allowed_symbols)
     log.info("tracing %s with make_fx (%d params, %d buffers, %d tensor inputs)",
              _name(fn), len(call.params), len(call.buffers), len(call.tensor_inputs))
@@ -265,6 +270,8 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, kwargs: d
     _refuse_forbidden_nodes(graph_module, [name for name, _ in call.params], allowed_symbols)
     if not traced.grad_param_indices:
         _drop_the_traces_detaches(graph_module, traced.requires_grad)
+    if layout:
+        inputs = layouts.keep_layouts(graph_module, inputs, call.tensor_inputs, len(call.state))
     # Grad mode changes what a training step's graph computes; a forward's values are the same in
     # either mode (a call autograd records runs an ATen graph that records it, see the driver's run).
     state = specialized.global_state(state_before, bool(traced.grad_param_indices), traced.read.state)
@@ -279,6 +286,7 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, kwargs: d
         example_inputs=trace_inputs if fake_mode is not None else example_inputs,
         num_positional_args=len(args),
         module_positions=call.module_positions,
+        module_keywords=call.module_keywords,
         params=tuple(_named(n, t, layout) for n, t in call.params),
         buffers=tuple(_named(n, t, layout) for n, t in call.buffers),
         in_spec=in_spec_text,
@@ -396,11 +404,11 @@ def _data_dependent(what: str) -> str:
     )
 
 
-def _user_args(args: tuple, kwargs: dict[str, Any], module_positions: tuple[int, ...]) -> dict[int | str, Any]:
+def _user_args(args: tuple, kwargs: dict[str, Any], module_slots: tuple[int | str, ...]) -> dict[int | str, Any]:
     """The runtime inputs: fn's positional args but the modules, keyed by position (paths read args[i]),
-    then its keyword arguments, keyed by name in the call's order (paths read kwargs['name'])."""
-    inputs: dict[int | str, Any] = {i: a for i, a in enumerate(args) if i not in module_positions}
-    inputs.update(kwargs.items())
+    then its keyword arguments but the modules, keyed by name in the call's order (paths read kwargs['name'])."""
+    inputs: dict[int | str, Any] = {i: a for i, a in enumerate(args) if i not in module_slots}
+    inputs.update((name, value) for name, value in kwargs.items() if name not in module_slots)
     return inputs
 
 

@@ -326,14 +326,32 @@ def _hook_name(hook):
     return f"{getattr(hook, '__module__', None) or '?'}.{getattr(hook, '__qualname__', None) or type(hook).__name__}"
 
 
-def module_hooks(modules, positions):
-    """The hooks a call of `modules` (the module arguments, at `positions`) would run, spelled: "none",
-    or each hook by where it is registered, its kind and its function's qualified name."""
+def argument_spelling(slot):
+    """A module argument as fn's caller spells it: `args[0]` by position, `kwargs['model']` by keyword."""
+    return f"kwargs[{slot!r}]" if isinstance(slot, str) else f"args[{slot}]"
+
+
+def specialized_source(record):
+    """Where a SPECIALIZED value is read, as the user would spell it."""
+    kind = record["kind"]
+    if kind == "global_state":
+        return f"torch global state {record['name']}"
+    if kind == "attribute":
+        return ".".join([argument_spelling(record.get("keyword") or record["arg"]), *([record["module"]] if record.get("module") else []),
+                         *record.get("chain", ()), record["name"]])
+    if kind == "global":
+        return f"global {record['module']}.{record['name']}"
+    return f"closure cell {record['name']} of {record['module']}"
+
+
+def module_hooks(modules, slots):
+    """The hooks a call of `modules` (the module arguments, at `slots`: positions, then keywords) would
+    run, spelled: "none", or each hook by where it is registered, its kind and its function's qualified name."""
     found = [f"global {name.strip('_')[:-1].replace('_', ' ')} {_hook_name(hook)}"
              for name, table in _GLOBAL_HOOKS for hook in table.values()]
-    for position, module in zip(positions, modules):
+    for slot, module in zip(slots, modules):
         for path, owner in module.named_modules(remove_duplicate=False):
-            where = f"args[{position}]{'.' + path if path else ''}"
+            where = f"{argument_spelling(slot)}{'.' + path if path else ''}"
             for name in _HOOK_TABLES:
                 found += [f"{where} {name.strip('_')[:-1].replace('_', ' ')} {_hook_name(hook)}"
                           for hook in getattr(owner, name, {}).values()]

@@ -39,7 +39,7 @@ SECTIONS = ("guards", "inputs", "outputs", "params", "buffers", "metadata", "env
 CATEGORIES = ("guards", "calling-convention", "params", "graph", "kernels", "versions", "code", "metadata")
 """What a difference is about, for `--stat` and `--fail-on`: a release gate names the ones it cares for."""
 _VERSION_KEYS = ("FORMAT_VERSION", "TORCH_VERSION", "PYTHON_VERSION", "format_version", "producer.", "signed by")
-_CALLING_CONVENTION_KEYS = ("FN_NAME", "NUM_POSITIONAL_ARGS", "MODULE_POSITIONS", "IN_SPEC", "OUT_SPEC", "GRAD_PARAMS", "FRAMES ")
+_CALLING_CONVENTION_KEYS = ("FN_NAME", "NUM_POSITIONAL_ARGS", "MODULE_POSITIONS", "MODULE_KEYWORDS", "IN_SPEC", "OUT_SPEC", "GRAD_PARAMS", "FRAMES ")
 _PREPARED_KEYS = ("python_code bytecode", "python_code typed metadata")
 _BINARY_KINDS = {"kernel": "kernel-source", "isa-probe": "isa-probe-source"}
 _READ_KINDS = ("global_state", "attribute", "global", "closure")
@@ -250,6 +250,7 @@ def _python_code(artifact: Artifact) -> dict[str, dict[str, str]]:
             **_header(meta, "make_fx"),
             "NUM_POSITIONAL_ARGS": str(meta.num_positional_args),
             "MODULE_POSITIONS": str(tuple(meta.module_positions)),
+            **({"MODULE_KEYWORDS": str(tuple(meta.module_keywords))} if meta.module_keywords else {}),
             "IN_SPEC": meta.in_spec,
             "OUT_SPEC": meta.out_spec,
             "GRAD_PARAMS": ", ".join(grads) or "(none)",

@@ -170,6 +170,7 @@ def _calling_convention(meta: MakeFxMetadata) -> list[tuple[str, list[tuple[str,
     grads = [meta.params[i].name if 0 <= i < len(meta.params) else f"#{i}" for i in meta.grad_param_indices]
     return [
         ("arguments", [("positional args", str(meta.num_positional_args)), ("modules at", str(list(meta.module_positions))),
+                       *([("modules by keyword", str(list(meta.module_keywords)))] if meta.module_keywords else []),
                        ("in_spec", meta.in_spec), ("out_spec", meta.out_spec), ("gradients returned for", ", ".join(grads) or "(none)")]),
         ("inputs", [(leaf.path, _leaf(leaf)) for leaf in meta.inputs]),
         ("outputs", [(leaf.path, _leaf(leaf)) for leaf in meta.outputs]),

@@ -41,7 +41,8 @@ WARN = "yellow"
 def _leaf(leaf) -> str:
     if isinstance(leaf, ConstantLeaf):
         return f"{leaf.path}  constant {leaf.value!r}"
-    return f"{leaf.path}  tensor {shape_text(leaf.shape)} {leaf.dtype} {leaf.device}"
+    kept = f" (served in the captured layout only: {leaf.layout_kept})" if leaf.layout_kept else ""
+    return f"{leaf.path}  tensor {shape_text(leaf.shape)} {leaf.dtype} {leaf.device}{kept}"
 
 
 def _python_code(info: PythonCodeInfo) -> list[Line]:
@@ -130,7 +131,8 @@ def _world(world) -> list[Line]:
 
 def _calling_convention(meta: MakeFxMetadata) -> list[Line]:
     lines: list[Line] = [("calling convention", HEAD)]
-    lines.append((f"  {meta.num_positional_args} positional args, modules at {list(meta.module_positions)}", None))
+    by_keyword = f", by keyword {list(meta.module_keywords)}" if meta.module_keywords else ""
+    lines.append((f"  {meta.num_positional_args} positional args, modules at {list(meta.module_positions)}{by_keyword}", None))
     for title, leaves in (("inputs", meta.inputs), ("outputs", meta.outputs)):
         lines.append((f"  {title} ({len(leaves)})", None))
         lines.extend((f"    {_leaf(leaf)}", None) for leaf in leaves)
