@@ -413,14 +413,32 @@ def _hook_name(hook):
     return f"{getattr(hook, '__module__', None) or '?'}.{getattr(hook, '__qualname__', None) or type(hook).__name__}"
 
 
-def module_hooks(modules, positions):
-    """The hooks a call of `modules` (the module arguments, at `positions`) would run, spelled: "none",
-    or each hook by where it is registered, its kind and its function's qualified name."""
+def argument_spelling(slot):
+    """A module argument as fn's caller spells it: `args[0]` by position, `kwargs['model']` by keyword."""
+    return f"kwargs[{slot!r}]" if isinstance(slot, str) else f"args[{slot}]"
+
+
+def specialized_source(record):
+    """Where a SPECIALIZED value is read, as the user would spell it."""
+    kind = record["kind"]
+    if kind == "global_state":
+        return f"torch global state {record['name']}"
+    if kind == "attribute":
+        return ".".join([argument_spelling(record.get("keyword") or record["arg"]), *([record["module"]] if record.get("module") else []),
+                         *record.get("chain", ()), record["name"]])
+    if kind == "global":
+        return f"global {record['module']}.{record['name']}"
+    return f"closure cell {record['name']} of {record['module']}"
+
+
+def module_hooks(modules, slots):
+    """The hooks a call of `modules` (the module arguments, at `slots`: positions, then keywords) would
+    run, spelled: "none", or each hook by where it is registered, its kind and its function's qualified name."""
     found = [f"global {name.strip('_')[:-1].replace('_', ' ')} {_hook_name(hook)}"
              for name, table in _GLOBAL_HOOKS for hook in table.values()]
-    for position, module in zip(positions, modules):
+    for slot, module in zip(slots, modules):
         for path, owner in module.named_modules(remove_duplicate=False):
-            where = f"args[{position}]{'.' + path if path else ''}"
+            where = f"{argument_spelling(slot)}{'.' + path if path else ''}"
             for name in _HOOK_TABLES:
                 found += [f"{where} {name.strip('_')[:-1].replace('_', ' ')} {_hook_name(hook)}"
                           for hook in getattr(owner, name, {}).values()]
@@ -492,7 +510,8 @@ class _ReadPlan:
 # ======================================================================================
 # Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
 # It checks a call against the captured calling convention, runs the captured graph on the
-# runtime model's parameters and buffers, scatters parameter gradients like eager .backward(),
+# runtime model's parameters and buffers (a compiled graph's tensor inputs copied into the captured
+# memory layout where a call passes another), scatters parameter gradients like eager .backward(),
 # and rebuilds fn's result. It also checks the Python values the trace read besides tensors
 # (SPECIALIZED): torch's global state, attributes of the model, module globals, spelled and found
 # as the read-checks section above (drivers/makefx_reads.py) says.
@@ -518,6 +537,7 @@ if "_ReadPlan" not in globals():  # imported as a module of its own; python_code
         _may_change,
         _ReadPlan,
         module_hooks,
+        specialized_source,
         spelled,
     )
 
@@ -535,27 +555,14 @@ except ImportError:  # served where only torch is installed: twins of the same n
         pass
 
 
-def specialized_source(record):
-    """Where a SPECIALIZED value is read, as the user would spell it."""
-    kind = record["kind"]
-    if kind == "global_state":
-        return f"torch global state {record['name']}"
-    if kind == "attribute":
-        return ".".join([f"args[{record['arg']}]", *([record["module"]] if record.get("module") else []),
-                         *record.get("chain", ()), record["name"]])
-    if kind == "global":
-        return f"global {record['module']}.{record['name']}"
-    return f"closure cell {record['name']} of {record['module']}"
-
-
 class _Specialized:
     """The Python values the trace read besides tensors, checked before each call. A full check
     finds where each lives and compares its spelling, naming what differs; until the model changes,
     later calls compare the values themselves with the ones the full check saw."""
 
-    def __init__(self, records, module_positions):
+    def __init__(self, records, module_slots):
         self.records = [r for r in records if r.get("checked", True) and r["name"] != REQUIRES_GRAD]
-        self.module_positions = list(module_positions)
+        self.module_slots = list(module_slots)
         self.state = [GLOBAL_STATE[r["name"]] for r in self.records if r["kind"] == "global_state" and r["name"] in GLOBAL_STATE]
         self.state_seen = None
         self.plan = None  # the _ReadPlan of the last full check
@@ -578,7 +585,7 @@ class _Specialized:
         for record in self.records:
             where = specialized_source(record)
             if record["kind"] == "global_state" and record["name"] == MODULE_HOOKS:
-                now = module_hooks(modules, self.module_positions)
+                now = module_hooks(modules, self.module_slots)
                 if now != record["value"]:
                     fail(f"the model's hooks are {now} but the artifact was captured with {record['value']} (the trace ran "
                          "those; a served call runs its graph, which calls no hook)",
@@ -609,7 +616,7 @@ class _Specialized:
 
     def owner_of(self, record, modules, places):
         try:
-            owner = modules[self.module_positions.index(record["arg"])]
+            owner = modules[self.module_slots.index(record.get("keyword") or record["arg"])]
             if record.get("module"):
                 owner = owner.get_submodule(record["module"])
         except (ValueError, AttributeError):
@@ -732,9 +739,9 @@ class _StatePlan:
 
 
 class _TensorCheck:
-    __slots__ = ("path", "shape", "dims", "dtype", "device", "stride")
+    __slots__ = ("path", "shape", "dims", "dtype", "device", "stride", "relayout", "kept")
 
-    def __init__(self, path, shape, dtype, device, stride=None):
+    def __init__(self, path, shape, dtype, device, stride=None, copyable=False, kept=""):
         self.path = path
         self.shape = tuple(shape)
         self.dims = None if None not in shape else tuple(i for i, d in enumerate(shape) if d is not None)
@@ -744,6 +751,10 @@ class _TensorCheck:
         self.stride = None if stride is None else tuple(
             (i, s) for i, (s, d) in enumerate(zip(stride, shape)) if s is not None and d is not None and d > 1
         )
+        # An input of another layout is copied into the captured strides (`relayout`) rather than refused,
+        # unless a copy would change what the call does (`kept` says why) or a size or stride is free.
+        self.kept = kept
+        self.relayout = tuple(stride) if copyable and self.stride and not kept and self.dims is None and None not in stride else None
 
     def problem(self, value):
         if not isinstance(value, torch.Tensor):
@@ -757,12 +768,22 @@ class _TensorCheck:
             return f"expected dtype {self.dtype}, got {value.dtype}"
         if value.device != self.device:
             return f"expected device {self.device}, got {value.device}"
-        if self.stride:
-            actual = value.stride()
-            if any(actual[i] != s for i, s in self.stride):
-                return (f"expected the captured memory layout (strides {_shape_text(tuple(s for _, s in self.stride))} "
-                        f"on dims {[i for i, _ in self.stride]}), got strides {_shape_text(actual)}")
+        if self.stride and self.relayout is None and self.other_layout(value):
+            why = f" ({self.kept}, so it is not copied into that layout)" if self.kept else ""
+            return (f"expected the captured memory layout (strides {_shape_text(tuple(s for _, s in self.stride))} "
+                    f"on dims {[i for i, _ in self.stride]}), got strides {_shape_text(value.stride())}{why}")
         return None
+
+    def other_layout(self, value):
+        actual = value.stride()
+        return actual != self.relayout and any(actual[i] != s for i, s in self.stride or ())
+
+    def relaid(self, value):
+        """`value` in the captured layout: itself, or a copy where its strides differ."""
+        stride = self.relayout
+        if stride is None or not self.other_layout(value):
+            return value
+        return torch.empty_strided(value.shape, stride, dtype=value.dtype, device=value.device).copy_(value)
 
 
 def build_forward(metadata, run_graph, artifact="this artifact", autograd_graph=None, no_autograd=None):
@@ -793,21 +814,24 @@ class _ServedForward:
         self.artifact = artifact
         self.num_args = metadata["NUM_POSITIONAL_ARGS"]
         self.module_positions = tuple(metadata["MODULE_POSITIONS"])
+        self.module_keywords = tuple(metadata.get("MODULE_KEYWORDS", ()))
         self.expected_names = [p["name"] for p in metadata["PARAMS"]] + [b["name"] for b in metadata["BUFFERS"]]
         self.state_checks = [_TensorCheck(t["name"], t["shape"], t["dtype"], t["device"], t.get("stride"))
                              for t in (*metadata["PARAMS"], *metadata["BUFFERS"])]
         self.in_spec = _pytree.treespec_loads(metadata["IN_SPEC"])
         # The inputs are a dict of the positional args by position, then the keywords by name.
         self.keywords = tuple(key for key in self.in_spec.context if isinstance(key, str))
-        self.keyword_set = frozenset(self.keywords)
+        self.keyword_set = frozenset((*self.keywords, *self.module_keywords))
         self.out_spec = _pytree.treespec_loads(metadata["OUT_SPEC"])
         # A tensor input's check, or (path, value) of a non-tensor input baked into the graph.
         self.input_checks = [
-            _TensorCheck(leaf["path"], leaf["shape"], leaf["dtype"], leaf["device"], leaf.get("stride"))
+            _TensorCheck(leaf["path"], leaf["shape"], leaf["dtype"], leaf["device"], leaf.get("stride"), True, leaf.get("layout_kept", ""))
             if leaf["kind"] == "tensor" else (leaf["path"], leaf["value"])
             for leaf in metadata["INPUTS"]
         ]
         self.tensor_checks = [c for c in self.input_checks if isinstance(c, _TensorCheck)]
+        # The inputs a compiled graph takes in its captured layout, copied into it where a call passes another.
+        self.relayouts = [(i, c) for i, c in enumerate(self.tensor_checks) if c.relayout is not None]
         self.outputs = [leaf if leaf["kind"] == "constant" else None for leaf in metadata["OUTPUTS"]]
         self.grad_indices = tuple(metadata["GRAD_PARAM_INDICES"])
         # Dims marked with mark_unbacked: (tensor input index, dim, its spec, path), checked on every call
@@ -816,7 +840,7 @@ class _ServedForward:
                          for index, leaf in enumerate(leaf for leaf in metadata["INPUTS"] if leaf["kind"] == "tensor")
                          for dim, spec in (leaf.get("unbacked") or {}).items()]
         self.dynamic_sizes = [list(c.shape) for c in (*self.state_checks, *self.tensor_checks)]
-        self.specialized = _Specialized(metadata.get("SPECIALIZED", ()), self.module_positions)
+        self.specialized = _Specialized(metadata.get("SPECIALIZED", ()), (*self.module_positions, *self.module_keywords))
         self.trusted = None  # (the model's _StatePlan, the C++ guards) of the last call that passed every check
 
     def fail(self, message, remedy):
@@ -849,9 +873,10 @@ class _ServedForward:
     def arguments(self, args, kwargs):
         """The model arguments and the tensor inputs of a call, its structure and constants checked."""
         if kwargs.keys() != self.keyword_set:
-            missing = [name for name in self.keywords if name not in kwargs]
-            extra = [name for name in kwargs if name not in self.keywords]
-            self.fail(f"got keyword arguments {list(kwargs)} but the artifact was captured with {list(self.keywords)} "
+            captured = [*self.module_keywords, *self.keywords]
+            missing = [name for name in captured if name not in kwargs]
+            extra = [name for name in kwargs if name not in self.keyword_set]
+            self.fail(f"got keyword arguments {list(kwargs)} but the artifact was captured with {captured} "
                       f"(missing {missing}, unexpected {extra})", "pass the captured call's keyword arguments, by name")
         if len(args) != self.num_args:
             self.fail(f"expected {self.num_args} positional arguments, got {len(args)}", "call it with the captured call's arguments")
@@ -861,6 +886,11 @@ class _ServedForward:
                 self.fail(f"argument {position} must be an nn.Module (the captured call passed one there), got {type(args[position]).__name__}",
                           "pass the model in the same position")
             modules.append(args[position])
+        for name in self.module_keywords:
+            if not isinstance(kwargs[name], torch.nn.Module):
+                self.fail(f"keyword argument {name!r} must be an nn.Module (the captured call passed one there), got "
+                          f"{type(kwargs[name]).__name__}", "pass the model by the same keyword")
+            modules.append(kwargs[name])
         leaves, spec = _pytree.tree_flatten({**{i: a for i, a in enumerate(args) if i not in self.module_positions},
                                              **{name: kwargs[name] for name in self.keywords}})
         if spec != self.in_spec:
@@ -907,7 +937,7 @@ class _ServedForward:
                           "on it)", "set requires_grad back, or capture again with these")
         flat_tensors = [*state_tensors, *tensors]
         # The C++ check of exactly these tensors' metadata, with the dims that may vary left free.
-        strides = [list(t.stride()) if c.stride is not None else [None] * t.dim()
+        strides = [list(t.stride()) if c.stride is not None and c.relayout is None else [None] * t.dim()
                    for c, t in zip((*self.state_checks, *self.tensor_checks), flat_tensors)]
         # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
         guards = _TensorGuards(*flat_tensors, dynamic_dims_sizes=self.dynamic_sizes,  # type: ignore[arg-type]
@@ -942,6 +972,8 @@ class _ServedForward:
                 return _pytree.tree_unflatten([next(results) if leaf is None else leaf["value"] for leaf in self.outputs],
                                               self.out_spec)
         with torch.no_grad():
+            for index, check in self.relayouts:  # `tensors` is this call's own list
+                tensors[index] = check.relaid(tensors[index])
             flat = self.run_graph(*state_tensors, *tensors)
             n_results = len(flat) - len(self.grad_indices)
             for index, grad in zip(self.grad_indices, flat[n_results:]):
