@@ -316,3 +316,43 @@ def test_a_library_registry_of_classes_filled_by_imports_is_listed_not_checked(t
         assert torch.equal(served(cases.ReadsRegistry(), torch.ones(2)), torch.full((2,), 2.0))
     finally:
         cases.OUTPUT_TYPES.discard(dict)
+
+
+CONFIGURED_CAPTURE = r"""
+import sys, torch, precompile, library_cases as lc
+with precompile.capture(lc.configured_step, artifact_path=sys.argv[1] + ".py", cache_path=sys.argv[1] + ".cache",
+                        tracer=precompile.MakeFxTracer(), backend="eager") as cap:
+    cap(lc.ConfiguredModel(), torch.ones(2, 4))
+"""
+CONFIGURED_SERVE = r"""
+import json, sys, torch, precompile, library_cases as lc
+served, model = precompile.load(sys.argv[1] + ".py", sys.argv[1] + ".cache"), lc.ConfiguredModel()
+with precompile.no_compilation():
+    same = torch.equal(served(model, torch.ones(2, 4)), model(torch.ones(2, 4)))
+print(json.dumps([same, model._internal_dict["_use_default_values"]]))
+"""
+
+
+def test_a_diffusers_config_listing_defaults_in_set_order_serves_under_any_hash_seed(tmp_path):
+    """diffusers keeps the arguments a model left at their defaults as a list made from a set: its order is
+    the process's string hash seed's, and the trace reads the whole config on every submodule lookup.
+    Spelled sorted, an artifact captured under one seed serves under others (every unet2d and Flux
+    artifact was refused in any other process)."""
+    from conftest import run_fresh
+
+    out = str(tmp_path / "configured")
+    proc = run_fresh(CONFIGURED_CAPTURE, out, env={"PYTHONHASHSEED": "1"})
+    assert proc.returncode == 0, proc.stderr
+    orders = set()
+    for seed in ("2", "3", "4", "5"):
+        proc = run_fresh(CONFIGURED_SERVE, out, env={"PYTHONHASHSEED": seed})
+        assert proc.returncode == 0, proc.stderr
+        same, order = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert same, seed
+        orders.add(tuple(order))
+    assert len(orders) > 1, "the seeds gave one order: the test shows nothing"
+    tree = ast.parse((tmp_path / "configured.py").read_text())
+    records = ast.literal_eval(next(n.value for n in tree.body if isinstance(n, ast.Assign)
+                                    and getattr(n.targets[0], "id", None) == "SPECIALIZED"))
+    (config,) = [r["value"] for r in records if r["name"] == "_internal_dict"]
+    assert "'_use_default_values': ['alpha', 'delta', 'epsilon', 'gamma']" in config

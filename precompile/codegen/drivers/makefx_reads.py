@@ -74,8 +74,13 @@ def _container(value, kind, depth):
         items = [_spelled(item, depth + 1) for item in tuple.__iter__(value)]
         inner = None if None in items else ", ".join(f"{field}={item}" for field, item in zip(fields, items))
     else:
-        inner = _collection(value, base, depth)
+        inner = _collection(value, base, depth, _SET_ORDERED.get((kind.__module__, kind.__qualname__)))
     return None if inner is None else f"{kind.__module__}.{kind.__qualname__}({inner})"
+
+
+def _in_order(item):
+    """A list of names made from a set, in sorted order (anything else as it is)."""
+    return sorted(item) if type(item) is list and all(type(name) is str for name in item) else item
 
 
 def _numpy_array(value):
@@ -112,9 +117,16 @@ def _function(value, depth=0):
     return f"{name} (line {code.co_firstlineno})" + (f" closing over {', '.join(bound)}" if bound else "")
 
 
-def _collection(value, kind, depth):
+# Items a library keeps in the order of a set, which the process's string hash seed decides: diffusers'
+# config (FrozenDict) lists the arguments left at their defaults as list(set(...) - set(...))
+# (register_to_config), read by nothing a model computes. Spelled sorted, so every process spells alike.
+_SET_ORDERED = {("diffusers.configuration_utils", "FrozenDict"): "_use_default_values"}
+
+
+def _collection(value, kind, depth, set_ordered=None):
     if kind is dict:
-        pairs = [(_spelled(key, depth + 1), _spelled(item, depth + 1)) for key, item in dict.items(value)]
+        pairs = [(_spelled(key, depth + 1), _spelled(_in_order(item) if key == set_ordered else item, depth + 1))
+                 for key, item in dict.items(value)]
         if any(key is None or item is None for key, item in pairs):
             return None
         return "{" + ", ".join(f"{key}: {item}" for key, item in pairs) + "}"
