@@ -20,11 +20,12 @@ _MASKS = (
     (re.compile(r"'(first_line|last_line)': \d+"), r"'\1': <line>"),
     (re.compile(r"^_dynamo_first_lines = \{\s*(?:'[0-9.]+': \d+,?\s*)*\}", re.M), "_dynamo_first_lines = <lines>"),
     (re.compile(r"(#[^\n]*?\.py):\d+( in )"), r"\1:<line>\2"),
-    # Load's proof that a module's file still holds the inlined lines, by hashing their byte spans and
-    # the file's first two lines (a whole file's bytes where lines and bytes disagree): where they sit
-    # in the file. What the inlined code is, INLINED_SOURCES says by the sha256 of its lines.
-    (re.compile(r"^INLINED_FILES = \((?:[\s(){},:]|'[\w.]*'|\d+)*\)$", re.M), "INLINED_FILES = <file proofs>"),
 )
+# Load's proof that a module's file still holds the inlined lines, by hashing their byte spans and the
+# file's first two lines: its spans' offsets say where they sit in the file, its modules and hashes what
+# load skips re-reading (a proof forged to hash no bytes would skip it), so only the offsets are masked.
+_PROOFS = re.compile(r"^INLINED_FILES = \((?:[\s(){},:]|'[\w.]*'|\d+)*\)$", re.M)
+_PROOF_PART = re.compile(r"'[\w.]*'|\d+")
 _MOVES = ("FRAME_LINES ", "INLINED_SOURCES ")
 _RESUME = re.compile(r"\btorch_dynamo_resume_in_\w+?_at_\d+(?:_at_\d+)*\b")
 _AT_LINE = re.compile(r"_at_(\d+)")
@@ -41,7 +42,12 @@ def compared(text: str, numbers: dict[str, str]) -> str:
     continuations named by `numbers` (`resume_numbers` of the whole python_code)."""
     for pattern, mask in _MASKS:
         text = pattern.sub(mask, text)
+    text = _PROOFS.sub(lambda proofs: _PROOF_PART.sub(_offset_masked, proofs.group(0)), text)
     return resumes_numbered(text, numbers)
+
+
+def _offset_masked(part: re.Match) -> str:
+    return part.group(0) if part.group(0).startswith("'") else "<offset>"
 
 
 def resume_numbers(text: str) -> dict[str, str]:
