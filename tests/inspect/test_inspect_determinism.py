@@ -102,8 +102,8 @@ with torch.no_grad(), precompile.capture(moved_step.step, artifact_path=sys.argv
 def test_a_comment_above_the_captured_code_passes_the_documented_gate(capsys, tmp_path):
     """Two releases whose only difference is two comment lines above fn: its frame's first line and its
     inlined source's lines moved, which is where code sits, not what it does: equal, the moves listed."""
-    code = "import torch\n\n\ndef step(model, x):\n    return model(x).relu() * 2\n"
-    for name, text in (("a", code), ("b", "# a comment\n# and another\n" + code)):
+    code = "import torch\n\n\n{}def step(model, x):\n    return model(x).relu() * 2\n"
+    for name, text in (("a", code.format("")), ("b", code.format("# a comment\n# and another\n"))):
         (tmp_path / name).mkdir()
         (tmp_path / name / "moved_step.py").write_text(text)
         proc = run_fresh(MOVED, str(tmp_path / name), str(tmp_path / f"release-{name}"), timeout=300)

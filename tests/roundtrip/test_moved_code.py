@@ -97,3 +97,17 @@ def test_a_change_beside_the_move_still_differs(releases, tmp_path, capsys):
     assert proc.returncode == 0, proc.stderr
     rc, out, _ = run_cli(capsys, ["diff", str(releases / "before" / "out"), str(tmp_path / "out")])
     assert rc == 1 and "verdict: differ" in out, out
+
+
+def test_a_first_line_that_is_no_line_number_is_refused_naming_it(releases, tmp_path):
+    """A hand-edited `_dynamo_first_lines` gets a clear PrecompileError at load, not Python's OverflowError."""
+    import re
+
+    edited = tmp_path / "edited.py"
+    text = (releases / "moved" / "out.py").read_text()
+    edited.write_text(re.sub(r"^_dynamo_first_lines = \{'0': 7", "_dynamo_first_lines = {'0': 1099511627776", text,
+                             flags=re.M))
+    proc = run_fresh("import sys, precompile\ntry:\n    precompile.load(sys.argv[1], sys.argv[1] + '.missing')\n"
+                     "except precompile.PrecompileError as exc:\n    print(exc)\n", str(edited), cwd=releases / "moved")
+    assert proc.returncode == 0, proc.stderr
+    assert "its code '0' starts on line 1099511627776, not a line number" in proc.stdout, proc.stdout + proc.stderr

@@ -1661,7 +1661,10 @@ def _code_object(metadata, key, filename, artifact):
     serving process's file of its module named in it and its nested code, moved to the line it starts
     on (marshalled as if from line 1; an artifact without _dynamo_first_lines marshalled it in place):
     tracebacks point there."""
-    shift = metadata.get("_dynamo_first_lines", {}).get(key, 1) - 1
+    first = metadata.get("_dynamo_first_lines", {}).get(key, 1)
+    if type(first) is not int or not 1 <= first < 2**31:
+        _fail(artifact, f"its code {key!r} starts on line {first!r}, not a line number", _RECAPTURE)
+    shift = first - 1
 
     def moved(name):  # a continuation is named after the line it resumes at
         if not shift or not name.startswith("torch_dynamo_resume_in_"):
