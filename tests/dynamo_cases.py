@@ -150,3 +150,13 @@ def positions_in_float64(x):
     unsupported = UNSUPPORTED.get(torch.float64)
     dtype = torch.float32 if unsupported and x.device.type in unsupported else torch.float64
     return (x + torch.arange(x.shape[-1], dtype=dtype)).sin()
+
+
+SUPPORTED_ARGS = {"sdpa": {"query", "key", "value", "attn_mask", "dropout_p", "scale", "enable_gqa"}}
+"""diffusers' _AttentionBackendRegistry._supported_arg_names: a backend's argument names, a set of str."""
+
+
+def drops_unsupported(x, **kwargs):
+    """What diffusers' attention dispatch does: the keywords the backend does not take are dropped."""
+    removed = set(kwargs) - set(SUPPORTED_ARGS["sdpa"])
+    return x * (len(kwargs) - len(removed))

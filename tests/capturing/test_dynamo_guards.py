@@ -890,3 +890,33 @@ def test_a_dict_read_by_a_dtype_key_is_checked_and_served(tmp_path):
     out = fresh_json(SERVE_DTYPE_KEYED, str(paths[0]), str(paths[1]))
     assert out["same"] is True
     assert "CONSTANT_MATCH G['UNSUPPORTED'][torch.float64]" in out["changed"], out["changed"]
+
+
+SET_CAPTURE = r"""
+import sys, torch, precompile, dynamo_cases as dc
+with precompile.capture(dc.drops_unsupported, artifact_path=sys.argv[1] + ".py", cache_path=sys.argv[1] + ".cache",
+                        tracer=precompile.DynamoTracer(), backend="eager") as cap:
+    cap(torch.ones(2), scale=1.0, other=2)
+"""
+SET_SERVE = r"""
+import json, sys, torch, precompile, dynamo_cases as dc
+served = precompile.load(sys.argv[1] + ".py", sys.argv[1] + ".cache")
+with precompile.no_compilation():
+    print(json.dumps(torch.equal(served(torch.ones(2), scale=1.0, other=2), dc.drops_unsupported(torch.ones(2), scale=1.0, other=2))))
+"""
+
+
+def test_a_guard_on_a_set_of_names_renders_alike_under_any_hash_seed(tmp_path, capsys):
+    """A set of str iterates in the order of the process's string hash seed (diffusers' attention backends'
+    argument names): its guard is rendered with its members sorted, so two captures diff equal, and the
+    artifact serves under a third seed."""
+    from test_inspect_helpers import run_cli
+
+    for seed in ("1", "2"):
+        proc = run_fresh(SET_CAPTURE, str(tmp_path / f"seed{seed}"), env={"PYTHONHASHSEED": seed})
+        assert proc.returncode == 0, proc.stderr
+    rc, out, _ = run_cli(capsys, ["diff", str(tmp_path / "seed1"), str(tmp_path / "seed2")])
+    assert rc == 0, out
+    text = (tmp_path / "seed1.py").read_text()
+    assert "{'attn_mask', 'dropout_p', 'enable_gqa', 'key', 'query', 'scale', 'value'}" in text
+    assert fresh_json(SET_SERVE, str(tmp_path / "seed1"), env={"PYTHONHASHSEED": "3"}) is True

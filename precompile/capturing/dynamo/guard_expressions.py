@@ -52,7 +52,7 @@ def reads_back(value) -> bool:
 
 
 def literal(value, label: str) -> str:
-    text = repr(value)
+    text = _spelled(value)
     try:
         same = ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -60,3 +60,22 @@ def literal(value, label: str) -> str:
     if not same:
         raise Unrenderable(f"{label}: its value {text[:80]} has no literal that reads back equal")
     return text
+
+
+def _spelled(value) -> str:
+    """repr(value), but a set's members sorted by their spelling: a set of str iterates in the order of the
+    process's string hash seed, and two captures of the same value must render the same check."""
+    kind = type(value)
+    if kind in (set, frozenset):
+        inner = "{" + ", ".join(sorted(_spelled(item) for item in value)) + "}"
+        if kind is set:
+            return inner if value else "set()"
+        return f"frozenset({inner})" if value else "frozenset()"
+    if kind is tuple:
+        items = [_spelled(item) for item in value]
+        return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+    if kind is list:
+        return "[" + ", ".join(_spelled(item) for item in value) + "]"
+    if kind is dict:
+        return "{" + ", ".join(f"{_spelled(key)}: {_spelled(item)}" for key, item in value.items()) + "}"
+    return repr(value)
