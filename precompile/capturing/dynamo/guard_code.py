@@ -50,8 +50,7 @@ _BARE_LOCAL = re.compile(r"^(type\()?(?!type\()(?![LG]\[)([A-Za-z_]\w*)")
 _SOURCE_BUILTINS = frozenset({"dict", "type", "list", "object"})
 _SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "__getitem__", "__getattribute__"})
 _EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object}
-# A dict read by a dtype key (diffusers' `_DTYPE_UNSUPPORTED_DEVICES.get(dtype)`): Dynamo's source text
-# writes the key as its repr, `torch.float64`, which the checks read from python_code's own `torch`.
+# Dtype keys as Dynamo's source text writes them (diffusers' `_DTYPE_UNSUPPORTED_DEVICES[torch.float64]`).
 _TORCH_DTYPES = frozenset(f"torch.{name}" for name, value in vars(torch).items() if isinstance(value, torch.dtype))
 
 @dataclass
@@ -122,10 +121,6 @@ class _Variant:
     def renamed(self, text: str) -> str:
         """Dynamo's source text as the artifact reads it: dicts by key (key_lookups), its globals renamed."""
         return rename_sources(self.lookups.text(text), self.renames)
-
-    def listed(self, name: str) -> str:
-        """A guard's source as the artifact's listings show it."""
-        return self.lookups.text(slot_source(name))
 
     def minted_module(self, match: re.Match, label: str) -> str:
         """A module Dynamo bound under a name minted from its id (G['_<id>_c0']), which no other process
@@ -275,7 +270,7 @@ class _Variant:
         key = self.keyword(guard, "key")
         # A key that is a class (pytree's SUPPORTED_NODES is keyed by node types) is named, resolved at load.
         text = f"dict.__contains__({self.source(guard, label)}, {self.spelled(key, label)})"
-        self.lines.append((f"{label} ({key!r})", text if kind == "DICT_CONTAINS" else f"not {text}"))
+        self.contains_line(guard, label, kind, key, text)
 
     def set_contains(self, guard, label: str, kind: str) -> None:
         """SET_CONTAINS / SET_NOT_CONTAINS: whether the set holds an item, by the set type's own lookup."""
@@ -284,7 +279,13 @@ class _Variant:
         if type(held) not in (set, frozenset):
             raise Unrenderable(f"{label}: the guarded value is a {type(held).__name__}, not a set")
         text = f"{type(held).__name__}.__contains__({self.source(guard, label)}, {self.spelled(key, label)})"
-        self.lines.append((f"{label} ({key!r})", text if kind == "SET_CONTAINS" else f"not {text}"))
+        self.contains_line(guard, label, kind, key, text)
+
+    def contains_line(self, guard, label: str, kind: str, key, text: str) -> None:
+        """The key's presence, or its absence for a NOT_CONTAINS guard (torch 2.11's: an `invert` keyword)."""
+        inverted = not kind.endswith("NOT_CONTAINS") and bool(self.keyword(guard, "invert"))
+        absent = inverted or kind.endswith("NOT_CONTAINS")
+        self.lines.append((f"{label} ({'not ' if inverted else ''}{key!r})", f"not {text}" if absent else text))
 
     def duplicate_input(self, guard, label: str, kind: str) -> None:
         other = self.keyword(guard, "source_b")
@@ -294,7 +295,7 @@ class _Variant:
             self.notes.append((label, "skipped by torch (a source it does not guard)"))
             return
         text = self.expression(other.name, label)
-        self.lines.append((f"{label} is {self.listed(other.name)}", f"{text} is {self.source(guard, label)}"))
+        self.lines.append((f"{label} is {self.lookups.text(slot_source(other.name))}", f"{text} is {self.source(guard, label)}"))
 
     def sequence_length(self, guard, label: str, kind: str) -> None:
         seen = self.saw(guard)
@@ -391,7 +392,7 @@ class _Variant:
         for expr in dict.fromkeys(parts.python_code_parts.exprs):
             text = self.renamed(expr)
             names_in(text, _SHAPE_NAMES, _SHAPE_CALLS, label)
-            self.lines.append((f"{label}: {self.listed(expr)}", text))
+            self.lines.append((f"{label}: {self.lookups.text(slot_source(expr))}", text))
 
     def tensor(self, guard, label: str, kind: str = "TENSOR_MATCH") -> None:
         from precompile.torch_compat import dispatch_keys, dynamo_config, is_from_unspecialized_builtin_nn_module_source
@@ -411,7 +412,7 @@ class _Variant:
         sizes, strides = tuple(sizes_strides["size"]), tuple(sizes_strides["stride"])
         if not all(d is None or type(d) is int for d in (*sizes, *strides)):
             raise Unrenderable(f"{label}: symbolic sizes or strides {sizes} {strides}")
-        self.tensors.append((self.listed(guard.name), _TENSOR_TYPES[pytype], str(value.dtype), str(value.device),
+        self.tensors.append((self.lookups.text(slot_source(guard.name)), _TENSOR_TYPES[pytype], str(value.dtype), str(value.device),
                              bool(value.requires_grad), sizes, strides))
         self.tensor_sources.append(source)
         skip_params = dynamo_config.skip_no_tensor_aliasing_guards_on_parameters
