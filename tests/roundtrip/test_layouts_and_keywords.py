@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import fresh_json
+from conftest import fresh_json, run_fresh
 from layout_keyword_cases import by_keyword, layouts, models, partly_kept, run, scaled
 from test_inspect_helpers import run_cli
 
@@ -211,3 +211,28 @@ def test_a_model_passed_by_keyword_is_captured_and_served_by_name(tmp_path):
     assert "keyword argument 'model' must be an nn.Module (the captured call passed one there), got Tensor; pass the model " \
            "by the same keyword" in report["not a model"]
     assert "captured with ['model', 'x'] (missing ['model'], unexpected [])" in report["model positionally"]
+
+
+SERVE_EXPANDED = r"""
+import sys, torch, precompile
+from layout_keyword_cases import models
+f = precompile.load(sys.argv[1] + "/expanded.py", sys.argv[1] + "/expanded.cache")
+try:
+    with torch.no_grad(), precompile.no_compilation():
+        f(models()[1], torch.randn(4, 5), torch.randn(3, 3), torch.randn(2, 3))
+    print("served")
+except precompile.PrecompileError as exc:
+    print("refused: " + str(exc))
+"""
+
+
+def test_inductor_refuses_a_dense_input_where_it_captured_an_expanded_one(tmp_path):
+    """An expanded input's captured layout repeats elements: no copy holds another tensor's values in it,
+    so a dense one is refused, naming why, never copied into a layout that would drop values."""
+    with torch.no_grad(), precompile.capture(partly_kept, artifact_path=tmp_path / "expanded.py",
+                                             cache_path=tmp_path / "expanded.cache", tracer=precompile.MakeFxTracer(),
+                                             backend="inductor") as cap:
+        cap(models()[1], torch.randn(1, 5).expand(4, 5), torch.randn(3, 3), torch.randn(2, 3))
+    proc = run_fresh(SERVE_EXPANDED, str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("refused: ") and "its captured layout repeats elements (an expand)" in proc.stdout, proc.stdout
