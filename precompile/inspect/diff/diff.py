@@ -402,15 +402,14 @@ def _code_diffs(a_code: bytes | None, b_code: bytes | None, context: int) -> lis
     """The sections that differ as `code_lines` compares them, each a unified diff; past
     MAX_CHANGED_LINES in all, lines are counted, not shown. Sections of the same text are not compared."""
     ta, tb = _code_sections(a_code), _code_sections(b_code)
-    numbers = {id(ta): positions.resume_numbers("\n".join(ta.values())),
-               id(tb): positions.resume_numbers("\n".join(tb.values()))}
+    na, nb = (positions.resume_numbers("\n".join(sections.values())) for sections in (ta, tb))
     room = MAX_CHANGED_LINES
     code: list[CodeDiff] = []
     for slug in [*ta, *(slug for slug in tb if slug not in ta)]:
         if ta.get(slug) == tb.get(slug):
             continue
-        left, right = (compared_lines(positions.compared(text, numbers[id(side)]), opaque=slug.startswith("opaque"))
-                       if text is not None else None for side, text in ((ta, ta.get(slug)), (tb, tb.get(slug))))
+        left, right = (compared_lines(positions.compared(text, numbers), opaque=slug.startswith("opaque"))
+                       if text is not None else None for numbers, text in ((na, ta.get(slug)), (nb, tb.get(slug))))
         if left == right:
             continue
         shown = unified(left or [], right or [], f"a/{slug}", f"b/{slug}", context=context, max_lines=room)
@@ -453,7 +452,7 @@ def compare_flattened(a: str, b: str, fa: dict[str, dict[str, str]], fb: dict[st
             elif key not in left:
                 entries.append(DiffEntry(section=section, key=key, change="added", b=right[key]))
             elif left[key] != right[key]:
-                (moved if positions.is_move(key, "changed") else entries).append(
+                (moved if positions.is_move(key) else entries).append(
                     DiffEntry(section=section, key=key, change="changed", a=left[key], b=right[key]))
     code = _code_diffs(a_code, b_code, context)
     counts = {name: 0 for name in CATEGORIES}

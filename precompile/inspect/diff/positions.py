@@ -31,10 +31,10 @@ _RESUME = re.compile(r"\btorch_dynamo_resume_in_\w+?_at_\d+(?:_at_\d+)*\b")
 _AT_LINE = re.compile(r"_at_(\d+)")
 
 
-def is_move(key: str, change: str) -> bool:
-    """Whether a flattened metadata entry says only where something sits: a frame's first line, or the
-    lines of an inlined source whose text is the same (its key names the text's sha256)."""
-    return change == "changed" and key.startswith(_MOVES)
+def is_move(key: str) -> bool:
+    """Whether a changed flattened metadata entry says only where something sits: a frame's first line,
+    or the lines of an inlined source whose text is the same (its key names the text's sha256)."""
+    return key.startswith(_MOVES)
 
 
 def compared(text: str, numbers: dict[str, str]) -> str:
