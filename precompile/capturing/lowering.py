@@ -6,7 +6,8 @@ import re
 import torch
 
 from precompile.capturing.constants import render_output_constants
-from precompile.codegen.models import GraphSection
+from precompile.codegen.models import GraphSection, Realignment
+from precompile.codegen.subgraphs import realign_keywords
 from precompile.errors import CaptureRefused
 from precompile.torch_compat import INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES, fx_custom_builtins
 
@@ -99,10 +100,22 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
         )
     return GraphSection(
         title="The compiled graph: AOTAutograd + Inductor output code",
-        source=adapt_output_code(render_output_constants(compiled[0].source_code, getattr(compiled[0], "constants", None))) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat)",
+        source=adapt_output_code(render_output_constants(compiled[0].source_code, getattr(compiled[0], "constants", None))) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat{realign_keywords(realignment(compiled[0]))})",
         entry=ENTRY,
         runtime="inductor_runtime",
     )
+
+
+def realignment(result) -> Realignment:
+    """The inputs the GPU kernels of `result` (Inductor's CompiledFxGraph) take aligned and whose check
+    its output code leaves to the wrapper Inductor puts around it (which python_code does not run):
+    every one on torch 2.11, only those the module writes into from 2.12 on, where the output code
+    copies a misaligned input it only reads itself (`copy_if_misaligned`). Empty for CPU inputs."""
+    checked = tuple(getattr(result, "inputs_to_check", None) or ())
+    written = set(getattr(result, "mutated_input_idxs", None) or ())
+    if getattr(result, "_defers_input_alignment", False):
+        checked = tuple(index for index in checked if index in written)
+    return Realignment(inputs=checked, write_back=tuple(index for index in checked if index in written))
 
 
 def views_as_reshapes(graph_module: torch.fx.GraphModule, *, keep_mutated: bool = False) -> None:

@@ -53,3 +53,12 @@ class AutogradPlan(msgspec.Struct, frozen=True, kw_only=True):
     saved_tensors: int
     non_differentiable: tuple[int, ...]
     grad_outputs: tuple[int, ...]
+
+
+class Realignment(msgspec.Struct, frozen=True, kw_only=True):
+    """The inputs an output module's GPU kernels were compiled to take 16-byte aligned and whose check
+    its own code does not make (see the inductor_runtime driver's run_inductor_call). Empty on a CPU."""
+
+    inputs: tuple[int, ...] = ()
+    write_back: tuple[int, ...] = ()
+    """Of `inputs`, those the module writes into: a copy made to align one is copied back after."""

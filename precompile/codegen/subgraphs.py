@@ -4,15 +4,23 @@ autograd.Function), so serving needs neither Inductor nor AOTAutograd."""
 from __future__ import annotations
 
 from precompile.codegen.environment import text_literal
-from precompile.codegen.models import AutogradPlan, SubgraphSection
+from precompile.codegen.models import AutogradPlan, Realignment, SubgraphSection
 
 # The driver modules a lowered subgraph's section runs on, in the order python_code includes them.
 RUNTIME = ("inductor_runtime", "dynamo_subgraphs")
 
 
-def _module(name: str, text: str, detached: tuple[int, ...] = ()) -> str:
+def realign_keywords(realignment: Realignment | None) -> str:
+    """The keywords run_inductor_call (and inductor_subgraph) take `realignment` by; "" when empty."""
+    if realignment is None or not realignment.inputs:
+        return ""
+    return f", realign={realignment.inputs!r}" + (f", write_back={realignment.write_back!r}" if realignment.write_back else "")
+
+
+def _module(name: str, text: str, detached: tuple[int, ...] = (), realignment: Realignment | None = None) -> str:
     literal = text_literal("\n" + text.strip("\n") + "\n")
-    return f"inductor_subgraph({name!r}, {literal}" + (f", detached={detached!r})" if detached else ")")
+    return (f"inductor_subgraph({name!r}, {literal}" + (f", detached={detached!r}" if detached else "")
+            + realign_keywords(realignment) + ")")
 
 
 def _slug(forward: str) -> str:
@@ -21,20 +29,25 @@ def _slug(forward: str) -> str:
 
 
 def lowered_section(where: str, forward: str, forward_text: str, backward: str = "", backward_text: str = "",
-                    plan: AutogradPlan | None = None, detached: tuple[int, ...] = ()) -> SubgraphSection:
+                    plan: AutogradPlan | None = None, detached: tuple[int, ...] = (),
+                    realignments: dict[str, Realignment] | None = None) -> SubgraphSection:
     """`forward` bound to the served callable (its `detached` outputs alias inputs); with a plan,
-    `backward` to the backward module's call and `forward` to the autograd.Function pairing them."""
+    `backward` to the backward module's call and `forward` to the autograd.Function pairing them.
+    `realignments`: each module's ("forward", "backward") inputs its kernels take aligned."""
+    realigned = realignments or {}
+    forward_module = _module(forward, forward_text, () if plan else detached, realigned.get("forward"))
     if plan is None:
         return SubgraphSection(
             title=f"{where}: Inductor output module, served as a plain function over the graph inputs",
-            slug=_slug(forward), name=forward, source=f"{forward} = {_module(forward, forward_text, detached)}",
+            slug=_slug(forward), name=forward, source=f"{forward} = {forward_module}",
             runs_in_place=True,
             runtime=RUNTIME,
         )
+    backward_module = _module(backward, backward_text, realignment=realigned.get("backward"))
     lines = [
-        f"{backward} = {_module(backward, backward_text)}",
+        f"{backward} = {backward_module}",
         f"{forward} = autograd_subgraph(",
-        f"    {_module(forward, forward_text)},",
+        f"    {forward_module},",
         f"    {backward},",
         f"    returns={plan.returns}, saved_tensors={plan.saved_tensors},",
         f"    non_differentiable={plan.non_differentiable!r}, grad_outputs={plan.grad_outputs!r},",

@@ -357,3 +357,46 @@ def test_a_cuda_inductor_capture_serves_in_a_fresh_process_under_no_compilation(
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().endswith("ok")
+
+
+CUDA_MISALIGNED = r"""
+import sys, torch, precompile
+
+def misaligned(values):  # a view 4 bytes past a 16-byte boundary, as a slice of a bigger buffer is
+    view = torch.empty(values.numel() + 4, device="cuda")[1:1 + values.numel()]
+    assert view.data_ptr() % 16 == 4
+    return view.copy_(values)
+
+base, x = torch.randn(1024, device="cuda"), torch.randn(1024, device="cuda")
+cache, eager_cache = misaligned(base), base.clone()
+with torch.no_grad(), precompile.no_compilation():
+    served = precompile.load(sys.argv[1], sys.argv[2])(cache, misaligned(x))
+    eager = (eager_cache.add_(x) * 2, x.sin())  # update_cache, run eagerly
+torch.cuda.synchronize()
+torch.testing.assert_close(served, eager)
+torch.testing.assert_close(cache, eager_cache)  # the write reached the caller's misaligned tensor
+print("ok")
+"""
+
+
+def update_cache(cache, x):
+    cache.add_(x)
+    return cache * 2, x.sin()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (bench/gpu_check.sh runs this)")
+@pytest.mark.parametrize("tracer", ["makefx", "dynamo"])
+def test_a_cuda_capture_serves_misaligned_inputs_like_eager(tmp_path, tracer):
+    """Captured on aligned tensors, Inductor's kernels take aligned pointers: python_code passes a
+    misaligned input (a slice of a bigger buffer) as an aligned copy, and copies a write back."""
+    artifact, cache = tmp_path / "m.py", tmp_path / "m.cache"
+    chosen = precompile.MakeFxTracer() if tracer == "makefx" else precompile.DynamoTracer()
+    with torch.no_grad(), precompile.capture(
+        update_cache, artifact_path=artifact, cache_path=cache, tracer=chosen, backend="inductor"
+    ) as cap:
+        cap(torch.zeros(1024, device="cuda"), torch.ones(1024, device="cuda"))
+    assert "realign=(" in artifact.read_text()
+    proc = run_fresh(CUDA_MISALIGNED, str(artifact), str(cache), env={"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "serve")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("ok")

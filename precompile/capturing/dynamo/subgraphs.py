@@ -26,10 +26,10 @@ from precompile.capturing.constants import (
     refuse_large_dynamo_constants,
     render_output_constants,
 )
-from precompile.capturing.lowering import adapt_output_code, lower_eager, views_as_reshapes
+from precompile.capturing.lowering import adapt_output_code, lower_eager, realignment, views_as_reshapes
 from precompile.codegen import subgraphs as sections
 from precompile.codegen.drivers import source_of
-from precompile.codegen.models import AutogradPlan, SubgraphSection
+from precompile.codegen.models import AutogradPlan, Realignment, SubgraphSection
 from precompile.errors import CaptureRefused
 from precompile.serve.load import exec_registered
 
@@ -121,21 +121,25 @@ class LoweredGraph:
     """One Dynamo graph compiled with Inductor; `served` is what the capture returned to Dynamo for it.
 
     Lowered: `texts` holds its output modules ({"forward": ..., "backward": ...}), `plan` how a training
-    pair passes values. Fallback: `aot` is AOTAutograd's bundled result that serves it, `reason` why.
+    pair passes values, `realignments` the inputs each module's GPU kernels take aligned. Fallback: `aot`
+    is AOTAutograd's bundled result that serves it, `reason` why.
     """
 
     served: object
     texts: dict[str, str]
     plan: AutogradPlan | None = None
     detached: tuple[int, ...] = ()
+    realignments: dict[str, Realignment] | None = None
     aot: object = None
     reason: str = ""
 
     def section(self, name: str, where: str) -> SubgraphSection:
         forward, backward = f"{name}_forward", f"{name}_backward"
         if self.plan is None:
-            return sections.lowered_section(where, forward, self.texts["forward"], detached=self.detached)
-        return sections.lowered_section(where, forward, self.texts["forward"], backward, self.texts["backward"], self.plan)
+            return sections.lowered_section(where, forward, self.texts["forward"], detached=self.detached,
+                                            realignments=self.realignments)
+        return sections.lowered_section(where, forward, self.texts["forward"], backward, self.texts["backward"], self.plan,
+                                        realignments=self.realignments)
 
 
 class InductorLowerer:
@@ -165,15 +169,18 @@ class InductorLowerer:
         if reason:
             self.graphs.append(LoweredGraph(served=compiled, texts={}, aot=aot, reason=reason))
             return compiled
+        results = {part: result for part, attribute in AOT_PARTS
+                   if (result := getattr(getattr(content, attribute, None), "result", None))}
         texts = {part: adapt_output_code(render_output_constants(result.source_code, getattr(result, "constants", None)))
-                 for part, attribute in AOT_PARTS if (result := getattr(getattr(content, attribute, None), "result", None))}
+                 for part, result in results.items()}
+        realignments = {part: realigned for part, result in results.items() if (realigned := realignment(result)).inputs}
         self._kernels.update(kernels.built_so_far(self._kernel_dir, texts.values(), self._read))
         plan = autograd_plan(content) if "backward" in texts else None
         detached = () if plan else detached_outputs(content)
         name = f"graph_{len(self.graphs)}"
-        section = LoweredGraph(None, texts, plan, detached).section(name, f"{name}, compiled in this capture")
+        section = LoweredGraph(None, texts, plan, detached, realignments).section(name, f"{name}, compiled in this capture")
         served = self._serve(section)
-        self.graphs.append(LoweredGraph(served, texts, plan, detached))
+        self.graphs.append(LoweredGraph(served, texts, plan, detached, realignments))
         return served
 
     def _serve(self, section: SubgraphSection):

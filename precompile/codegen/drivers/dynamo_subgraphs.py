@@ -17,9 +17,10 @@ _compiled_subgraphs = globals().get("__precompile_subgraph_code__") or {}
 _SOURCE_TAG = "__precompile_source__"
 
 
-def inductor_subgraph(name, text, detached=()):
+def inductor_subgraph(name, text, detached=(), realign=(), write_back=()):
     """The output module `text` run in a namespace of its own; returns its call over flat inputs.
-    The `detached` outputs alias an input: each is served as a fresh tensor over the same storage."""
+    The `detached` outputs alias an input: each is served as a fresh tensor over the same storage.
+    `realign` and `write_back`: the inputs its kernels take aligned (see run_inductor_call)."""
     filename = f"<precompile subgraph {name}>"
     _linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     namespace = dict(globals())
@@ -34,7 +35,7 @@ def inductor_subgraph(name, text, detached=()):
     detached = frozenset(detached)
 
     def served(*flat):
-        outputs = run(call, flat)
+        outputs = run(call, flat, realign, write_back)
         if not detached:
             return outputs
         return tuple(value.detach() if index in detached else value for index, value in enumerate(outputs))

@@ -147,10 +147,39 @@ def assert_tensor_metadata(tensor, expected_size, expected_stride, expected_dtyp
     _torch_private("assert_size_stride")(tensor, expected_size, expected_stride, op_name)
 
 
-def run_inductor_call(call, flat):
-    """Run the Inductor module's call() on the flat graph inputs, with its layout asserts as CallMismatch."""
+# What Inductor's GPU kernels assume of an input it compiled as aligned: its data pointer is a
+# multiple of this many bytes (Triton specializes the pointer's divisibility).
+_ALIGNMENT = 16
+
+
+def _aligned_copy(tensor):
+    """A copy of `tensor` with the same sizes and strides over storage of its own (aligned, as a new
+    allocation is): the part of its storage it spans, copied as it lies."""
+    span = 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride()) if size > 0)
+    if tensor.numel() == 0:
+        span = 0
+    storage = torch.as_strided(tensor, (span,), (1,)).clone()
+    return torch.as_strided(storage, tensor.shape, tensor.stride())
+
+
+def run_inductor_call(call, flat, realign=(), write_back=()):
+    """Run the Inductor module's call() on the flat graph inputs, with its layout asserts as CallMismatch.
+
+    `realign` are the inputs the kernels were compiled to take aligned (GPU tensors aligned at capture,
+    whose check the output code does not make itself): one whose data pointer is not is passed as an
+    aligned copy, as Inductor's own wrapper does, and those of `write_back` (the module writes into
+    them) are copied back into the caller's tensor after the call.
+    """
+    inputs = list(flat)
+    copied = []
+    for index in realign:
+        tensor = inputs[index]
+        if tensor.data_ptr() % _ALIGNMENT:
+            inputs[index] = _aligned_copy(tensor)
+            if index in write_back:
+                copied.append((tensor, inputs[index]))
     try:
-        return call(list(flat))
+        outputs = call(inputs)
     except AssertionError as exc:
         text = str(exc)
         if "size" in text or "stride" in text or "dimensions" in text:
@@ -159,3 +188,6 @@ def run_inductor_call(call, flat):
                 "pass inputs laid out like the captured ones (e.g. .contiguous()), or capture again"
             ) from None
         raise
+    for original, aligned in copied:
+        original.copy_(aligned)
+    return outputs
