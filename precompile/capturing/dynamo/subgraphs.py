@@ -173,7 +173,7 @@ class InductorLowerer:
                    if (result := getattr(getattr(content, attribute, None), "result", None))}
         texts = {part: adapt_output_code(render_output_constants(result.source_code, getattr(result, "constants", None)))
                  for part, result in results.items()}
-        realignments = {part: realigned for part, result in results.items() if (realigned := realignment(result)).inputs}
+        realignments = {part: realignment(result) for part, result in results.items()}
         self._kernels.update(kernels.built_so_far(self._kernel_dir, texts.values(), self._read))
         plan = autograd_plan(content) if "backward" in texts else None
         detached = () if plan else detached_outputs(content)
