@@ -21,7 +21,7 @@ COMPAT_FILES = {
     "test_cli_demo.py", "test_codegen_snapshots.py", "test_deterministic_capture.py", "test_doctor.py",
     "test_dynamo.py", "test_dynamo_guards.py", "test_dynamo_lowering.py", "test_inductor.py", "test_inspect_cli.py",
     "test_inspect_safety.py", "test_no_compilation.py", "test_plain_exec.py", "test_roundtrip.py",
-    "test_torch_compat.py",
+    "test_runtime_wrappers.py", "test_torch_compat.py",
 }
 
 
@@ -53,6 +53,7 @@ SLOW_FILES = {
     "test_plain_exec.py",
     "test_pytest_plugin.py",
     "test_roundtrip.py",
+    "test_runtime_wrappers.py",
     "test_zoo.py",
 }
 SLOW_TESTS = {

@@ -9,7 +9,7 @@ from precompile.capturing.constants import render_output_constants
 from precompile.codegen.models import GraphSection, Realignment
 from precompile.codegen.subgraphs import realign_keywords
 from precompile.errors import CaptureRefused
-from precompile.torch_compat import INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES, fx_custom_builtins
+from precompile.torch_compat import INDUCTOR_IMPORTS_THE_DRIVER_PROVIDES, fx_custom_builtins, pytree
 
 ENTRY = "captured_graph"
 
@@ -70,8 +70,10 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
     if fake_mode is None:  # static shapes only: with unbacked dims a reshape may need to guard on them
         views_as_reshapes(graph_module)
     compiled = []
+    wrapped = []
 
     def keep_source(gm, inputs, **kwargs):
+        wrapped.append(_aot_wraps(graph_module, gm))
         result = compile_fx.compile_fx_inner(gm, inputs, **kwargs)
         compiled.append(result)
         return result
@@ -98,6 +100,13 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
         raise CaptureRefused(
             f"Inductor lowered the captured graph into {len(compiled)} modules; precompile needs exactly one"
         )
+    if wrapped[0]:
+        raise CaptureRefused(
+            f"AOTAutograd compiles this graph into a module that {wrapped[0]}, which its runtime wrapper "
+            "handles and python_code, which calls the module itself, does not; capture it with backend='eager' "
+            "(its ATen graph runs as traced), or keep fn from changing an input's shape or strides in place "
+            "and from writing into an input another input aliases"
+        )
     return GraphSection(
         title="The compiled graph: AOTAutograd + Inductor output code",
         source=adapt_output_code(render_output_constants(compiled[0].source_code, getattr(compiled[0], "constants", None))) + f"\n\n\ndef {ENTRY}(*flat):\n    return run_inductor_call(call, flat{realign_keywords(realignment(compiled[0]))})",
@@ -106,16 +115,37 @@ def lower_inductor(graph_module: torch.fx.GraphModule, example_inputs: list[torc
     )
 
 
+def _aot_wraps(traced: torch.fx.GraphModule, compiled: torch.fx.GraphModule) -> str:
+    """What AOTAutograd's runtime wrapper must do around the module it compiles from `traced` (its
+    forward graph `compiled`), or "": the module takes other inputs than the graph (aliased inputs one
+    of which is written become one synthetic base), or returns more than its outputs (an input's new
+    shape or strides, which the wrapper applies with as_strided_, or the base of aliased outputs)."""
+    def outputs(graph_module):
+        return len(pytree.tree_leaves(next(iter(graph_module.graph.find_nodes(op="output"))).args))
+
+    def inputs(graph_module):
+        return len(graph_module.graph.find_nodes(op="placeholder"))
+
+    if inputs(compiled) != inputs(traced):
+        return f"takes {inputs(compiled)} inputs for the graph's {inputs(traced)} (aliased inputs, one written)"
+    if outputs(compiled) != outputs(traced):
+        return (f"returns {outputs(compiled)} values for the graph's {outputs(traced)} (an input whose shape or "
+                "strides fn changes in place, or a base of aliased outputs)")
+    return ""
+
+
 def realignment(result) -> Realignment:
     """The inputs the GPU kernels of `result` (Inductor's CompiledFxGraph) take aligned and whose check
     its output code leaves to the wrapper Inductor puts around it (which python_code does not run):
     every one on torch 2.11, only those the module writes into from 2.12 on, where the output code
-    copies a misaligned input it only reads itself (`copy_if_misaligned`). Empty for CPU inputs."""
+    copies a misaligned input it only reads itself (`copy_if_misaligned`). Empty for CPU inputs. Its
+    `written` are all the inputs the module writes into, whose version counters the call bumps."""
     checked = tuple(getattr(result, "inputs_to_check", None) or ())
     written = set(getattr(result, "mutated_input_idxs", None) or ())
     if getattr(result, "_defers_input_alignment", False):
         checked = tuple(index for index in checked if index in written)
-    return Realignment(inputs=checked, write_back=tuple(index for index in checked if index in written))
+    return Realignment(inputs=checked, write_back=tuple(index for index in checked if index in written),
+                       written=tuple(sorted(written)))
 
 
 def views_as_reshapes(graph_module: torch.fx.GraphModule, *, keep_mutated: bool = False) -> None:

@@ -62,3 +62,5 @@ class Realignment(msgspec.Struct, frozen=True, kw_only=True):
     inputs: tuple[int, ...] = ()
     write_back: tuple[int, ...] = ()
     """Of `inputs`, those the module writes into: a copy made to align one is copied back after."""
+    written: tuple[int, ...] = ()
+    """Every input the module writes into (on any device): its version counter is bumped after the call."""

@@ -12,9 +12,11 @@ RUNTIME = ("inductor_runtime", "dynamo_subgraphs")
 
 def realign_keywords(realignment: Realignment | None) -> str:
     """The keywords run_inductor_call (and inductor_subgraph) take `realignment` by; "" when empty."""
-    if realignment is None or not realignment.inputs:
+    if realignment is None:
         return ""
-    return f", realign={realignment.inputs!r}" + (f", write_back={realignment.write_back!r}" if realignment.write_back else "")
+    return ((f", realign={realignment.inputs!r}" if realignment.inputs else "")
+            + (f", write_back={realignment.write_back!r}" if realignment.write_back else "")
+            + (f", written={realignment.written!r}" if realignment.written else ""))
 
 
 def _module(name: str, text: str, detached: tuple[int, ...] = (), realignment: Realignment | None = None) -> str:

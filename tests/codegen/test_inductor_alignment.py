@@ -72,13 +72,13 @@ def test_an_expanded_misaligned_input_is_copied_with_its_strides(runtime):
     ("result", "expected"),
     [
         # torch 2.11: the wrapper checks every input Inductor assumed aligned
-        (SimpleNamespace(inputs_to_check=[0, 2], mutated_input_idxs={2}), Realignment(inputs=(0, 2), write_back=(2,))),
+        (SimpleNamespace(inputs_to_check=[0, 2], mutated_input_idxs={2}), Realignment(inputs=(0, 2), write_back=(2,), written=(2,))),
         # torch 2.12+: the output code copies an input it only reads; the wrapper keeps the written ones
         (SimpleNamespace(inputs_to_check=[0, 2], mutated_input_idxs={2}, _defers_input_alignment=True),
-         Realignment(inputs=(2,), write_back=(2,))),
+         Realignment(inputs=(2,), write_back=(2,), written=(2,))),
         (SimpleNamespace(inputs_to_check=[0, 2], mutated_input_idxs=set(), _defers_input_alignment=False),
          Realignment(inputs=(0, 2))),
-        (SimpleNamespace(inputs_to_check=(), mutated_input_idxs={1}), Realignment()),  # a CPU graph
+        (SimpleNamespace(inputs_to_check=(), mutated_input_idxs={1}), Realignment(written=(1,))),  # a CPU graph
     ],
 )
 def test_the_capture_records_the_checks_inductors_wrapper_would_make(result, expected):

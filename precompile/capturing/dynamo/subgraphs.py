@@ -219,6 +219,8 @@ def unlowerable(content, num_inputs: int) -> str:
         (bool(content.indices_of_inps_to_detach), "inputs AOTAutograd detaches"),
         ((meta.num_opaque_objects_saved_for_bw or 0) > 0, "opaque objects saved for backward"),
         (any_autocast_enabled(), "autocast is on (AOTAutograd runs the graph with it off)"),
+        (getattr(meta, "grad_enabled_mutation", None) is not None,
+         "it changes grad mode and leaves it changed (AOTAutograd sets it after the call)"),
     ]
     if content.compiled_bw is not None:
         reasons.append((bool(content.compiled_bw.backward_state_indices), "backward state (compiled autograd)"))

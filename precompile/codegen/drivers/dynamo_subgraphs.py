@@ -17,10 +17,11 @@ _compiled_subgraphs = globals().get("__precompile_subgraph_code__") or {}
 _SOURCE_TAG = "__precompile_source__"
 
 
-def inductor_subgraph(name, text, detached=(), realign=(), write_back=()):
+def inductor_subgraph(name, text, detached=(), realign=(), write_back=(), written=()):
     """The output module `text` run in a namespace of its own; returns its call over flat inputs.
     The `detached` outputs alias an input: each is served as a fresh tensor over the same storage.
-    `realign` and `write_back`: the inputs its kernels take aligned (see run_inductor_call)."""
+    `realign` and `write_back`: the inputs its kernels take aligned; `written`: those it writes into
+    (see run_inductor_call)."""
     filename = f"<precompile subgraph {name}>"
     _linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     namespace = dict(globals())
@@ -35,7 +36,7 @@ def inductor_subgraph(name, text, detached=(), realign=(), write_back=()):
     detached = frozenset(detached)
 
     def served(*flat):
-        outputs = run(call, flat, realign, write_back)
+        outputs = run(call, flat, realign, write_back, written)
         if not detached:
             return outputs
         return tuple(value.detach() if index in detached else value for index, value in enumerate(outputs))
@@ -64,7 +65,26 @@ class _AutogradSubgraph(torch.autograd.Function):
     def backward(ctx, *grads):
         plan = ctx.plan
         tangents = [grads[index].contiguous() for index in plan.grad_outputs]
-        return (None, *plan.backward(*ctx.sizes, *ctx.saved_tensors, *tangents))
+        gradients = plan.backward(*ctx.sizes, *ctx.saved_tensors, *tangents)
+        if torch.is_grad_enabled():  # create_graph: the module's gradients carry no graph of their own
+            gradients = _NoDoubleBackward.apply(torch.empty(0, requires_grad=True), *gradients)[1:]
+        return (None, *gradients)
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """What AOTAutograd puts around a compiled backward run with create_graph: its gradients pass as
+    they are, and a backward through them raises, as torch.compile does, rather than leaving out the
+    terms the backward module cannot differentiate. The leading empty tensor requires grad, so the
+    gradients carry this node even where nothing else they came from requires grad."""
+
+    @staticmethod
+    def forward(ctx, anchor, *gradients):
+        return (anchor.detach(), *(g.detach() if isinstance(g, torch.Tensor) else g for g in gradients))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError("a precompiled training subgraph does not support double backward (torch.compile with "
+                           "aot_autograd does not either): capture fn with backend='eager' for higher-order gradients")
 
 
 def _run_unintercepted(function):
@@ -77,6 +97,7 @@ def _run_unintercepted(function):
 
 
 _run_unintercepted(_AutogradSubgraph.backward)
+_run_unintercepted(_NoDoubleBackward.backward)
 
 
 class autograd_subgraph:

@@ -162,14 +162,53 @@ def _aligned_copy(tensor):
     return torch.as_strided(storage, tensor.shape, tensor.stride())
 
 
-def run_inductor_call(call, flat, realign=(), write_back=()):
+def _memory(tensor):
+    """The bytes `tensor` spans, as [first, end) addresses (tensors of other storages never share one)."""
+    if tensor.numel() == 0:
+        return (0, 0)
+    low = high = 0
+    for size, stride in zip(tensor.shape, tensor.stride()):
+        reach = (size - 1) * stride
+        low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+    size = tensor.element_size()
+    return (tensor.data_ptr() + low * size, tensor.data_ptr() + (high + 1) * size)
+
+
+def _overlap_with_written(flat, written):
+    """(written, other): graph inputs that share memory where the module writes into the first, or None.
+    The module is functional inside (AOTAutograd's functionalization): it reads every input as it was
+    before the call's writes, where eager's in-place op changes what the other input then reads."""
+    spans = [_memory(tensor) if isinstance(tensor, torch.Tensor) else (0, 0) for tensor in flat]
+    for index in written:
+        low, high = spans[index]
+        for other, (other_low, other_high) in enumerate(spans):
+            if other != index and other_low < high and low < other_high:
+                return index, other
+    return None
+
+
+def run_inductor_call(call, flat, realign=(), write_back=(), written=()):
     """Run the Inductor module's call() on the flat graph inputs, with its layout asserts as CallMismatch.
 
+    As AOTAutograd's runtime wrapper does: the module runs with grad off (an inference graph may take
+    an input that requires grad, which its out= kernels refuse under grad mode; a training module's
+    gradients come from the autograd.Function around it), and the inputs of `written` (those it writes
+    into) have their version counters bumped after it, as eager's in-place ops bump them (autograd then
+    refuses a backward that saved one of them before the write).
     `realign` are the inputs the kernels were compiled to take aligned (GPU tensors aligned at capture,
     whose check the output code does not make itself): one whose data pointer is not is passed as an
     aligned copy, as Inductor's own wrapper does, and those of `write_back` (the module writes into
     them) are copied back into the caller's tensor after the call.
+    An input it writes into that shares memory with another input is refused, as the module reads
+    the other as it was before the write (the capture's inputs were apart: with aliased inputs the
+    capture is refused, or, for Dynamo, the graph is not lowered).
     """
+    if written and (shared := _overlap_with_written(flat, written)) is not None:
+        raise CallMismatch(
+            f"inputs {shared[0]} and {shared[1]} of the compiled graph share memory and it writes into input {shared[0]}, "
+            "but the capture's were apart: its kernels would read the other as it was before the write, where eager "
+            "reads the written values; pass a copy (.clone()) of one of them, or capture with backend='eager'"
+        )
     inputs = list(flat)
     copied = []
     for index in realign:
@@ -179,7 +218,8 @@ def run_inductor_call(call, flat, realign=(), write_back=()):
             if index in write_back:
                 copied.append((tensor, inputs[index]))
     try:
-        outputs = call(inputs)
+        with torch.no_grad():
+            outputs = call(inputs)
     except AssertionError as exc:
         text = str(exc)
         if "size" in text or "stride" in text or "dimensions" in text:
@@ -190,4 +230,6 @@ def run_inductor_call(call, flat, realign=(), write_back=()):
         raise
     for original, aligned in copied:
         original.copy_(aligned)
+    if written:
+        torch.autograd.graph.increment_version([flat[index] for index in written])
     return outputs
