@@ -66,6 +66,7 @@ PRIVATE_NAMES: dict[str, str] = {
     "TracingContext": "torch._guards:TracingContext",
     "tracing": "torch._guards:tracing",
     "enable_python_dispatcher": "torch._dispatch.python:enable_python_dispatcher",
+    "get_proxy_mode": "torch.fx.experimental.proxy_tensor:get_proxy_mode",
     "FakeTensorMode": "torch._subclasses.fake_tensor:FakeTensorMode",
     "FakeTensor": "torch._subclasses.fake_tensor:FakeTensor",
     "dispatch_keys": "torch._C:_dispatch_keys",

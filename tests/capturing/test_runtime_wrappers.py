@@ -4,7 +4,8 @@ and compares it with eager. The wrappers (torch._functorch._aot_autograd.runtime
 RuntimeWrapper applies input mutations the graph returns (a metadata mutation: as_strided_), bumps
 the version counter of the inputs the graph writes into, runs an inference graph with grad off and
 sets the grad mode the graph left; AOTSyntheticBaseWrapper merges aliased inputs one of which is
-written; the autograd.Function refuses a double backward."""
+written; the autograd.Function refuses a double backward. And what make_fx, tracing below autograd,
+drops of a Dynamo graph the eager backend renders: its grad-mode switches."""
 from __future__ import annotations
 
 import pytest
@@ -92,8 +93,9 @@ def test_a_dynamo_inference_graph_runs_with_grad_off_though_an_input_requires_gr
     assert torch.allclose(out, model(x)) and not out.requires_grad
 
 
-def test_a_dynamo_graph_that_turns_grad_off_leaves_it_off(tmp_path):
-    served = _served(tmp_path, cases.turns_grad_off, (torch.ones(3),), tracer="dynamo", grad=True)
+@pytest.mark.parametrize("backend", ["inductor", "eager"])
+def test_a_dynamo_graph_that_turns_grad_off_leaves_it_off(tmp_path, backend):
+    served = _served(tmp_path, cases.turns_grad_off, (torch.ones(3),), tracer="dynamo", backend=backend, grad=True)
     try:
         with torch.enable_grad():
             cases.turns_grad_off(torch.ones(3))
@@ -116,13 +118,15 @@ def test_a_double_backward_through_a_lowered_training_graph_is_refused(tmp_path)
         (first.sum() + x.sum()).backward()
 
 
-@pytest.mark.xfail(strict=True, reason="make_fx traces a Dynamo graph below autograd, so the ATen graph the eager "
-                   "backend renders drops its _set_grad_enabled calls: ops under fn's no_grad record autograd when served")
-def test_a_dynamo_eager_graph_keeps_fns_no_grad_blocks(tmp_path):
+@pytest.mark.parametrize("fn", [cases.linear_partly_without_grad, cases.linear_partly_in_inference_mode], ids=lambda fn: fn.__name__)
+def test_a_dynamo_eager_graph_keeps_fns_no_grad_and_inference_mode_blocks(tmp_path, fn):
+    """make_fx traces a Dynamo graph below autograd: its grad-mode switches ran at trace time and left
+    no node, so the served ops under fn's no_grad recorded autograd (the weight's gradient doubled)."""
     torch.manual_seed(0)
     model, x = torch.nn.Linear(3, 3), torch.ones(2, 3)
-    served = _served(tmp_path, cases.linear_partly_without_grad, (model, x), tracer="dynamo", backend="eager", grad=True)
-    cases.linear_partly_without_grad(model, x).sum().backward()
+    served = _served(tmp_path, fn, (model, x), tracer="dynamo", backend="eager", grad=True)
+    fn(model, x).sum().backward()
     eager_grad, model.weight.grad = model.weight.grad, None
     served(model, x).sum().backward()
     assert torch.equal(model.weight.grad, eager_grad)
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()

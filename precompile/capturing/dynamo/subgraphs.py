@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -57,8 +59,11 @@ class AtenRecorder:
         # a Python float's value behind its wrapping tensor), as AOTAutograd does.
         fake_mode = TracingContext.get().fake_mode
         fakes = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
+        traced: Callable = graph_module
+        if any(node.target in _GRAD_MODE_SWITCHES for node in graph_module.graph.nodes):
+            traced = functools.partial(_run_keeping_grad_mode, graph_module)
         with fake_mode, enable_python_dispatcher():
-            aten = make_fx(graph_module)(*fakes)
+            aten = make_fx(traced)(*fakes)
         attributes = [node.target for node in aten.graph.find_nodes(op="get_attr")]
         subgraphs = [name for name in attributes if isinstance(getattr(aten, name, None), torch.fx.GraphModule)]
         if subgraphs:
@@ -68,7 +73,7 @@ class AtenRecorder:
                 "source yet: capture with backend='inductor'"
             )
         inline_small_constants(aten)  # small ones become literals in python_code; real data is refused
-        aten.graph.eliminate_dead_code()
+        aten.graph.eliminate_dead_code(is_impure_node=lambda node: node.target in _GRAD_MODE_SWITCHES or node.is_impure())
         aten.recompile()
         views_as_reshapes(aten, keep_mutated=True)  # where the kernels' strides differ from the fakes
         name = f"graph_{len(self.graphs)}"
@@ -78,6 +83,36 @@ class AtenRecorder:
 
     def recorded(self, served: object) -> RecordedGraph | None:
         return next((graph for graph in self.graphs if graph.served is served), None)
+
+
+# The grad-mode switches a Dynamo graph holds as nodes: fn's `with torch.no_grad():`, `enable_grad()`,
+# `inference_mode()` (an enter whose result its exit takes).
+_GRAD_MODE_SWITCHES = frozenset({torch._C._set_grad_enabled, torch.autograd.grad_mode._enter_inference_mode,
+                                 torch.autograd.grad_mode._exit_inference_mode})
+
+
+class _GradModeKept(torch.fx.Interpreter):
+    """Runs a Dynamo graph under make_fx, which traces below autograd: a grad-mode switch of the graph
+    would run at trace time and leave no node, so the served ATen graph would record autograd through
+    ops eager runs without it. Each switch is recorded where it runs, an exit taking its enter's node."""
+
+    def __init__(self, graph_module: torch.fx.GraphModule) -> None:
+        super().__init__(graph_module)
+        self._nodes: dict[int, tuple[object, object]] = {}  # id of a switch's result -> (result, its proxy)
+
+    def call_function(self, target, args, kwargs):
+        from precompile.torch_compat import get_proxy_mode
+
+        result = super().call_function(target, args, kwargs)
+        if target in _GRAD_MODE_SWITCHES:
+            traced = tuple(self._nodes[id(arg)][1] if id(arg) in self._nodes else arg for arg in args)
+            proxy = get_proxy_mode().tracer.create_proxy("call_function", target, traced, kwargs)
+            self._nodes[id(result)] = (result, proxy)
+        return result
+
+
+def _run_keeping_grad_mode(graph_module: torch.fx.GraphModule, *args):
+    return _GradModeKept(graph_module).run(*args)
 
 
 def exec_section(source: str, entry: str, filename: str):
