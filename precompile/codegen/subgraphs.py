@@ -19,10 +19,11 @@ def realign_keywords(realignment: Realignment | None) -> str:
             + (f", written={realignment.written!r}" if realignment.written else ""))
 
 
-def _module(name: str, text: str, detached: tuple[int, ...] = (), realignment: Realignment | None = None) -> str:
+def _module(name: str, text: str, detached: tuple[int, ...] = (), realignment: Realignment | None = None,
+            grad_mode: bool | None = None) -> str:
     literal = text_literal("\n" + text.strip("\n") + "\n")
     return (f"inductor_subgraph({name!r}, {literal}" + (f", detached={detached!r}" if detached else "")
-            + realign_keywords(realignment) + ")")
+            + realign_keywords(realignment) + (f", grad_mode={grad_mode!r}" if grad_mode is not None else "") + ")")
 
 
 def _slug(forward: str) -> str:
@@ -32,12 +33,14 @@ def _slug(forward: str) -> str:
 
 def lowered_section(where: str, forward: str, forward_text: str, backward: str = "", backward_text: str = "",
                     plan: AutogradPlan | None = None, detached: tuple[int, ...] = (),
-                    realignments: dict[str, Realignment] | None = None) -> SubgraphSection:
+                    realignments: dict[str, Realignment] | None = None, grad_mode: bool | None = None) -> SubgraphSection:
     """`forward` bound to the served callable (its `detached` outputs alias inputs); with a plan,
     `backward` to the backward module's call and `forward` to the autograd.Function pairing them.
-    `realignments`: each module's ("forward", "backward") inputs its kernels take aligned."""
+    `realignments`: each module's ("forward", "backward") inputs its kernels take aligned; `grad_mode`:
+    what an inference graph that changes grad mode leaves it at (None: as it found it)."""
     realigned = realignments or {}
-    forward_module = _module(forward, forward_text, () if plan else detached, realigned.get("forward"))
+    forward_module = _module(forward, forward_text, () if plan else detached, realigned.get("forward"),
+                             None if plan else grad_mode)
     if plan is None:
         return SubgraphSection(
             title=f"{where}: Inductor output module, served as a plain function over the graph inputs",

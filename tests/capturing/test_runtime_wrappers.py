@@ -95,7 +95,11 @@ def test_a_dynamo_inference_graph_runs_with_grad_off_though_an_input_requires_gr
 
 @pytest.mark.parametrize("backend", ["inductor", "eager"])
 def test_a_dynamo_graph_that_turns_grad_off_leaves_it_off(tmp_path, backend):
+    """AOTAutograd's graph keeps no grad-mode switch (its wrapper sets the mode after the call), make_fx's
+    traced below autograd kept none either: served, both left grad on."""
     served = _served(tmp_path, cases.turns_grad_off, (torch.ones(3),), tracer="dynamo", backend=backend, grad=True)
+    rendered = (tmp_path / "turns_grad_off.py").read_text()
+    assert ("grad_mode=False" if backend == "inductor" else "torch._C._set_grad_enabled(False)") in rendered
     try:
         with torch.enable_grad():
             cases.turns_grad_off(torch.ones(3))

@@ -165,6 +165,7 @@ class LoweredGraph:
     plan: AutogradPlan | None = None
     detached: tuple[int, ...] = ()
     realignments: dict[str, Realignment] | None = None
+    grad_mode: bool | None = None
     aot: object = None
     reason: str = ""
 
@@ -172,7 +173,7 @@ class LoweredGraph:
         forward, backward = f"{name}_forward", f"{name}_backward"
         if self.plan is None:
             return sections.lowered_section(where, forward, self.texts["forward"], detached=self.detached,
-                                            realignments=self.realignments)
+                                            realignments=self.realignments, grad_mode=self.grad_mode)
         return sections.lowered_section(where, forward, self.texts["forward"], backward, self.texts["backward"], self.plan,
                                         realignments=self.realignments)
 
@@ -213,9 +214,11 @@ class InductorLowerer:
         plan = autograd_plan(content) if "backward" in texts else None
         detached = () if plan else detached_outputs(content)
         name = f"graph_{len(self.graphs)}"
-        section = LoweredGraph(None, texts, plan, detached, realignments).section(name, f"{name}, compiled in this capture")
+        # An inference graph that leaves grad mode changed: served, it sets the mode after, as AOTAutograd does.
+        grad_mode = None if plan else getattr(content.runtime_metadata, "grad_enabled_mutation", None)
+        section = LoweredGraph(None, texts, plan, detached, realignments, grad_mode).section(name, f"{name}, compiled in this capture")
         served = self._serve(section)
-        self.graphs.append(LoweredGraph(served, texts, plan, detached, realignments))
+        self.graphs.append(LoweredGraph(served, texts, plan, detached, realignments, grad_mode))
         return served
 
     def _serve(self, section: SubgraphSection):
@@ -254,8 +257,8 @@ def unlowerable(content, num_inputs: int) -> str:
         (bool(content.indices_of_inps_to_detach), "inputs AOTAutograd detaches"),
         ((meta.num_opaque_objects_saved_for_bw or 0) > 0, "opaque objects saved for backward"),
         (any_autocast_enabled(), "autocast is on (AOTAutograd runs the graph with it off)"),
-        (getattr(meta, "grad_enabled_mutation", None) is not None,
-         "it changes grad mode and leaves it changed (AOTAutograd sets it after the call)"),
+        (content.compiled_bw is not None and getattr(meta, "grad_enabled_mutation", None) is not None,
+         "a training graph that changes grad mode and leaves it changed (AOTAutograd sets it after the call)"),
     ]
     if content.compiled_bw is not None:
         reasons.append((bool(content.compiled_bw.backward_state_indices), "backward state (compiled autograd)"))

@@ -17,11 +17,12 @@ _compiled_subgraphs = globals().get("__precompile_subgraph_code__") or {}
 _SOURCE_TAG = "__precompile_source__"
 
 
-def inductor_subgraph(name, text, detached=(), realign=(), write_back=(), written=()):
+def inductor_subgraph(name, text, detached=(), realign=(), write_back=(), written=(), grad_mode=None):
     """The output module `text` run in a namespace of its own; returns its call over flat inputs.
     The `detached` outputs alias an input: each is served as a fresh tensor over the same storage.
     `realign` and `write_back`: the inputs its kernels take aligned; `written`: those it writes into
-    (see run_inductor_call)."""
+    (see run_inductor_call). `grad_mode`: what the graph leaves grad mode at, set after each call
+    (AOTAutograd's functional graph keeps no grad-mode switch); None where it leaves it as it was."""
     filename = f"<precompile subgraph {name}>"
     _linecache.cache[filename] = (len(text), None, text.splitlines(keepends=True), filename)
     namespace = dict(globals())
@@ -37,6 +38,8 @@ def inductor_subgraph(name, text, detached=(), realign=(), write_back=(), writte
 
     def served(*flat):
         outputs = run(call, flat, realign, write_back, written)
+        if grad_mode is not None:
+            torch._C._set_grad_enabled(grad_mode)
         if not detached:
             return outputs
         return tuple(value.detach() if index in detached else value for index, value in enumerate(outputs))
