@@ -110,3 +110,23 @@ def test_a_served_call_realigns_and_writes_back_what_inductor_checks(tmp_path, m
         doubled, plus_one = runnable(cache, x)
     assert torch.equal(cache, torch.arange(8.0) + 3)  # the write reached the caller's misaligned tensor
     assert torch.equal(doubled, (torch.arange(8.0) + 3) * 2) and torch.equal(plus_one, torch.full((8,), 4.0))
+
+
+_WHOLE = torch.zeros(8)
+
+
+@pytest.mark.parametrize(
+    ("flat", "written", "expected"),
+    [
+        ((_WHOLE, _WHOLE), (0,), (0, 1)),
+        ((_WHOLE[:4], _WHOLE[4:]), (0,), None),  # halves of one tensor share no byte
+        ((_WHOLE[4:], _WHOLE[:4]), (0,), None),
+        ((_WHOLE, _WHOLE[2:3]), (1,), (1, 0)),
+        ((_WHOLE.view(2, 4).t(), _WHOLE[7:]), (0,), (0, 1)),  # a non-contiguous view spans to its last element
+        ((_WHOLE[3:3], _WHOLE), (0,), None),  # an empty view spans nothing
+        ((_WHOLE, _WHOLE.clone()), (0,), None),
+        ((_WHOLE, _WHOLE), (), None),  # nothing written: aliased reads are the module's to make
+    ],
+)
+def test_a_written_input_sharing_memory_with_another_is_found(runtime, flat, written, expected):
+    assert runtime["_overlap_with_written"](flat, written) == expected

@@ -164,6 +164,9 @@ def _aligned_copy(tensor):
 
 def _memory(tensor):
     """The bytes `tensor` spans, as [first, end) addresses (tensors of other storages never share one)."""
+    if tensor.is_contiguous():
+        start = tensor.data_ptr()
+        return (start, start + tensor.nbytes)
     if tensor.numel() == 0:
         return (0, 0)
     low = high = 0
@@ -175,14 +178,15 @@ def _memory(tensor):
 
 
 def _overlap_with_written(flat, written):
-    """(written, other): graph inputs that share memory where the module writes into the first, or None.
+    """(written, other): graph inputs whose spans of memory overlap where the module writes into the first,
+    or None (views interleaved in one span, x[::2] and x[1::2], count as overlapping).
     The module is functional inside (AOTAutograd's functionalization): it reads every input as it was
     before the call's writes, where eager's in-place op changes what the other input then reads."""
     spans = [_memory(tensor) if isinstance(tensor, torch.Tensor) else (0, 0) for tensor in flat]
     for index in written:
         low, high = spans[index]
         for other, (other_low, other_high) in enumerate(spans):
-            if other != index and other_low < high and low < other_high:
+            if other != index and other_low < high and low < other_high and low < high and other_low < other_high:
                 return index, other
     return None
 
