@@ -117,4 +117,8 @@ class autograd_subgraph:
         self.__precompile_source__ = forward.__precompile_source__ + backward.__precompile_source__
 
     def __call__(self, *flat):
-        return _AutogradSubgraph.apply(self, *flat)
+        # With grad on, as AOTAutograd's RuntimeWrapper runs a training graph: one compiled under the
+        # caller's no_grad is a training graph only because fn turns grad on inside (enable_grad()),
+        # and eager's results from there carry autograd (the others are non_differentiable).
+        with torch.enable_grad():
+            return _AutogradSubgraph.apply(self, *flat)
