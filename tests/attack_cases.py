@@ -9,3 +9,8 @@ def grad_on_inside(x):
     with torch.enable_grad():
         y = x * x
     return y, x * 3
+
+
+def adds_in_place(x):
+    x.add_(1)
+    return x * 2

@@ -2,6 +2,7 @@
 fn's grad-mode switches do (found by attacking tests/capturing/test_runtime_wrappers.py's changes)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import attack_cases as cases
@@ -29,3 +30,18 @@ def test_a_dynamo_training_graph_called_under_no_grad_that_turns_grad_on_records
         assert torch.equal(y.detach(), x.detach() ** 2) and torch.equal(z, x.detach() * 3)
         y.sum().backward()
         assert torch.equal(x.grad, 2 * x.detach())
+
+
+def test_an_inference_tensor_the_compiled_graph_writes_into_is_refused_outside_inference_mode(tmp_path):
+    """Eager's in-place op refuses an inference tensor outside inference_mode; the compiled module's
+    kernel wrote into it through its data pointer and served the call. (DynamoTracer: its guard on the
+    tensor's dispatch keys refuses such a call.)"""
+    with torch.inference_mode():
+        captured = torch.ones(3)
+    served = _served(tmp_path, cases.adds_in_place, (captured,), mode=torch.inference_mode)
+    with torch.inference_mode():
+        x = torch.ones(3)
+        assert torch.equal(served(x), torch.full((3,), 4.0)) and torch.equal(x, torch.full((3,), 2.0))
+    for fn in (cases.adds_in_place, served):  # (eager's add_ raises after writing; served raises before)
+        with torch.no_grad(), pytest.raises(RuntimeError, match="(?s)Inplace update to inference tensor outside InferenceMode"):
+            fn(x)

@@ -203,10 +203,18 @@ def run_inductor_call(call, flat, realign=(), write_back=(), written=()):
     whose check the output code does not make itself): one whose data pointer is not is passed as an
     aligned copy, as Inductor's own wrapper does, and those of `write_back` (the module writes into
     them) are copied back into the caller's tensor after the call.
-    An input it writes into that shares memory with another input is refused, as the module reads
+    An input it writes into that is an inference tensor is refused outside inference mode, as eager's
+    in-place op refuses it. An input it writes into that shares memory with another input is refused, as the module reads
     the other as it was before the write (the capture's inputs were apart: with aliased inputs the
     capture is refused, or, for Dynamo, the graph is not lowered).
     """
+    if written and not torch.is_inference_mode_enabled() and any(
+            isinstance(flat[index], torch.Tensor) and flat[index].is_inference() for index in written):
+        raise CallMismatch(
+            "Inplace update to inference tensor outside InferenceMode is not allowed (eager's in-place op refuses it "
+            "too, and the compiled module writes into one of its inputs made under torch.inference_mode()); call it "
+            "under torch.inference_mode(), or pass a clone() of the tensor"
+        )
     if written and (shared := _overlap_with_written(flat, written)) is not None:
         raise CallMismatch(
             f"inputs {shared[0]} and {shared[1]} of the compiled graph share memory and it writes into input {shared[0]}, "
