@@ -46,12 +46,44 @@ def lower_eager(graph_module: torch.fx.GraphModule, entry: str = ENTRY) -> Graph
         if builtin is None:
             raise CaptureRefused(f"the captured graph refers to {name!r}, which the eager backend cannot render as source")
         imports.append(builtin.import_str)
+    restores = graph_module.meta.get(RESTORES_GRAD_MODE, False)
+    if restores and "import torch" not in imports:
+        imports.append("import torch")
     imports.sort()
-    source, count = re.subn(r"def forward\(self(, )?", f"def {entry}(", code.src.strip("\n"), count=1)
+    ops = f"_{entry}_ops" if restores else entry
+    source, count = re.subn(r"def forward\(self(, )?", f"def {ops}(", code.src.strip("\n"), count=1)
     if count != 1:
         raise CaptureRefused("the captured graph's source has no forward(self, ...) to render")
     body = "\n".join(line.rstrip() for line in source.splitlines())
+    if restores:
+        body += _RESTORING.format(entry=entry, ops=ops)
     return GraphSection(title="The captured graph as ATen ops, run as they are (eager backend)", source="\n".join(imports) + "\n\n\n" + body, entry=entry)
+
+
+# GraphModule.meta key: the graph holds fn's grad-mode `with` blocks (no_grad, enable_grad, inference_mode)
+# as the calls that switch the mode, and leaves the mode as it found it.
+RESTORES_GRAD_MODE = "precompile_restores_grad_mode"
+
+# Around such a graph's ops: a call that raises inside a block leaves the mode as eager's `with` does on
+# the way out (as the call found it): the inference-mode guards still live in the ops' frame are exited,
+# innermost first, then grad mode is set back.
+_RESTORING = """
+
+
+def {entry}(*args):
+    grad_enabled = torch.is_grad_enabled()
+    try:
+        return {ops}(*args)
+    except BaseException as exc:
+        frame = exc.__traceback__
+        while frame is not None and frame.tb_frame.f_code is not {ops}.__code__:
+            frame = frame.tb_next
+        if frame is not None:
+            live = [value for value in frame.tb_frame.f_locals.values() if isinstance(value, torch._C._InferenceMode)]
+            for guard in reversed(live):
+                guard.__exit__(None, None, None)
+        torch._C._set_grad_enabled(grad_enabled)
+        raise"""
 
 
 # Where the output code's benchmarking tail starts: not part of the artifact.

@@ -45,3 +45,27 @@ def test_an_inference_tensor_the_compiled_graph_writes_into_is_refused_outside_i
     for fn in (cases.adds_in_place, served):  # (eager's add_ raises after writing; served raises before)
         with torch.no_grad(), pytest.raises(RuntimeError, match="(?s)Inplace update to inference tensor outside InferenceMode"):
             fn(x)
+
+
+@pytest.mark.parametrize("fn", [cases.gathers_under_no_grad, cases.gathers_in_nested_inference_mode], ids=lambda fn: fn.__name__)
+def test_a_dynamo_eager_graph_that_raises_inside_fns_grad_mode_block_restores_the_mode(tmp_path, fn):
+    """Eager's `with torch.no_grad():` / `inference_mode()` restore the mode on the way out of an op
+    that raises; the served ATen graph holds them as calls, so the call left grad off (and, while the
+    exception was kept, inference mode on: every tensor made after was an inference tensor)."""
+    served = _served(tmp_path, fn, (torch.ones(3, requires_grad=True), torch.tensor([0, 1])), tracer="dynamo",
+                     backend="eager", mode=torch.enable_grad)
+    rendered = (tmp_path / f"{fn.__name__}.py").read_text()
+    assert "_graph_0_ops" in rendered
+    x = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
+    with torch.enable_grad():
+        assert torch.equal(served(x, torch.tensor([0, 1])).detach(), fn(x, torch.tensor([0, 1])).detach())
+        for call in (fn, served):
+            kept = None
+            try:
+                call(x, torch.tensor([0, 7]))
+            except IndexError as exc:
+                kept = exc
+            assert kept is not None
+            assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+            assert not torch.ones(1).is_inference()
+            del kept

@@ -28,7 +28,7 @@ from precompile.capturing.constants import (
     refuse_large_dynamo_constants,
     render_output_constants,
 )
-from precompile.capturing.lowering import adapt_output_code, lower_eager, realignment, views_as_reshapes
+from precompile.capturing.lowering import RESTORES_GRAD_MODE, adapt_output_code, lower_eager, realignment, views_as_reshapes
 from precompile.codegen import subgraphs as sections
 from precompile.codegen.drivers import source_of
 from precompile.codegen.models import AutogradPlan, Realignment, SubgraphSection
@@ -60,10 +60,14 @@ class AtenRecorder:
         fake_mode = TracingContext.get().fake_mode
         fakes = [fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in example_inputs]
         traced: Callable = graph_module
+        modes: dict[str, bool] = {}
         if any(node.target in _GRAD_MODE_SWITCHES for node in graph_module.graph.nodes):
-            traced = functools.partial(_run_keeping_grad_mode, graph_module)
+            traced = functools.partial(_run_keeping_grad_mode, graph_module, modes)
         with fake_mode, enable_python_dispatcher():
             aten = make_fx(traced)(*fakes)
+        # fn's switches are `with` blocks, each restoring the mode it found (the graph leaves the mode
+        # as it was): served, a call that raises restores it too, as eager's `with` does on the way out.
+        aten.meta[RESTORES_GRAD_MODE] = modes.get("balanced", False)
         attributes = [node.target for node in aten.graph.find_nodes(op="get_attr")]
         subgraphs = [name for name in attributes if isinstance(getattr(aten, name, None), torch.fx.GraphModule)]
         if subgraphs:
@@ -111,8 +115,11 @@ class _GradModeKept(torch.fx.Interpreter):
         return result
 
 
-def _run_keeping_grad_mode(graph_module: torch.fx.GraphModule, *args):
-    return _GradModeKept(graph_module).run(*args)
+def _run_keeping_grad_mode(graph_module: torch.fx.GraphModule, modes: dict[str, bool], *args):
+    before = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    result = _GradModeKept(graph_module).run(*args)
+    modes["balanced"] = before == (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+    return result
 
 
 def exec_section(source: str, entry: str, filename: str):
