@@ -28,3 +28,8 @@ def gathers_in_nested_inference_mode(x, index):
             y = torch.index_select(x, 0, index) * 2
         z = x * 3
     return y.clone() + z.sum() + x.sum()
+
+
+def writes_one_reads_both(a, b):
+    a.add_(1)
+    return a + b

@@ -69,3 +69,20 @@ def test_a_dynamo_eager_graph_that_raises_inside_fns_grad_mode_block_restores_th
             assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
             assert not torch.ones(1).is_inference()
             del kept
+
+
+def test_a_written_input_interleaved_with_another_without_sharing_an_element_is_served_like_eager(tmp_path):
+    """x[::2] and x[1::2] (RoPE's even and odd halves), or two columns of one matrix, span the same bytes
+    but share no element: eager's write into one leaves the other as the module reads it. The overlap
+    check compared spans only and refused them; it still refuses views that share an element."""
+    served = _served(tmp_path, cases.writes_one_reads_both, (torch.zeros(8)[::2], torch.zeros(8)[1::2]))
+    with torch.no_grad():
+        for fn in (cases.writes_one_reads_both, served):
+            base = torch.arange(8.0)
+            assert torch.equal(fn(base[::2], base[1::2]), torch.tensor([2.0, 6.0, 10.0, 14.0]))
+            assert torch.equal(base, torch.tensor([1.0, 1.0, 3.0, 3.0, 5.0, 5.0, 7.0, 7.0]))
+        base = torch.arange(10.0)
+        with pytest.raises(precompile.CallMismatch, match="share memory"):
+            served(base[:8:2], base[2::2])  # elements 2, 4 and 6 in both
+        matrix = torch.zeros(4, 2)
+        assert torch.equal(served(matrix[:, 0], matrix[:, 1]), torch.ones(4)) and torch.equal(matrix[:, 0], torch.ones(4))

@@ -178,8 +178,8 @@ def _memory(tensor):
 
 
 def _overlap_with_written(flat, written):
-    """(written, other): graph inputs whose spans of memory overlap where the module writes into the first,
-    or None (views interleaved in one span, x[::2] and x[1::2], count as overlapping).
+    """(written, other): graph inputs that share memory where the module writes into the first, or None
+    (views interleaved in one span, x[::2] and x[1::2], do not: see _share_a_byte).
     The module is functional inside (AOTAutograd's functionalization): it reads every input as it was
     before the call's writes, where eager's in-place op changes what the other input then reads."""
     spans = [_memory(tensor) if isinstance(tensor, torch.Tensor) else (0, 0) for tensor in flat]
@@ -187,8 +187,32 @@ def _overlap_with_written(flat, written):
         low, high = spans[index]
         for other, (other_low, other_high) in enumerate(spans):
             if other != index and other_low < high and low < other_high and low < high and other_low < other_high:
-                return index, other
+                if _share_a_byte(flat[index], flat[other], min(low, other_low), max(high, other_high)):
+                    return index, other
     return None
+
+
+# The most bytes two overlapping spans may cover for _share_a_byte to tell them apart; beyond it they count as sharing.
+_BYTE_CHECK_LIMIT = 1 << 24
+
+
+def _share_a_byte(written, other, low, high):
+    """Whether two tensors whose spans of memory overlap, within [low, high), have a byte in common:
+    views interleaved in one span (x[::2] and x[1::2], two columns of a matrix) do not."""
+    if high - low > _BYTE_CHECK_LIMIT or written.device != other.device:
+        return True
+    marks = torch.zeros(high - low, dtype=torch.uint8)
+
+    def bytes_of(tensor):
+        size = tensor.element_size()
+        return marks.as_strided((*tensor.shape, size), (*(stride * size for stride in tensor.stride()), 1),
+                                tensor.data_ptr() - low)
+
+    try:
+        bytes_of(written).fill_(1)  # refused where the written input repeats an element (eager refuses it too)
+    except RuntimeError:
+        return True
+    return bool(bytes_of(other).any())
 
 
 def run_inductor_call(call, flat, realign=(), write_back=(), written=()):
