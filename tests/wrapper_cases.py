@@ -44,3 +44,23 @@ def linear_partly_in_inference_mode(model, x):
     with torch.inference_mode():
         y = model(x)
     return y.clone() * x + model(x)
+
+
+def grad_on_inside(x):
+    with torch.enable_grad():
+        y = x * x
+    return y, x * 3
+
+
+def gathers_under_no_grad(x, index):
+    with torch.no_grad():
+        y = x[index] * 2
+    return y + x.sum()
+
+
+def gathers_in_nested_inference_mode(x, index):
+    with torch.no_grad():
+        with torch.inference_mode():
+            y = torch.index_select(x, 0, index) * 2
+        z = x * 3
+    return y.clone() + z.sum() + x.sum()
