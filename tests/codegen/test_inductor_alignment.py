@@ -126,6 +126,9 @@ _WHOLE = torch.zeros(8)
         ((_WHOLE[3:3], _WHOLE), (0,), None),  # an empty view spans nothing
         ((_WHOLE, _WHOLE.clone()), (0,), None),
         ((_WHOLE, _WHOLE), (), None),  # nothing written: aliased reads are the module's to make
+        ((_WHOLE[::2], _WHOLE[1::2]), (0,), None),  # interleaved in one span, sharing no element
+        ((_WHOLE.view(4, 2)[:, 0], _WHOLE.view(4, 2)[:, 1]), (1,), None),  # two columns of one matrix
+        ((_WHOLE[:6:2], _WHOLE[2::2]), (0,), (0, 1)),  # interleaved, sharing elements 2 and 4
     ],
 )
 def test_a_written_input_sharing_memory_with_another_is_found(runtime, flat, written, expected):

@@ -185,10 +185,12 @@ def _overlap_with_written(flat, written):
     spans = [_memory(tensor) if isinstance(tensor, torch.Tensor) else (0, 0) for tensor in flat]
     for index in written:
         low, high = spans[index]
+        if low == high:
+            continue  # an empty input spans nothing
         for other, (other_low, other_high) in enumerate(spans):
-            if other != index and other_low < high and low < other_high and low < high and other_low < other_high:
-                if _share_a_byte(flat[index], flat[other], min(low, other_low), max(high, other_high)):
-                    return index, other
+            if (other != index and other_low < high and low < other_high and other_low < other_high
+                    and _share_a_byte(flat[index], flat[other], min(low, other_low), max(high, other_high))):
+                return index, other
     return None
 
 
