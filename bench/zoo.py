@@ -103,7 +103,7 @@ import json, statistics, sys, time
 import torch
 import precompile
 from bench.zoo_models import ZOO
-name, order, artifact, cache = sys.argv[1:5]
+name, order, artifact, cache, tracer = sys.argv[1:6]
 WATCHED = ("torch._dynamo", "torch._inductor")
 zoo = ZOO[name]
 if order == "load-after":
@@ -118,7 +118,10 @@ imported = loaded() - before
 library_imported_by_load = order == "load-first" and zoo.library in sys.modules
 if order == "load-first":
     model, args = zoo.instantiate()
-with zoo.grad_mode(), precompile.no_compilation():
+other = zoo.other_shape(args, 2)  # a shape no capture call had
+with zoo.grad_mode():
+    other_expected = zoo.step(model, *other)
+with zoo.serve_mode(tracer), precompile.no_compilation():
     before = loaded()  # what the model's library imported itself is not the load's doing
     started = time.perf_counter()
     out = served(model, *args)
@@ -129,9 +132,8 @@ with zoo.grad_mode(), precompile.no_compilation():
         started = time.perf_counter()
         served(model, *args)
         steady.append(time.perf_counter() - started)
-    other = zoo.other_shape(args, 2)  # a shape no capture call had
     try:
-        other_diff = (served(model, *other) - zoo.step(model, *other)).abs().max().item()
+        other_diff = (served(model, *other) - other_expected).abs().max().item()
         other_shape = "ok" if other_diff <= 1e-3 else f"differs {other_diff:.1e}"
     except Exception as exc:  # refused (CallMismatch) or failed: what the cell reports
         other_shape = f"{type(exc).__name__}: {str(exc).split(';')[0][-120:]}"
@@ -295,7 +297,7 @@ def run(models, tracers, backends, orders, compile_ref: bool, timeout: float, ou
                 for _ in range(serve_runs):
                     for row, artifact, cache in pairs:
                         with tempfile.TemporaryDirectory() as scratch:
-                            runs[row["tracer"]].append(_child(SERVE, name, order, str(artifact), str(cache),
+                            runs[row["tracer"]].append(_child(SERVE, name, order, str(artifact), str(cache), row["tracer"],
                                                               env=_env(Path(scratch)), timeout=timeout))
                 for row, _, _ in pairs:
                     rows.append({**row, "order": order, **_median_run(runs[row["tracer"]])})

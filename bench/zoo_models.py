@@ -325,6 +325,13 @@ class ZooModel:
         """What the step runs under: grad enabled for a training step, else inference (no_grad)."""
         return torch.enable_grad() if self.train else torch.no_grad()
 
+    def serve_mode(self, tracer: str) -> contextlib.AbstractContextManager:
+        """What a served call runs under: the step's grad mode, except for a MakeFx training step. Its
+        graph computes the gradients itself and cannot record autograd as eager's step does (fn calls
+        torch.autograd.grad), so a call under grad mode is refused, naming inference_mode: it is served
+        so, and compared with eager's step under grad mode."""
+        return torch.inference_mode() if self.train and tracer == "makefx" else self.grad_mode()
+
 
 ZOO = {m.name: m for m in (
     ZooModel("bert", "transformers", bert, encoder_step),

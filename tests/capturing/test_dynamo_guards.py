@@ -23,15 +23,21 @@ from conftest import dynamo_modules_read, fresh_json, run_fresh
 from precompile.examples import transformer
 
 
-def _capture(directory, name, fn, calls, grad=False, tracer=None):
+def _capture(directory, name, fn, calls, grad=False, tracer=None, mode=contextlib.nullcontext):
+    """`mode`: what the calls run under (inference_mode, autocast), at capture and when served here."""
     artifact, cache = directory / f"{name}.py", directory / f"{name}.cache"
-    with torch.set_grad_enabled(grad), precompile.capture(
+    with torch.set_grad_enabled(grad), mode(), precompile.capture(
         fn, artifact_path=artifact, cache_path=cache, tracer=tracer or precompile.DynamoTracer(), backend="eager"
     ) as cap:
         for args, kwargs in calls:
             cap(*args, **kwargs)
         entry = cap._dynamo.package.cache_entry()
-    return {"artifact": artifact, "cache": cache, "entry": entry, "calls": calls, "grad": grad, "fn": fn}
+    return {"artifact": artifact, "cache": cache, "entry": entry, "calls": calls, "grad": grad, "fn": fn, "mode": mode}
+
+
+def _inference_tensor(value):
+    with torch.inference_mode():
+        return value.clone()
 
 
 def _linear():
@@ -57,6 +63,11 @@ def captured(tmp_path_factory):
         "demo": _capture(directory, "demo", transformer.run, [((demo, demo_x), {})]),
         "mlp": _capture(directory, "mlp", dynamo_cases.calls_model, [((mlp, x4), {})]),
         "train": _capture(directory, "train", dynamo_cases.train_step, [((_linear(), x4), {})], grad=True),
+        # Under inference_mode a plain input and an inference tensor are two variants, as in torch.compile.
+        "inference": _capture(directory, "inference", dynamo_cases.calls_model,
+                              [((mlp, _inference_tensor(x4)), {}), ((mlp, x4), {})], mode=torch.inference_mode),
+        "autocast": _capture(directory, "autocast", dynamo_cases.calls_model, [((mlp, x4), {})],
+                             mode=lambda: torch.autocast("cpu", dtype=torch.bfloat16)),
     }
 
 
@@ -98,6 +109,8 @@ def _tensor_mutations(value):
         yield "transposed layout", value.t().contiguous().t()
         yield "dim 1 + 1", torch.ones(value.shape[0], value.shape[1] + 1)
     yield "meta", value.to("meta")
+    with torch.inference_mode(not value.is_inference()):
+        yield "inference tensor flipped", value.clone()
     yield "a float", 1.0
     yield "int64", value.long()
     marked = value.detach().clone()
@@ -206,6 +219,9 @@ _CONTEXTS = {
     "default dtype float64": lambda: _default_dtype(torch.float64),
     "deterministic algorithms": _deterministic,
     "autocast": lambda: torch.autocast("cpu"),
+    "autocast off": lambda: torch.autocast("cpu", enabled=False),
+    "inference_mode": torch.inference_mode,
+    "outside inference_mode": lambda: torch.inference_mode(False),
     "under torch.device('cpu')": lambda: torch.device("cpu"),
     "module global SCALE = 3.0": lambda: _module_global("SCALE", 3.0),
     "module global SCALE = 2 (an int)": lambda: _module_global("SCALE", 2),
@@ -233,14 +249,14 @@ def _torch_verdict(guards, f_locals):
         return False
 
 
-@pytest.mark.parametrize("name", ["break", "global", "keywords", "dynamic", "demo", "mlp", "train"])
+@pytest.mark.parametrize("name", ["break", "global", "keywords", "dynamic", "demo", "mlp", "train", "inference", "autocast"])
 def test_rendered_guards_decide_exactly_as_torchs_guard_manager(captured, name):
     from torch._dynamo.package import SerializedCode
 
     capture = captured[name]
     namespace = _exec_artifact(capture["artifact"])
     seen = _record_locals(namespace)
-    with torch.set_grad_enabled(capture["grad"]):
+    with torch.set_grad_enabled(capture["grad"]), capture["mode"]():
         for args, kwargs in capture["calls"]:
             namespace["forward"](*args, **kwargs)
     tables = namespace["_dynamo_frames"]
@@ -257,14 +273,15 @@ def test_rendered_guards_decide_exactly_as_torchs_guard_manager(captured, name):
         pairs = []
         for variant, function in enumerate(table["guards"]):
             meta = listed[(described["qualname"], variant)]
-            torch_guards, _, _ = namespace["_torch_guards"](
-                code.guarded_codes[variant].guards_state, original, frame.scope,
-                frozenset(meta["policy_dropped"]), meta["by_name"], "artifact")
+            with capture["mode"]():  # Dynamo builds a variant's guards under the capture's dispatch state
+                torch_guards, _, _ = namespace["_torch_guards"](
+                    code.guarded_codes[variant].guards_state, original, frame.scope,
+                    frozenset(meta["policy_dropped"]), meta["by_name"], "artifact")
             pairs.append((variant, namespace[function], torch_guards))
         for base in base_locals:
             for label, f_locals in _mutations(base):
                 for context_name, context in _CONTEXTS.items():
-                    with torch.no_grad() if not capture["grad"] else torch.enable_grad(), context():
+                    with torch.no_grad() if not capture["grad"] else torch.enable_grad(), capture["mode"](), context():
                         for variant, rendered, torch_guards in pairs:
                             ours = rendered(f_locals, frame.scope) is None
                             theirs = _torch_verdict(torch_guards, f_locals)
@@ -321,6 +338,51 @@ def test_a_standalone_eager_artifact_serves_without_importing_dynamo_inductor_or
         assert "torch._dynamo" in report["imported"]  # the bytecode itself reads a Dynamo polyfill module
     else:
         assert report["imported"] == []
+
+
+SERVE_UNDER_MODES = r"""
+import json, sys
+import torch
+import precompile
+sys.path.insert(0, sys.argv[2])
+import dynamo_cases as dc
+
+torch.manual_seed(1)
+mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+x = torch.ones(4, 8)
+with torch.inference_mode():
+    x_inference = x.clone()
+def load(name):
+    return precompile.load(f"{sys.argv[1]}/{name}.py", f"{sys.argv[1]}/{name}.cache")
+def served(fn, mode, *args):
+    with torch.no_grad(), mode(), precompile.no_compilation():
+        try:
+            return torch.allclose(fn(*args), dc.calls_model(*args))
+        except precompile.PrecompileError as exc:
+            return str(exc)
+bfloat16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+with torch.inference_mode():  # a server that loads in inference mode serves calls outside it
+    plain = load("mlp")
+report = {"plain": served(plain, torch.no_grad, mlp, x),
+          "plain under inference_mode": served(plain, torch.inference_mode, mlp, x)}
+inference, autocast = load("inference"), load("autocast")  # loaded outside the modes they serve under
+report["inference"] = [served(inference, torch.inference_mode, mlp, t) for t in (x_inference, x)]
+report["inference outside it"] = served(inference, torch.no_grad, mlp, x)
+report["autocast"] = served(autocast, bfloat16, mlp, x)
+print(json.dumps(report))
+"""
+
+
+def test_a_variant_serves_the_inference_mode_and_autocast_it_was_captured_under_wherever_it_was_loaded(captured):
+    """Dynamo's tensor guards read each tensor's dispatch keys as inference_mode and autocast adjust
+    them, so a variant serves the mode its call ran under, as torch.compile's does, not the mode of
+    the process that loaded the artifact. A mode no captured call ran under misses, naming the mode."""
+    report = fresh_json(SERVE_UNDER_MODES, str(captured["mlp"]["artifact"].parent), str(dynamo_cases.__file__.rsplit("/", 1)[0]))
+    assert report["plain"] is True
+    assert "(captured outside inference_mode and autocast)" in report["plain under inference_mode"]
+    assert report["inference"] == [True, True]
+    assert "(captured under inference_mode)" in report["inference outside it"]
+    assert report["autocast"] is True
 
 
 def test_the_driver_hashes_inlined_source_exactly_as_dynamo_does():

@@ -100,3 +100,16 @@ def test_dynamos_checks_read_as_the_unparser_reads_them(monkeypatch):
     unparsed = {label: ast.unparse(ast.parse(check)) for label, check in DYNAMO_CHECKS}  # 'it\\'s' is written "it's"
     assert fast == rendered_guards.rendered_checks(text, meta) == {("fn", 0): unparsed}
     assert len(taken) >= 8  # the locals were spelled out by both
+
+
+def test_tensor_rows_name_an_inference_tensor_and_the_modes_its_keys_were_read_under():
+    """The keywords a variant captured under inference_mode or autocast renders are read as literals;
+    anything else in their place reads as their absence, never as an error."""
+    row = "('x', 'torch:Tensor', 'torch.float32', 'cpu', False, (2, 4), (4, 1))"
+    source = (f"_tensors_0_0 = _TensorMatch(({row}, {row.replace('x', 'y')}), inference=(1,), modes=('inference_mode',))\n"
+              f"_tensors_0_1 = _TensorMatch(({row},), inference=open('x'), modes=(1,))\n"
+              f"_tensors_0_2 = _TensorMatch(({row},))\n")
+    rows = rendered_guards.tensor_rows(source)
+    assert rows[(0, 0)]["x"].endswith("requires_grad=False, keys read under inference_mode")
+    assert rows[(0, 0)]["y"].endswith("requires_grad=False, an inference tensor, keys read under inference_mode")
+    assert rows[(0, 1)]["x"] == rows[(0, 2)]["x"] == "Tensor torch.float32 on cpu, size (2, 4), stride (4, 1), requires_grad=False"

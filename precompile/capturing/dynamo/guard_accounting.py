@@ -52,6 +52,41 @@ _SEEN_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "FAKE_S
                          "SEQUENCE_LENGTH", "HASATTR", "OPAQUE_OBJ_GUARD_FN_MATCH"})
 
 
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
+
+
+@dataclass(frozen=True)
+class DispatchState:
+    """torch's thread-local dispatch key sets as Dynamo built a compile's tensor guards: each tensor's
+    keys are compared as these sets adjust them (inference mode drops autograd's, autocast adds its
+    own), so the artifact builds its check under the same sets."""
+
+    modes: tuple[str, ...]
+    """What the call ran under that sets them: "inference_mode", "autocast:<device type>"."""
+    rebuilt: bool
+    """Whether those modes, switched on in a fresh thread, give exactly these sets (the driver's
+    `_dispatch_tls`); where not, something else set them and the artifact cannot rebuild them."""
+    text: str
+    """The sets as torch prints them, for a refusal's message."""
+
+
+def dispatch_state() -> DispatchState:
+    """The calling thread's dispatch key sets, and the modes that set them."""
+    from precompile.codegen.drivers.dynamo_guards import _dispatch_tls
+
+    modes: tuple[str, ...] = ("inference_mode",) if torch.is_inference_mode_enabled() else ()
+    for device in _AUTOCAST_DEVICES:
+        try:
+            enabled = torch.is_autocast_enabled(device)
+        except RuntimeError:  # a device type this build does not know
+            continue
+        if enabled:
+            modes += (f"autocast:{device}",)
+    include, exclude = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
+    rebuilt = tuple(keys.raw_repr() for keys in _dispatch_tls(modes)) == (include.raw_repr(), exclude.raw_repr())
+    return DispatchState(modes=modes, rebuilt=rebuilt, text=f"include {include}, exclude {exclude}")
+
+
 @dataclass(frozen=True)
 class Seen:
     """What a kept guard's source held when Dynamo built the guard, read from the live object the
@@ -63,6 +98,8 @@ class Seen:
     keys: tuple | None = None
     length: int | None = None
     has_attribute: bool | None = None
+    dispatch: DispatchState | None = None
+    """A TENSOR_MATCH's: the dispatch key sets its compile ran under."""
 
 
 def seen_key(guard) -> tuple:
@@ -147,6 +184,7 @@ class GuardLedger:
         kept, dropped, values, held = set(), [], {}, {}
         named: dict[tuple[str, str], tuple[str, ...]] = {}
         classes: set = set()
+        dispatch = dispatch_state()
         for entry, by_default, by_user in zip(entries, default, wanted):
             slot = (entry.guard_type, slot_source(entry.name))
             if by_default and by_user:
@@ -154,7 +192,7 @@ class GuardLedger:
                 forward = forward_checks(entry, classes)
                 if forward is not None:
                     named[(FORWARD_MATCH, slot[1])] = forward
-                facts = seen(entry)
+                facts = Seen(type=type(entry.value), dispatch=dispatch) if entry.guard_type == "TENSOR_MATCH" else seen(entry)
                 if facts is not None:
                     held[seen_key(entry.orig_guard)] = facts
                 continue

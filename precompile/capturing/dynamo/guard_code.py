@@ -31,6 +31,7 @@ from precompile.capturing.dynamo.guard_function import guard_function
 from precompile.capturing.dynamo.guard_origin import origin
 from precompile.capturing.dynamo.key_lookups import KeyLookups
 from precompile.capturing.dynamo.named_identity import CHECK, reference
+from precompile.codegen.drivers.dynamo_guards import _example
 
 # Guard types Dynamo's guard builder adds no check for: GLOBAL_STATE's C++ guard covers them.
 _COVERED_BY_GLOBAL_STATE = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "FSDP_TRAINING_STATE"})
@@ -98,6 +99,8 @@ class _Variant:
         self.origins: dict[str, str] = {}  # label: where the user's code made the guard (guard_origin)
         self.notes: list[tuple[str, str]] = []  # (label, why it adds no check)
         self.tensors: list[tuple] = []
+        self.inference: list[int] = []  # the rows whose tensor was an inference tensor
+        self.modes: tuple[str, ...] | None = None  # what the tensors' dispatch keys were read under
         self.tensor_sources: list[str] = []
         self.aliasing: list[str] = []
         self.marking: list[tuple[str, str]] = []
@@ -402,10 +405,23 @@ class _Variant:
         pytype: type = getattr(value, "pytype", None) or type(value)
         if pytype not in _TENSOR_TYPES:
             raise Unrenderable(f"{label}: a {pytype.__qualname__} (only plain tensors and parameters are rendered)")
-        example = torch.empty(0, dtype=value.dtype, device=value.device)
+        seen = self.saw(guard)
+        dispatch = seen.dispatch if seen is not None else None
+        if dispatch is None or not dispatch.rebuilt:
+            raise Unrenderable(f"{label}: its check compares dispatch keys as the capture's thread adjusted them "
+                               f"({dispatch.text if dispatch else 'not seen by the guard filter'}), which python_code "
+                               "rebuilds only for inference_mode and autocast")
+        if self.modes is not None and self.modes != dispatch.modes:
+            raise Unrenderable(f"{label}: built under {dispatch.modes}, another tensor of this variant under {self.modes}")
+        self.modes = dispatch.modes
         recorded = getattr(value, "dispatch_keys", None)
-        if recorded is None or recorded.raw_repr() != dispatch_keys(example).raw_repr():
-            raise Unrenderable(f"{label}: its dispatch keys ({recorded}) are not those of a plain {value.device} tensor")
+        plain = [dispatch_keys(_example(pytype, str(value.dtype), str(value.device), False, inference)).raw_repr()
+                 for inference in (False, True)]
+        if recorded is None or recorded.raw_repr() not in plain:
+            raise Unrenderable(f"{label}: its dispatch keys ({recorded}) are not those of a plain or inference "
+                               f"{value.device} tensor")
+        if recorded.raw_repr() == plain[1] != plain[0]:
+            self.inference.append(len(self.tensors))
         sizes_strides = self.state.output_graph.input_source_to_sizes_strides.get(guard.originating_source)
         if sizes_strides is None:
             raise Unrenderable(f"{label}: the saved state holds no sizes and strides for it")

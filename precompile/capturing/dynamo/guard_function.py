@@ -50,7 +50,9 @@ def guard_function(variant: Any, title: str) -> str:
     # Tensors first: the check most calls that miss fail on, in one C++ call.
     if variant.tensors:
         rows = "".join(f"\n    {row!r}," for row in variant.tensors)
-        out.append(f"_tensors_{prefix} = _TensorMatch(({rows}\n))")
+        keywords = "".join(f", {name}={value!r}" for name, value in (("inference", tuple(variant.inference)),
+                                                                      ("modes", variant.modes)) if value)
+        out.append(f"_tensors_{prefix} = _TensorMatch(({rows}\n){keywords})")
         sources = ", ".join(variant.tensor_sources) + ("," if len(variant.tensor_sources) == 1 else "")
         checks.append(("TENSOR_MATCH", f"({sources})", "tensors"))
     checks += [(label, condition, "holds") for label, condition in dict.fromkeys(variant.lines)]

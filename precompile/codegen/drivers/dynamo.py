@@ -104,7 +104,7 @@ def _binder(code, name, defaults, kwdefaults):
     return binder
 
 
-_CALL_REMEDY = "serve it the way it was captured (arguments, globals, grad mode), or capture this call too"
+_CALL_REMEDY = "serve it the way it was captured (arguments, globals, grad mode, inference_mode, autocast), or capture this call too"
 _LAYOUT_REMEDY = ("a tensor's memory layout (its strides) differs from every captured call's, and each captured graph is "
                   "specialized on it: capture a call with this layout too (call the capture once per layout you serve, "
                   "e.g. with x.to(memory_format=torch.channels_last) or the strided view you pass; each becomes a "

@@ -2,6 +2,7 @@
 # dynamo_guards.py, included verbatim before them). Everything here is torch's C++ guard machinery
 # or plain Python: nothing imports torch._dynamo.
 import math  # noqa: F401 - shape guards call math.isnan
+import threading
 
 import torch
 import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guards read CURRENT_DEVICE
@@ -28,30 +29,64 @@ def _tensor_type(ref):
     return torch.nn.Parameter if ref == "torch.nn.parameter:Parameter" else torch.Tensor
 
 
+_dispatch_sets: dict = {}
+
+
+def _dispatch_tls(modes):
+    """torch's thread-local dispatch key sets (include, exclude) in a fresh thread that switched on
+    `modes`: "inference_mode", "autocast:<device type>". A tensor guard compares each tensor's keys
+    as these sets adjust them, so the sets a capture's calls ran under are part of what it checks."""
+    if modes not in _dispatch_sets:
+        found = []
+
+        def read():
+            with torch.inference_mode("inference_mode" in modes):
+                for mode in modes:
+                    if mode.startswith("autocast:"):
+                        torch.set_autocast_enabled(mode.removeprefix("autocast:"), True)
+                found.append((torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()))
+
+        thread = threading.Thread(target=read, name="precompile-dispatch-keys")
+        thread.start()
+        thread.join()
+        _dispatch_sets[modes] = found[0]
+    return _dispatch_sets[modes]
+
+
+def _example(pytype, dtype, device, requires_grad, inference):
+    """An empty tensor of a TENSOR_MATCH row's kind: a plain tensor, or an inference tensor (made in
+    inference mode), whatever mode the thread that builds it is in."""
+    with torch.inference_mode(inference):
+        example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
+    if pytype is torch.nn.Parameter:
+        return torch.nn.Parameter(example, requires_grad=requires_grad)
+    return example.requires_grad_(requires_grad)
+
+
 class _TensorMatch:
     """Every TENSOR_MATCH of a variant as one C++ TensorGuards check: the Python type, dispatch keys,
     dtype, device, requires_grad, sizes and strides (None: a dynamic dim, any size) of each tensor, as
-    captured. Rows: (source, type reference, dtype, device, requires_grad, sizes, strides)."""
+    captured. Rows: (source, type reference, dtype, device, requires_grad, sizes, strides).
+    `inference`: the rows whose tensor was an inference tensor; `modes`: what the capture's call ran
+    under that changes how torch reads dispatch keys ("inference_mode", "autocast:<device type>"),
+    so a call matches as it did then, whatever mode the process that loads this file is in."""
 
-    def __init__(self, rows):
+    def __init__(self, rows, *, inference=(), modes=()):
         self.names = [row[0] for row in rows]
+        self.modes = modes
         # TensorGuards reads only an example's type, dispatch keys, dtype, device and requires_grad (the
         # sizes and strides are given): rows alike share one example (a model's parameters, mostly).
         made = {}
         examples = []
-        for _, pytype, dtype, device, requires_grad, _, _ in rows:
-            kind = (_tensor_type(pytype), dtype, device, requires_grad)
+        for index, (_, pytype, dtype, device, requires_grad, _, _) in enumerate(rows):
+            kind = (_tensor_type(pytype), dtype, device, requires_grad, index in inference)
             if kind not in made:
-                example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
-                if kind[0] is torch.nn.Parameter:
-                    example = torch.nn.Parameter(example, requires_grad=requires_grad)
-                else:
-                    example.requires_grad_(requires_grad)
-                made[kind] = example
+                made[kind] = _example(*kind)
             examples.append(made[kind])
         # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
-        self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],  # type: ignore[misc]
-                                    dynamic_dims_strides=[list(row[6]) for row in rows])  # type: ignore[misc]
+        with torch._C._ForceDispatchKeyGuard(*_dispatch_tls(modes)):
+            self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],  # type: ignore[misc]
+                                        dynamic_dims_strides=[list(row[6]) for row in rows])  # type: ignore[misc]
 
     def check(self, tensors):
         return self.guards.check(*tensors)
@@ -60,7 +95,10 @@ class _TensorMatch:
         if not all(isinstance(t, torch.Tensor) for t in tensors):
             kinds = ", ".join(f"{name}: {type(t).__name__}" for name, t in zip(self.names, tensors))
             return f"TENSOR_MATCH: expected tensors ({kinds})"
-        return f"TENSOR_MATCH: {self.guards.check_verbose(*tensors, tensor_check_names=self.names)}"
+        verbose = self.guards.check_verbose(*tensors, tensor_check_names=self.names)
+        if "dispatch key set mismatch" in str(verbose):
+            verbose = f"{verbose} (captured {'under ' + ', '.join(self.modes) if self.modes else 'outside inference_mode and autocast'})"
+        return f"TENSOR_MATCH: {verbose}"
 
 
 class _GlobalState:

@@ -40,10 +40,24 @@ def tensor_rows(source: str | bytes | None, lines: Rendered | None = None) -> di
             continue
         match = _TENSORS.fullmatch(name)
         assert match is not None
+        inference, modes = _keyword(call, "inference", int), _keyword(call, "modes", str)
         found[(int(match.group(1)), int(match.group(2)))] = {
-            str(row[0]): _tensor_text(row) for row in rows if isinstance(row, tuple) and len(row) >= 7
+            str(row[0]): _tensor_text(row, index in inference, modes)
+            for index, row in enumerate(rows) if isinstance(row, tuple) and len(row) >= 7
         }
     return found
+
+
+def _keyword(call: ast.Call, name: str, kind: type) -> tuple:
+    """A `_TensorMatch` keyword's literal tuple of `kind` items (empty where absent or anything else)."""
+    for keyword in call.keywords:
+        if keyword.arg == name:
+            try:
+                value = ast.literal_eval(keyword.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return ()
+            return value if isinstance(value, tuple) and all(type(item) is kind for item in value) else ()
+    return ()
 
 
 _GLOBAL_STATE = re.compile(r"_global_state_(\d+)_(\d+)")
@@ -171,10 +185,13 @@ def _spanned(text: str, lines: tuple[tuple[int, int], ...]) -> list[tuple[ast.st
     return found
 
 
-def _tensor_text(row: tuple) -> str:
+def _tensor_text(row: tuple, inference: bool = False, modes: tuple = ()) -> str:
+    """What one TENSOR_MATCH row checks; an inference tensor and the modes its dispatch keys were read
+    under (inference_mode, autocast) are named where the capture's call had them."""
     _, kind, dtype, device, requires_grad, sizes, strides = row[:7]
     return (f"{str(kind).rpartition(':')[2]} {dtype} on {device}, size {shape_text(sizes)}, stride {shape_text(strides)}, "
-            f"requires_grad={requires_grad}")
+            f"requires_grad={requires_grad}" + (", an inference tensor" if inference else "")
+            + (f", keys read under {', '.join(modes)}" if modes else ""))
 
 
 def rendered_checks(source: str | bytes | None, meta: DynamoMetadata, lines: Rendered | None = None,
