@@ -204,6 +204,11 @@ class VariantGuards(msgspec.Struct, frozen=True, kw_only=True):
     readers only, never executed, so that inspect shows and diff compares what they check alike
     whichever serving mode captured it. Empty where the capture could not render them, and in a
     standalone artifact, whose python_code holds them as code."""
+    dispatch_modes: tuple[str, ...] = ()
+    """An installed artifact's variant: what its call ran under that changes how torch's tensor guards
+    read dispatch keys ("inference_mode", "autocast:<device type>"); load rebuilds the variant's guards
+    under them, as Dynamo built them at capture. A standalone artifact renders them on its tensor
+    check (`_TensorMatch(..., modes=...)`)."""
 
 
 class CompiledSubgraph(msgspec.Struct, frozen=True, kw_only=True):

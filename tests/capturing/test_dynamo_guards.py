@@ -273,7 +273,11 @@ def test_rendered_guards_decide_exactly_as_torchs_guard_manager(captured, name):
         pairs = []
         for variant, function in enumerate(table["guards"]):
             meta = listed[(described["qualname"], variant)]
-            with capture["mode"]():  # Dynamo builds a variant's guards under the capture's dispatch state
+            # Dynamo built the variant's guards under the capture's mode: torch's are built so here, under
+            # the real mode, not under the driver's rebuilt dispatch state, which the rendered guards use.
+            namespace["_dispatch_tls"] = lambda modes: (torch._C._dispatch_tls_local_include_set(),
+                                                        torch._C._dispatch_tls_local_exclude_set())
+            with capture["mode"]():
                 torch_guards, _, _ = namespace["_torch_guards"](
                     code.guarded_codes[variant].guards_state, original, frame.scope,
                     frozenset(meta["policy_dropped"]), meta["by_name"], "artifact")

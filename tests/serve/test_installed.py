@@ -171,6 +171,46 @@ print(json.dumps(report))
 """
 
 
+SERVE_UNDER_MODES = r"""
+import json, sys
+import torch, precompile, installed_cases as ic
+served = precompile.load(f"{sys.argv[1]}/modes.py", f"{sys.argv[1]}/modes.cache")  # loaded outside both modes
+model, x = ic.make("print"), torch.ones(4, 8)
+bfloat16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)
+report = {}
+for name, mode in (("autocast", bfloat16), ("inference_mode", torch.inference_mode), ("neither", torch.no_grad)):
+    with torch.no_grad(), mode(), precompile.no_compilation():
+        try:
+            report[name] = torch.equal(served(model, x), ic.run(model, x))
+        except precompile.PrecompileError as exc:
+            report[name] = str(exc)
+print(json.dumps(report))
+"""
+
+
+def test_an_installed_variant_serves_the_inference_mode_and_autocast_it_was_captured_under(tmp_path):
+    """torch rebuilds an installed variant's guards at load; they are built under the dispatch state
+    its call ran under (VariantGuards.dispatch_modes), as Dynamo built them at capture, not under the
+    loading process's: loaded outside both modes, each variant serves its own, and a call under
+    neither misses."""
+    from precompile.artifact.pair import read_python_code
+
+    model, x = ic.make("print"), torch.ones(4, 8)
+    artifact, cache = tmp_path / "modes.py", tmp_path / "modes.cache"
+    with torch.no_grad(), precompile.capture(ic.run, artifact_path=artifact, cache_path=cache,
+                                             tracer=precompile.DynamoTracer(), backend="eager") as cap:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            cap(model, x)
+        with torch.inference_mode():
+            cap(model, x)
+    meta = read_python_code(artifact).metadata
+    assert meta.serving_mode == "installed"
+    assert {variant.dispatch_modes for variant in meta.guards} == {("autocast:cpu",), ("inference_mode",)}
+    report = fresh_json(SERVE_UNDER_MODES, str(tmp_path))
+    assert report["autocast"] is True and report["inference_mode"] is True
+    assert "no captured variant" in report["neither"]
+
+
 def test_installed_load_refuses_compiled_autograd_live_entries_and_disabled_dynamo(installed):
     directory, _ = installed
     report = fresh_json(REFUSALS, str(directory))

@@ -72,7 +72,7 @@ class DispatchState:
 
 def dispatch_state() -> DispatchState:
     """The calling thread's dispatch key sets, and the modes that set them."""
-    from precompile.codegen.drivers.dynamo_guards import _dispatch_tls
+    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
 
     modes: tuple[str, ...] = ("inference_mode",) if torch.is_inference_mode_enabled() else ()
     for device in _AUTOCAST_DEVICES:
@@ -85,6 +85,15 @@ def dispatch_state() -> DispatchState:
     include, exclude = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
     rebuilt = tuple(keys.raw_repr() for keys in _dispatch_tls(modes)) == (include.raw_repr(), exclude.raw_repr())
     return DispatchState(modes=modes, rebuilt=rebuilt, text=f"include {include}, exclude {exclude}")
+
+
+def dispatch_modes(seen: dict) -> tuple[str, ...]:
+    """The modes a variant's tensor guards were built under, from what its guard filter saw (`seen`:
+    {seen_key: Seen}); none where it kept no tensor guard or its dispatch state is not rebuilt from them."""
+    for facts in seen.values():
+        if facts.dispatch is not None:
+            return facts.dispatch.modes if facts.dispatch.rebuilt else ()
+    return ()
 
 
 @dataclass(frozen=True)

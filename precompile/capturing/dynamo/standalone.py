@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
+from precompile.capturing.dynamo.guard_accounting import dispatch_modes
 from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
 from precompile.capturing.dynamo.key_lookups import KeyLookups
 from precompile.errors import CaptureRefused
@@ -206,7 +207,9 @@ def readable_guards(entry, frames: list[DynamoFrame], guards: list[VariantGuards
     """An installed artifact's variants, each with its kept checks rendered as a standalone artifact
     renders them (`VariantGuards.rendered`: text for readers, never run; load checks the guards torch
     rebuilds from the pickled state), so that inspect reads their values and tensors alike in both
-    serving modes. A variant whose guards cannot be rendered keeps none, as before."""
+    serving modes. A variant whose guards cannot be rendered keeps none, as before. Each variant also
+    gets the modes its call ran under (`VariantGuards.dispatch_modes`), which load rebuilds its
+    guards under."""
     from precompile.codegen.drivers.dynamo_checks import read_guards_state
 
     listed = {(v.frame, v.variant): v for v in guards}
@@ -217,6 +220,8 @@ def readable_guards(entry, frames: list[DynamoFrame], guards: list[VariantGuards
             meta = listed.get((frame.qualname, variant))
             if meta is None:
                 continue
+            seen_here = (seen or {}).get((frame.qualname, variant)) or {}
+            meta = listed[(frame.qualname, variant)] = msgspec.structs.replace(meta, dispatch_modes=dispatch_modes(seen_here))
             try:
                 text = render_variant(index, variant, f"Frame {index} ({frame.qualname}), variant {variant}",
                                       read_guards_state(guarded.guards_state), frozenset(meta.policy_dropped),

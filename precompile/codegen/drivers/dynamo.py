@@ -189,7 +189,7 @@ class _Frame:
                 _set_thread_count(guard, self.threads)
 
 
-def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, runs_as_python, target):
+def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, modes, runs_as_python, target):
     """A frame from the pickled package entry (installed artifacts): torch's guard managers."""
     from torch._dynamo.package import SerializedCode
 
@@ -198,7 +198,8 @@ def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, 
                    code.bypassed, bool(code.guarded_codes), target)
     for index, guarded in enumerate(() if runs_as_python else code.guarded_codes):
         guards, global_state, builtins_key = _torch_guards(
-            guarded.guards_state, frame.target, scope, policy_dropped.get(index, ()), by_name.get(index, ()), artifact)
+            guarded.guards_state, frame.target, scope, policy_dropped.get(index, ()), by_name.get(index, ()), artifact,
+            modes.get(index, ()))
         frame.global_state_guards.append(global_state)
         if builtins_key:
             frame.minted.append(builtins_key)
@@ -307,8 +308,9 @@ def build_forward(metadata, state_blob, artifact="this artifact", variant_guards
         variants = [v for v in variant_guards if v["frame"] == described.get("qualname", code.python_code.co_name)]
         policy_dropped = {variant["variant"]: frozenset(variant.get("policy_dropped", ())) for variant in variants}
         by_name = {variant["variant"]: variant.get("by_name", ()) for variant in variants}
+        modes = {variant["variant"]: tuple(variant.get("dispatch_modes", ())) for variant in variants}
         frame = _pickled_frame(code, scope, state["defaults"] if is_entry else None,
-                               state["kwdefaults"] if is_entry else None, artifact, policy_dropped, by_name,
+                               state["kwdefaults"] if is_entry else None, artifact, policy_dropped, by_name, modes,
                                described.get("runs_as_python", False), target)
         frame.label = described.get("qualname") or frame.name
         frames.append(frame)

@@ -18,6 +18,9 @@ import typing as _typing
 
 import torch
 
+if "_dispatch_tls" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
+
 try:
     from precompile.errors import PrecompileError
 except ImportError:  # served where only torch is installed: a twin of the same name
@@ -386,9 +389,11 @@ def rebuilt_guards_state(guards_state, by_name, policy_dropped):
     return state
 
 
-def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact):
+def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact, modes=()):
     """torch's guard manager for one variant, from its pickled guard state: the invariance policy's
-    slots taken out, the by-name identity checks added. Returns it with its GLOBAL_STATE guard."""
+    slots taken out, the by-name identity checks added, built under the dispatch state its call ran
+    under (`modes`, see the dispatch-state section), as Dynamo built it at capture. Returns it with its
+    GLOBAL_STATE guard."""
     from torch._dynamo.package import load_guard_manager
 
     state = rebuilt_guards_state(guards_state, by_name, policy_dropped)
@@ -398,7 +403,7 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
     if builtins_key:
         _seed_builtins(scope, builtins_key, artifact)
     # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
-    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch._C._ForceDispatchKeyGuard(*_dispatch_tls(modes)):
         manager = load_guard_manager(state, target, scope)
     for line in by_name:
         _check_by_name(manager, line, scope, artifact)

@@ -2,12 +2,14 @@
 # dynamo_guards.py, included verbatim before them). Everything here is torch's C++ guard machinery
 # or plain Python: nothing imports torch._dynamo.
 import math  # noqa: F401 - shape guards call math.isnan
-import threading
 
 import torch
 import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guards read CURRENT_DEVICE
 from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+
+if "_dispatch_tls" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
 
 # Shape guards on an unspecialized float compare it with itself read back through a tensor, with
 # the function Dynamo's own shape guards name so.
@@ -27,30 +29,6 @@ def _inlineable_saved_tensors_hooks():
 
 def _tensor_type(ref):
     return torch.nn.Parameter if ref == "torch.nn.parameter:Parameter" else torch.Tensor
-
-
-_dispatch_sets: dict = {}
-
-
-def _dispatch_tls(modes):
-    """torch's thread-local dispatch key sets (include, exclude) in a fresh thread that switched on
-    `modes`: "inference_mode", "autocast:<device type>". A tensor guard compares each tensor's keys
-    as these sets adjust them, so the sets a capture's calls ran under are part of what it checks."""
-    if modes not in _dispatch_sets:
-        found = []
-
-        def read():
-            with torch.inference_mode("inference_mode" in modes):
-                for mode in modes:
-                    if mode.startswith("autocast:"):
-                        torch.set_autocast_enabled(mode.removeprefix("autocast:"), True)
-                found.append((torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()))
-
-        thread = threading.Thread(target=read, name="precompile-dispatch-keys")
-        thread.start()
-        thread.join()
-        _dispatch_sets[modes] = found[0]
-    return _dispatch_sets[modes]
 
 
 def _example(pytype, dtype, device, requires_grad, inference):

@@ -384,18 +384,55 @@ _dynamo_first_lines = {'0': 9, '0.0': 9, '0.1': 9, '1': 11, '1.0': 11, '1.1': 11
 
 
 # ======================================================================================
-# 8. guard-checks: Torch's C++ tensor and global-state guards, the helpers the rendered guards use.
+# 8. dispatch-state: The dispatch key sets a variant's call ran under (inference_mode, autocast), which its tensor guards are built under.
+# ======================================================================================
+# The dispatch state a DynamoTracer artifact's guards are built under (precompile/codegen/drivers/
+# dispatch_state.py, included verbatim). torch's tensor guards compare each tensor's dispatch keys as
+# the thread-local include/exclude sets adjust them (inference_mode drops autograd's keys, autocast
+# keeps its own), and Dynamo builds them under the sets of the call it compiled: the artifact builds
+# them under those sets again, whatever mode the process that loads it is in.
+import threading
+
+import torch
+
+_dispatch_sets: dict = {}
+
+
+def _dispatch_tls(modes):
+    """torch's thread-local dispatch key sets (include, exclude) in a fresh thread that switched on
+    `modes`: "inference_mode", "autocast:<device type>" (what the capture saw its call run under)."""
+    if modes not in _dispatch_sets:
+        found = []
+
+        def read():
+            with torch.inference_mode("inference_mode" in modes):
+                for mode in modes:
+                    if mode.startswith("autocast:"):
+                        torch.set_autocast_enabled(mode.removeprefix("autocast:"), True)
+                found.append((torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()))
+
+        thread = threading.Thread(target=read, name="precompile-dispatch-keys")
+        thread.start()
+        thread.join()
+        _dispatch_sets[modes] = found[0]
+    return _dispatch_sets[modes]
+
+
+# ======================================================================================
+# 9. guard-checks: Torch's C++ tensor and global-state guards, the helpers the rendered guards use.
 # ======================================================================================
 # What the rendered guards of a standalone Dynamo artifact check with (precompile/codegen/drivers/
 # dynamo_guards.py, included verbatim before them). Everything here is torch's C++ guard machinery
 # or plain Python: nothing imports torch._dynamo.
 import math  # noqa: F401 - shape guards call math.isnan
-import threading
 
 import torch
 import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guards read CURRENT_DEVICE
 from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+
+if "_dispatch_tls" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
 
 # Shape guards on an unspecialized float compare it with itself read back through a tensor, with
 # the function Dynamo's own shape guards name so.
@@ -415,30 +452,6 @@ def _inlineable_saved_tensors_hooks():
 
 def _tensor_type(ref):
     return torch.nn.Parameter if ref == "torch.nn.parameter:Parameter" else torch.Tensor
-
-
-_dispatch_sets: dict = {}
-
-
-def _dispatch_tls(modes):
-    """torch's thread-local dispatch key sets (include, exclude) in a fresh thread that switched on
-    `modes`: "inference_mode", "autocast:<device type>". A tensor guard compares each tensor's keys
-    as these sets adjust them, so the sets a capture's calls ran under are part of what it checks."""
-    if modes not in _dispatch_sets:
-        found = []
-
-        def read():
-            with torch.inference_mode("inference_mode" in modes):
-                for mode in modes:
-                    if mode.startswith("autocast:"):
-                        torch.set_autocast_enabled(mode.removeprefix("autocast:"), True)
-                found.append((torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()))
-
-        thread = threading.Thread(target=read, name="precompile-dispatch-keys")
-        thread.start()
-        thread.join()
-        _dispatch_sets[modes] = found[0]
-    return _dispatch_sets[modes]
 
 
 def _example(pytype, dtype, device, requires_grad, inference):
@@ -521,7 +534,7 @@ class _GlobalState:
 
 
 # ======================================================================================
-# 9. guards: Each variant's kept guards, the checks that run on every call, in order.
+# 10. guards: Each variant's kept guards, the checks that run on every call, in order.
 # ======================================================================================
 _dynamo_references = ('builtins:dict',
  'builtins:float',
@@ -911,13 +924,13 @@ def guards_1_2(L, G, explain=False):
 
 
 # ======================================================================================
-# 10. opaque-remainder: None: every code object is marshalled above and every guard rendered; nothing in this file is pickled.
+# 11. opaque-remainder: None: every code object is marshalled above and every guard rendered; nothing in this file is pickled.
 # ======================================================================================
 _dynamo_state = None
 
 
 # ======================================================================================
-# 11. driver-checks: Checks the code Dynamo inlined is unchanged; calls each variant's guards as rendered above.
+# 12. driver-checks: Checks the code Dynamo inlined is unchanged; calls each variant's guards as rendered above.
 # ======================================================================================
 # What a DynamoTracer artifact's driver checks with (precompile/codegen/drivers/dynamo_checks.py,
 # included verbatim before the driver, which serves each call from them): that the code Dynamo
@@ -938,6 +951,9 @@ import types as _types
 import typing as _typing
 
 import torch
+
+if "_dispatch_tls" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
 
 try:
     from precompile.errors import PrecompileError
@@ -1307,9 +1323,11 @@ def rebuilt_guards_state(guards_state, by_name, policy_dropped):
     return state
 
 
-def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact):
+def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact, modes=()):
     """torch's guard manager for one variant, from its pickled guard state: the invariance policy's
-    slots taken out, the by-name identity checks added. Returns it with its GLOBAL_STATE guard."""
+    slots taken out, the by-name identity checks added, built under the dispatch state its call ran
+    under (`modes`, see the dispatch-state section), as Dynamo built it at capture. Returns it with its
+    GLOBAL_STATE guard."""
     from torch._dynamo.package import load_guard_manager
 
     state = rebuilt_guards_state(guards_state, by_name, policy_dropped)
@@ -1319,7 +1337,7 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
     if builtins_key:
         _seed_builtins(scope, builtins_key, artifact)
     # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
-    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False):
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch._C._ForceDispatchKeyGuard(*_dispatch_tls(modes)):
         manager = load_guard_manager(state, target, scope)
     for line in by_name:
         _check_by_name(manager, line, scope, artifact)
@@ -1340,7 +1358,7 @@ def _seed_builtins(scope, key, artifact):
 
 
 # ======================================================================================
-# 12. driver: Seeds the minted names, dispatches each call to the first variant whose guards hold.
+# 13. driver: Seeds the minted names, dispatches each call to the first variant whose guards hold.
 # ======================================================================================
 # Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
 # It builds each compiled subgraph from its source section above, rebuilds each captured variant's
@@ -1533,7 +1551,7 @@ class _Frame:
                 _set_thread_count(guard, self.threads)
 
 
-def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, runs_as_python, target):
+def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, by_name, modes, runs_as_python, target):
     """A frame from the pickled package entry (installed artifacts): torch's guard managers."""
     from torch._dynamo.package import SerializedCode
 
@@ -1542,7 +1560,8 @@ def _pickled_frame(code, scope, defaults, kwdefaults, artifact, policy_dropped, 
                    code.bypassed, bool(code.guarded_codes), target)
     for index, guarded in enumerate(() if runs_as_python else code.guarded_codes):
         guards, global_state, builtins_key = _torch_guards(
-            guarded.guards_state, frame.target, scope, policy_dropped.get(index, ()), by_name.get(index, ()), artifact)
+            guarded.guards_state, frame.target, scope, policy_dropped.get(index, ()), by_name.get(index, ()), artifact,
+            modes.get(index, ()))
         frame.global_state_guards.append(global_state)
         if builtins_key:
             frame.minted.append(builtins_key)
@@ -1651,8 +1670,9 @@ def build_forward(metadata, state_blob, artifact="this artifact", variant_guards
         variants = [v for v in variant_guards if v["frame"] == described.get("qualname", code.python_code.co_name)]
         policy_dropped = {variant["variant"]: frozenset(variant.get("policy_dropped", ())) for variant in variants}
         by_name = {variant["variant"]: variant.get("by_name", ()) for variant in variants}
+        modes = {variant["variant"]: tuple(variant.get("dispatch_modes", ())) for variant in variants}
         frame = _pickled_frame(code, scope, state["defaults"] if is_entry else None,
-                               state["kwdefaults"] if is_entry else None, artifact, policy_dropped, by_name,
+                               state["kwdefaults"] if is_entry else None, artifact, policy_dropped, by_name, modes,
                                described.get("runs_as_python", False), target)
         frame.label = described.get("qualname") or frame.name
         frames.append(frame)
