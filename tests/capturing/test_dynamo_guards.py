@@ -389,6 +389,26 @@ def test_a_variant_serves_the_inference_mode_and_autocast_it_was_captured_under_
     assert report["autocast"] is True
 
 
+def test_diff_names_a_release_captured_under_inference_mode_and_finds_a_recapture_equal(tmp_path, capsys):
+    """A release that differs in one thing (its calls ran under inference_mode) diffs on exactly the
+    tensors whose keys were read under it; a release that differs in nothing diffs equal."""
+    import json
+
+    from precompile.cli.main import main
+
+    torch.manual_seed(1)
+    mlp, x = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)), torch.ones(4, 8)
+    pairs = {name: _capture(tmp_path, name, dynamo_cases.calls_model, [((mlp, x), {})], mode=mode)
+             for name, mode in (("a", torch.no_grad), ("again", torch.no_grad), ("inference", torch.inference_mode))}
+    files = {name: (str(p["artifact"]), str(p["cache"])) for name, p in pairs.items()}
+    assert main(["diff", *files["a"], *files["again"]]) == 0, capsys.readouterr().out
+    capsys.readouterr()
+    assert main(["diff", "--json", *files["a"], *files["inference"]]) == 1
+    entries = {(e["section"], e["key"]): e for e in json.loads(capsys.readouterr().out)["entries"]}
+    changed = {key for key, entry in entries.items() if str(entry.get("b", "")).endswith("keys read under inference_mode")}
+    assert ("inputs", "x") in changed and len(changed) == 5, entries  # x and the four parameters
+
+
 def test_the_driver_hashes_inlined_source_exactly_as_dynamo_does():
     from torch._dynamo.package import _hash_sourcelines
 
