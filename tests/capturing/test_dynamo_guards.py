@@ -389,6 +389,36 @@ def test_a_variant_serves_the_inference_mode_and_autocast_it_was_captured_under_
     assert report["autocast"] is True
 
 
+SERVE_AN_INFERENCE_MODEL = r"""
+import json, sys
+import torch
+import precompile
+sys.path.insert(0, sys.argv[2])
+import dynamo_cases as dc
+
+with torch.inference_mode():
+    torch.manual_seed(1)
+    mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+x = torch.ones(4, 8)
+served = precompile.load(f"{sys.argv[1]}/built_inference.py", f"{sys.argv[1]}/built_inference.cache")
+with torch.inference_mode(), precompile.no_compilation():
+    print(json.dumps(torch.equal(served(mlp, x), dc.calls_model(mlp, x))))
+"""
+
+
+def test_a_model_built_under_inference_mode_loads_outside_it_and_serves(tmp_path):
+    """A model built under inference_mode holds inference-tensor parameters that require grad: the
+    artifact's example tensors for them are made, requires_grad included, inside inference mode, as
+    torch refuses requires_grad on an inference tensor outside it; loading outside inference mode works."""
+    with torch.inference_mode():
+        torch.manual_seed(1)
+        mlp = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    pair = _capture(tmp_path, "built_inference", dynamo_cases.calls_model, [((mlp, torch.ones(4, 8)), {})],
+                    mode=torch.inference_mode)
+    assert "inference=(" in pair["artifact"].read_text()
+    assert fresh_json(SERVE_AN_INFERENCE_MODEL, str(tmp_path), str(dynamo_cases.__file__.rsplit("/", 1)[0])) is True
+
+
 def test_diff_names_a_release_captured_under_inference_mode_and_finds_a_recapture_equal(tmp_path, capsys):
     """A release that differs in one thing (its calls ran under inference_mode) diffs on exactly the
     tensors whose keys were read under it; a release that differs in nothing diffs equal."""

@@ -456,12 +456,14 @@ def _tensor_type(ref):
 
 def _example(pytype, dtype, device, requires_grad, inference):
     """An empty tensor of a TENSOR_MATCH row's kind: a plain tensor, or an inference tensor (made in
-    inference mode), whatever mode the thread that builds it is in."""
+    inference mode), whatever mode the thread that builds it is in. requires_grad is set inside that
+    mode too: torch refuses it on an inference tensor outside inference mode (a model built under
+    inference_mode has such parameters)."""
     with torch.inference_mode(inference):
         example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
-    if pytype is torch.nn.Parameter:
-        return torch.nn.Parameter(example, requires_grad=requires_grad)
-    return example.requires_grad_(requires_grad)
+        if pytype is torch.nn.Parameter:
+            return torch.nn.Parameter(example, requires_grad=requires_grad)
+        return example.requires_grad_(requires_grad)
 
 
 class _TensorMatch:
