@@ -348,18 +348,28 @@ def _article(word):
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
-class _TorchGuards:
-    """A variant's guards as torch's guard manager rebuilt from its pickled guard state."""
+# torch's hint on any failed check of a parameter, wrong where the parameter's dispatch keys differ.
+_PARAMETER_HINT = _re.compile(r"\.? ?Guard failed on a parameter, consider using \S+ = False to allow dynamism on parameters\.?")
 
-    def __init__(self, manager):
+
+class _TorchGuards:
+    """A variant's guards as torch's guard manager rebuilt from its pickled guard state; `modes`: what
+    its call ran under that changes how the tensor checks read dispatch keys (a miss on them names it)."""
+
+    def __init__(self, manager, modes=()):
         self.manager = manager
+        self.modes = modes
 
     def check(self, f_locals):
         return self.manager.check(f_locals)
 
     def explain(self, f_locals):
         failed = [part.strip() for part in self.manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
-        return "; ".join(failed[:2]) or "a guard failed"
+        text = "; ".join(failed[:2]) or "a guard failed"
+        if "dispatch key set mismatch" in text:
+            text = _PARAMETER_HINT.sub("", text)
+            text += f" (captured {'under ' + ', '.join(self.modes) if self.modes else 'outside inference_mode and autocast'})"
+        return text
 
 
 def read_guards_state(guards_state):
@@ -407,7 +417,7 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
         manager = load_guard_manager(state, target, scope)
     for line in by_name:
         _check_by_name(manager, line, scope, artifact)
-    return _TorchGuards(manager), global_state, builtins_key
+    return _TorchGuards(manager, modes), global_state, builtins_key
 
 
 def _builtins_dict(scope):
