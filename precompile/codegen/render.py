@@ -25,9 +25,11 @@ class _Section:
 
 
 _METADATA_TITLE = "Top-level literals. Tools read them with ast and never execute this file."
-_DISPATCH_STATE = _Section("dispatch-state", "The dispatch key sets a variant's call ran under (inference_mode, "
-                           "autocast), which its tensor guards are built under.",
-                           source_of("dispatch_state").rstrip("\n"))
+
+
+def _dispatch_state_section() -> _Section:
+    return _Section("dispatch-state", "The dispatch key sets a variant's call ran under (inference_mode, autocast), "
+                    "which its tensor guards are built under.", source_of("dispatch_state").rstrip("\n"))
 
 
 def _ordered_literals(metadata) -> list[tuple[str, object]]:
@@ -120,7 +122,7 @@ def render_dynamo(
             f"({state_size} bytes, sha256 {state_sha256}). Executing this file unpickles it.",
             "_dynamo_state = " + _chunked(state_base64, indent="    ", close=""),
         ),
-        _DISPATCH_STATE,
+        _dispatch_state_section(),
         _Section("driver-checks", "Checks the code Dynamo inlined is unchanged; rebuilds each variant's guards from "
                  "its pickled state, with the by-name checks.", source_of("dynamo_checks").rstrip("\n")),
         _Section("driver", "Rebuilds the guards, seeds the minted names, dispatches each call to a variant.",
@@ -183,7 +185,7 @@ def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, 
         _Section("bytecode", f"Each frame's original code and each variant's transformed code, marshalled (Python "
                  f"{python} only), Dynamo's minted names renamed to this artifact's; the tables the driver seeds "
                  "and dispatches from.", bytecode),
-        _DISPATCH_STATE,
+        _dispatch_state_section(),
         _Section("guard-checks", "Torch's C++ tensor and global-state guards, the helpers the rendered guards use.",
                  source_of("dynamo_guards").rstrip("\n")),
         _Section("guards", "Each variant's kept guards, the checks that run on every call, in order.",

@@ -275,7 +275,7 @@ def test_rendered_guards_decide_exactly_as_torchs_guard_manager(captured, name):
             meta = listed[(described["qualname"], variant)]
             # Dynamo built the variant's guards under the capture's mode: torch's are built so here, under
             # the real mode, not under the driver's rebuilt dispatch state, which the rendered guards use.
-            namespace["_dispatch_tls"] = lambda modes: (torch._C._dispatch_tls_local_include_set(),
+            namespace["dispatch_key_sets"] = lambda modes: (torch._C._dispatch_tls_local_include_set(),
                                                         torch._C._dispatch_tls_local_exclude_set())
             with capture["mode"]():
                 torch_guards, _, _ = namespace["_torch_guards"](
@@ -383,9 +383,9 @@ def test_a_variant_serves_the_inference_mode_and_autocast_it_was_captured_under_
     the process that loaded the artifact. A mode no captured call ran under misses, naming the mode."""
     report = fresh_json(SERVE_UNDER_MODES, str(captured["mlp"]["artifact"].parent), str(dynamo_cases.__file__.rsplit("/", 1)[0]))
     assert report["plain"] is True
-    assert "(captured outside inference_mode and autocast)" in report["plain under inference_mode"]
+    assert "(captured outside inference_mode and autocast;" in report["plain under inference_mode"]
     assert report["inference"] == [True, True]
-    assert "(captured under inference_mode)" in report["inference outside it"]
+    assert "(captured under inference_mode;" in report["inference outside it"]
     assert report["autocast"] is True
 
 

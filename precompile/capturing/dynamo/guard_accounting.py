@@ -18,6 +18,7 @@ import torch
 
 from precompile.artifact.metadata import VariantGuards
 from precompile.capturing.dynamo.named_identity import FORWARD_MATCH, code_checks, forward_checks, named_check, valued_check
+from precompile.capturing.dynamo.tensor_keys import DispatchState, dispatch_state
 from precompile.errors import CaptureRefused
 
 # Guard types Dynamo's guard serializer refuses, alone or as a type a guard's check derives (the
@@ -52,50 +53,6 @@ _SEEN_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "FAKE_S
                          "SEQUENCE_LENGTH", "HASATTR", "OPAQUE_OBJ_GUARD_FN_MATCH"})
 
 
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
-
-
-@dataclass(frozen=True)
-class DispatchState:
-    """torch's thread-local dispatch key sets as Dynamo built a compile's tensor guards: each tensor's
-    keys are compared as these sets adjust them (inference mode drops autograd's, autocast adds its
-    own), so the artifact builds its check under the same sets."""
-
-    modes: tuple[str, ...]
-    """What the call ran under that sets them: "inference_mode", "autocast:<device type>"."""
-    rebuilt: bool
-    """Whether those modes, switched on in a fresh thread, give exactly these sets (the driver's
-    `_dispatch_tls`); where not, something else set them and the artifact cannot rebuild them."""
-    text: str
-    """The sets as torch prints them, for a refusal's message."""
-
-
-def dispatch_state() -> DispatchState:
-    """The calling thread's dispatch key sets, and the modes that set them."""
-    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
-
-    modes: tuple[str, ...] = ("inference_mode",) if torch.is_inference_mode_enabled() else ()
-    for device in _AUTOCAST_DEVICES:
-        try:
-            enabled = torch.is_autocast_enabled(device)
-        except RuntimeError:  # a device type this build does not know
-            continue
-        if enabled:
-            modes += (f"autocast:{device}",)
-    include, exclude = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
-    rebuilt = tuple(keys.raw_repr() for keys in _dispatch_tls(modes)) == (include.raw_repr(), exclude.raw_repr())
-    return DispatchState(modes=modes, rebuilt=rebuilt, text=f"include {include}, exclude {exclude}")
-
-
-def dispatch_modes(seen: dict) -> tuple[str, ...]:
-    """The modes a variant's tensor guards were built under, from what its guard filter saw (`seen`:
-    {seen_key: Seen}); none where it kept no tensor guard or its dispatch state is not rebuilt from them."""
-    for facts in seen.values():
-        if facts.dispatch is not None:
-            return facts.dispatch.modes if facts.dispatch.rebuilt else ()
-    return ()
-
-
 @dataclass(frozen=True)
 class Seen:
     """What a kept guard's source held when Dynamo built the guard, read from the live object the
@@ -108,7 +65,7 @@ class Seen:
     length: int | None = None
     has_attribute: bool | None = None
     dispatch: DispatchState | None = None
-    """A TENSOR_MATCH's: the dispatch key sets its compile ran under."""
+    """A TENSOR_MATCH's: the dispatch key sets its compile ran under (tensor_keys)."""
 
 
 def seen_key(guard) -> tuple:

@@ -14,7 +14,6 @@ ambient state). A kept guard with no faithful rendering raises `Unrenderable`: t
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import math
 import re
@@ -31,7 +30,7 @@ from precompile.capturing.dynamo.guard_function import guard_function
 from precompile.capturing.dynamo.guard_origin import origin
 from precompile.capturing.dynamo.key_lookups import KeyLookups
 from precompile.capturing.dynamo.named_identity import CHECK, reference
-from precompile.codegen.drivers.dynamo_guards import _example
+from precompile.capturing.dynamo.tensor_keys import marking_guard_enforced, tensor_kind
 
 # Guard types Dynamo's guard builder adds no check for: GLOBAL_STATE's C++ guard covers them.
 _COVERED_BY_GLOBAL_STATE = frozenset({"GRAD_MODE", "DETERMINISTIC_ALGORITHMS", "FSDP_TRAINING_STATE"})
@@ -62,22 +61,6 @@ class RenderedVariant:
     """Its text with the helper objects it uses (tensor and global-state checks)."""
     references: set = field(default_factory=set)
     """`module:qualname` references the checks compare against, resolved at load."""
-
-
-@functools.cache
-def marking_guard_enforced() -> bool:
-    """Whether this torch's C++ dimension-marking guard refuses a tensor marked dynamic where the
-    capture saw none (torch 2.13's lets it pass): rendered guards decide as torch's manager does."""
-    from precompile.torch_compat import RootGuardManager
-
-    root = RootGuardManager()
-    try:
-        root.add_dimension_marking_guard({}, ["_dynamo_dynamic_indices"], {}, ["probe"], None)
-    except (AttributeError, TypeError):  # another torch's guard manager: render the checks as written
-        return True
-    marked = torch.ones(2)
-    marked._dynamo_dynamic_indices = {0}  # type: ignore[attr-defined]
-    return not root.check(marked)
 
 
 def rename_sources(text: str, renames: dict[str, str]) -> str:
@@ -398,7 +381,7 @@ class _Variant:
             self.lines.append((f"{label}: {self.lookups.text(slot_source(expr))}", text))
 
     def tensor(self, guard, label: str, kind: str = "TENSOR_MATCH") -> None:
-        from precompile.torch_compat import dispatch_keys, dynamo_config, is_from_unspecialized_builtin_nn_module_source
+        from precompile.torch_compat import dynamo_config, is_from_unspecialized_builtin_nn_module_source
 
         value = self.value(guard, label)
         source = self.source(guard, label)
@@ -406,21 +389,8 @@ class _Variant:
         if pytype not in _TENSOR_TYPES:
             raise Unrenderable(f"{label}: a {pytype.__qualname__} (only plain tensors and parameters are rendered)")
         seen = self.saw(guard)
-        dispatch = seen.dispatch if seen is not None else None
-        if dispatch is None or not dispatch.rebuilt:
-            raise Unrenderable(f"{label}: its check compares dispatch keys as the capture's thread adjusted them "
-                               f"({dispatch.text if dispatch else 'not seen by the guard filter'}), which python_code "
-                               "rebuilds only for inference_mode and autocast")
-        if self.modes is not None and self.modes != dispatch.modes:
-            raise Unrenderable(f"{label}: built under {dispatch.modes}, another tensor of this variant under {self.modes}")
-        self.modes = dispatch.modes
-        recorded = getattr(value, "dispatch_keys", None)
-        plain = [dispatch_keys(_example(pytype, str(value.dtype), str(value.device), False, inference)).raw_repr()
-                 for inference in (False, True)]
-        if recorded is None or recorded.raw_repr() not in plain:
-            raise Unrenderable(f"{label}: its dispatch keys ({recorded}) are not those of a plain or inference "
-                               f"{value.device} tensor")
-        if recorded.raw_repr() == plain[1] != plain[0]:
+        inference, self.modes = tensor_kind(label, value, pytype, seen.dispatch if seen is not None else None, self.modes)
+        if inference:
             self.inference.append(len(self.tensors))
         sizes_strides = self.state.output_graph.input_source_to_sizes_strides.get(guard.originating_source)
         if sizes_strides is None:

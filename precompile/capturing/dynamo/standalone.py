@@ -30,9 +30,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
-from precompile.capturing.dynamo.guard_accounting import dispatch_modes
 from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
 from precompile.capturing.dynamo.key_lookups import KeyLookups
+from precompile.capturing.dynamo.tensor_keys import dispatch_modes
 from precompile.errors import CaptureRefused
 
 _MINTED_PREFIX = "__precompile_"

@@ -10,7 +10,7 @@ import torch
 _dispatch_sets: dict = {}
 
 
-def _dispatch_tls(modes):
+def dispatch_key_sets(modes):
     """torch's thread-local dispatch key sets (include, exclude) in a fresh thread that switched on
     `modes`: "inference_mode", "autocast:<device type>" (what the capture saw its call run under)."""
     if modes not in _dispatch_sets:
@@ -28,3 +28,10 @@ def _dispatch_tls(modes):
         thread.join()
         _dispatch_sets[modes] = found[0]
     return _dispatch_sets[modes]
+
+
+def captured_under(modes):
+    """What a miss on a tensor's dispatch keys adds to its reason: the modes the variant's call ran under."""
+    where = f"under {', '.join(modes)}" if modes else "outside inference_mode and autocast"
+    return (f"(captured {where}; a tensor's keys change with inference_mode, autocast, an inference tensor "
+            "or a torch.func transform)")

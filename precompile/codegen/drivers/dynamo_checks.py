@@ -18,8 +18,8 @@ import typing as _typing
 
 import torch
 
-if "_dispatch_tls" not in globals():  # imported as a module of its own; python_code has the section above
-    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
+if "dispatch_key_sets" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.dispatch_state import captured_under, dispatch_key_sets
 
 try:
     from precompile.errors import PrecompileError
@@ -368,7 +368,7 @@ class _TorchGuards:
         text = "; ".join(failed[:2]) or "a guard failed"
         if "dispatch key set mismatch" in text:
             text = _PARAMETER_HINT.sub("", text)
-            text += f" (captured {'under ' + ', '.join(self.modes) if self.modes else 'outside inference_mode and autocast'})"
+            text += f" {captured_under(self.modes)}"
         return text
 
 
@@ -413,7 +413,7 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
     if builtins_key:
         _seed_builtins(scope, builtins_key, artifact)
     # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
-    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch._C._ForceDispatchKeyGuard(*_dispatch_tls(modes)):
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch._C._ForceDispatchKeyGuard(*dispatch_key_sets(modes)):
         manager = load_guard_manager(state, target, scope)
     for line in by_name:
         _check_by_name(manager, line, scope, artifact)

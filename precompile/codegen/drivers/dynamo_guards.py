@@ -8,8 +8,8 @@ import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guar
 from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
-if "_dispatch_tls" not in globals():  # imported as a module of its own; python_code has the section above
-    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
+if "dispatch_key_sets" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.dispatch_state import captured_under, dispatch_key_sets
 
 # Shape guards on an unspecialized float compare it with itself read back through a tensor, with
 # the function Dynamo's own shape guards name so.
@@ -31,7 +31,7 @@ def _tensor_type(ref):
     return torch.nn.Parameter if ref == "torch.nn.parameter:Parameter" else torch.Tensor
 
 
-def _example(pytype, dtype, device, requires_grad, inference):
+def tensor_example(pytype, dtype, device, requires_grad, inference):
     """An empty tensor of a TENSOR_MATCH row's kind: a plain tensor, or an inference tensor (made in
     inference mode), whatever mode the thread that builds it is in. requires_grad is set inside that
     mode too: torch refuses it on an inference tensor outside inference mode (a model built under
@@ -61,10 +61,10 @@ class _TensorMatch:
         for index, (_, pytype, dtype, device, requires_grad, _, _) in enumerate(rows):
             kind = (_tensor_type(pytype), dtype, device, requires_grad, index in inference)
             if kind not in made:
-                made[kind] = _example(*kind)
+                made[kind] = tensor_example(*kind)
             examples.append(made[kind])
         # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
-        with torch._C._ForceDispatchKeyGuard(*_dispatch_tls(modes)):
+        with torch._C._ForceDispatchKeyGuard(*dispatch_key_sets(modes)):
             self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],  # type: ignore[misc]
                                         dynamic_dims_strides=[list(row[6]) for row in rows])  # type: ignore[misc]
 
@@ -77,7 +77,7 @@ class _TensorMatch:
             return f"TENSOR_MATCH: expected tensors ({kinds})"
         verbose = self.guards.check_verbose(*tensors, tensor_check_names=self.names)
         if "dispatch key set mismatch" in str(verbose):
-            verbose = f"{verbose} (captured {'under ' + ', '.join(self.modes) if self.modes else 'outside inference_mode and autocast'})"
+            verbose = f"{verbose} {captured_under(self.modes)}"
         return f"TENSOR_MATCH: {verbose}"
 
 

@@ -398,7 +398,7 @@ import torch
 _dispatch_sets: dict = {}
 
 
-def _dispatch_tls(modes):
+def dispatch_key_sets(modes):
     """torch's thread-local dispatch key sets (include, exclude) in a fresh thread that switched on
     `modes`: "inference_mode", "autocast:<device type>" (what the capture saw its call run under)."""
     if modes not in _dispatch_sets:
@@ -418,6 +418,13 @@ def _dispatch_tls(modes):
     return _dispatch_sets[modes]
 
 
+def captured_under(modes):
+    """What a miss on a tensor's dispatch keys adds to its reason: the modes the variant's call ran under."""
+    where = f"under {', '.join(modes)}" if modes else "outside inference_mode and autocast"
+    return (f"(captured {where}; a tensor's keys change with inference_mode, autocast, an inference tensor "
+            "or a torch.func transform)")
+
+
 # ======================================================================================
 # 9. guard-checks: Torch's C++ tensor and global-state guards, the helpers the rendered guards use.
 # ======================================================================================
@@ -431,8 +438,8 @@ import torch.utils._device as _device_module  # noqa: F401 - DEFAULT_DEVICE guar
 from torch._C._dynamo.guards import GlobalStateGuard as _GlobalStateGuard
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
-if "_dispatch_tls" not in globals():  # imported as a module of its own; python_code has the section above
-    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
+if "dispatch_key_sets" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.dispatch_state import captured_under, dispatch_key_sets
 
 # Shape guards on an unspecialized float compare it with itself read back through a tensor, with
 # the function Dynamo's own shape guards name so.
@@ -454,14 +461,16 @@ def _tensor_type(ref):
     return torch.nn.Parameter if ref == "torch.nn.parameter:Parameter" else torch.Tensor
 
 
-def _example(pytype, dtype, device, requires_grad, inference):
+def tensor_example(pytype, dtype, device, requires_grad, inference):
     """An empty tensor of a TENSOR_MATCH row's kind: a plain tensor, or an inference tensor (made in
-    inference mode), whatever mode the thread that builds it is in."""
+    inference mode), whatever mode the thread that builds it is in. requires_grad is set inside that
+    mode too: torch refuses it on an inference tensor outside inference mode (a model built under
+    inference_mode has such parameters)."""
     with torch.inference_mode(inference):
         example = torch.empty(0, dtype=getattr(torch, dtype.removeprefix("torch.")), device=device)
-    if pytype is torch.nn.Parameter:
-        return torch.nn.Parameter(example, requires_grad=requires_grad)
-    return example.requires_grad_(requires_grad)
+        if pytype is torch.nn.Parameter:
+            return torch.nn.Parameter(example, requires_grad=requires_grad)
+        return example.requires_grad_(requires_grad)
 
 
 class _TensorMatch:
@@ -482,10 +491,10 @@ class _TensorMatch:
         for index, (_, pytype, dtype, device, requires_grad, _, _) in enumerate(rows):
             kind = (_tensor_type(pytype), dtype, device, requires_grad, index in inference)
             if kind not in made:
-                made[kind] = _example(*kind)
+                made[kind] = tensor_example(*kind)
             examples.append(made[kind])
         # torch's stub types each of these as one tensor's dims; TensorGuards takes a list per tensor.
-        with torch._C._ForceDispatchKeyGuard(*_dispatch_tls(modes)):
+        with torch._C._ForceDispatchKeyGuard(*dispatch_key_sets(modes)):
             self.guards = _TensorGuards(*examples, dynamic_dims_sizes=[list(row[5]) for row in rows],  # type: ignore[misc]
                                         dynamic_dims_strides=[list(row[6]) for row in rows])  # type: ignore[misc]
 
@@ -498,7 +507,7 @@ class _TensorMatch:
             return f"TENSOR_MATCH: expected tensors ({kinds})"
         verbose = self.guards.check_verbose(*tensors, tensor_check_names=self.names)
         if "dispatch key set mismatch" in str(verbose):
-            verbose = f"{verbose} (captured {'under ' + ', '.join(self.modes) if self.modes else 'outside inference_mode and autocast'})"
+            verbose = f"{verbose} {captured_under(self.modes)}"
         return f"TENSOR_MATCH: {verbose}"
 
 
@@ -943,8 +952,8 @@ import typing as _typing
 
 import torch
 
-if "_dispatch_tls" not in globals():  # imported as a module of its own; python_code has the section above
-    from precompile.codegen.drivers.dispatch_state import _dispatch_tls
+if "dispatch_key_sets" not in globals():  # imported as a module of its own; python_code has the section above
+    from precompile.codegen.drivers.dispatch_state import captured_under, dispatch_key_sets
 
 try:
     from precompile.errors import PrecompileError
@@ -1273,18 +1282,28 @@ def _article(word):
     return "an" if word[:1].lower() in "aeiou" else "a"
 
 
-class _TorchGuards:
-    """A variant's guards as torch's guard manager rebuilt from its pickled guard state."""
+# torch's hint on any failed check of a parameter, wrong where the parameter's dispatch keys differ.
+_PARAMETER_HINT = _re.compile(r"\.? ?Guard failed on a parameter, consider using \S+ = False to allow dynamism on parameters\.?")
 
-    def __init__(self, manager):
+
+class _TorchGuards:
+    """A variant's guards as torch's guard manager rebuilt from its pickled guard state; `modes`: what
+    its call ran under that changes how the tensor checks read dispatch keys (a miss on them names it)."""
+
+    def __init__(self, manager, modes=()):
         self.manager = manager
+        self.modes = modes
 
     def check(self, f_locals):
         return self.manager.check(f_locals)
 
     def explain(self, f_locals):
         failed = [part.strip() for part in self.manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
-        return "; ".join(failed[:2]) or "a guard failed"
+        text = "; ".join(failed[:2]) or "a guard failed"
+        if "dispatch key set mismatch" in text:
+            text = _PARAMETER_HINT.sub("", text)
+            text += f" {captured_under(self.modes)}"
+        return text
 
 
 def read_guards_state(guards_state):
@@ -1328,11 +1347,11 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
     if builtins_key:
         _seed_builtins(scope, builtins_key, artifact)
     # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
-    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch._C._ForceDispatchKeyGuard(*_dispatch_tls(modes)):
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch._C._ForceDispatchKeyGuard(*dispatch_key_sets(modes)):
         manager = load_guard_manager(state, target, scope)
     for line in by_name:
         _check_by_name(manager, line, scope, artifact)
-    return _TorchGuards(manager), global_state, builtins_key
+    return _TorchGuards(manager, modes), global_state, builtins_key
 
 
 def _builtins_dict(scope):
