@@ -160,3 +160,15 @@ def drops_unsupported(x, **kwargs):
     """What diffusers' attention dispatch does: the keywords the backend does not take are dropped."""
     removed = set(kwargs) - set(SUPPORTED_ARGS["sdpa"])
     return x * (len(kwargs) - len(removed))
+
+
+class CountsCalls(torch.nn.Module):
+    """A forward that changes state its own guards check: a counter it reads and bumps."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return x * self.calls

@@ -439,6 +439,31 @@ def test_diff_names_a_release_captured_under_inference_mode_and_finds_a_recaptur
     assert ("inputs", "x") in changed and len(changed) == 5, entries  # x and the four parameters
 
 
+def test_a_call_changed_state_warning_is_given_for_a_counter_not_for_a_mode_around_one_call(tmp_path):
+    """The check that each captured call would be served again runs under the mode that call ran
+    under: autocast or inference_mode around one capture call is how it is served, not a change of
+    state. A counter the forward bumps and reads is one, and is warned about."""
+    import warnings
+
+    torch.manual_seed(1)
+    mlp, x = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)), torch.ones(4, 8)
+
+    def captured_warnings(fn, calls):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.no_grad(), precompile.capture(fn, artifact_path=tmp_path / f"{fn.__name__}.py", cache_path=tmp_path / "c.cache",
+                                                     tracer=precompile.DynamoTracer(), backend="eager") as cap:
+                for mode, args in calls:
+                    with mode():
+                        cap(*args)
+        return [str(w.message) for w in caught if "changed state that its own guards check" in str(w.message)]
+
+    bfloat16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    assert captured_warnings(dynamo_cases.calls_model, [(bfloat16, (mlp, x)), (torch.inference_mode, (mlp, x))]) == []
+    counted = captured_warnings(dynamo_cases.calls_model, [(contextlib.nullcontext, (dynamo_cases.CountsCalls(), x))])
+    assert len(counted) == 1 and "call 1 of the capture" in counted[0], counted
+
+
 def test_the_driver_hashes_inlined_source_exactly_as_dynamo_does():
     from torch._dynamo.package import _hash_sourcelines
 

@@ -3,20 +3,69 @@
 artifact that serves that call once and refuses the same call after it.
 
 When the artifact is built, `served_again` checks each captured call's arguments against the
-guards of every variant Dynamo then holds for fn's entry frame, in the state the calls left; when
-none passes, it warns, naming the first check that fails, and says how to record the next variant
-too (call it again inside the capture). Frames the entry reaches through graph breaks are not
-checked here.
+guards of every variant Dynamo then holds for fn's entry frame, in the state the calls left and
+under the mode the call itself ran under (`CallMode`: a `with torch.autocast(...)` or
+`torch.inference_mode()` around one call is how it is served, not a change); when none passes, it
+warns, naming the first check that fails, and says how to record the next variant too (call it
+again inside the capture). Frames the entry reaches through graph breaks are not checked here.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import warnings
+from dataclasses import dataclass
 
+import torch
+
+from precompile.capturing.dynamo.tensor_keys import AUTOCAST_DEVICES
 from precompile.errors import PrecompileWarning
 
 log = logging.getLogger("precompile")
+
+
+@dataclass(frozen=True)
+class CallMode:
+    """What a capture call ran under that its guards check and a `with` block around the call sets:
+    grad mode, the dispatch key sets (inference_mode, autocast on or off), autocast's dtypes and
+    cache, the default dtype."""
+
+    grad: bool
+    include: torch._C.DispatchKeySet
+    exclude: torch._C.DispatchKeySet
+    autocast_dtypes: tuple[tuple[str, torch.dtype], ...]
+    autocast_cache: bool
+    default_dtype: torch.dtype
+
+    @classmethod
+    def now(cls) -> CallMode:
+        dtypes = []
+        for device in AUTOCAST_DEVICES:
+            try:
+                dtypes.append((device, torch.get_autocast_dtype(device)))
+            except RuntimeError:  # a device type this build does not know
+                continue
+        return cls(grad=torch.is_grad_enabled(), include=torch._C._dispatch_tls_local_include_set(),
+                   exclude=torch._C._dispatch_tls_local_exclude_set(), autocast_dtypes=tuple(dtypes),
+                   autocast_cache=torch.is_autocast_cache_enabled(), default_dtype=torch.get_default_dtype())
+
+    def _set(self) -> None:
+        for device, dtype in self.autocast_dtypes:
+            torch.set_autocast_dtype(device, dtype)
+        torch.set_autocast_cache_enabled(self.autocast_cache)
+        torch.set_default_dtype(self.default_dtype)
+
+    @contextlib.contextmanager
+    def entered(self):
+        """This mode, for the block; the caller's back after it."""
+        before = CallMode.now()
+        with torch._C._ForceDispatchKeyGuard(self.include, self.exclude), torch.set_grad_enabled(self.grad):
+            self._set()
+            try:
+                yield
+            finally:
+                before._set()
 
 
 def _entry_locals(fn, args: tuple, kwargs: dict) -> dict | None:

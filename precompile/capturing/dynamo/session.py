@@ -31,7 +31,7 @@ from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.key_lookups import KeyLookups, apply, key_lookups, recorded_misses
 from precompile.capturing.dynamo.logs import BackendFallbackLog, GraphBreakReasons, TruncationLog
 from precompile.capturing.dynamo.minted_globals import record_guarded_minted_modules, record_minted_modules
-from precompile.capturing.dynamo.next_call import served_again
+from precompile.capturing.dynamo.next_call import CallMode, served_again
 from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
 from precompile.capturing.dynamo.standalone import minted_renamed, readable_guards, remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
@@ -150,7 +150,7 @@ class DynamoSession:
         self._truncation = TruncationLog()
         self._fallbacks = BackendFallbackLog()
         self.kernel_build: kernels.KernelBuild | None = None
-        self._served_calls: list[tuple[tuple, dict]] = []
+        self._served_calls: list[tuple[tuple, dict, CallMode]] = []
         """Each call that ran, to check at build whether the artifact would serve it again."""
         self._warned: set[int] = set()
         self._call_built: CallBuiltState | None = None
@@ -211,7 +211,7 @@ class DynamoSession:
             counted = libraries_in(self.kernel_build.directory) if self.kernel_build is not None else None
             with self._kernel_dir_held(), phase(f"call {self.calls}: compile what Dynamo has not yet, and run", counted):
                 result = self.compiled(*args, **kwargs)
-            self._served_calls.append((args, kwargs))
+            self._served_calls.append((args, kwargs, CallMode.now()))
             return result
         except Exception as exc:
             # A refusal of ours from inside the backend reaches the caller as itself, not wrapped
@@ -297,8 +297,10 @@ class DynamoSession:
         return {"qualname": qualname, "first_line": code.python_code.co_firstlineno, "installed": installed}
 
     def build(self) -> pipeline.Pair:
-        for call, (args, kwargs) in enumerate(self._served_calls, 1):
-            if call not in self._warned and not served_again(self.fn, args, kwargs, call):
+        for call, (args, kwargs, mode) in enumerate(self._served_calls, 1):
+            with mode.entered():
+                again = call in self._warned or served_again(self.fn, args, kwargs, call)
+            if not again:
                 self._warned.add(call)
         # Rendering builds hundreds of thousands of short-lived objects (syntax trees of every guard,
         # the text): with the collector paused they are freed by refcounting alone, where they would

@@ -18,7 +18,7 @@ from precompile.capturing.dynamo.guard_expressions import Unrenderable
 from precompile.codegen.drivers.dispatch_state import dispatch_key_sets
 from precompile.codegen.drivers.dynamo_guards import tensor_example
 
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class DispatchState:
 def dispatch_state() -> DispatchState:
     """The calling thread's dispatch key sets, and the modes that set them."""
     modes: tuple[str, ...] = ("inference_mode",) if torch.is_inference_mode_enabled() else ()
-    for device in _AUTOCAST_DEVICES:
+    for device in AUTOCAST_DEVICES:
         try:
             enabled = torch.is_autocast_enabled(device)
         except RuntimeError:  # a device type this build does not know
