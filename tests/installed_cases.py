@@ -172,3 +172,12 @@ class TypeCheckingChild(torch.nn.Module):
 def make_type_checking() -> Parent:
     torch.manual_seed(0)
     return Parent(TypeCheckingChild())
+
+
+def breaks_under_autocast(model, x):
+    """A graph break inside an autocast block: the code Dynamo builds to re-enter the block holds
+    torch.bfloat16 as a constant, which marshal cannot write."""
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = model(x)
+        print("under autocast", tuple(y.shape))
+        return model(y.float()) + 1

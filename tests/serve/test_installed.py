@@ -215,6 +215,34 @@ def test_an_installed_variant_serves_the_inference_mode_and_autocast_it_was_capt
     assert "force_parameter_static_shapes" not in report["neither"]
 
 
+SERVE_AUTOCAST_BREAK = r"""
+import json, sys
+import torch, precompile, installed_cases as ic
+served = precompile.load(f"{sys.argv[1]}/break.py", f"{sys.argv[1]}/break.cache")
+torch.manual_seed(0)
+model, x = torch.nn.Linear(8, 8), torch.ones(4, 8)
+with torch.no_grad(), precompile.no_compilation():
+    got, expected = served(model, x), ic.breaks_under_autocast(model, x)
+print(json.dumps([torch.equal(got, expected), str(got.dtype)]))
+"""
+
+
+def test_a_graph_break_inside_an_autocast_block_is_served_installed(tmp_path):
+    """Dynamo's code that re-enters the autocast block after the break holds torch.bfloat16 as a
+    constant, which a standalone artifact's marshalled code cannot hold: the capture serves it
+    installed (pickled code) rather than failing with marshal's error."""
+    from precompile.artifact.pair import read_python_code
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Linear(8, 8), torch.ones(4, 8)
+    with torch.no_grad(), precompile.capture(ic.breaks_under_autocast, artifact_path=tmp_path / "break.py",
+                                             cache_path=tmp_path / "break.cache", tracer=precompile.DynamoTracer(),
+                                             backend="eager") as cap:
+        cap(model, x)
+    assert read_python_code(tmp_path / "break.py").metadata.serving_mode == "installed"
+    assert fresh_json(SERVE_AUTOCAST_BREAK, str(tmp_path)) == [True, "torch.bfloat16"]
+
+
 def test_installed_load_refuses_compiled_autograd_live_entries_and_disabled_dynamo(installed):
     directory, _ = installed
     report = fresh_json(REFUSALS, str(directory))

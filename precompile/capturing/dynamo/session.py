@@ -46,9 +46,35 @@ from precompile.serve import ranks as distributed
 log = logging.getLogger("precompile")
 _active = threading.Lock()
 
-def serves_installed(frames: list[DynamoFrame]) -> bool:
-    """Frames reached by an ordinary call serve only through Dynamo's frame evaluator."""
-    return any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
+def serves_installed(entry, frames: list[DynamoFrame]) -> bool:
+    """Frames reached by an ordinary call serve only through Dynamo's frame evaluator; so does a
+    capture whose code a standalone artifact cannot marshal (`unmarshallable_constant`)."""
+    return (any(frame.installed and (frame.variants or frame.bypassed) for frame in frames)
+            or unmarshallable_constant(entry) is not None)
+
+
+def unmarshallable_constant(entry) -> str | None:
+    """A constant of the captured code (each frame's original and transformed code, nested code
+    included) that marshal cannot write, as its repr; None where there is none. Dynamo bakes one into
+    the code that re-enters a `with torch.autocast(device, dtype=torch.bfloat16):` block after a graph
+    break (the dtype): a standalone artifact ships code marshalled, an installed one pickled."""
+    import marshal
+    import types
+
+    from precompile.torch_compat import SerializedCode
+
+    pending = [SerializedCode.to_code_object(code.python_code) for code in entry.codes]
+    pending += [SerializedCode.to_code_object(g.dynamo_code) for code in entry.codes for g in code.guarded_codes]
+    while pending:
+        for const in pending.pop().co_consts:
+            if isinstance(const, types.CodeType):
+                pending.append(const)
+                continue
+            try:
+                marshal.dumps(const)
+            except ValueError:
+                return repr(const)
+    return None
 
 
 def refuse_unsupported_fn(fn: Callable[..., Any]) -> None:
@@ -278,7 +304,7 @@ class DynamoSession:
             )
             guards += account_frame(code, where["qualname"], self._ledger, slots, taken, states)
         lookups = KeyLookups()
-        if not serves_installed(frames):  # an installed artifact is checked by Dynamo's own guards
+        if not serves_installed(entry, frames):  # an installed artifact is checked by Dynamo's own guards
             lookups = key_lookups(entry, states, self._ledger.seen, slots.dropped, self._misses)
             guards = apply(lookups, guards, slots, self._ledger.rendered)
         return entry, frames, guards, backends, slots, lookups
@@ -318,7 +344,7 @@ class DynamoSession:
         summary = self._summary(entry, frames, backends, guards, slots)
         self._gate(summary)
         self._refuse_state_built_before(entry, guards)
-        installed = serves_installed(frames)
+        installed = serves_installed(entry, frames)
         if installed:
             refuse_uninstallable(entry, frames)
             record_guarded_minted_modules(entry, frames, guards)
