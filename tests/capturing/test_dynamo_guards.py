@@ -386,6 +386,7 @@ def test_a_variant_serves_the_inference_mode_and_autocast_it_was_captured_under_
     assert "(captured outside inference_mode and autocast;" in report["plain under inference_mode"]
     assert report["inference"] == [True, True]
     assert "(captured under inference_mode;" in report["inference outside it"]
+    assert "x is not an inference tensor, the captured one was one" in report["inference outside it"]
     assert report["autocast"] is True
 
 

@@ -53,7 +53,7 @@ class _TensorMatch:
 
     def __init__(self, rows, *, inference=(), modes=()):
         self.names = [row[0] for row in rows]
-        self.modes = modes
+        self.modes, self.inference = modes, inference
         # TensorGuards reads only an example's type, dispatch keys, dtype, device and requires_grad (the
         # sizes and strides are given): rows alike share one example (a model's parameters, mostly).
         made = {}
@@ -78,6 +78,13 @@ class _TensorMatch:
         verbose = self.guards.check_verbose(*tensors, tensor_check_names=self.names)
         if "dispatch key set mismatch" in str(verbose):
             verbose = f"{verbose} {captured_under(self.modes)}"
+            # The one cause a call's tensors show: one is (or is not) an inference tensor where the capture's was not.
+            flipped = [(name, t.is_inference()) for index, (name, t) in enumerate(zip(self.names, tensors))
+                       if t.is_inference() != (index in self.inference)]
+            if flipped:
+                name, now = flipped[0]
+                verbose = (f"{verbose}; {name} is {'' if now else 'not '}an inference tensor, the captured one "
+                           f"was {'not ' if now else ''}one")
         return f"TENSOR_MATCH: {verbose}"
 
 
