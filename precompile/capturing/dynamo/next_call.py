@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from precompile.capturing.dynamo.tensor_keys import AUTOCAST_DEVICES
+from precompile.capturing.dynamo.tensor_keys import autocast_devices
 from precompile.errors import PrecompileWarning
 
 log = logging.getLogger("precompile")
@@ -40,14 +40,9 @@ class CallMode:
 
     @classmethod
     def now(cls) -> CallMode:
-        dtypes = []
-        for device in AUTOCAST_DEVICES:
-            try:
-                dtypes.append((device, torch.get_autocast_dtype(device)))
-            except RuntimeError:  # a device type this build does not know
-                continue
+        dtypes = tuple((device, torch.get_autocast_dtype(device)) for device in autocast_devices())
         return cls(grad=torch.is_grad_enabled(), include=torch._C._dispatch_tls_local_include_set(),
-                   exclude=torch._C._dispatch_tls_local_exclude_set(), autocast_dtypes=tuple(dtypes),
+                   exclude=torch._C._dispatch_tls_local_exclude_set(), autocast_dtypes=dtypes,
                    autocast_cache=torch.is_autocast_cache_enabled(), default_dtype=torch.get_default_dtype())
 
     def _set(self) -> None:

@@ -267,7 +267,7 @@ class DynamoSession:
 
     # -- rendering -------------------------------------------------------------------------------
     def summary(self) -> PrecompileSummary:
-        entry, frames, guards, backends, slots, _ = self._collect()
+        entry, frames, guards, backends, slots, _, _ = self._collect()
         return self._summary(entry, frames, backends, guards, slots)
 
     def _collect(self):
@@ -304,10 +304,11 @@ class DynamoSession:
             )
             guards += account_frame(code, where["qualname"], self._ledger, slots, taken, states)
         lookups = KeyLookups()
-        if not serves_installed(entry, frames):  # an installed artifact is checked by Dynamo's own guards
+        installed = serves_installed(entry, frames)
+        if not installed:  # an installed artifact is checked by Dynamo's own guards
             lookups = key_lookups(entry, states, self._ledger.seen, slots.dropped, self._misses)
             guards = apply(lookups, guards, slots, self._ledger.rendered)
-        return entry, frames, guards, backends, slots, lookups
+        return entry, frames, guards, backends, slots, lookups, installed
 
     def _where(self, index: int, code) -> dict:
         """Where a frame's code lives: the entry is fn; a continuation is reached by the global names
@@ -340,11 +341,10 @@ class DynamoSession:
         return self.kernel_build.held() if self.kernel_build is not None else contextlib.nullcontext()
 
     def _build(self) -> pipeline.Pair:
-        entry, frames, guards, backends, slots, lookups = self._collect()
+        entry, frames, guards, backends, slots, lookups, installed = self._collect()
         summary = self._summary(entry, frames, backends, guards, slots)
         self._gate(summary)
         self._refuse_state_built_before(entry, guards)
-        installed = serves_installed(entry, frames)
         if installed:
             refuse_uninstallable(entry, frames)
             record_guarded_minted_modules(entry, frames, guards)

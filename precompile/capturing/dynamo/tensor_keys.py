@@ -18,7 +18,20 @@ from precompile.capturing.dynamo.guard_expressions import Unrenderable
 from precompile.codegen.drivers.dispatch_state import dispatch_key_sets
 from precompile.codegen.drivers.dynamo_guards import tensor_example
 
-AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "xla", "ipu", "mtia", "maia")
+
+
+@functools.cache
+def autocast_devices() -> tuple[str, ...]:
+    """The device types whose autocast state this torch build keeps."""
+    known = []
+    for device in _AUTOCAST_DEVICES:
+        try:
+            torch.is_autocast_enabled(device)
+        except RuntimeError:  # a device type this build does not know
+            continue
+        known.append(device)
+    return tuple(known)
 
 
 @dataclass(frozen=True)
@@ -38,14 +51,8 @@ class DispatchState:
 
 def dispatch_state() -> DispatchState:
     """The calling thread's dispatch key sets, and the modes that set them."""
-    modes: tuple[str, ...] = ("inference_mode",) if torch.is_inference_mode_enabled() else ()
-    for device in AUTOCAST_DEVICES:
-        try:
-            enabled = torch.is_autocast_enabled(device)
-        except RuntimeError:  # a device type this build does not know
-            continue
-        if enabled:
-            modes += (f"autocast:{device}",)
+    modes = (("inference_mode",) if torch.is_inference_mode_enabled() else ()) + tuple(
+        f"autocast:{device}" for device in autocast_devices() if torch.is_autocast_enabled(device))
     include, exclude = torch._C._dispatch_tls_local_include_set(), torch._C._dispatch_tls_local_exclude_set()
     rebuilt = tuple(keys.raw_repr() for keys in dispatch_key_sets(modes)) == (include.raw_repr(), exclude.raw_repr())
     return DispatchState(modes=modes, rebuilt=rebuilt, text=f"include {include}, exclude {exclude}")
@@ -67,21 +74,28 @@ def tensor_kind(label: str, value, pytype: type, dispatch: DispatchState | None,
     again: its compile's dispatch sets are not rebuilt from their modes, another tensor of the variant
     was read under other modes (`variant_modes`), or its keys are neither a plain nor an inference
     tensor's."""
-    from precompile.torch_compat import dispatch_keys
-
     if dispatch is None or not dispatch.rebuilt:
         raise Unrenderable(f"{label}: its check compares dispatch keys as the capture's thread adjusted them "
                            f"({dispatch.text if dispatch else 'not seen by the guard filter'}), which python_code "
                            "rebuilds only for inference_mode and autocast")
     recorded = getattr(value, "dispatch_keys", None)
-    plain = [dispatch_keys(tensor_example(pytype, str(value.dtype), str(value.device), False, inference)).raw_repr()
-             for inference in (False, True)]
+    plain = _plain_keys(pytype, str(value.dtype), str(value.device))
     if recorded is None or recorded.raw_repr() not in plain:
         raise Unrenderable(f"{label}: its dispatch keys ({recorded}) are not those of a plain or inference "
                            f"{value.device} tensor")
     if variant_modes is not None and variant_modes != dispatch.modes:
         raise Unrenderable(f"{label}: read under {dispatch.modes}, another tensor of this variant under {variant_modes}")
     return recorded.raw_repr() == plain[1] != plain[0], dispatch.modes
+
+
+@functools.cache
+def _plain_keys(pytype: type, dtype: str, device: str) -> tuple[int, int]:
+    """The raw dispatch keys of a plain and of an inference tensor of this kind (one pair per kind,
+    however many parameters share it)."""
+    from precompile.torch_compat import dispatch_keys
+
+    plain, inference = (dispatch_keys(tensor_example(pytype, dtype, device, False, kind)).raw_repr() for kind in (False, True))
+    return plain, inference
 
 
 @functools.cache
