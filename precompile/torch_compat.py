@@ -41,6 +41,7 @@ PRIVATE_NAMES: dict[str, str] = {
     "CompilePackage": "torch._dynamo.package:CompilePackage",
     "load_guards_state": "torch._dynamo.package:load_guards_state",
     "GuardsStatePickler": "torch._dynamo.guards:GuardsStatePickler",
+    "GuardStateMissing": "torch._dynamo.guards:_Missing",
     "is_from_unspecialized_builtin_nn_module_source": "torch._dynamo.guards:is_from_unspecialized_builtin_nn_module_source",
     "PrecompileContext": "torch._dynamo.precompile_context:PrecompileContext",
     "SerializedCode": "torch._dynamo.package:SerializedCode",

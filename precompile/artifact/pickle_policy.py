@@ -52,17 +52,21 @@ DATA_ONLY = frozenset(
 MODULE = "<module>"
 """The name recorded for the import of a whole module."""
 
-# What Dynamo's own opaque state is built from (torch 2.11-2.14: its package entries, guard trees and
+# What Dynamo's own opaque state is built from (torch 2.11-2.15: its package entries, guard trees and
 # AOTAutograd's wrappers), reviewed: dataclasses, enums and named tuples whose reconstruction stores
 # fields, guard builder methods referenced by name (never called while unpickling), and the
-# containers torch uses. Not data-only in general, so only the opaque state (`load` unpickles it,
+# containers torch uses. torch 2.15 adds the dispatch state a guard tree was built under (`LocalState`,
+# rebuilt from two key-set integers and three flags by its `__setstate__`) and moves `_Missing` (a
+# placeholder holding a reason string) to the package module. Not data-only in general, so only the opaque state (`load` unpickles it,
 # with its subgraphs' code from python_code) allows them; anywhere else they stay "unknown".
 DYNAMO_STATE = frozenset(
-    [("torch._dynamo.package", name) for name in ("SerializedCode", "_DynamoCodeCacheEntry", "_GuardedCodeCacheEntry")]
+    [("torch._dynamo.package", name) for name in (
+        "SerializedCode", "_DynamoCodeCacheEntry", "_GuardedCodeCacheEntry", "_Missing")]
     + [("torch._dynamo.guards", name) for name in (
         "GuardsState", "GuardsStatePickler", "GuardsStatePickler._unpickle_tensor", "ShapeCodeParts", "_Missing")]
     + [("torch._dynamo.output_graph", "OutputGraphGuardsState"), ("torch._guards", "Guard"), ("torch._guards", "GuardsSet"),
-       ("torch._C._dynamo.guards", "GlobalStateGuard"), ("torch.fx.experimental.symbolic_shapes", "_ShapeGuardsHelper"),
+       ("torch._C._dynamo.guards", "GlobalStateGuard"),
+       ("torch._C._dynamo.guards", "LocalState"), ("torch.fx.experimental.symbolic_shapes", "_ShapeGuardsHelper"),
        ("torch.utils._ordered_set", "OrderedSet"), ("torch.utils._traceback", "CapturedTraceback"),
        ("traceback", "FrameSummary"), ("traceback", "StackSummary"), ("torch", "Tensor"),
        ("torch._subclasses.functional_tensor", "FunctionalTensor")]

@@ -12,6 +12,7 @@ stages its own way; this module does the rest for both:
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -76,6 +77,25 @@ def freeze(kernel_build: kernels.KernelBuild, kernel_modules: Iterable[str]) -> 
     )
 
 
+_IMPORTED = re.compile(r"would import (\S+) at")
+
+
+def _unpicklable_remedy(problem: str) -> str:
+    """Why Dynamo's state holds the import a refusal names (`problem`), and what the user can change."""
+    found = _IMPORTED.search(problem)
+    imported = found.group(1) if found else ""
+    if imported.startswith(("torch.fx.", "torch._functorch.")):
+        return ("A training graph AOTAutograd serves itself (an output that aliases an input or another output) keeps "
+                "torch's fx GraphModule, which rebuilds itself from source when unpickled: return a copy of such an "
+                "output (`.clone()`), or capture with MakeFxTracer")
+    if imported.endswith("._unpickle_module"):
+        return ("A guard reads a module whose class Dynamo's pickler cannot name (one defined inside a function), "
+                "which it writes as a bare nn.Module: define the class at module level, give it a __reduce__ that "
+                "rebuilds it by an importable name, or capture with MakeFxTracer")
+    return (f"torch {torch.__version__} writes it into the state of a guard or a compiled graph of this call: "
+            "capture with MakeFxTracer, whose artifacts keep no Dynamo state")
+
+
 def seal(python_code: bytes, *, backend: Backend, tracer: TracerTag, bundle: KernelBundle | None, payload: bytes) -> bytes:
     """The cache file that pairs with `python_code`: its envelope, tagged and hashed, the bundle, and
     what load would otherwise do itself: python_code compiled, and its metadata literals decoded
@@ -86,11 +106,9 @@ def seal(python_code: bytes, *, backend: Backend, tracer: TracerTag, bundle: Ker
     tree = parse_source(source)
     compiled, metadata = bytecode.prepare(source, digest, parse_metadata(tree), tree)
     if compiled is not None and compiled.opaque is not None and compiled.opaque.problems:
+        problem = compiled.opaque.problems[0].split("; do not load")[0]
         raise CaptureRefused(
-            f"the Dynamo state this capture would write is one load refuses to unpickle: {compiled.opaque.problems[0].split('; do not load')[0]}. "
-            "A training graph AOTAutograd serves itself (an output that aliases an input or another output) keeps "
-            "torch's fx GraphModule, which rebuilds itself from source when unpickled: return a copy of such an "
-            "output (`.clone()`), or capture with MakeFxTracer"
+            f"the Dynamo state this capture would write is one load refuses to unpickle: {problem}. {_unpicklable_remedy(problem)}"
         )
     envelope = CacheEnvelopeV1(
         code_hash=digest,

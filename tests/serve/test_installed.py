@@ -188,6 +188,7 @@ print(json.dumps(report))
 """
 
 
+@pytest.mark.compat
 def test_an_installed_variant_serves_the_inference_mode_and_autocast_it_was_captured_under(tmp_path):
     """torch rebuilds an installed variant's guards at load; they are built under the dispatch state
     its call ran under (VariantGuards.dispatch_modes), as Dynamo built them at capture, not under the
@@ -405,10 +406,19 @@ print(json.dumps({"installed": served.installed, "equal": equal, "compiles": dic
 """
 
 
+@pytest.mark.compat
 def test_a_transformers_model_with_a_graph_break_in_a_layer_serves_installed(tmp_path):
+    """On 2.15 Dynamo's guard pickler writes the functions transformers' decorators wrap by value (their
+    code objects): the capture writes them as Dynamo's placeholder instead, so verify's strict scan of
+    the state passes and load puts the live ones back. On 2.11 Dynamo cannot find transformers'
+    gradient-checkpointing forward (made inside __init_subclass__) by name: the capture is refused."""
     pytest.importorskip("transformers")
     model = ic.tiny_llama()
     ids = torch.arange(6).reshape(1, 6) % 64
+    if torch.__version__.startswith("2.11."):
+        with torch.no_grad(), pytest.raises(precompile.CaptureRefused, match=r"cannot record .*forward_with_checkpointing.*MakeFxTracer"):
+            _capture(tmp_path, "llama", ic.llama_logits, [(model, ids)])
+        return
     with torch.no_grad():
         _, _, summary = _capture(tmp_path, "llama", ic.llama_logits, [(model, ids)])
     assert summary.complete and not summary.risky_dropped_guards
@@ -444,12 +454,17 @@ def test_a_module_of_a_local_class_that_pickles_itself_reads_back_as_its_class_a
     assert fresh_json(FUNCTION_MODULE, str(tmp_path)) == {"installed": True, "equal": True, "compiles": {}}
 
 
+@pytest.mark.compat
 def test_a_kept_guard_the_pickled_guard_state_cannot_read_back_refuses_the_installed_capture_naming_it(tmp_path):
     """The same module without a __reduce__ of its own reads back as a bare nn.Module: the capture is
     refused, naming the guard, rather than the artifact at load (`'NoneType' object is not subscriptable`)."""
     with torch.no_grad(), pytest.raises(precompile.CaptureRefused) as refused:
         _capture(tmp_path, "bare", ic.run, [(ic.make_function_module(reduces_itself=False), torch.ones(4, 8))])
     message = str(refused.value)
+    if torch.__version__.startswith(("2.11.", "2.12.")):  # refused by load's policy on the bare module, before any guard reads it
+        assert "GuardsStatePickler._unpickle_module" in message and "define the class at module level" in message
+        assert "AOTAutograd" not in message
+        return
     assert ("FunctionModuleChild.forward), variant 0: SEQUENCE_LENGTH dict(type(self._funcs['scaled']).__dict__)"
             "['forward'].__closure__[0].cell_contents.__defaults__") in message
     assert "reads back nothing" in message and "guard_filter_fn" in message

@@ -12,6 +12,12 @@ unpickled locals. Two things stand between what the capture saw and what load re
   `dict(type(...).__dict__)['forward'].__closure__[0].cell_contents.__defaults__` on it, which
   rebuilt on a bare `nn.Module` is `None[0]`. `faithful_module_pickling` lets such a class's own
   reduction write it, for the session's compiles.
+- torch 2.15's pickler writes a function a guard reads that pickle cannot find by name (the
+  function a decorator's wrapper closes over, a `<locals>` one) by value: its code object, rebuilt at
+  load. Code in the opaque state is what load refuses (python_code is the only code an artifact
+  runs), so for the session's compiles such a function is written as Dynamo's missing placeholder,
+  as torch 2.11-2.14 leave it; load puts back from the serving process the ones a by-name identity
+  check names, as it does on those torches.
 - Whatever else unpickles as something else: `readback_problems` rebuilds each variant's guard
   state as load will and names each kept guard whose source reads back another type, or nothing,
   so the capture is refused at write time rather than the artifact at load.
@@ -36,6 +42,8 @@ _EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object}
 # guard filter records a `Seen` for that do not compare a constant.
 _ROOT = re.compile(r"\b([LG])\[")
 _TYPED_KINDS = frozenset({"TYPE_MATCH", "SEQUENCE_LENGTH", "DICT_KEYS_MATCH", "HASATTR"})
+# torch 2.15's reconstructors of a function pickled by value (from its code object and scope).
+_BY_VALUE = frozenset({"_unpickle_fn_from_module", "_unpickle_fn_from_snapshot"})
 
 
 def _reduces_itself(cls: type) -> bool:
@@ -75,18 +83,21 @@ def _own_reduction(obj) -> bool:
 def faithful_module_pickling() -> Iterator[None]:
     """For the duration: Dynamo's guard state pickler writes a module of a class defined in local
     scope by the class's own reduction, where it has one that rebuilds it by an importable name
-    (Dynamo's pickler otherwise writes a bare nn.Module). Patched on torch's class itself, so what the
-    pickle names stays torch's (the inspect policy's reviewed names, a serving process without
-    precompile)."""
-    from precompile.torch_compat import GuardsStatePickler
+    (Dynamo's pickler otherwise writes a bare nn.Module), and a function it would rebuild from its
+    code object as its missing placeholder. Patched on torch's class itself, so what the pickle names
+    stays torch's (the inspect policy's reviewed names, a serving process without precompile)."""
+    from precompile.torch_compat import GuardsStatePickler, GuardStateMissing
 
     original = GuardsStatePickler.reducer_override
 
     def reducer_override(self, obj):
         reduced = original(self, obj)
-        if (isinstance(obj, torch.nn.Module) and isinstance(reduced, tuple) and reduced
-                and reduced[0] == type(self)._unpickle_module and _own_reduction(obj)):
+        if not isinstance(reduced, tuple) or not reduced:
+            return reduced
+        if isinstance(obj, torch.nn.Module) and reduced[0] == type(self)._unpickle_module and _own_reduction(obj):
             return NotImplemented  # pickle calls obj.__reduce_ex__: the class's own reduction
+        if getattr(reduced[0], "__name__", None) in _BY_VALUE:
+            return GuardStateMissing, ("function by value",)
         return reduced
 
     GuardsStatePickler.reducer_override = reducer_override

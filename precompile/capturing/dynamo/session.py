@@ -255,7 +255,9 @@ class DynamoSession:
                 raise CaptureRefused(
                     f"the call compiled a frame the artifact cannot record ({exc}): every compiled frame must be "
                     "found again by module and qualified name; define the functions and classes the call reaches "
-                    "in an importable module (not __main__, not exec'd code)"
+                    "in an importable module (not __main__, not exec'd code), or capture with MakeFxTracer"
+                    + ("; torch 2.11 cannot find one a library made inside another function (transformers' "
+                       "gradient-checkpointing layers), torch 2.12 and later can" if torch.__version__.startswith("2.11.") else "")
                 ) from exc
             if _raised_building_guards(exc):
                 raise CaptureRefused(
