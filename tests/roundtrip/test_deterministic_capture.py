@@ -32,12 +32,20 @@ for name, tracer in (("makefx", precompile.MakeFxTracer()), ("dynamo", precompil
     with torch.no_grad(), precompile.capture(dc.break_and_scale, artifact_path=f"{out}/{name}.py",
                                              cache_path=f"{out}/{name}.cache", tracer=tracer, backend=backend) as cap:
         cap(model, torch.ones(4, 8))
+def lookup(table, index):
+    return table(index) * 2  # an embedding: Inductor's C++ kernel checks the index's bounds (TORCH_CHECK)
+if backend == "inductor":
+    with torch.no_grad(), precompile.capture(lookup, artifact_path=f"{out}/bounds.py", cache_path=f"{out}/bounds.cache",
+                                             tracer=precompile.MakeFxTracer(), backend="inductor") as cap:
+        cap(torch.nn.Embedding(16, 4), torch.tensor([1, 3, 5]))
 """
+INDUCTOR = pytest.param("inductor", marks=pytest.mark.slow)
 
 
-@pytest.fixture(scope="module", params=["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+@pytest.fixture(scope="module", params=["eager", INDUCTOR])
 def captures(request, tmp_path_factory):
-    """{run: directory of its pair per tracer}, two runs of one backend, each in its own process."""
+    """{run: directory of its pair per tracer}, two runs of one backend, each in its own process (with
+    Inductor, also the pair `bounds`, whose kernel checks its index's bounds)."""
     backend = request.param
     runs = {}
     for run, threads, warm in (("a", "1", "cold"), ("b", "2", "warm")):
@@ -105,25 +113,11 @@ def test_python_code_names_no_path_of_the_capturing_process(captures):
             assert str(directory.parent) not in text and '"num_threads":' not in text, (run, tracer)
 
 
-BOUNDS_CHECKED = r"""
-import sys, torch, precompile
-def lookup(table, index):
-    return table(index) * 2  # an embedding: Inductor's C++ kernel checks the index's bounds (TORCH_CHECK)
-torch.manual_seed(0)
-with torch.no_grad(), precompile.capture(lookup, artifact_path=sys.argv[1] + ".py", cache_path=sys.argv[1] + ".cache",
-                                         tracer=precompile.MakeFxTracer(), backend="inductor") as cap:
-    cap(torch.nn.Embedding(16, 4), torch.tensor([1, 3, 5]))
-"""
-
-
-def test_captures_under_two_tmpdirs_diff_equal_in_their_kernels(tmp_path, capsys):
+@pytest.mark.parametrize("captures", [INDUCTOR], indirect=True)
+def test_captures_under_two_tmpdirs_diff_equal_in_their_kernels(captures, capsys):
     """A kernel's index bounds check names its source file (`__FILE__`), which lies in the capture's
     kernel dir under TMPDIR: mapped to a fixed name, the libraries run the same bytes whatever TMPDIR is."""
-    for run in ("a", "b"):
-        (tmp_path / f"tmp-{run}").mkdir()
-        proc = run_fresh(BOUNDS_CHECKED, str(tmp_path / run), env={"TMPDIR": str(tmp_path / f"tmp-{run}")})
-        assert proc.returncode == 0, proc.stderr
-    assert "TORCH_CHECK" in (tmp_path / "a.py").read_text()  # the model has the check this is about
-    rc, out, err = run_cli(capsys, ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-on", "kernels"])
+    assert "TORCH_CHECK" in (captures["a"] / "bounds.py").read_text()  # the model has the check this is about
+    rc, out, err = run_cli(capsys, ["diff", str(captures["a"] / "bounds"), str(captures["b"] / "bounds"), "--fail-on", "kernels"])
     assert rc == 0, out + err
     assert "verdict: equal" in out
