@@ -81,6 +81,22 @@ def test_a_subgraph_aotautograd_must_wrap_is_refused_at_capture_with_the_remedy(
     assert not list(tmp_path.iterdir())
 
 
+
+@pytest.mark.parametrize(("imported", "remedy"), [
+    ("torch.fx.graph_module.reduce_graph_module", "return a copy of such an output (`.clone()`)"),
+    ("torch._functorch._aot_autograd.functional_utils.ViewMetaSequence", "return a copy of such an output (`.clone()`)"),
+    ("torch._dynamo.guards.GuardsStatePickler._unpickle_module", "define the class at module level"),
+    ("torch._dynamo.guards.GuardsStatePickler._unpickle_code", f"torch {torch.__version__} writes it into the state"),
+])
+def test_a_refused_dynamo_state_gets_the_remedy_of_what_it_would_import(imported, remedy):
+    """Only an import from AOTAutograd's graph says to clone an aliased output: the others would send
+    the user after an output that is not there."""
+    from precompile.capturing.pipeline import _unpicklable_remedy
+
+    said = _unpicklable_remedy(f"_dynamo_state (line 9) would import {imported} at opcode offset 3 (STACK_GLOBAL)")
+    assert remedy in said and "MakeFxTracer" in said
+    assert ("AOTAutograd" in said) == imported.startswith(("torch.fx.", "torch._functorch."))
+
 SERVE = r"""
 import json, sys
 import torch, precompile, dynamo_cases as dc
