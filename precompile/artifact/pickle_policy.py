@@ -55,10 +55,11 @@ MODULE = "<module>"
 # What Dynamo's own opaque state is built from (torch 2.11-2.15: its package entries, guard trees and
 # AOTAutograd's wrappers), reviewed: dataclasses, enums and named tuples whose reconstruction stores
 # fields, guard builder methods referenced by name (never called while unpickling), and the
-# containers torch uses. torch 2.15 adds the dispatch state a guard tree was built under (`LocalState`,
-# rebuilt from two key-set integers and three flags by its `__setstate__`) and moves `_Missing` (a
-# placeholder holding a reason string) to the package module. Not data-only in general, so only the opaque state (`load` unpickles it,
-# with its subgraphs' code from python_code) allows them; anywhere else they stay "unknown".
+# containers torch uses. torch 2.15 adds the dispatch state a guard tree was built under
+# (`LocalState`, rebuilt from two key-set integers and three flags by its `__setstate__`) and moves
+# `_Missing` (a placeholder holding a reason string) to the package module. Not data-only in general,
+# so only the opaque state (`load` unpickles it, with its subgraphs' code from python_code) allows
+# them; anywhere else they stay "unknown".
 DYNAMO_STATE = frozenset(
     [("torch._dynamo.package", name) for name in (
         "SerializedCode", "_DynamoCodeCacheEntry", "_GuardedCodeCacheEntry", "_Missing")]

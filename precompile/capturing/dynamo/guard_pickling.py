@@ -10,7 +10,7 @@ unpickled locals. Two things stand between what the capture saw and what load re
   `nn.Module`'s: kernels' `use_kernelized_func` (a hard dependency of transformers from 5.25.0)
   keeps such a module per attention layer, `_kernel_funcs['rotary_pos_emb']`, and Dynamo guards
   `dict(type(...).__dict__)['forward'].__closure__[0].cell_contents.__defaults__` on it, which
-  rebuilt on a bare `nn.Module` is `None[0]`. `faithful_module_pickling` lets such a class's own
+  rebuilt on a bare `nn.Module` is `None[0]`. `faithful_guard_pickling` lets such a class's own
   reduction write it, for the session's compiles.
 - torch 2.15's pickler writes a function a guard reads that pickle cannot find by name (the
   function a decorator's wrapper closes over, a `<locals>` one) by value: its code object, rebuilt at
@@ -80,7 +80,7 @@ def _own_reduction(obj) -> bool:
 
 
 @contextlib.contextmanager
-def faithful_module_pickling() -> Iterator[None]:
+def faithful_guard_pickling() -> Iterator[None]:
     """For the duration: Dynamo's guard state pickler writes a module of a class defined in local
     scope by the class's own reduction, where it has one that rebuilds it by an importable name
     (Dynamo's pickler otherwise writes a bare nn.Module), and a function it would rebuild from its

@@ -26,7 +26,7 @@ from precompile.artifact.summary import PrecompileSummary, without_object_ids
 from precompile.capturing import kernels, pipeline
 from precompile.capturing.dynamo.call_built_state import CallBuiltState, traced_sources
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
-from precompile.capturing.dynamo.guard_pickling import faithful_module_pickling, refuse_unfaithful_guard_state
+from precompile.capturing.dynamo.guard_pickling import faithful_guard_pickling, refuse_unfaithful_guard_state
 from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.key_lookups import KeyLookups, apply, key_lookups, recorded_misses
 from precompile.capturing.dynamo.logs import BackendFallbackLog, GraphBreakReasons, TruncationLog
@@ -202,7 +202,7 @@ class DynamoSession:
         self._stack.enter_context(dynamo_config.patch(recompile_limit=self.tracer.recompile_limit,
                                                       skip_nnmodule_hook_guards=False))
         # Guard state is pickled as each frame compiles: a module whose class pickles itself is written so.
-        self._stack.enter_context(faithful_module_pickling())
+        self._stack.enter_context(faithful_guard_pickling())
         self._misses = self._stack.enter_context(recorded_misses())
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
         dynamo_log.addHandler(self._truncation)
