@@ -1,6 +1,8 @@
 """Module-level functions for DynamoTracer tests: an importable module, as the tracer requires."""
 from __future__ import annotations
 
+import contextvars
+
 import torch
 
 SCALE = 2.0
@@ -172,3 +174,22 @@ class CountsCalls(torch.nn.Module):
     def forward(self, x):
         self.calls += 1
         return x * self.calls
+
+
+
+class Settings:
+    """Settings a library keeps per context, reached through a class (torch 2.15's config module keeps
+    a user's overrides in ContextVars reached through the module)."""
+
+    scale = contextvars.ContextVar("scale", default=None)
+
+
+def branches_on_a_context_var(x):
+    """Reads a ContextVar while traced: Dynamo guards what `Settings.scale.get()` held."""
+    return x + 1 if Settings.scale.get() is not None else x * 2
+
+
+def reads_a_compiler_setting(x):
+    """Reads a torch.compiler setting while traced (torch 2.15's Dynamo inlines the config module's
+    __getattr__ and guards the override it reads, as it does for functional collectives' read)."""
+    return x * 2 if torch.compiler.config.job_id is None else x + 1

@@ -125,15 +125,21 @@ def _torch_build() -> tuple[dict[str, str], str]:
         return {"torch": ""}, ""
     directory = list(spec.submodule_search_locations)[0]
     literals = _literals(os.path.join(directory, "version.py"))
-    try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        version = str(literals.get("__version__", ""))
+    # torch.__version__ is version.py's, local part included (2.15.0+cu132); a wheel's metadata may
+    # leave that part out (PyPI's CUDA builds say 2.15.0), so it is only the fallback.
+    version = str(literals.get("__version__") or _distribution_version())
     build = {"torch": version}
     if "git_version" in literals:
         build.update(torch_git=str(literals["git_version"]), torch_debug=str(bool(literals.get("debug"))),
                      torch_cuda=str(literals.get("cuda") or ""))
     return build, directory
+
+
+def _distribution_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
 
 
 def triton_version() -> str:

@@ -1064,3 +1064,55 @@ def test_a_guard_on_a_set_of_names_renders_alike_under_any_hash_seed(tmp_path, c
     text = (tmp_path / "seed1.py").read_text()
     assert "{'attn_mask', 'dropout_p', 'enable_gqa', 'key', 'query', 'scale', 'value'}" in text
     assert fresh_json(SET_SERVE, str(tmp_path / "seed1"), env={"PYTHONHASHSEED": "3"}) is True
+
+
+def test_a_context_var_read_while_traced_is_checked_and_a_change_misses(tmp_path):
+    """torch 2.15's config module keeps a user's override of a setting in a ContextVar, and Dynamo
+    guards what its `.get()` held (functional collectives read one: every distributed capture): the
+    artifact checks it, so a changed value misses instead of serving the branch captured. Earlier
+    torches break the graph at the read and check the value it returned."""
+    x = torch.ones(3)
+    pair = _capture(tmp_path, "context_var", dynamo_cases.branches_on_a_context_var, [((x,), {})])
+    served = precompile.load(pair["artifact"], pair["cache"])
+    with torch.no_grad():
+        assert torch.equal(served(x), x * 2)
+        token = dynamo_cases.Settings.scale.set(1)
+        try:
+            with pytest.raises(precompile.CallMismatch, match="no captured variant"):
+                served(x)
+        finally:
+            dynamo_cases.Settings.scale.reset(token)
+        assert torch.equal(served(x), x * 2)
+
+
+SETTING_CAPTURE = r"""
+import sys, torch, precompile, dynamo_cases as dc
+with torch.compiler.config.patch(job_id=None):  # torch 2.15's patch leaves the value it found as an override
+    pass
+with torch.no_grad(), precompile.capture(dc.reads_a_compiler_setting, artifact_path=sys.argv[1] + ".py",
+                                         cache_path=sys.argv[1] + ".cache", tracer=precompile.DynamoTracer(), backend="eager") as cap:
+    cap(torch.ones(3))
+"""
+
+SETTING_SERVE = r"""
+import json, sys, torch, precompile
+served = precompile.load(sys.argv[1] + ".py", sys.argv[1] + ".cache")
+report = {}
+with torch.no_grad():
+    report["served"] = served(torch.ones(3)).tolist()
+    torch.compiler.config.job_id = "another"
+    try:
+        served(torch.ones(3))
+    except precompile.CallMismatch:
+        report["changed"] = "missed"
+print(json.dumps(report))
+"""
+
+
+def test_a_compiler_setting_read_while_traced_serves_in_a_process_that_never_patched_it(tmp_path):
+    """Captured where a `config.patch` left the setting's value behind as an override (Inductor's first
+    compile does so on torch 2.15), served where nothing did: the same setting, so it serves; a changed
+    setting misses. Checked as torch 2.15's Dynamo writes it (the override's raw value), every call missed."""
+    proc = run_fresh(SETTING_CAPTURE, str(tmp_path / "setting"))
+    assert proc.returncode == 0, proc.stderr
+    assert fresh_json(SETTING_SERVE, str(tmp_path / "setting")) == {"served": [2.0, 2.0, 2.0], "changed": "missed"}

@@ -179,8 +179,10 @@ def test_the_model_families_serve_fresh_or_are_refused_as_documented(tmp_path):
              for name in FAMILIES for tracer in TRACERS}
     outcomes = fresh_json(FAMILY_CAPTURE, json.dumps(cells))
     assert {k: v for k, v in outcomes.items() if v != "captured" and not v.startswith("refused as documented")} == {}
+    # Before 2.15, torch's meta kernel of grouped_mm takes only bfloat16, so tracing the float32 MoE fails there.
+    below_2_15 = tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 15)
     assert sorted(k for k, v in outcomes.items() if v != "captured") == [
-        "levit-makefx", "qwen3_moe-makefx", "wav2vec2-dynamo"]
+        "levit-makefx", *(["qwen3_moe-makefx"] if below_2_15 else []), "wav2vec2-dynamo"]
     captured = {key: (name, artifact, cache) for key, (name, _, artifact, cache) in cells.items() if outcomes[key] == "captured"}
     results = fresh_json(SERVE, "load-after", json.dumps(captured))
     assert {key: value for key, value in results.items() if not isinstance(value, float) or value > 1e-5} == {}

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import torch
 import zstandard
 from conftest import ROOT, TESTS, fresh_json
 
@@ -289,6 +290,8 @@ def test_caches_written_before_load_as_before(name, tmp_path, capsys, monkeypatc
     """Format-1 caches without the blobs: load compiles and parses python_code; verify adds no line."""
     monkeypatch.syspath_prepend(str(FIXTURES.parent))  # dynamo_models, the captured module
     artifact, cache = _copy((FIXTURES / f"{name}.py", FIXTURES / f"{name}.cache"), tmp_path)
+    if name.startswith("dynamo") and f"TORCH_VERSION = {torch.__version__!r}" not in artifact.read_text(encoding="utf-8"):
+        pytest.skip(f"the fixture's guard state is tied to the torch it was captured with, not {torch.__version__}")
     fields, payload = _fields(cache)
     if "python_bytecode" in fields:  # fixtures/regenerate.py rewrote it since: as written before, without them
         for field in ("python_bytecode", "metadata_msgpack", "header_sha256"):

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from precompile.capturing.dynamo.config_settings import SETTING_KINDS, setting_source
 from precompile.capturing.dynamo.guard_accounting import UNKEPT as _UNKEPT
 from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
 from precompile.capturing.dynamo.guard_expressions import Unrenderable, literal, names_in, reads_back
@@ -48,7 +49,8 @@ _BARE_LOCAL = re.compile(r"^(type\()?(?!type\()(?![LG]\[)([A-Za-z_]\w*)")
 # text uses to reach a value (dict(type(x).__dict__)['f'], dict.__getitem__(d, k), list(dict.keys(d))[0],
 # object.__getattribute__(x, 'a')), each resolved from the serving process's builtins.
 _SOURCE_BUILTINS = frozenset({"dict", "type", "list", "object"})
-_SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "__getitem__", "__getattribute__"})
+# `get`: a ContextVar's value (torch 2.15's config module keeps a user's overrides in ContextVars).
+_SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "get", "__getitem__", "__getattribute__"})
 _EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object}
 # Dtype keys as Dynamo's source text writes them (diffusers' `_DTYPE_UNSUPPORTED_DEVICES[torch.float64]`).
 _TORCH_DTYPES = frozenset(f"torch.{name}" for name, value in vars(torch).items() if isinstance(value, torch.dtype))
@@ -172,6 +174,9 @@ class _Variant:
             self.lines.append((f"{label} ({key})", f"dict.__contains__({self.expression(owner, label)}, {key})"))
         elif kind in _COVERED_BY_GLOBAL_STATE:
             self.notes.append((label, "checked by GLOBAL_STATE (torch adds no check of its own)"))
+        elif kind in SETTING_KINDS and (setting := setting_source(guard.name)) is not None:
+            # what a torch config's override holds (config_settings): the setting it resolves to
+            self.constant(guard, label, self.evaluate(setting, label), "CONSTANT_MATCH", self.expression(setting, label))
         elif kind in _RENDERERS:
             before = len(self.lines)
             getattr(self, _RENDERERS[kind])(guard, label, kind)
@@ -326,8 +331,8 @@ class _Variant:
         text = self.expression(base, label)
         self.lines.append((f"{label} ({attr})", f"{'' if present else 'not '}hasattr({text}, {attr!r})"))
 
-    def constant(self, guard, label: str, value, kind: str) -> None:
-        source = self.source(guard, label)
+    def constant(self, guard, label: str, value, kind: str, source: str | None = None) -> None:
+        source = source or self.source(guard, label)
         if kind == "CONSTANT_MATCH" and (value is None or type(value) is bool):
             self.lines.append((label, f"{source} is {value!r}"))
             return
