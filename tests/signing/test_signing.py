@@ -10,6 +10,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -312,7 +313,9 @@ dist.destroy_process_group()
 
 def _on_two_ranks(directory: Path) -> list[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
-    store = directory / "rendezvous"
+    # A store file of its own per round: torch's FileStore may outlive the round that made it, and a
+    # second round rendezvousing on the first's keys hangs until the timeout.
+    store = directory / f"rendezvous-{uuid.uuid4().hex}"
     procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(store)], env=env, cwd=directory,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(2)]
     try:
