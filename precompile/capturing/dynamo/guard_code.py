@@ -174,12 +174,10 @@ class _Variant:
             self.lines.append((f"{label} ({key})", f"dict.__contains__({self.expression(owner, label)}, {key})"))
         elif kind in _COVERED_BY_GLOBAL_STATE:
             self.notes.append((label, "checked by GLOBAL_STATE (torch adds no check of its own)"))
-        elif kind in SETTING_KINDS and (setting := setting_source(guard.name)) is not None:
-            # what a torch config's override holds (config_settings): the setting it resolves to
-            self.constant(guard, label, self.evaluate(setting, label), "CONSTANT_MATCH", self.expression(setting, label))
         elif kind in _RENDERERS:
             before = len(self.lines)
-            getattr(self, _RENDERERS[kind])(guard, label, kind)
+            if not self.config_setting(guard, label, kind):
+                getattr(self, _RENDERERS[kind])(guard, label, kind)
             made_at = origin(guard)
             if made_at is not None:
                 for added, _ in self.lines[before:]:
@@ -330,6 +328,17 @@ class _Variant:
             present = bool(seen.has_attribute) if seen is not None else hasattr(self.evaluate(base, label), attr)
         text = self.expression(base, label)
         self.lines.append((f"{label} ({attr})", f"{'' if present else 'not '}hasattr({text}, {attr!r})"))
+
+    def config_setting(self, guard, label: str, kind: str) -> bool:
+        """A guard on a torch config's override, checked as the setting it resolves to (config_settings)."""
+        setting = setting_source(guard.name) if kind in SETTING_KINDS else None
+        if setting is None:
+            return False
+        try:
+            self.constant(guard, label, self.evaluate(setting, label), "CONSTANT_MATCH", self.expression(setting, label))
+        except Unrenderable:  # checked as Dynamo wrote it
+            return False
+        return True
 
     def constant(self, guard, label: str, value, kind: str, source: str | None = None) -> None:
         source = source or self.source(guard, label)

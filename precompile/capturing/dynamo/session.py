@@ -201,7 +201,8 @@ class DynamoSession:
         # not run); the artifact checks them, so a hook registered after capture is a CallMismatch.
         self._stack.enter_context(dynamo_config.patch(recompile_limit=self.tracer.recompile_limit,
                                                       skip_nnmodule_hook_guards=False))
-        # Guard state is pickled as each frame compiles: a module whose class pickles itself is written so.
+        # Guard state is pickled as each frame compiles: a module whose class pickles itself is written so, and
+        # a function torch 2.15 would write by its code object as a placeholder.
         self._stack.enter_context(faithful_guard_pickling())
         self._misses = self._stack.enter_context(recorded_misses())
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
