@@ -2,7 +2,11 @@
 module, since an installed artifact finds each frame again by module and qualified name."""
 from __future__ import annotations
 
+import math
+
 import torch
+
+import installed_settings as settings
 
 FLAG = True
 
@@ -181,3 +185,18 @@ def breaks_under_autocast(model, x):
         y = model(x)
         print("under autocast", tuple(y.shape))
         return model(y.float()) + 1
+
+
+class LibrarySettingChild(torch.nn.Module):
+    """Reads a library's settings through its module (`settings.SCALE`, a bool, a dtype) and the
+    standard library's `math.pi`, around a graph break: Dynamo guards each read through the module."""
+
+    def forward(self, x):
+        y = x.to(settings.DTYPE) * settings.SCALE
+        print("child saw", tuple(y.shape))
+        return y + math.pi if settings.FAST_PATH else y - 1
+
+
+def make_library_setting() -> Parent:
+    torch.manual_seed(0)
+    return Parent(LibrarySettingChild())

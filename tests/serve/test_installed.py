@@ -494,3 +494,67 @@ def test_a_global_dynamo_bound_by_id_is_seeded_by_name_so_a_fresh_process_serves
     assert re.search(r"G\['_\d+_c\d+'\]\.Tensor", artifact.read_text())
     report = fresh_json(TYPE_CHECKING, str(tmp_path))
     assert report == {"installed": True, "equal": True, "compiles": {}}
+
+
+LIBRARY_SETTING = r"""
+import json, sys
+import torch, precompile, installed_cases as ic, installed_settings as settings
+directory, change, when = sys.argv[1:4]
+def changed():
+    if change == "scale":
+        settings.SCALE = 3.0
+    elif change == "fast path":
+        settings.FAST_PATH = False
+    elif change == "dtype":
+        settings.DTYPE = torch.float64
+    elif change == "unbound":
+        del ic.settings
+def served_or_missed():
+    try:
+        return "served equal" if torch.equal(served(model, x), ic.run(model, x)) else "served DIFFERENT"
+    except precompile.CallMismatch as exc:
+        return str(exc)
+if when == "before load":
+    changed()
+try:
+    served = precompile.load(f"{directory}/setting.py", f"{directory}/setting.cache")
+except precompile.PrecompileError as exc:
+    print(json.dumps({"load": str(exc)}))
+    sys.exit()
+model, x = ic.make_library_setting(), torch.ones(4, 8)
+report = {}
+with precompile.no_compilation(), torch.no_grad():
+    report["first call"] = served_or_missed()
+    if when == "after the first call":
+        changed()
+        report["after the change"] = served_or_missed()
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.compat
+def test_a_library_setting_read_through_its_module_is_checked_against_the_capture_in_installed_mode(tmp_path):
+    """A child reads `settings.SCALE`, a bool, a dtype and `math.pi` through their modules, around a
+    graph break. torch rebuilds those guards at load from the serving process's modules, so, before
+    the by-name lines pinned the captured values, a setting changed before load served the code that
+    baked in the old one; and the pickled guard state imported the modules by name, which load's
+    policy refused for `math` and a module outside the captured package. Now it captures, verifies,
+    serves unchanged settings, and misses on each one changed, before load or after a served call; a
+    module the serving frame no longer binds is a load refusal naming it."""
+    from precompile.cli.main import main
+
+    with torch.no_grad():
+        artifact, _, summary = _capture(tmp_path, "setting", ic.run, [(ic.make_library_setting(), torch.ones(4, 8))])
+    assert summary.complete
+    assert "CONSTANT_MATCH G['settings'].SCALE == 2.0" in artifact.read_text(encoding="utf-8")
+    assert main(["verify", str(tmp_path / "setting")]) == 0  # the strict scan: no module imported by name
+    report = fresh_json(LIBRARY_SETTING, str(tmp_path), "nothing", "before load")
+    assert report == {"first call": "served equal"}
+    for change, captured in [("scale", "SCALE == 2.0"), ("fast path", "FAST_PATH == True"), ("dtype", "DTYPE is torch:float32")]:
+        report = fresh_json(LIBRARY_SETTING, str(tmp_path), change, "before load")
+        assert f"G['settings'].{captured}" in report["first call"], (change, report)
+    report = fresh_json(LIBRARY_SETTING, str(tmp_path), "unbound", "before load")
+    assert "its guards read module installed_settings through the global 'settings', which module 'installed_cases' does not bind" in report["load"]
+    report = fresh_json(LIBRARY_SETTING, str(tmp_path), "scale", "after the first call")
+    assert report["first call"] == "served equal"
+    assert "G['settings'].SCALE == 2.0 (this call's G['settings'].SCALE is 3.0)" in report["after the change"], report

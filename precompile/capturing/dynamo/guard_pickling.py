@@ -18,22 +18,36 @@ unpickled locals. Two things stand between what the capture saw and what load re
   runs), so for the session's compiles such a function is written as Dynamo's missing placeholder,
   as torch 2.11-2.14 leave it; load puts back from the serving process the ones a by-name identity
   check names, as it does on those torches.
+- Dynamo's pickler writes a module the frame's globals bind (`flags`, for a frame reading
+  `flags.SCALE`) by name, which unpickling imports: load's policy refuses any import of a module
+  off its reviewed list, and an imported module holds the serving process's values, which torch
+  rebuilds the guards through it with. Such a module is written as the missing placeholder, bound at
+  load to the serving frame's own; each kept constant guard read through a module (or a torch
+  config setting's override) gets a by-name line comparing it with the capture's value
+  (`pin_module_values`), so a library setting changed before load misses instead of serving the
+  code that baked in the old value.
 - Whatever else unpickles as something else: `readback_problems` rebuilds each variant's guard
   state as load will and names each kept guard whose source reads back another type, or nothing,
   so the capture is refused at write time rather than the artifact at load.
 """
 from __future__ import annotations
 
+import ast
 import contextlib
 import importlib
 import pickle
 import re
+import sys
+import types
 from typing import Iterator
 
+import msgspec
 import torch
 
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
-from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
+from precompile.artifact.pickle_policy import MODULE, classify
+from precompile.capturing.dynamo.config_settings import SETTING_KINDS, setting_source
+from precompile.capturing.dynamo.guard_accounting import UNKEPT, Seen, seen_key, slot_source, slot_text
 from precompile.errors import CaptureRefused
 
 # What evaluating a guard source may call (Dynamo's own source text: dict(type(x).__dict__)['f'], ...).
@@ -79,18 +93,38 @@ def _own_reduction(obj) -> bool:
     return isinstance(reduced, tuple) and len(reduced) >= 2 and _importable(reduced[0])
 
 
+def _global_modules(state) -> set[int]:
+    """The ids of the modules a guard state's global scope binds by name (`flags` for a frame that
+    reads `flags.SCALE`) whose import load's policy does not review: any but torch's own, and of
+    torch's the ones it calls dangerous (torch 2.15 guards a config read through
+    `torch.utils._config_module`, whose `__getattr__` it inlines)."""
+    scope = getattr(getattr(state, "output_graph", None), "global_scope", None)
+    if not isinstance(scope, dict):
+        return set()
+    return {id(value) for value in scope.values() if isinstance(value, types.ModuleType)
+            and (value.__name__.split(".")[0] != "torch" or classify(value.__name__, MODULE) == "dangerous")}
+
+
 @contextlib.contextmanager
 def faithful_guard_pickling() -> Iterator[None]:
     """For the duration: Dynamo's guard state pickler writes a module of a class defined in local
     scope by the class's own reduction, where it has one that rebuilds it by an importable name
-    (Dynamo's pickler otherwise writes a bare nn.Module), and a function it would rebuild from its
-    code object as its missing placeholder. Patched on torch's class itself, so what the pickle names
+    (Dynamo's pickler otherwise writes a bare nn.Module); a function it would rebuild from its code
+    object as its missing placeholder; and a module the frame's globals bind (other than torch's) as
+    the placeholder too, which load fills from the serving frame's globals (the driver's `_fill_global_modules`), so
+    the state imports no module by name. Patched on torch's class itself, so what the pickle names
     stays torch's (the inspect policy's reviewed names, a serving process without precompile)."""
     from precompile.torch_compat import GuardsStatePickler, GuardStateMissing
 
-    original = GuardsStatePickler.reducer_override
+    original, original_dump = GuardsStatePickler.reducer_override, GuardsStatePickler.dump
+
+    def dump(self, obj):
+        self.precompile_global_modules = _global_modules(obj)
+        return original_dump(self, obj)
 
     def reducer_override(self, obj):
+        if isinstance(obj, types.ModuleType) and id(obj) in getattr(self, "precompile_global_modules", ()):
+            return GuardStateMissing, (f"module {obj.__name__}",)
         reduced = original(self, obj)
         if not isinstance(reduced, tuple) or not reduced:
             return reduced
@@ -100,11 +134,11 @@ def faithful_guard_pickling() -> Iterator[None]:
             return GuardStateMissing, ("function by value",)
         return reduced
 
-    GuardsStatePickler.reducer_override = reducer_override
+    GuardsStatePickler.reducer_override, GuardsStatePickler.dump = reducer_override, dump
     try:
         yield
     finally:
-        GuardsStatePickler.reducer_override = original
+        GuardsStatePickler.reducer_override, GuardsStatePickler.dump = original, original_dump
 
 
 def _local(name: str) -> bool:
@@ -160,7 +194,8 @@ def refuse_unfaithful_guard_state(entry, frames: list[DynamoFrame], guards: list
         for variant, guarded in enumerate(code.guarded_codes):
             meta = listed.get((frame.qualname, variant))
             policy = frozenset(meta.policy_dropped) if meta is not None else frozenset()
-            state = rebuilt_guards_state(guarded.guards_state, meta.by_name if meta is not None else (), policy)
+            state = rebuilt_guards_state(guarded.guards_state, meta.by_name if meta is not None else (), policy,
+                                         sys.modules[code.python_module].__dict__)
             for line in readback_problems(state, seen.get((frame.qualname, variant)) or {}, policy):
                 problems.append(f"frame {index} ({frame.qualname}), variant {variant}: {line}")
     if problems:
@@ -171,3 +206,82 @@ def refuse_unfaithful_guard_state(entry, frames: list[DynamoFrame], guards: list
             "(a class at module level, or one whose __reduce__ rebuilds it by an importable name), or capture with "
             "MakeFxTracer"
         )
+
+
+# Kept guards that compare what their source held with a constant.
+_CONSTANT_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
+_START = re.compile(r"([LG])\['([^'\]]+)'\]")
+_STEP = r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]"
+
+
+def _walk(name: str, state) -> tuple[bool, object]:
+    """(whether the guard source `name` reaches its value through a module, the value it reads back),
+    walked over the rebuilt guard state; (False, None) for a source that is no plain walk or does not
+    read back. torch rebuilds a guard through a module (`G['flags'].SCALE`) at load from the serving
+    process's module, so it compares with the value there."""
+    start = _START.match(name)
+    rest = name[start.end():] if start else ""
+    if start is None or not re.fullmatch(f"(?:{_STEP})*", rest):
+        return False, None
+    og = state.output_graph
+    value = (og.local_scope if start.group(1) == "L" else og.global_scope).get(start.group(2))
+    through = False
+    for attr, index, key in re.findall(_STEP, rest):
+        through = through or isinstance(value, types.ModuleType)
+        try:
+            value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+        except Exception:  # a source that does not read back: readback_problems' concern
+            return False, None
+    return through, value
+
+
+def _pinned_check(kind: str, name: str, value: object) -> str | None:
+    """The by-name line checking `name` against the capture's constant: `== literal` (type and value),
+    `is torch:<dtype>`; None for a value no literal states."""
+    if isinstance(value, torch.dtype):
+        return f"{kind} {name} is torch:{str(value).removeprefix('torch.')}"
+    text = repr(value)
+    try:
+        same = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):  # nan, inf, an object's repr
+        return None
+    return f"{kind} {name} == {text}" if type(same) is type(value) and same == value else None
+
+
+def pin_module_values(entry, frames: list[DynamoFrame], guards: list[VariantGuards], seen: dict) -> list[VariantGuards]:
+    """An installed artifact's variants, each with a by-name line per kept constant guard whose source
+    reads through a module (`EQUALS_MATCH G['flags'].SCALE == 2.0`). torch rebuilds those guards at
+    load from the serving process's module, so a library setting changed before load would be what
+    they compare with, and the captured code, which baked the capture's value in, would serve; the
+    line compares with the capture's value on every call (`seen`: GuardLedger.seen), so such a call
+    misses as torch.compile would recompile."""
+    from precompile.codegen.drivers.dynamo_checks import rebuilt_guards_state
+
+    listed = {(v.frame, v.variant): v for v in guards}
+    for code, frame in zip(entry.codes, frames):
+        if frame.runs_as_python:
+            continue
+        for variant, guarded in enumerate(code.guarded_codes):
+            meta = listed.get((frame.qualname, variant))
+            if meta is None:
+                continue
+            policy = frozenset(meta.policy_dropped)
+            state = rebuilt_guards_state(guarded.guards_state, meta.by_name, policy, sys.modules[code.python_module].__dict__)
+            held = seen.get((frame.qualname, variant)) or {}
+            lines = set(meta.by_name)
+            for guard in state.output_graph.guards:
+                kind = guard.create_fn_name()
+                if slot_text((kind, slot_source(guard.name))) in policy:
+                    continue
+                setting = setting_source(guard.name) if kind in SETTING_KINDS else None
+                if setting is not None:  # a torch config's override: the setting, as the capture resolved it
+                    through, value = _walk(setting, state)
+                    line = _pinned_check("EQUALS_MATCH", setting, value) if through else None
+                else:
+                    saw: Seen | None = held.get(seen_key(guard))
+                    value = saw.value if saw is not None and kind in _CONSTANT_KINDS else UNKEPT
+                    line = _pinned_check(kind, guard.name, value) if value is not UNKEPT and _walk(guard.name, state)[0] else None
+                if line is not None:
+                    lines.add(line)
+            listed[(frame.qualname, variant)] = msgspec.structs.replace(meta, by_name=tuple(sorted(lines)))
+    return [listed[(v.frame, v.variant)] for v in guards]

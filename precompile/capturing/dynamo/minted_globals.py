@@ -76,7 +76,7 @@ def record_guarded_minted_modules(entry, frames: list[DynamoFrame], guards: list
             if not names:
                 continue
             # torch 2.13 keeps what it installed in the saved scope; 2.12 and 2.14 leave it in the module.
-            saved = rebuilt_guards_state(guarded.guards_state, meta.by_name, frozenset(meta.policy_dropped))
+            saved = rebuilt_guards_state(guarded.guards_state, meta.by_name, frozenset(meta.policy_dropped), live)
             scope = saved.output_graph.global_scope
             for name in sorted(names):
                 value = scope[name] if isinstance(scope.get(name), types.ModuleType) else live.get(name, scope.get(name))

@@ -1297,8 +1297,9 @@ class _TorchGuards:
     """A variant's guards as torch's guard manager rebuilt from its pickled guard state; `modes`: what
     its call ran under that changes how the tensor checks read dispatch keys (a miss on them names it)."""
 
-    def __init__(self, manager, modes=()):
+    def __init__(self, manager, scope, modes=()):
         self.manager = manager
+        self.scope = scope
         self.modes = modes
 
     def check(self, f_locals):
@@ -1310,7 +1311,8 @@ class _TorchGuards:
         if "dispatch key set mismatch" in text:
             text = _PARAMETER_HINT.sub("", text)
             text += f" {captured_under(self.modes)}"
-        return text
+        received = _received(failed[0], f_locals, self.scope) if failed else None  # a by-name line's source
+        return text if received is None else f"{text} (this call's {received})"
 
 
 def read_guards_state(guards_state):
@@ -1331,13 +1333,34 @@ def read_guards_state(guards_state):
         setattr(ImportSource, "__post_init__", rebuild)  # noqa: B010
 
 
-def rebuilt_guards_state(guards_state, by_name, policy_dropped):
-    """A variant's pickled guard state as its guard manager is built from: the locals its by-name
-    identity lines name put back, the invariance policy's slots taken out."""
+def rebuilt_guards_state(guards_state, by_name, policy_dropped, scope, artifact="this artifact"):
+    """A variant's pickled guard state as its guard manager is built from: the modules its globals
+    bind taken from `scope` (the frame's module globals), the locals its by-name identity lines name
+    put back, the invariance policy's slots taken out."""
     state = read_guards_state(guards_state)
+    _fill_global_modules(state, scope, artifact)
     _fill_named_locals(state, by_name)
     _drop_guards(state, policy_dropped)
     return state
+
+
+def _fill_global_modules(state, scope, artifact):
+    """Bind the modules the capture wrote as placeholders in the saved global scope (a frame reading
+    `flags.SCALE` binds `flags`) to the ones the serving frame's globals hold under those names: the
+    state imports no module by name, and the values read through one are checked against the
+    capture's by the variant's by-name lines."""
+    global_scope = state.output_graph.global_scope
+    for name, value in global_scope.items():
+        if type(value).__name__ != "_Missing":
+            continue
+        if isinstance(scope.get(name), _types.ModuleType):
+            global_scope[name] = scope[name]
+            continue
+        reason = getattr(value, "_reason", None)
+        if isinstance(reason, str) and reason.startswith("module "):
+            _fail(artifact, f"its guards read {reason} through the global {name!r}, which module "
+                            f"{scope.get('__name__')!r} does not bind to a module here",
+                  "serve it with the code it was captured from")
 
 
 def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact, modes=()):
@@ -1347,7 +1370,7 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
     GLOBAL_STATE guard."""
     from torch._dynamo.package import load_guard_manager
 
-    state = rebuilt_guards_state(guards_state, by_name, policy_dropped)
+    state = rebuilt_guards_state(guards_state, by_name, policy_dropped, scope, artifact)
     global_state = state.output_graph.global_state_guard
     _set_thread_count(global_state, torch.get_num_threads())
     builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
@@ -1358,7 +1381,7 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
         manager = load_guard_manager(state, target, scope)
     for line in by_name:
         _check_by_name(manager, line, scope, artifact)
-    return _TorchGuards(manager, modes), global_state, builtins_key
+    return _TorchGuards(manager, scope, modes), global_state, builtins_key
 
 
 def _builtins_dict(scope):
