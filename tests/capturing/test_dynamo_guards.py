@@ -1103,8 +1103,8 @@ with torch.no_grad():
     torch.compiler.config.job_id = "another"
     try:
         served(torch.ones(3))
-    except precompile.CallMismatch:
-        report["changed"] = "missed"
+    except precompile.CallMismatch as exc:
+        report["changed"] = "missed, this call's " + str(exc).partition("this call's ")[2].partition(")")[0]
 print(json.dumps(report))
 """
 
@@ -1112,7 +1112,9 @@ print(json.dumps(report))
 def test_a_compiler_setting_read_while_traced_serves_in_a_process_that_never_patched_it(tmp_path):
     """Captured where a `config.patch` left the setting's value behind as an override (Inductor's first
     compile does so on torch 2.15), served where nothing did: the same setting, so it serves; a changed
-    setting misses. Checked as torch 2.15's Dynamo writes it (the override's raw value), every call missed."""
+    setting misses, naming the setting's value in this call (not its override's raw slot). Checked as
+    torch 2.15's Dynamo writes it (the override's raw value), every call missed."""
     proc = run_fresh(SETTING_CAPTURE, str(tmp_path / "setting"))
     assert proc.returncode == 0, proc.stderr
-    assert fresh_json(SETTING_SERVE, str(tmp_path / "setting")) == {"served": [2.0, 2.0, 2.0], "changed": "missed"}
+    assert fresh_json(SETTING_SERVE, str(tmp_path / "setting")) == {
+        "served": [2.0, 2.0, 2.0], "changed": "missed, this call's G['torch'].compiler.config.job_id is 'another'"}

@@ -1166,6 +1166,9 @@ def _slot_text(guard):
 # L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...), then more steps.
 _SOURCE_STEP = r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]"
 _SOURCE_ROOT = r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))"
+# The slot of a torch config setting's override (torch 2.15's Dynamo guards what
+# `<module>._config['NAME'].user_override.get()` returned; precompile/capturing/dynamo/config_settings.py).
+_OVERRIDE_SLOT = r"(.+)\._config\['([A-Za-z_][\w.]*)'\]\.user_override\.get\(\)"
 
 
 def _resolve_reference(ref):
@@ -1275,6 +1278,9 @@ def _received(failed, f_locals, scope):
     if len(parts) < 2 or parts[0] in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"):
         return None
     source = parts[1]
+    setting = _re.fullmatch(_OVERRIDE_SLOT, source)
+    if setting is not None:  # what a torch config override's slot stands for: the setting
+        source = f"{setting.group(1)}.{setting.group(2)}"
     root = _re.match(_SOURCE_ROOT, source)
     if root is None or not _re.fullmatch(f"(?:{_SOURCE_STEP})*", source[root.end():]):
         return None
