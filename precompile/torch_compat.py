@@ -40,6 +40,7 @@ PRIVATE_NAMES: dict[str, str] = {
     "dynamo_config": "torch._dynamo.config",
     "CompilePackage": "torch._dynamo.package:CompilePackage",
     "load_guards_state": "torch._dynamo.package:load_guards_state",
+    "load_guard_manager": "torch._dynamo.package:load_guard_manager",
     "GuardsStatePickler": "torch._dynamo.guards:GuardsStatePickler",
     "GuardStateMissing": "torch._dynamo.guards:_Missing",
     "is_from_unspecialized_builtin_nn_module_source": "torch._dynamo.guards:is_from_unspecialized_builtin_nn_module_source",

@@ -187,16 +187,37 @@ def breaks_under_autocast(model, x):
         return model(y.float()) + 1
 
 
+def shifted(y, by=0.5):
+    return y + by
+
+
 class LibrarySettingChild(torch.nn.Module):
-    """Reads a library's settings through its module (`settings.SCALE`, a bool, a dtype) and the
-    standard library's `math.pi`, around a graph break: Dynamo guards each read through the module."""
+    """Reads, around a graph break, what torch's pickled guard state holds by reference: a library's
+    settings through its module (`settings.SCALE`, a bool, a dtype, a list's length, an infinite
+    float), the standard library's `math.pi`, a class attribute (`self.OFFSET`) and a function's
+    default (`shifted`'s `by`)."""
+
+    OFFSET = 1.0
 
     def forward(self, x):
         y = x.to(settings.DTYPE) * settings.SCALE
+        for weight in settings.WEIGHTS:
+            y = y * weight
         print("child saw", tuple(y.shape))
+        y = shifted(y.clamp(max=settings.LIMIT)) + self.OFFSET
         return y + math.pi if settings.FAST_PATH else y - 1
 
 
 def make_library_setting() -> Parent:
     torch.manual_seed(0)
     return Parent(LibrarySettingChild())
+
+
+class NumpySettingChild(torch.nn.Module):
+    """Reads a numpy scalar a library keeps (`settings.NPF`, set by the test) around a graph break:
+    Dynamo turns it into a tensor and saves that tensor's check in a form torch cannot build again."""
+
+    def forward(self, x):
+        y = x * float(settings.NPF)
+        print("child saw", tuple(y.shape))
+        return y

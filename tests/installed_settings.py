@@ -7,3 +7,5 @@ import torch
 SCALE = 2.0
 FAST_PATH = True
 DTYPE = torch.float32
+WEIGHTS = [1.5]
+LIMIT = float("inf")

@@ -509,6 +509,14 @@ def changed():
         settings.DTYPE = torch.float64
     elif change == "unbound":
         del ic.settings
+    elif change == "weights":
+        settings.WEIGHTS = [1.5, 2.0]
+    elif change == "limit":
+        settings.LIMIT = 0.5
+    elif change == "class attribute":
+        ic.LibrarySettingChild.OFFSET = 2.0
+    elif change == "default":
+        ic.shifted.__defaults__ = (0.25,)
 def served_or_missed():
     try:
         return "served equal" if torch.equal(served(model, x), ic.run(model, x)) else "served DIFFERENT"
@@ -534,10 +542,11 @@ print(json.dumps(report))
 
 @pytest.mark.compat
 def test_a_library_setting_read_through_its_module_is_checked_against_the_capture_in_installed_mode(tmp_path):
-    """A child reads `settings.SCALE`, a bool, a dtype and `math.pi` through their modules, around a
-    graph break. torch rebuilds those guards at load from the serving process's modules, so, before
-    the by-name lines pinned the captured values, a setting changed before load served the code that
-    baked in the old one; and the pickled guard state imported the modules by name, which load's
+    """A child reads, around a graph break, `settings.SCALE`, a bool, a dtype, a list's length, an
+    infinite float and `math.pi` through their modules, a class attribute and a function's default.
+    torch rebuilds those guards at load from the serving process's module, class and function, so,
+    before the by-name lines pinned the captured values, each changed before load served the code
+    that baked in the old one; and the pickled guard state imported the modules by name, which load's
     policy refused for `math` and a module outside the captured package. Now it captures, verifies,
     serves unchanged settings, and misses on each one changed, before load or after a served call; a
     module the serving frame no longer binds is a load refusal naming it."""
@@ -550,11 +559,28 @@ def test_a_library_setting_read_through_its_module_is_checked_against_the_captur
     assert main(["verify", str(tmp_path / "setting")]) == 0  # the strict scan: no module imported by name
     report = fresh_json(LIBRARY_SETTING, str(tmp_path), "nothing", "before load")
     assert report == {"first call": "served equal"}
-    for change, captured in [("scale", "SCALE == 2.0"), ("fast path", "FAST_PATH == True"), ("dtype", "DTYPE is torch:float32")]:
+    for change, captured in [("scale", "G['settings'].SCALE == 2.0"), ("fast path", "G['settings'].FAST_PATH == True"),
+                             ("dtype", "G['settings'].DTYPE is torch:float32"), ("weights", "len(G['settings'].WEIGHTS) == 1"),
+                             ("limit", "G['settings'].LIMIT == float('inf')"),
+                             ("class attribute", "type(L['self']).__dict__['OFFSET'] == 1.0"),
+                             ("default", "G['shifted'].__defaults__[0] == 0.5")]:
         report = fresh_json(LIBRARY_SETTING, str(tmp_path), change, "before load")
-        assert f"G['settings'].{captured}" in report["first call"], (change, report)
+        assert captured in report["first call"], (change, report)
     report = fresh_json(LIBRARY_SETTING, str(tmp_path), "unbound", "before load")
     assert "its guards read module installed_settings through the global 'settings', which module 'installed_cases' does not bind" in report["load"]
     report = fresh_json(LIBRARY_SETTING, str(tmp_path), "scale", "after the first call")
     assert report["first call"] == "served equal"
     assert "G['settings'].SCALE == 2.0 (this call's G['settings'].SCALE is 3.0)" in report["after the change"], report
+
+
+def test_a_variant_whose_guards_torch_cannot_build_again_is_refused_at_write_time(tmp_path, monkeypatch):
+    """A numpy scalar read through a module, around a graph break: the capture used to write an
+    artifact that every load refused (torch's own build of the guards fails on the placeholder its
+    pickler saved for the tensor Dynamo made of it); now the capture builds them as load will and
+    refuses, naming the frame and torch's error."""
+    import installed_settings
+
+    np = pytest.importorskip("numpy")
+    monkeypatch.setattr(installed_settings, "NPF", np.float32(2.0), raising=False)
+    with torch.no_grad(), pytest.raises(precompile.CaptureRefused, match=r"NumpySettingChild.*torch cannot build its guards from the saved state"):
+        _capture(tmp_path, "numpy", ic.run, [(ic.Parent(ic.NumpySettingChild()), torch.ones(4, 8))])

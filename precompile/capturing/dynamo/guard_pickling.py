@@ -22,10 +22,11 @@ unpickled locals. Two things stand between what the capture saw and what load re
   `flags.SCALE`) by name, which unpickling imports: load's policy refuses any import of a module
   off its reviewed list, and an imported module holds the serving process's values, which torch
   rebuilds the guards through it with. Such a module is written as the missing placeholder, bound at
-  load to the serving frame's own; each kept constant guard read through a module (or a torch
-  config setting's override) gets a by-name line comparing it with the capture's value
-  (`pin_module_values`), so a library setting changed before load misses instead of serving the
-  code that baked in the old value.
+  load to the serving frame's own. Whatever else a guard reads through an object pickled by
+  reference (a module, a class, a function) reads back as the serving process's: each such kept
+  constant, length or type (and a torch config setting's override) gets a by-name line comparing it
+  with the capture's (`pin_read_back_values`), so a library setting, a class attribute or a default
+  changed before load misses instead of serving the code that baked in the old value.
 - Whatever else unpickles as something else: `readback_problems` rebuilds each variant's guard
   state as load will and names each kept guard whose source reads back another type, or nothing,
   so the capture is refused at write time rather than the artifact at load.
@@ -34,7 +35,9 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import contextvars
 import importlib
+import math
 import pickle
 import re
 import sys
@@ -48,6 +51,7 @@ from precompile.artifact.metadata import DynamoFrame, VariantGuards
 from precompile.artifact.pickle_policy import MODULE, classify
 from precompile.capturing.dynamo.config_settings import SETTING_KINDS, setting_source
 from precompile.capturing.dynamo.guard_accounting import UNKEPT, Seen, seen_key, slot_source, slot_text
+from precompile.capturing.dynamo.named_identity import reference
 from precompile.errors import CaptureRefused
 
 # What evaluating a guard source may call (Dynamo's own source text: dict(type(x).__dict__)['f'], ...).
@@ -179,6 +183,20 @@ def readback_problems(state, seen: dict, policy: frozenset) -> list[str]:
     return list(problems.values())
 
 
+def _unbuildable(state, code) -> list[str]:
+    """torch's own build of a variant's guard manager from the rebuilt state, as load builds it: what
+    stops it, if anything (a numpy value Dynamo turned into a tensor, `___from_numpy(G['lib'].X)`,
+    has its tensor check saved as a placeholder torch cannot build it from)."""
+    from precompile.torch_compat import SerializedCode, dynamo_config, load_guard_manager
+
+    try:
+        with dynamo_config.patch(skip_nnmodule_hook_guards=False):
+            load_guard_manager(state, SerializedCode.to_code_object(code.python_code), sys.modules[code.python_module].__dict__)
+    except Exception as exc:  # whatever torch's build raises, load would raise it too
+        return [f"torch cannot build its guards from the saved state ({type(exc).__name__}: {str(exc)[:300]})"]
+    return []
+
+
 def refuse_unfaithful_guard_state(entry, frames: list[DynamoFrame], guards: list[VariantGuards], seen: dict) -> None:
     """An installed artifact's guards are rebuilt at load from the guard state Dynamo pickled: refuse,
     at write time, a variant whose kept guards read back from that state as other objects than the
@@ -196,8 +214,8 @@ def refuse_unfaithful_guard_state(entry, frames: list[DynamoFrame], guards: list
             policy = frozenset(meta.policy_dropped) if meta is not None else frozenset()
             state = rebuilt_guards_state(guarded.guards_state, meta.by_name if meta is not None else (), policy,
                                          sys.modules[code.python_module].__dict__)
-            for line in readback_problems(state, seen.get((frame.qualname, variant)) or {}, policy):
-                problems.append(f"frame {index} ({frame.qualname}), variant {variant}: {line}")
+            found = readback_problems(state, seen.get((frame.qualname, variant)) or {}, policy) or _unbuildable(state, code)
+            problems += [f"frame {index} ({frame.qualname}), variant {variant}: {line}" for line in found]
     if problems:
         raise CaptureRefused(
             "the capture is served installed, through torch's guards rebuilt at load from the guard state Dynamo "
@@ -208,53 +226,97 @@ def refuse_unfaithful_guard_state(entry, frames: list[DynamoFrame], guards: list
         )
 
 
-# Kept guards that compare what their source held with a constant.
+# Kept guards that compare what their source held with a constant, or its length.
 _CONSTANT_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH"})
 _START = re.compile(r"([LG])\['([^'\]]+)'\]")
 _STEP = r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]"
+# Objects Dynamo's pickler writes by reference: unpickled in a serving process, they are its own, with
+# the values they hold there (a module's globals, a class's attributes, a function's defaults).
+_BY_REFERENCE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+# Dynamo's spelling of a class attribute's source, and the walk the driver checks it by.
+_CLASS_DICT = re.compile(r"dict\((type\([^()]*\)\.__dict__)\)")
+
+
+def _step(value, attr: str, item: str, key: str):
+    return getattr(value, attr) if attr else value[int(item)] if item else value[key]
 
 
 def _walk(name: str, state) -> tuple[bool, object]:
-    """(whether the guard source `name` reaches its value through a module, the value it reads back),
-    walked over the rebuilt guard state; (False, None) for a source that is no plain walk or does not
-    read back. torch rebuilds a guard through a module (`G['flags'].SCALE`) at load from the serving
-    process's module, so it compares with the value there."""
-    start = _START.match(name)
-    rest = name[start.end():] if start else ""
-    if start is None or not re.fullmatch(f"(?:{_STEP})*", rest):
+    """(whether the guard source `name` reads its value through an object pickled by reference, the
+    value it reads back), walked over the rebuilt guard state; (False, None) for a source that is no
+    walk the driver can check or does not read back. torch rebuilds such a guard (`G['flags'].SCALE`,
+    `type(L['self']).__dict__['SCALE']`, `G['helper'].__defaults__[0]`) at load from the serving
+    process's object, so it compares with the value there."""
+    of_type = name.startswith("type(")
+    walked, after = name[5:].split(")", 1) if of_type else (name, "")
+    start = _START.match(walked)
+    rest = walked[start.end():] if start else ""
+    if start is None or not re.fullmatch(f"(?:{_STEP})*", rest + after):
         return False, None
     og = state.output_graph
     value = (og.local_scope if start.group(1) == "L" else og.global_scope).get(start.group(2))
-    through = False
-    for attr, index, key in re.findall(_STEP, rest):
-        through = through or isinstance(value, types.ModuleType)
-        try:
-            value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
-        except Exception:  # a source that does not read back: readback_problems' concern
-            return False, None
+    through = of_type
+    try:
+        for part, steps in enumerate((rest, after)):
+            for attr, item, key in re.findall(_STEP, steps):
+                through = through or isinstance(value, _BY_REFERENCE)
+                value = _step(value, attr, item, key)
+            value = type(value) if part == 0 and of_type else value
+    except Exception:  # a source that does not read back: readback_problems' concern
+        return False, None
     return through, value
 
 
-def _pinned_check(kind: str, name: str, value: object) -> str | None:
-    """The by-name line checking `name` against the capture's constant: `== literal` (type and value),
-    `is torch:<dtype>`; None for a value no literal states."""
-    if isinstance(value, torch.dtype):
-        return f"{kind} {name} is torch:{str(value).removeprefix('torch.')}"
+def _operand(value: object) -> str | None:
+    """How a by-name line states a pinned value: a literal, `float('inf')` (or '-inf', 'nan'),
+    `torch.device('cuda:0')`; None where none does (the driver's `_pinned_operand` reads them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"float({str(value)!r})"
+    if isinstance(value, torch.device):
+        return f"torch.device({str(value)!r})"
     text = repr(value)
     try:
         same = ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):  # nan, inf, an object's repr
+    except (ValueError, SyntaxError, MemoryError, RecursionError):  # an object's repr
         return None
-    return f"{kind} {name} == {text}" if type(same) is type(value) and same == value else None
+    return text if type(same) is type(value) and same == value else None
 
 
-def pin_module_values(entry, frames: list[DynamoFrame], guards: list[VariantGuards], seen: dict) -> list[VariantGuards]:
-    """An installed artifact's variants, each with a by-name line per kept constant guard whose source
-    reads through a module (`EQUALS_MATCH G['flags'].SCALE == 2.0`). torch rebuilds those guards at
-    load from the serving process's module, so a library setting changed before load would be what
-    they compare with, and the captured code, which baked the capture's value in, would serve; the
-    line compares with the capture's value on every call (`seen`: GuardLedger.seen), so such a call
-    misses as torch.compile would recompile."""
+def _pinned(kind: str, name: str, saw: Seen | None, state) -> str | None:
+    """The by-name line pinning one kept guard to what the capture saw, where torch would rebuild it at
+    load through an object pickled by reference; None where it would not, or no line states the value."""
+    setting = setting_source(name) if kind in SETTING_KINDS else None
+    if setting is not None:  # a torch config's override: the setting, as the capture resolved it
+        through, value = _walk(setting, state)
+        operand = _operand(value) if through else None
+        return None if operand is None else f"EQUALS_MATCH {setting} == {operand}"
+    if saw is None or kind not in _CONSTANT_KINDS and kind not in ("SEQUENCE_LENGTH", "TYPE_MATCH"):
+        return None
+    source = _CLASS_DICT.sub(r"\1", name)
+    of_get = source.endswith(".get()")  # a ContextVar's value (torch 2.15)
+    through, value = _walk(source[:-6] if of_get else source, state)
+    if not through or of_get and (kind not in _CONSTANT_KINDS or not isinstance(value, contextvars.ContextVar)):
+        return None
+    if kind == "SEQUENCE_LENGTH":
+        return None if saw.length is None else f"{kind} len({source}) == {saw.length}"
+    if kind == "TYPE_MATCH":
+        ref = reference(saw.type)
+        return None if ref is None else f"{kind} type({source}) is {ref}"
+    captured = saw.value if saw.value is not UNKEPT or not isinstance(value, torch.device) else value
+    if isinstance(captured, torch.dtype):
+        return f"{kind} {source} is torch:{str(captured).removeprefix('torch.')}"
+    operand = None if captured is UNKEPT else _operand(captured)
+    return None if operand is None else f"{kind} {source} == {operand}"
+
+
+def pin_read_back_values(entry, frames: list[DynamoFrame], guards: list[VariantGuards], seen: dict) -> list[VariantGuards]:
+    """An installed artifact's variants, each with a by-name line per kept guard that torch rebuilds
+    at load through an object pickled by reference (a module, a class, a function): a value read
+    through a module (`EQUALS_MATCH G['flags'].SCALE == 2.0`), a class attribute, a function's default,
+    such a sequence's length, a torch config setting. Rebuilt from the serving process's object, the
+    guard compares with the value there, so a setting changed before load would serve the captured
+    code, which baked the capture's value in; the line compares with the capture's value on every
+    call (`seen`: GuardLedger.seen), so such a call misses as torch.compile would recompile."""
     from precompile.codegen.drivers.dynamo_checks import rebuilt_guards_state
 
     listed = {(v.frame, v.variant): v for v in guards}
@@ -271,16 +333,8 @@ def pin_module_values(entry, frames: list[DynamoFrame], guards: list[VariantGuar
             lines = set(meta.by_name)
             for guard in state.output_graph.guards:
                 kind = guard.create_fn_name()
-                if slot_text((kind, slot_source(guard.name))) in policy:
-                    continue
-                setting = setting_source(guard.name) if kind in SETTING_KINDS else None
-                if setting is not None:  # a torch config's override: the setting, as the capture resolved it
-                    through, value = _walk(setting, state)
-                    line = _pinned_check("EQUALS_MATCH", setting, value) if through else None
-                else:
-                    saw: Seen | None = held.get(seen_key(guard))
-                    value = saw.value if saw is not None and kind in _CONSTANT_KINDS else UNKEPT
-                    line = _pinned_check(kind, guard.name, value) if value is not UNKEPT and _walk(guard.name, state)[0] else None
+                line = None if slot_text((kind, slot_source(guard.name))) in policy else _pinned(
+                    kind, guard.name, held.get(seen_key(guard)), state)
                 if line is not None:
                     lines.add(line)
             listed[(frame.qualname, variant)] = msgspec.structs.replace(meta, by_name=tuple(sorted(lines)))

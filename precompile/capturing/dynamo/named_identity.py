@@ -94,6 +94,20 @@ CHECK = re.compile(rf"({SOURCE.pattern}) (is|==) (.+)")
 """`source is reference` or `source == literal` (the line's text after its guard type)."""
 
 
+def renderable(line: str) -> bool:
+    """Whether the guard renderer states a by-name line as Python (`source is reference`, `source ==
+    literal`); the lines only the driver checks (a pinned length, a ContextVar's value, `float('inf')`:
+    guard_pickling) are not."""
+    match = CHECK.fullmatch(line.split(" ", 1)[-1])
+    if match is None or match.group(2) == "is":
+        return match is not None
+    try:
+        ast.literal_eval(match.group(3))
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
+
+
 def valued_check(entry) -> str | None:
     """`ID_MATCH source == literal` for an identity guard on a str, bool, None, int or float (checked
     by type and value), else None."""

@@ -26,7 +26,11 @@ from precompile.artifact.summary import PrecompileSummary, without_object_ids
 from precompile.capturing import kernels, pipeline
 from precompile.capturing.dynamo.call_built_state import CallBuiltState, traced_sources
 from precompile.capturing.dynamo.guard_accounting import GuardLedger, SlotLists, account_frame, wont_generalize
-from precompile.capturing.dynamo.guard_pickling import faithful_guard_pickling, pin_module_values, refuse_unfaithful_guard_state
+from precompile.capturing.dynamo.guard_pickling import (
+    faithful_guard_pickling,
+    pin_read_back_values,
+    refuse_unfaithful_guard_state,
+)
 from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.key_lookups import KeyLookups, apply, key_lookups, recorded_misses
 from precompile.capturing.dynamo.logs import BackendFallbackLog, GraphBreakReasons, TruncationLog
@@ -352,7 +356,7 @@ class DynamoSession:
             refuse_uninstallable(entry, frames)
             record_guarded_minted_modules(entry, frames, guards)
             refuse_unfaithful_guard_state(entry, frames, guards, self._ledger.seen)
-            guards = pin_module_values(entry, frames, guards, self._ledger.seen)
+            guards = pin_read_back_values(entry, frames, guards, self._ledger.seen)
             guards = readable_guards(entry, frames, guards, self._ledger.seen)
         sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
         inlined = tuple(

@@ -32,6 +32,7 @@ import msgspec
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
 from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
 from precompile.capturing.dynamo.key_lookups import KeyLookups
+from precompile.capturing.dynamo.named_identity import renderable
 from precompile.capturing.dynamo.tensor_keys import dispatch_modes
 from precompile.errors import CaptureRefused
 
@@ -225,7 +226,7 @@ def readable_guards(entry, frames: list[DynamoFrame], guards: list[VariantGuards
             try:
                 text = render_variant(index, variant, f"Frame {index} ({frame.qualname}), variant {variant}",
                                       read_guards_state(guarded.guards_state), frozenset(meta.policy_dropped),
-                                      meta.by_name, {}, (seen or {}).get((frame.qualname, variant)),
+                                      tuple(filter(renderable, meta.by_name)), {}, (seen or {}).get((frame.qualname, variant)),
                                       getattr(sys.modules.get(code.python_module), "__dict__", None)).source
             except Exception:  # a reading only: what stops it leaves this variant's values unread, as before
                 continue

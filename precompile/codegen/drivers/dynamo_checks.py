@@ -4,6 +4,7 @@
 # rendered in python_code as Python (_RenderedGuards) or rebuilt from the pickled guard state as
 # torch's guard manager (_TorchGuards), the invariance policy's slots taken out and the by-name
 # identity checks added against what each name resolves to here.
+import contextvars as _contextvars
 import hashlib as _hashlib
 import importlib as _importlib
 import importlib.machinery as _machinery
@@ -257,22 +258,36 @@ def _identity_parts(line):
     return rest[:at], operator, rest[at + len(operator) + 2:]
 
 
+def _pinned_operand(ref):
+    """What a `source == operand` line compares with: a literal, or a spelling a literal lacks
+    (`float('inf')`, `float('nan')`, `torch.device('cuda:0')`)."""
+    import ast
+
+    special = _re.fullmatch(r"float\('(-?inf|nan)'\)|torch\.device\('([^'\\]*)'\)", ref)
+    if special is None:
+        return ast.literal_eval(ref)
+    return float(special.group(1)) if special.group(1) else torch.device(special.group(2))
+
+
 def _check_by_name(manager, line, scope, artifact):
     """Add to a variant's guards the identity check `TYPE source is module:qualname` that Dynamo could
     not serialize, against the object that name resolves to here; or, for an identity guard on an
-    immutable constant (`TYPE source == literal`), its type and value."""
-    import ast
-
+    immutable constant or a value the capture pinned (`TYPE source == literal`), its type and value.
+    A pinned source may be a length (`len(source)`) or a ContextVar's value (`source.get()`)."""
     guard_type = line.split(" ", 1)[0]
     source, operator, ref = _identity_parts(line)
-    of_type = source.startswith("type(")
-    walked, after = source[5:].split(")", 1) if of_type else (source, "")
+    of_len = source.startswith("len(") and source.endswith(")")
+    walked = source[4:-1] if of_len else source
+    of_get = walked.endswith(".get()")
+    walked = walked[:-6] if of_get else walked
+    of_type = walked.startswith("type(")
+    walked, after = walked[5:].split(")", 1) if of_type else (walked, "")
     root = _re.match(_SOURCE_ROOT, walked)
     if root is None:
         _fail(artifact, f"{line}: its source names neither a local, a global nor a name", _RECAPTURE)
     steps, type_steps = _re.findall(_SOURCE_STEP, walked[root.end():]), _re.findall(_SOURCE_STEP, after)
     try:
-        expected = ast.literal_eval(ref) if operator == "==" else _resolve_reference(ref)
+        expected = _pinned_operand(ref) if operator == "==" else _resolve_reference(ref)
     except Exception as exc:  # the named object is not here: the variant cannot serve
         _fail(artifact, f"{line}: {ref} does not resolve here ({type(exc).__name__}: {exc})",
               "serve it with the code it was captured from")
@@ -286,9 +301,14 @@ def _check_by_name(manager, line, scope, artifact):
             value = type(value) if of_type else value
             for attr, index, key in type_steps:
                 value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+            if of_get and not isinstance(value, _contextvars.ContextVar):
+                return False
+            value = value.get() if of_get else value
+            value = len(value) if of_len else value
         except Exception:  # a source that is not there fails the check
             return False
-        return value is expected or (operator == "==" and type(value) is type(expected) and value == expected)
+        return value is expected or (operator == "==" and type(value) is type(expected)
+                                     and (value == expected or value != value and expected != expected))  # nan
 
     manager.root.add_lambda_guard(check, [f"{guard_type}: {source} {operator} {ref}"], None)
 
