@@ -105,6 +105,23 @@ class PlainLinear(nn.Linear):
     """A subclass that inherits Linear's forward (kind "subclass_forward" patches it on this class)."""
 
 
+class ModuleSettings:
+    """A library's settings object, held in a module global (`SETTINGS.scale`, kind "module_settings")."""
+
+    def __init__(self):
+        self.scale = 2.0
+
+
+SETTINGS = ModuleSettings()
+
+
+class Tuning:
+    """A plain class whose attribute the forward reads through the class (`Tuning.FACTOR`, kind
+    "global_class_value")."""
+
+    FACTOR = 2.0
+
+
 class Model(nn.Module):
     SCALE = 0.5  # a class attribute the forward reads (kind "class_value")
 
@@ -147,6 +164,10 @@ class Model(nn.Module):
             return y if extra is None else y * extra
         if kind == "slotted":
             return y * self.slotted.scale
+        if kind == "module_settings":
+            return y * SETTINGS.scale
+        if kind == "global_class_value":
+            return y * Tuning.FACTOR
         if kind == "gelu":
             return F.gelu(y)
         return self.norm(y)  # layernorm
@@ -208,6 +229,16 @@ def _set_keyword(model):
 
 def _set_tuple_cell(model):
     model.acts[0].__closure__[0].cell_contents = 2.0
+
+
+def _set_module_setting(model):
+    SETTINGS.scale = 3.0
+    return lambda: setattr(SETTINGS, "scale", 2.0)
+
+
+def _set_global_class_value(model):
+    Tuning.FACTOR = 3.0
+    return lambda: setattr(Tuning, "FACTOR", 2.0)
 
 
 def _add_member(model):
@@ -323,6 +354,8 @@ KINDS = {
     "callable_call": (_patch_callable_call, ("makefx", "dynamo")),
     "linear_call": (_patch_linear_call, ("makefx", "dynamo")),
     "subclass_forward": (_patch_subclass_forward, ("makefx", "dynamo")),
+    "module_settings": (_set_module_setting, ("makefx", "dynamo")),
+    "global_class_value": (_set_global_class_value, ("makefx", "dynamo")),
 }
 
 

@@ -300,7 +300,7 @@ class _FrameHook:
             local = frame.f_locals
             for root, path in loads.chains:
                 if root.startswith(_GLOBAL):
-                    self.note_module_attribute(frame.f_globals.get(root[len(_GLOBAL):]), path)
+                    self.note_global_chain(frame.f_globals, root[len(_GLOBAL):], path)
                 else:
                     self.note_chain(local.get(root, _MISSING), path, (root, path) in loads.optional)
         if loads.globals:
@@ -321,9 +321,34 @@ class _FrameHook:
                 if spelling is not None:
                     log.closures[key] = spelling
 
+    def note_global_chain(self, scope: dict, root: str, path: tuple[str, ...]) -> None:
+        """A chain rooted at a global of the frame's module (`scope`): through a module, that module's
+        global (`cfg.SCALE`) or one attribute of a class or settings object it holds
+        (`flags.CFG.scale`); through a class or settings object of the frame's own module, its
+        attribute (`Local.SCALE`, `CFG.scale`)."""
+        value = scope.get(root, _MISSING)
+        if isinstance(value, types.ModuleType):
+            self.note_module_attribute(value, path)
+        elif "__name__" in scope and not skipped(scope.get("__file__") or "<"):
+            self.note_object_attribute(scope["__name__"], scope, root, value, path[0])
+
+    def note_object_attribute(self, module: str, scope: dict, name: str, obj: object, attribute: str) -> None:
+        """`name.attribute` where `name` is a global of `module` holding a class or a settings object
+        (_followable): its value as plain data, checked as the global `name.attribute` (a patched
+        class attribute or config field is eager's while the served graph holds the captured one)."""
+        user_class = isinstance(obj, type) and not skipped(getattr(sys.modules.get(obj.__module__), "__file__", None) or "<")
+        if not (user_class or _followable(obj)) or (module, f"{name}.{attribute}") in self.log.globals:
+            return
+        value = getattr(obj, attribute, _MISSING) if isinstance(obj, type) else plain_attribute(obj, attribute)
+        spelling = (None if value is _MISSING or value is _ABSENT or isinstance(value, (types.FunctionType, types.MethodType))
+                    else spelled(value))
+        if spelling is not None:
+            self.log.globals[module, f"{name}.{attribute}"] = spelling
+            self.log.globals_of.setdefault(module, scope)
+
     def note_module_attribute(self, module: object, path: tuple[str, ...]) -> None:
-        """`cfg.SCALE` where cfg is a module: a global of that module; `torch.backends.mkldnn.enabled`:
-        a flag of torch's backends."""
+        """`cfg.SCALE` where cfg is a module: a global of that module, or one attribute of a class or
+        settings object it holds; `torch.backends.mkldnn.enabled`: a flag of torch's backends."""
         if module is torch and path[0] == "backends":
             module, path = torch.backends, path[1:]
         if isinstance(module, types.ModuleType) and module.__name__.startswith("torch.backends"):
@@ -341,6 +366,8 @@ class _FrameHook:
         if spelling is not None:
             self.log.globals[key] = spelling
             self.log.globals_of.setdefault(module.__name__, vars(module))
+        elif value is not _MISSING and len(path) > 1:
+            self.note_object_attribute(module.__name__, vars(module), name, value, path[1])
 
     def note_backend_flag(self, module: types.ModuleType, path: tuple[str, ...]) -> None:
         """A flag of a torch.backends module (torch's own property over its C state), read as the

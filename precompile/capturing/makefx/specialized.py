@@ -64,19 +64,23 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         out.append(record)
     for (module, name), value in sorted(read.globals.items()):
         where = read.globals_of[module]
-        head, _, attribute = name.rpartition(".")  # a module class's method (`LayerNorm.forward`) is read on the class
-        klass = (where.get(head) if isinstance(where, dict) else getattr(where, head, None)) if head else None
-        now = (getattr(klass, attribute, None) if isinstance(klass, type) else None) if head else (
-            where.get(name) if isinstance(where, dict) else getattr(where, name, None))
+        # a module class's method (`LayerNorm.forward`) is read on the class; a settings object's field on it
+        head, _, attribute = name.rpartition(".")
+        holder = (where.get(head) if isinstance(where, dict) else getattr(where, head, None)) if head else None
+        if head and not isinstance(holder, type):
+            now = attribute_spelling(holder, attribute)
+        else:
+            now = spelled(getattr(holder, attribute, None) if head else
+                          where.get(name) if isinstance(where, dict) else getattr(where, name, None))
         if value == REGISTRY and module == fn_module:  # fn's own registry is a setting of fn's: checked
-            value = spelled(now)
-            if value is None:
+            if now is None:
                 continue
+            value = now
         elif value == REGISTRY:  # a library's: what it holds differs from process to process; listed, not checked
             out.append(SpecializedValue(kind="global", name=name, value=value, module=module, checked=False))
             continue
         record = SpecializedValue(kind="global", name=name, value=value, module=module, checked=_importable(module))
-        _refuse_changed(record, spelled(now))
+        _refuse_changed(record, now)
         out.append(record)
     for (function, name), value in sorted(read.closures.items()):
         out.append(SpecializedValue(kind="closure", name=name, value=value, module=function, checked=False))
