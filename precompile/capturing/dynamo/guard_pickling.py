@@ -299,8 +299,8 @@ def _pinned(kind: str, name: str, saw: Seen | None, state) -> str | None:
         return None
     if kind == "SEQUENCE_LENGTH":
         return None if saw.length is None else f"{kind} len({source}) == {saw.length}"
-    if kind == "TYPE_MATCH":
-        ref = reference(saw.type)
+    if kind == "TYPE_MATCH":  # the driver walks one type(...): a class attribute's type is left to torch's check
+        ref = None if source.startswith("type(") else reference(saw.type)
         return None if ref is None else f"{kind} type({source}) is {ref}"
     captured = saw.value if saw.value is not UNKEPT or not isinstance(value, torch.device) else value
     if isinstance(captured, torch.dtype):
@@ -317,25 +317,27 @@ def pin_read_back_values(entry, frames: list[DynamoFrame], guards: list[VariantG
     guard compares with the value there, so a setting changed before load would serve the captured
     code, which baked the capture's value in; the line compares with the capture's value on every
     call (`seen`: GuardLedger.seen), so such a call misses as torch.compile would recompile."""
-    from precompile.codegen.drivers.dynamo_checks import rebuilt_guards_state
+    from precompile.codegen.drivers.dynamo_checks import by_name_check, rebuilt_guards_state
 
     listed = {(v.frame, v.variant): v for v in guards}
     for code, frame in zip(entry.codes, frames):
         if frame.runs_as_python:
             continue
+        scope = sys.modules[code.python_module].__dict__
         for variant, guarded in enumerate(code.guarded_codes):
             meta = listed.get((frame.qualname, variant))
             if meta is None:
                 continue
             policy = frozenset(meta.policy_dropped)
-            state = rebuilt_guards_state(guarded.guards_state, meta.by_name, policy, sys.modules[code.python_module].__dict__)
+            state = rebuilt_guards_state(guarded.guards_state, meta.by_name, policy, scope)
             held = seen.get((frame.qualname, variant)) or {}
             lines = set(meta.by_name)
             for guard in state.output_graph.guards:
                 kind = guard.create_fn_name()
                 line = None if slot_text((kind, slot_source(guard.name))) in policy else _pinned(
                     kind, guard.name, held.get(seen_key(guard)), state)
-                if line is not None:
+                # Checked as load will, on the capture's own state: a line that fails there would miss every call.
+                if line is not None and by_name_check(line, scope, "the capture")(state.output_graph.local_scope):
                     lines.add(line)
             listed[(frame.qualname, variant)] = msgspec.structs.replace(meta, by_name=tuple(sorted(lines)))
     return [listed[(v.frame, v.variant)] for v in guards]

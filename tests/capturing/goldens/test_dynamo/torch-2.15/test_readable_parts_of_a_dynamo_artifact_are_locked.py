@@ -1217,9 +1217,15 @@ def _pinned_operand(ref):
 def _check_by_name(manager, line, scope, artifact):
     """Add to a variant's guards the identity check `TYPE source is module:qualname` that Dynamo could
     not serialize, against the object that name resolves to here; or, for an identity guard on an
-    immutable constant or a value the capture pinned (`TYPE source == literal`), its type and value.
-    A pinned source may be a length (`len(source)`) or a ContextVar's value (`source.get()`)."""
-    guard_type = line.split(" ", 1)[0]
+    immutable constant or a value the capture pinned (`TYPE source == literal`), its type and value."""
+    source, operator, ref = _identity_parts(line)
+    manager.root.add_lambda_guard(by_name_check(line, scope, artifact), [f"{line.split(' ', 1)[0]}: {source} {operator} {ref}"], None)
+
+
+def by_name_check(line, scope, artifact):
+    """The check of one by-name line: a function of a call's locals, true where it holds (`scope`: the
+    frame's module globals). A pinned source may be a length (`len(source)`) or a ContextVar's value
+    (`source.get()`). The capture runs it on its own state, as load will on a call's."""
     source, operator, ref = _identity_parts(line)
     of_len = source.startswith("len(") and source.endswith(")")
     walked = source[4:-1] if of_len else source
@@ -1255,7 +1261,7 @@ def _check_by_name(manager, line, scope, artifact):
         return value is expected or (operator == "==" and type(value) is type(expected)
                                      and (value == expected or value != value and expected != expected))  # nan
 
-    manager.root.add_lambda_guard(check, [f"{guard_type}: {source} {operator} {ref}"], None)
+    return check
 
 class _RenderedGuards:
     """A variant's guards as rendered in python_code (`guards_F_V(L, G)`): the checks that run."""
