@@ -461,8 +461,9 @@ def test_a_kept_guard_the_pickled_guard_state_cannot_read_back_refuses_the_insta
     with torch.no_grad(), pytest.raises(precompile.CaptureRefused) as refused:
         _capture(tmp_path, "bare", ic.run, [(ic.make_function_module(reduces_itself=False), torch.ones(4, 8))])
     message = str(refused.value)
-    if torch.__version__.startswith(("2.11.", "2.12.")):  # refused by load's policy on the bare module, before any guard reads it
-        assert "GuardsStatePickler._unpickle_module" in message and "define the class at module level" in message
+    if torch.__version__.startswith(("2.11.", "2.12.")):  # refused by load's policy on the bare module, or torch's build of the guards
+        assert ("GuardsStatePickler._unpickle_module" in message and "define the class at module level" in message
+                or "torch cannot build its guards from the saved state" in message and "a class at module level" in message)
         assert "AOTAutograd" not in message
         return
     assert ("FunctionModuleChild.forward), variant 0: SEQUENCE_LENGTH dict(type(self._funcs['scaled']).__dict__)"
@@ -564,6 +565,8 @@ def test_a_library_setting_read_through_its_module_is_checked_against_the_captur
                              ("limit", "G['settings'].LIMIT == float('inf')"),
                              ("class attribute", "type(L['self']).__dict__['OFFSET'] == 1.0"),
                              ("default", "G['shifted'].__defaults__[0] == 0.5")]:
+        if change == "default" and torch.__version__.startswith("2.11."):
+            continue  # torch 2.11's Dynamo guards no global function's defaults: torch.compile too serves a changed one stale
         report = fresh_json(LIBRARY_SETTING, str(tmp_path), change, "before load")
         assert captured in report["first call"], (change, report)
     report = fresh_json(LIBRARY_SETTING, str(tmp_path), "unbound", "before load")
