@@ -115,6 +115,11 @@ class ModuleSettings:
 SETTINGS = ModuleSettings()
 
 
+def scaled_by_default(x, k=2.0):
+    """A module-level helper whose default the forward relies on (kind "global_default")."""
+    return x * k
+
+
 class Tuning:
     """A plain class whose attribute the forward reads through the class (`Tuning.FACTOR`, kind
     "global_class_value")."""
@@ -168,6 +173,8 @@ class Model(nn.Module):
             return y * SETTINGS.scale
         if kind == "global_class_value":
             return y * Tuning.FACTOR
+        if kind == "global_default":
+            return scaled_by_default(y)
         if kind == "gelu":
             return F.gelu(y)
         return self.norm(y)  # layernorm
@@ -239,6 +246,11 @@ def _set_module_setting(model):
 def _set_global_class_value(model):
     Tuning.FACTOR = 3.0
     return lambda: setattr(Tuning, "FACTOR", 2.0)
+
+
+def _set_global_default(model):
+    scaled_by_default.__defaults__ = (3.0,)
+    return lambda: setattr(scaled_by_default, "__defaults__", (2.0,))
 
 
 def _add_member(model):
@@ -356,6 +368,7 @@ KINDS = {
     "subclass_forward": (_patch_subclass_forward, ("makefx", "dynamo")),
     "module_settings": (_set_module_setting, ("makefx", "dynamo")),
     "global_class_value": (_set_global_class_value, ("makefx", "dynamo")),
+    "global_default": (_set_global_default, ("makefx", "dynamo")),
 }
 
 

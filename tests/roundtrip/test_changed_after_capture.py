@@ -1,6 +1,6 @@
 """Settings held in config containers (an attribute-style dict, a namedtuple, a slotted dataclass, a
 numpy array or scalar, a set changed in place, a settings object or a plain class held in a module
-global), in functions (a closure, its cell, a lambda, a closure
+global), in functions (a module-level helper's default, a closure, its cell, a lambda, a closure
 in a tuple, a partial's keywords, a callable object's attribute, class or __call__), on the model's class (a class attribute, the class itself, a layer's __call__ or an inherited forward
 patched) or
 missing at capture, and in torch itself (a patched torch function, a patched layer's forward),
@@ -110,6 +110,7 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "subclass_forward": "global changed_state_cases.PlainLinear.forward is function changed_state_cases._patch_subclass_forward",
         "module_settings": "global changed_state_cases.SETTINGS.scale is 3.0 but the artifact was captured with 2.0",
         "global_class_value": "global changed_state_cases.Tuning.FACTOR is 3.0 but the artifact was captured with 2.0",
+        "global_default": "global changed_state_cases.scaled_by_default is function changed_state_cases.scaled_by_default closing over default 3.0",
     }
     for kind, text in named.items():
         for when in ("first call", "after a validated call"):

@@ -166,22 +166,24 @@ def _is_numpy_array(value):
 
 
 def _function(value, depth=0):
-    """A function by its qualified name; one defined inside another (a lambda, a closure) also by the
-    line it starts on, since such names repeat, and by the values it closes over (nested as deep as a
-    collection goes: a closure that names itself is spelled once)."""
+    """A function by its qualified name and its defaults; one defined inside another (a lambda, a
+    closure) also by the line it starts on, since such names repeat, and by the values it closes over
+    (nested as deep as a collection goes: a closure that names itself is spelled once)."""
     name = f"function {getattr(value, '__module__', None) or '?'}.{getattr(value, '__qualname__', None) or value.__name__}"
     code = getattr(value, "__code__", None)
-    if code is None or "<" not in name:
+    if code is None or "<" not in name and not (isinstance(value, _types.FunctionType) and _bound_values(value)):
         return name
+    if "<" in name:
+        name = f"{name} (line {code.co_firstlineno})"
     if depth > 8 or not isinstance(value, _types.FunctionType):
-        return f"{name} (line {code.co_firstlineno})"
+        return name
     labels = [*(f"{free}=" for free in code.co_freevars[:len(value.__closure__ or ())]),
               *("default " for _ in value.__defaults__ or ()), *(f"default {k}=" for k in value.__kwdefaults__ or {})]
     bound = []
     for label, held in zip(labels, _bound_values(value)):
         spelling = "unbound" if held is _ABSENT else _spelled(held, depth + 1)
         bound.append(f"{label}{spelling if spelling is not None else 'a ' + type(held).__name__}")
-    return f"{name} (line {code.co_firstlineno})" + (f" closing over {', '.join(bound)}" if bound else "")
+    return name + (f" closing over {', '.join(bound)}" if bound else "")
 
 
 # Items a library keeps in the order of a set, which the process's string hash seed decides: diffusers'
@@ -277,19 +279,20 @@ class _Contents:
 
 
 def _bound_values(function):
-    """What a local function (a closure, a lambda) is spelled with besides its name: what its cells
-    hold (_ABSENT for an empty one), then its defaults, which bind values as a closure does (`lambda t,
-    s=s: t * s`). A cell set again (`nonlocal`) changes a closure without changing the function. A
-    module-level function is spelled, and so compared, by its name alone: empty."""
+    """What a function is spelled with besides its name: a local one's (a closure, a lambda) cells
+    (_ABSENT for an empty one), then any function's defaults, which bind values as a closure does
+    (`lambda t, s=s: t * s`; `def scaled(x, s=2.0)`, whose `__defaults__` a caller may set again; not
+    torch's own functions'). A cell set again (`nonlocal`) changes a closure without changing the function."""
+    defaults = [*(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
     if "<" not in function.__qualname__:
-        return []
+        return [] if (function.__module__ or "torch").split(".")[0] == "torch" else defaults
     held = []
     for cell in function.__closure__ or ():
         try:
             held.append(cell.cell_contents)
         except ValueError:  # a cell not yet bound
             held.append(_ABSENT)
-    return [*held, *(function.__defaults__ or ()), *(function.__kwdefaults__ or {}).values()]
+    return [*held, *defaults]
 
 
 def _instance_dict(owner):
