@@ -175,6 +175,8 @@ class Model(nn.Module):
             return y * Tuning.FACTOR
         if kind == "global_default":
             return scaled_by_default(y)
+        if kind == "compiler_setting":
+            return y * 2 if torch.compiler.config.job_id is None else y
         if kind == "gelu":
             return F.gelu(y)
         return self.norm(y)  # layernorm
@@ -251,6 +253,11 @@ def _set_global_class_value(model):
 def _set_global_default(model):
     scaled_by_default.__defaults__ = (3.0,)
     return lambda: setattr(scaled_by_default, "__defaults__", (2.0,))
+
+
+def _set_compiler_setting(model):
+    torch.compiler.config.job_id = "another job"
+    return lambda: setattr(torch.compiler.config, "job_id", None)
 
 
 def _add_member(model):
@@ -369,6 +376,7 @@ KINDS = {
     "module_settings": (_set_module_setting, ("makefx", "dynamo")),
     "global_class_value": (_set_global_class_value, ("makefx", "dynamo")),
     "global_default": (_set_global_default, ("makefx", "dynamo")),
+    "compiler_setting": (_set_compiler_setting, ("makefx", "dynamo")),
 }
 
 

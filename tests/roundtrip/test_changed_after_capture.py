@@ -3,7 +3,7 @@ numpy array or scalar, a set changed in place, a settings object or a plain clas
 global), in functions (a module-level helper's default, a closure, its cell, a lambda, a closure
 in a tuple, a partial's keywords, a callable object's attribute, class or __call__), on the model's class (a class attribute, the class itself, a layer's __call__ or an inherited forward
 patched) or
-missing at capture, and in torch itself (a patched torch function, a patched layer's forward),
+missing at capture, and in torch itself (a torch.compiler setting, a patched torch function, a patched layer's forward),
 changed after capture: each captured in this process,
 then served by a fresh process that makes the same change to eager and the artifact, before the
 first call and (MakeFx, whose later calls trust what the first checked) after a validated one, and
@@ -111,6 +111,7 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "module_settings": "global changed_state_cases.SETTINGS.scale is 3.0 but the artifact was captured with 2.0",
         "global_class_value": "global changed_state_cases.Tuning.FACTOR is 3.0 but the artifact was captured with 2.0",
         "global_default": "global changed_state_cases.scaled_by_default is function changed_state_cases.scaled_by_default closing over default 3.0",
+        "compiler_setting": "global torch.compiler.config.job_id is 'another job' but the artifact was captured with None",
     }
     for kind, text in named.items():
         for when in ("first call", "after a validated call"):

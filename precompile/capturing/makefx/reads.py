@@ -322,10 +322,9 @@ class _FrameHook:
                     log.closures[key] = spelling
 
     def note_global_chain(self, scope: dict, root: str, path: tuple[str, ...]) -> None:
-        """A chain rooted at a global of the frame's module (`scope`): through a module, that module's
-        global (`cfg.SCALE`) or one attribute of a class or settings object it holds
-        (`flags.CFG.scale`); through a class or settings object of the frame's own module, its
-        attribute (`Local.SCALE`, `CFG.scale`)."""
+        """A chain rooted at a global of the frame's module (`scope`): through a module, its global
+        (`cfg.SCALE`) or one attribute of a class or settings object it holds (`flags.CFG.scale`);
+        through a class or settings object of the frame's own module, its attribute (`Local.SCALE`)."""
         value = scope.get(root, _MISSING)
         if isinstance(value, types.ModuleType):
             self.note_module_attribute(value, path)
@@ -386,7 +385,8 @@ class _FrameHook:
     def note_torch_function(self, module: types.ModuleType, path: tuple[str, ...]) -> None:
         """A public function of torch the code loads from its module (`F.gelu`, `torch.relu`,
         `torch.nn.functional.silu`): patched after capture (`F.gelu = ...`), eager calls the patch
-        while the served graph holds what the trace called, so its spelling is checked."""
+        while the served graph holds what the trace called, so its spelling is checked; and a setting
+        of a torch config module (`torch.compiler.config.job_id`), read as the served call reads it."""
         for name in path:
             if name.startswith("_") or name in STATE_PROBES or module.__name__.startswith("torch.distributed"):
                 # torch's private machinery (torch._C, F._in_projection), not what users patch; the state
@@ -397,6 +397,13 @@ class _FrameHook:
             if isinstance(value, types.ModuleType):
                 module = value
                 continue
+            if value is _MISSING and isinstance(vars(module).get("_config"), dict):  # a config module's setting
+                setting = getattr(module, name, _MISSING)
+                spelling = None if setting is _MISSING or (module.__name__, name) in self.log.globals else spelled(setting)
+                if spelling is not None and (setting is None or type(setting) in (bool, int, float, str)):
+                    self.log.globals[module.__name__, name] = spelling
+                    self.log.globals_of.setdefault(module.__name__, module)
+                return
             if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)) and (module.__name__, name) not in self.log.globals:
                 spelling = spelled(value)
                 if spelling is not None:
