@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import functools
 
 import numpy as np
@@ -106,10 +107,12 @@ class PlainLinear(nn.Linear):
 
 
 class ModuleSettings:
-    """A library's settings object, held in a module global (`SETTINGS.scale`, kind "module_settings")."""
+    """A library's settings object, held in a module global (`SETTINGS.scale`, kind "module_settings";
+    `SETTINGS.sub.scale`, kind "nested_settings")."""
 
-    def __init__(self):
+    def __init__(self, sub=True):
         self.scale = 2.0
+        self.sub = ModuleSettings(sub=False) if sub else None
 
 
 SETTINGS = ModuleSettings()
@@ -127,8 +130,18 @@ class Tuning:
     FACTOR = 2.0
 
 
+class Mode(enum.Enum):
+    PLAIN = 1
+    DOUBLED = 2
+
+
 class Model(nn.Module):
     SCALE = 0.5  # a class attribute the forward reads (kind "class_value")
+    MODE = Mode.PLAIN  # an enum class attribute (kind "class_enum")
+
+    @property
+    def gain(self):  # a property the forward reads (kind "property"), replaced on the class
+        return 2.0
 
     def __init__(self, kind: str):
         super().__init__()
@@ -175,6 +188,12 @@ class Model(nn.Module):
             return y * Tuning.FACTOR
         if kind == "global_default":
             return scaled_by_default(y)
+        if kind == "nested_settings":
+            return y * SETTINGS.sub.scale
+        if kind == "class_enum":
+            return y * 2 if self.MODE is Mode.DOUBLED else y
+        if kind == "property":
+            return y * self.gain
         if kind == "compiler_setting":
             return y * 2 if torch.compiler.config.job_id is None else y
         if kind == "gelu":
@@ -258,6 +277,22 @@ def _set_global_default(model):
 def _set_compiler_setting(model):
     torch.compiler.config.job_id = "another job"
     return lambda: setattr(torch.compiler.config, "job_id", None)
+
+
+def _set_nested_setting(model):
+    SETTINGS.sub.scale = 3.0
+    return lambda: setattr(SETTINGS.sub, "scale", 2.0)
+
+
+def _set_class_enum(model):
+    Model.MODE = Mode.DOUBLED
+    return lambda: setattr(Model, "MODE", Mode.PLAIN)
+
+
+def _replace_property(model):
+    original = Model.gain
+    Model.gain = property(lambda self: 3.0)
+    return lambda: setattr(Model, "gain", original)
 
 
 def _add_member(model):
@@ -377,6 +412,9 @@ KINDS = {
     "global_class_value": (_set_global_class_value, ("makefx", "dynamo")),
     "global_default": (_set_global_default, ("makefx", "dynamo")),
     "compiler_setting": (_set_compiler_setting, ("makefx", "dynamo")),
+    "nested_settings": (_set_nested_setting, ("makefx", "dynamo")),
+    "class_enum": (_set_class_enum, ("makefx", "dynamo")),
+    "property": (_replace_property, ("makefx", "dynamo")),
 }
 
 

@@ -191,13 +191,15 @@ def shifted(y, by=0.5):
     return y + by
 
 
-class LibrarySettingChild(torch.nn.Module):
+class SettingBase(torch.nn.Module):
+    OFFSET = 1.0
+
+
+class LibrarySettingChild(SettingBase):
     """Reads, around a graph break, what torch's pickled guard state holds by reference: a library's
     settings through its module (`settings.SCALE`, a bool, a dtype, a list's length, an infinite
-    float), the standard library's `math.pi`, a class attribute (`self.OFFSET`) and a function's
-    default (`shifted`'s `by`)."""
-
-    OFFSET = 1.0
+    float), the standard library's `math.pi`, a class attribute its base class holds (`self.OFFSET`:
+    Dynamo reads `type(self).__mro__[1].__dict__`) and a function's default (`shifted`'s `by`)."""
 
     def forward(self, x):
         y = x.to(settings.DTYPE) * settings.SCALE

@@ -1,7 +1,7 @@
 """Settings held in config containers (an attribute-style dict, a namedtuple, a slotted dataclass, a
 numpy array or scalar, a set changed in place, a settings object or a plain class held in a module
 global), in functions (a module-level helper's default, a closure, its cell, a lambda, a closure
-in a tuple, a partial's keywords, a callable object's attribute, class or __call__), on the model's class (a class attribute, the class itself, a layer's __call__ or an inherited forward
+in a tuple, a partial's keywords, a callable object's attribute, class or __call__), on the model's class (a class attribute, an enum one, a property replaced, the class itself, a layer's __call__ or an inherited forward
 patched) or
 missing at capture, and in torch itself (a torch.compiler setting, a patched torch function, a patched layer's forward),
 changed after capture: each captured in this process,
@@ -112,6 +112,9 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "global_class_value": "global changed_state_cases.Tuning.FACTOR is 3.0 but the artifact was captured with 2.0",
         "global_default": "global changed_state_cases.scaled_by_default is function changed_state_cases.scaled_by_default closing over default 3.0",
         "compiler_setting": "global torch.compiler.config.job_id is 'another job' but the artifact was captured with None",
+        "nested_settings": "global changed_state_cases.SETTINGS.sub.scale is 3.0 but the artifact was captured with 2.0",
+        "class_enum": "args[0].MODE is changed_state_cases.Mode.DOUBLED but the artifact was captured with changed_state_cases.Mode.PLAIN",
+        "property": "global changed_state_cases.Model.gain.fget is function changed_state_cases._replace_property.<locals>.<lambda>",
     }
     for kind, text in named.items():
         for when in ("first call", "after a validated call"):

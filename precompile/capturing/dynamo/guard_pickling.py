@@ -51,7 +51,7 @@ from precompile.artifact.metadata import DynamoFrame, VariantGuards
 from precompile.artifact.pickle_policy import MODULE, classify
 from precompile.capturing.dynamo.config_settings import SETTING_KINDS, setting_source
 from precompile.capturing.dynamo.guard_accounting import UNKEPT, Seen, seen_key, slot_source, slot_text
-from precompile.capturing.dynamo.named_identity import reference
+from precompile.capturing.dynamo.named_identity import reference, walkable
 from precompile.errors import CaptureRefused
 
 # What evaluating a guard source may call (Dynamo's own source text: dict(type(x).__dict__)['f'], ...).
@@ -233,8 +233,6 @@ _STEP = r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]"
 # Objects Dynamo's pickler writes by reference: unpickled in a serving process, they are its own, with
 # the values they hold there (a module's globals, a class's attributes, a function's defaults).
 _BY_REFERENCE = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
-# Dynamo's spelling of a class attribute's source, and the walk the driver checks it by.
-_CLASS_DICT = re.compile(r"dict\((type\([^()]*\)\.__dict__)\)")
 
 
 def _step(value, attr: str, item: str, key: str):
@@ -292,7 +290,7 @@ def _pinned(kind: str, name: str, saw: Seen | None, state) -> str | None:
         return None if operand is None else f"EQUALS_MATCH {setting} == {operand}"
     if saw is None or kind not in _CONSTANT_KINDS and kind not in ("SEQUENCE_LENGTH", "TYPE_MATCH"):
         return None
-    source = _CLASS_DICT.sub(r"\1", name)
+    source = walkable(name)
     of_get = source.endswith(".get()")  # a ContextVar's value (torch 2.15)
     through, value = _walk(source[:-6] if of_get else source, state)
     if not through or of_get and (kind not in _CONSTANT_KINDS or not isinstance(value, contextvars.ContextVar)):

@@ -29,6 +29,15 @@ _ROOT, _STEP = r"(?:[LG]\['[^'\]]+'\]|[A-Za-z_]\w*)", r"(?:\.\w+|\[\d+\]|\['[^'\
 SOURCE = re.compile(rf"(?:type\({_ROOT}{_STEP}*\){_STEP}*|{_ROOT}{_STEP}*)")
 
 _MAX_UNWRAPS = 8
+# Dynamo's spelling of a read from a class's own dict (a class attribute `self.MODE`, one inherited,
+# `type(self).__mro__[1]`, a property's getter), as the walk above spells it: `type(X)...__dict__[...]`.
+_CLASS_DICT = re.compile(rf"dict\((type\({_ROOT}{_STEP}*\){_STEP}*\.__dict__)\)")
+
+
+def walkable(name: str) -> str:
+    """A guard source with Dynamo's `dict(type(X).__dict__)` spelled as the walk `type(X).__dict__`
+    that SOURCE matches and the driver reads (the same object: the class's own namespace)."""
+    return _CLASS_DICT.sub(r"\1", name)
 
 
 def reference(value) -> str | None:
@@ -111,9 +120,10 @@ def renderable(line: str) -> bool:
 def valued_check(entry) -> str | None:
     """`ID_MATCH source == literal` for an identity guard on a str, bool, None, int or float (checked
     by type and value), else None."""
+    name = walkable(entry.name)
     if entry.guard_type != "ID_MATCH" or not entry.has_value or type(entry.value) not in _VALUED:
         return None
-    if not SOURCE.fullmatch(entry.name) or entry.name.startswith("type("):
+    if not SOURCE.fullmatch(name) or name.startswith("type(") and "__dict__" not in name:
         return None
     text = repr(entry.value)
     try:
@@ -122,15 +132,16 @@ def valued_check(entry) -> str | None:
         return None
     if type(same) is not type(entry.value) or same != entry.value:
         return None
-    return f"{entry.guard_type} {entry.name} == {text}"
+    return f"{entry.guard_type} {name} == {text}"
 
 
 def named_check(entry) -> str | None:
     """`TYPE source is reference` for a guard checkable by name, else None."""
-    if entry.guard_type not in NAMEABLE or not entry.has_value or not SOURCE.fullmatch(entry.name):
+    name = walkable(entry.name)
+    if entry.guard_type not in NAMEABLE or not entry.has_value or not SOURCE.fullmatch(name):
         return None
     ref = reference(entry.value)
-    return None if ref is None else f"{entry.guard_type} {entry.name} is {ref}"
+    return None if ref is None else f"{entry.guard_type} {name} is {ref}"
 
 
 def code_checks(entry) -> tuple[str, ...] | None:
@@ -140,16 +151,17 @@ def code_checks(entry) -> tuple[str, ...] | None:
     INLINED_SOURCES' to check). A lambda swapped for another then misses instead of serving the
     captured one."""
     value = entry.value if entry.has_value else None
+    name = walkable(entry.name)
     if entry.guard_type != "CLOSURE_MATCH" or not isinstance(value, types.FunctionType):
         return None
-    if not SOURCE.fullmatch(entry.name) or entry.name.startswith("type("):
+    if not SOURCE.fullmatch(name) or name.startswith("type(") and "__dict__" not in name:
         return None
     module, code = _text(getattr(value, "__module__", None)), value.__code__
     if module is None:
         return None
-    return (f"{entry.guard_type} {entry.name}.__module__ == {module!r}",
-            f"{entry.guard_type} {entry.name}.__code__.co_qualname == {getattr(code, 'co_qualname', value.__qualname__)!r}",
-            f"{entry.guard_type} {entry.name}.__code__.co_firstlineno == {code.co_firstlineno!r}")
+    return (f"{entry.guard_type} {name}.__module__ == {module!r}",
+            f"{entry.guard_type} {name}.__code__.co_qualname == {getattr(code, 'co_qualname', value.__qualname__)!r}",
+            f"{entry.guard_type} {name}.__code__.co_firstlineno == {code.co_firstlineno!r}")
 
 
 FORWARD_MATCH = "FORWARD_MATCH"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from precompile.capturing.makefx.class_reads import note_calls, note_property
 from precompile.capturing.makefx.code_origins import in_trace, skipped
 from precompile.capturing.makefx.registries import global_spelling
 from precompile.codegen.drivers.makefx_reads import spelled
@@ -322,32 +323,34 @@ class _FrameHook:
                     log.closures[key] = spelling
 
     def note_global_chain(self, scope: dict, root: str, path: tuple[str, ...]) -> None:
-        """A chain rooted at a global of the frame's module (`scope`): through a module, its global
-        (`cfg.SCALE`) or one attribute of a class or settings object it holds (`flags.CFG.scale`);
-        through a class or settings object of the frame's own module, its attribute (`Local.SCALE`)."""
+        """A chain rooted at a global of the frame's module (`scope`): a module's (`cfg.SCALE`,
+        `flags.CFG.sub.scale`), or a class's or settings object's of this module (`Local.SCALE`)."""
         value = scope.get(root, _MISSING)
         if isinstance(value, types.ModuleType):
             self.note_module_attribute(value, path)
         elif "__name__" in scope and not skipped(scope.get("__file__") or "<"):
-            self.note_object_attribute(scope["__name__"], scope, root, value, path[0])
+            self.note_object_attributes(scope["__name__"], scope, root, value, path)
 
-    def note_object_attribute(self, module: str, scope: dict, name: str, obj: object, attribute: str) -> None:
-        """`name.attribute` where `name` is a global of `module` holding a class or a settings object
-        (_followable): its value as plain data, checked as the global `name.attribute` (a patched
-        class attribute or config field is eager's while the served graph holds the captured one)."""
-        user_class = isinstance(obj, type) and not skipped(getattr(sys.modules.get(obj.__module__), "__file__", None) or "<")
-        if not (user_class or _followable(obj)) or (module, f"{name}.{attribute}") in self.log.globals:
-            return
-        value = getattr(obj, attribute, _MISSING) if isinstance(obj, type) else plain_attribute(obj, attribute)
-        spelling = (None if value is _MISSING or value is _ABSENT or isinstance(value, (types.FunctionType, types.MethodType))
-                    else spelled(value))
-        if spelling is not None:
-            self.log.globals[module, f"{name}.{attribute}"] = spelling
-            self.log.globals_of.setdefault(module, scope)
+    def note_object_attributes(self, module: str, scope: dict, name: str, obj: object, path: tuple[str, ...]) -> None:
+        """`name.a.b`, `name` a global of `module` holding a class or a settings object, followed through
+        classes and settings objects as plain data: each value checked as the global `name.a.b` (a
+        patched class attribute or config field is eager's, not the served graph's)."""
+        for attribute in path[:_MAX_CHAIN]:
+            user_class = isinstance(obj, type) and not skipped(getattr(sys.modules.get(obj.__module__), "__file__", None) or "<")
+            value = getattr(obj, attribute, _MISSING) if user_class else plain_attribute(obj, attribute) if _followable(obj) else _MISSING
+            if value is _MISSING or value is _ABSENT or isinstance(value, (types.FunctionType, types.MethodType)):
+                return
+            name, spelling = f"{name}.{attribute}", spelled(value)
+            if spelling is not None:
+                self.log.globals.setdefault((module, name), spelling)
+                self.log.globals_of.setdefault(module, scope)
+                if not isinstance(value, type):
+                    return
+            obj = value
 
     def note_module_attribute(self, module: object, path: tuple[str, ...]) -> None:
-        """`cfg.SCALE` where cfg is a module: a global of that module, or one attribute of a class or
-        settings object it holds; `torch.backends.mkldnn.enabled`: a flag of torch's backends."""
+        """`cfg.SCALE` where cfg is a module: its global, and what a class or settings object there
+        holds; `torch.backends.mkldnn.enabled`: a flag of torch's backends."""
         if module is torch and path[0] == "backends":
             module, path = torch.backends, path[1:]
         if isinstance(module, types.ModuleType) and module.__name__.startswith("torch.backends"):
@@ -365,8 +368,8 @@ class _FrameHook:
         if spelling is not None:
             self.log.globals[key] = spelling
             self.log.globals_of.setdefault(module.__name__, vars(module))
-        elif value is not _MISSING and len(path) > 1:
-            self.note_object_attribute(module.__name__, vars(module), name, value, path[1])
+        if value is not _MISSING and len(path) > 1:
+            self.note_object_attributes(module.__name__, vars(module), name, value, path[1:])
 
     def note_backend_flag(self, module: types.ModuleType, path: tuple[str, ...]) -> None:
         """A flag of a torch.backends module (torch's own property over its C state), read as the
@@ -423,6 +426,7 @@ class _FrameHook:
             if value is _ABSENT and optional:
                 log.attributes.setdefault((owner, name), ABSENT)
             if value is _MISSING or value is _ABSENT:
+                note_property((log.globals, log.globals_of), type(obj), name)
                 return
             spelling = spelled(value)
             if spelling is not None:
@@ -438,40 +442,8 @@ class _FrameHook:
                 log.owners[id(value)] = (followed, value)
                 if callable(value):  # what it is decides what a call runs, as for a module
                     log.attributes[followed, "__class__"] = str(spelled(type(value)))
-                    _note_calls(log, type(value))
+                    note_calls((log.globals, log.globals_of), type(value))
             obj = value
-
-
-def _named(klass: type) -> bool:
-    """Whether a serving process finds `klass` by its module and qualified name (a class made at run
-    time, such as parametrize's `ParametrizedConv1d`, names a module that does not hold it)."""
-    module = sys.modules.get(klass.__module__)
-    if klass.__module__ == "__main__" or "<" in klass.__qualname__ or module is None:
-        return False
-    found: object = module
-    for part in klass.__qualname__.split("."):
-        found = getattr(found, part, None)
-    return found is klass
-
-
-def _note_calls(log: ReadLog, kind: type) -> None:
-    """What calling a module of class `kind` runs: its forward and its __call__ (Module's call
-    machinery, unless a class replaced it), read on `kind` (`LayerNorm.forward`, `GPT2MLP.__call__`)
-    so that a patch on it or on any class it inherits from is seen: patched after capture, eager runs
-    the patch while the served graph holds what the trace ran. A class of __main__ or one defined in a
-    function has no name a serving process finds: they are read on the class defining them, where it
-    has one (fn's own code there is fn's)."""
-    for name in ("forward", "__call__"):
-        owner = next((klass for klass in kind.__mro__ if name in vars(klass)), None)
-        if owner is None or (name == "forward" and owner is torch.nn.Module):
-            continue
-        where = kind if _named(kind) else owner
-        if not _named(where):
-            continue
-        spelling = spelled(vars(owner)[name])
-        if spelling is not None:
-            log.globals.setdefault((where.__module__, f"{where.__qualname__}.{name}"), spelling)
-            log.globals_of.setdefault(where.__module__, vars(sys.modules[where.__module__]))
 
 
 @contextlib.contextmanager
@@ -486,7 +458,7 @@ def recording(modules: dict[int | str, torch.nn.Module]):
                 # What each submodule is: a module replaced by one of another class (Tanh by Sigmoid)
                 # changes what runs while every parameter and attribute read may stay the same.
                 log.attributes[Owner(position, name), "__class__"] = str(spelled(type(submodule)))
-                _note_calls(log, type(submodule))
+                note_calls((log.globals, log.globals_of), type(submodule))
     previous = sys.gettrace()
     # The cyclic collector's callbacks (a profiler's, hypothesis') would run inside the trace's frames.
     collecting = gc.isenabled()

@@ -66,8 +66,8 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         where = read.globals_of[module]
         # a module class's method (`LayerNorm.forward`) is read on the class; a settings object's field on it
         head, _, attribute = name.rpartition(".")
-        holder = (where.get(head) if isinstance(where, dict) else getattr(where, head, None)) if head else None
-        if head and not isinstance(holder, type):
+        holder = _walked(where, head) if head else None
+        if head and not isinstance(holder, (type, property)):  # a class's attribute, a property's getter: by getattr
             now = attribute_spelling(holder, attribute)
         else:
             now = spelled(getattr(holder, attribute, None) if head else
@@ -97,6 +97,15 @@ def records(read: ReadLog, fn_module: str) -> list[SpecializedValue]:
         log.warning("%s", message)
         warnings.warn(message, PrecompileWarning, stacklevel=4)
     return out
+
+
+def _walked(where, dotted: str):
+    """What `dotted` (`CFG.sub`) names in a module's globals dict or in a module, by getattr past the first name."""
+    first, *rest = dotted.split(".")
+    value = where.get(first) if isinstance(where, dict) else getattr(where, first, None)
+    for name in rest:
+        value = getattr(value, name, None)
+    return value
 
 
 def _by_owner(item) -> tuple:

@@ -645,10 +645,11 @@ class _Specialized:
         return owner
 
     def global_value(self, record, fail, places):
-        """A module's global, or a torch class's method (`LayerNorm.forward`), read on its class."""
+        """A module's global, a torch class's method (`LayerNorm.forward`), read on its class, or an
+        attribute of a class or settings object a global holds (`CFG.sub.scale`)."""
         owner = self.module_of(record, fail)
-        head, _, name = record["name"].rpartition(".")
-        if head:
+        *heads, name = record["name"].split(".")
+        for head in heads:
             places.append((owner, head))
             owner = getattr(owner, head, _ABSENT)
         places.append((owner, name))
