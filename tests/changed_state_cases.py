@@ -7,6 +7,7 @@ patches of torch, to torch itself, undone by the function it returns)."""
 from __future__ import annotations
 
 import collections
+import contextvars
 import dataclasses
 import enum
 import functools
@@ -108,14 +109,16 @@ class PlainLinear(nn.Linear):
 
 class ModuleSettings:
     """A library's settings object, held in a module global (`SETTINGS.scale`, kind "module_settings";
-    `SETTINGS.sub.scale`, kind "nested_settings")."""
+    `SETTINGS.sub.scale`, kind "nested_settings"; `DEEP_SETTINGS.sub.sub.sub.sub.scale`, "deep_settings")."""
 
-    def __init__(self, sub=True):
+    def __init__(self, sub=True, depth=1):
         self.scale = 2.0
-        self.sub = ModuleSettings(sub=False) if sub else None
+        self.sub = ModuleSettings(sub=depth > 1, depth=depth - 1) if sub else None
 
 
 SETTINGS = ModuleSettings()
+DEEP_SETTINGS = ModuleSettings(depth=4)
+SCALE_VAR = contextvars.ContextVar("scale", default=2.0)  # a request-scoped setting (kind "context_var")
 
 
 def scaled_by_default(x, k=2.0):
@@ -190,12 +193,20 @@ class Model(nn.Module):
             return scaled_by_default(y)
         if kind == "nested_settings":
             return y * SETTINGS.sub.scale
+        if kind == "deep_settings":
+            return y * DEEP_SETTINGS.sub.sub.sub.sub.scale
         if kind == "class_enum":
             return y * 2 if self.MODE is Mode.DOUBLED else y
+        if kind == "enum_value":
+            return y * self.MODE.value
         if kind == "property":
             return y * self.gain
         if kind == "compiler_setting":
             return y * 2 if torch.compiler.config.job_id is None else y
+        if kind == "private_compiler_setting":
+            return y if torch._dynamo.config.verbose else y * 2
+        if kind == "context_var":
+            return y * SCALE_VAR.get()
         if kind == "gelu":
             return F.gelu(y)
         return self.norm(y)  # layernorm
@@ -279,14 +290,50 @@ def _set_compiler_setting(model):
     return lambda: setattr(torch.compiler.config, "job_id", None)
 
 
+def _set_private_compiler_setting(model):
+    torch._dynamo.config.verbose = True
+    return lambda: setattr(torch._dynamo.config, "verbose", False)
+
+
+def _set_context_var(model):
+    token = SCALE_VAR.set(3.0)
+    return lambda: SCALE_VAR.reset(token)
+
+
 def _set_nested_setting(model):
     SETTINGS.sub.scale = 3.0
     return lambda: setattr(SETTINGS.sub, "scale", 2.0)
 
 
+def _set_deep_setting(model):
+    DEEP_SETTINGS.sub.sub.sub.sub.scale = 3.0
+    return lambda: setattr(DEEP_SETTINGS.sub.sub.sub.sub, "scale", 2.0)
+
+
 def _set_class_enum(model):
     Model.MODE = Mode.DOUBLED
     return lambda: setattr(Model, "MODE", Mode.PLAIN)
+
+
+def _edit_enum_value(model):
+    """As if `PLAIN = 1` were edited to `PLAIN = 3` in the source and the module imported again."""
+    global Mode
+    original, Mode = Mode, enum.Enum("Mode", {"PLAIN": 3, "DOUBLED": 2}, module=__name__, qualname="Mode")
+    Model.MODE = Mode.PLAIN
+
+    def undo():
+        global Mode
+        Mode = original
+        Model.MODE = Mode.PLAIN
+    return undo
+
+
+def _double_linear_output(module, args, output):
+    return output * 2 if isinstance(module, nn.Linear) else None
+
+
+def _register_global_hook(model):
+    return torch.nn.modules.module.register_module_forward_hook(_double_linear_output).remove
 
 
 def _replace_property(model):
@@ -412,8 +459,13 @@ KINDS = {
     "global_class_value": (_set_global_class_value, ("makefx", "dynamo")),
     "global_default": (_set_global_default, ("makefx", "dynamo")),
     "compiler_setting": (_set_compiler_setting, ("makefx", "dynamo")),
+    "private_compiler_setting": (_set_private_compiler_setting, ("makefx", "dynamo")),
+    "context_var": (_set_context_var, ("makefx", "dynamo")),
     "nested_settings": (_set_nested_setting, ("makefx", "dynamo")),
+    "deep_settings": (_set_deep_setting, ("makefx", "dynamo")),
     "class_enum": (_set_class_enum, ("makefx", "dynamo")),
+    "enum_value": (_edit_enum_value, ("makefx", "dynamo")),
+    "global_hook": (_register_global_hook, ("makefx", "dynamo")),
     "property": (_replace_property, ("makefx", "dynamo")),
 }
 
@@ -423,7 +475,8 @@ def model_kind(kind: str) -> str:
     return {"closure_cell": "closure", "instance_forward": "layernorm", "class_forward": "layernorm",
             "instance_value": "class_value", "class_swap": "layernorm", "linear_call": "layernorm",
             "missing_setting": "missing_config", "config_getattr": "missing_config", "hf_missing_setting": "hf_config",
-            "hf_renamed": "hf_config", "callable_class": "callable", "callable_call": "callable"}.get(kind, kind)
+            "hf_renamed": "hf_config", "callable_class": "callable", "callable_call": "callable",
+            "global_hook": "layernorm"}.get(kind, kind)
 
 
 def build(kind: str, seed: int = 0):

@@ -136,6 +136,31 @@ def specialized_source(record: SpecializedValue) -> str:
     return f"closure cell {record.name} of {record.module}"
 
 
+class InlinedSource(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    module: str
+    first_line: int
+    last_line: int
+    sha256: str
+    function: str = ""
+    """The qualified name of the function these lines are (`Block.forward`), by which load finds it where
+    a release moved it; "" for code no name finds (a lambda's line) and in artifacts written before it."""
+
+
+class InlinedFile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A sha256 of a module's source file bytes, recorded where every INLINED_SOURCES range of that
+    module hashed as recorded against exactly those bytes: at load a file that still has them
+    passes all its ranges without reading its lines; any other file has its ranges hashed one by one."""
+
+    module: str
+    sha256: str
+    """Of the bytes `spans` cover, joined in their order; of the whole file where `spans` is empty."""
+    spans: tuple[tuple[int, int], ...] = ()
+    """The [start, end) byte offsets of each inlined line range in the file and of its first two lines
+    (where an encoding is declared), each beginning a line and ending one (or the file), sorted; empty
+    in artifacts written before it and for a file whose lines are not its bytes decoded as UTF-8
+    (another encoding, a byte-order mark, carriage returns)."""
+
+
 class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", tag_field="TRACER"):
     """The calling convention of a MakeFxTracer artifact."""
 
@@ -157,6 +182,13 @@ class MakeFxMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="make_fx", t
     """Indices into `params` whose gradients the graph returns after fn's outputs."""
     specialized: tuple[SpecializedValue, ...] = ()
     """What the trace read besides tensors (absent in artifacts written before it was recorded)."""
+    inlined_sources: tuple[InlinedSource, ...] = ()
+    """The line range and text sha256 of each function the trace ran outside torch, precompile and the
+    standard library (the model's forwards, a library's helpers): the graph baked in what that code
+    computed, so load refuses where one's text changed. Empty in artifacts written before it, and for
+    code of __main__."""
+    inlined_files: tuple[InlinedFile, ...] = ()
+    """The file proofs of `inlined_sources`, as DynamoMetadata's."""
 
 
 class DynamoFrame(msgspec.Struct, frozen=True, kw_only=True):
@@ -229,28 +261,6 @@ class CompiledSubgraph(msgspec.Struct, frozen=True, kw_only=True):
     "aten" for backend="eager", "aotautograd" for backend="inductor"."""
     fallback_reason: str = ""
     """Why an inductor subgraph is served by AOTAutograd rather than directly."""
-
-
-class InlinedSource(msgspec.Struct, frozen=True, kw_only=True):
-    module: str
-    first_line: int
-    last_line: int
-    sha256: str
-
-
-class InlinedFile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """A sha256 of a module's source file bytes, recorded where every INLINED_SOURCES range of that
-    module hashed as Dynamo recorded it against exactly those bytes: at load a file that still has them
-    passes all its ranges without reading its lines; any other file has its ranges hashed one by one."""
-
-    module: str
-    sha256: str
-    """Of the bytes `spans` cover, joined in their order; of the whole file where `spans` is empty."""
-    spans: tuple[tuple[int, int], ...] = ()
-    """The [start, end) byte offsets of each inlined line range in the file and of its first two lines
-    (where an encoding is declared), each beginning a line and ending one (or the file), sorted; empty
-    in artifacts written before it and for a file whose lines are not its bytes decoded as UTF-8
-    (another encoding, a byte-order mark, carriage returns)."""
 
 
 class DynamoMetadata(ArtifactHeader, frozen=True, kw_only=True, tag="dynamo", tag_field="TRACER"):

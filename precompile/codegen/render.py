@@ -70,6 +70,8 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
         sections.append(_Section("autograd-graph", artifact.autograd_graph.title, artifact.autograd_graph.source))
     sections.append(_Section("read-checks", "Spells the Python values the trace read, and finds where each call "
                              "reads them again.", source_of("makefx_reads").rstrip("\n")))
+    sections.append(_Section("driver-sources", "Checks the code the trace ran still says what it said at capture.",
+                             source_of("source_checks").rstrip("\n")))
     sections.append(_Section("driver", "Checks each call against the metadata, runs the graph, scatters gradients.",
                              source_of("makefx").rstrip("\n")))
     return render(
@@ -123,8 +125,9 @@ def render_dynamo(
             "_dynamo_state = " + _chunked(state_base64, indent="    ", close=""),
         ),
         _dispatch_state_section(),
-        _Section("driver-checks", "Checks the code Dynamo inlined is unchanged; rebuilds each variant's guards from "
-                 "its pickled state, with the by-name checks.", source_of("dynamo_checks").rstrip("\n")),
+        _Section("driver-checks", "Rebuilds each variant's guards from its pickled state, with the by-name checks.",
+                 source_of("dynamo_checks").rstrip("\n")),
+        _sources_section(),
         _Section("driver", "Rebuilds the guards, seeds the minted names, dispatches each call to a variant.",
                  source_of("dynamo").rstrip("\n")),
     ]
@@ -134,6 +137,11 @@ def render_dynamo(
         sections=sections,
         guard_lists=True,
     )
+
+
+def _sources_section() -> _Section:
+    return _Section("driver-sources", "Checks the code Dynamo inlined still says what it said at capture.",
+                    source_of("source_checks").rstrip("\n"))
 
 
 def _chunked(text: str, width: int = 100, indent: str = "        ", close: str = "    ") -> str:
@@ -191,8 +199,9 @@ def render_dynamo_standalone(metadata, subgraphs: list[SubgraphSection], parts, 
         _Section("guards", "Each variant's kept guards, the checks that run on every call, in order.",
                  "\n\n\n".join(guards)),
         opaque,
-        _Section("driver-checks", "Checks the code Dynamo inlined is unchanged; calls each variant's guards as "
-                 "rendered above.", source_of("dynamo_checks").rstrip("\n")),
+        _Section("driver-checks", "Calls each variant's guards as rendered above.",
+                 source_of("dynamo_checks").rstrip("\n")),
+        _sources_section(),
         _Section("driver", "Seeds the minted names, dispatches each call to the first variant whose guards hold.",
                  source_of("dynamo").rstrip("\n")),
     ]

@@ -24,7 +24,7 @@ from precompile.inspect.diff.process_ids import mask_artifact_names, mask_proces
 from precompile.inspect.parsing.sections import split_sections
 
 RUNTIME_SECTIONS = frozenset({"header", "world", "kernel-runtime", "subgraph-runtime", "dispatch-state", "guard-checks",
-                              "read-checks", "driver-checks", "driver"})
+                              "read-checks", "driver-checks", "driver-sources", "driver"})
 """Sections whose text is precompile's, copied from its source (the entry line rides the last one)."""
 RUNTIME_MARK = "# precompile runtime: "
 """How a runtime section's stand-in line starts: the comparison leaves these lines out."""

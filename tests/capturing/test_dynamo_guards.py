@@ -468,10 +468,10 @@ def test_a_call_changed_state_warning_is_given_for_a_counter_not_for_a_mode_arou
 def test_the_driver_hashes_inlined_source_exactly_as_dynamo_does():
     from torch._dynamo.package import _hash_sourcelines
 
-    from precompile.codegen.drivers import dynamo_checks as driver
+    from precompile.codegen.drivers import source_checks as driver
 
     def ours(module, first, last):
-        return driver.hash_source_lines(driver._source_lines(module.__name__, "artifact.py"), first, last)
+        return driver.hash_source_lines(driver.module_source_lines(module.__name__, "artifact.py"), first, last)
 
     for module, first, last in [(dynamo_cases, 1, 12), (transformer, 10, 40), (dynamo_cases, 5, 5), (math, 1, 2)]:
         try:
@@ -489,8 +489,8 @@ def test_a_whole_file_hash_is_recorded_only_where_it_proves_every_range(monkeypa
     from pathlib import Path
 
     from precompile.artifact.metadata import InlinedFile, InlinedSource
-    from precompile.capturing.dynamo.inlined_files import _decoded_lines, inlined_files
-    from precompile.codegen.drivers import dynamo_checks as driver
+    from precompile.capturing.inlined_files import _decoded_lines, inlined_files
+    from precompile.codegen.drivers import source_checks as driver
 
     for module in (dynamo_cases, transformer):  # decoded as linecache decodes, so as Dynamo hashed
         assert _decoded_lines(Path(module.__file__).read_bytes()) == inspect.getsourcelines(module)[0]
@@ -514,7 +514,7 @@ def test_a_whole_file_hash_is_recorded_only_where_it_proves_every_range(monkeypa
     def unread(name, artifact):
         raise AssertionError(f"{name}'s lines were read although its file is unchanged")
 
-    monkeypatch.setattr(driver, "_source_lines", unread)
+    monkeypatch.setattr(driver, "module_source_lines", unread)
     sources = [msgspec.to_builtins(right)]
     driver._check_sources({"INLINED_SOURCES": sources, "INLINED_FILES": files}, "artifact.py")
     with pytest.raises(AssertionError, match="lines were read"):
@@ -524,7 +524,7 @@ def test_a_whole_file_hash_is_recorded_only_where_it_proves_every_range(monkeypa
 def test_inlined_spans_pass_only_as_the_same_whole_lines(tmp_path):
     """The spans InlinedFile hashes pass only while each still holds the same bytes and begins and ends
     a line: a newline removed before one, or a last line extended past the end of the file, fails."""
-    from precompile.codegen.drivers import dynamo_checks as driver
+    from precompile.codegen.drivers import source_checks as driver
 
     captured = b"a = 1\ndef f():\n    return 2\nb = f()"
     spans = ((6, 28), (28, len(captured)))
@@ -552,8 +552,8 @@ def test_inlined_spans_pin_the_encoding_declaration(tmp_path, monkeypatch):
     (same length, outside every range) changes what the range's bytes mean, and fails the spans. An
     edit that moves the range to other line numbers without moving its bytes passes: same text."""
     from precompile.artifact.metadata import InlinedSource
-    from precompile.capturing.dynamo.inlined_files import inlined_files
-    from precompile.codegen.drivers import dynamo_checks as driver
+    from precompile.capturing.inlined_files import inlined_files
+    from precompile.codegen.drivers import source_checks as driver
 
     captured = '# padding comment line one x\nimport torch\n# xx\ndef step(x):\n    return x.sin() * len("+AGE-")\n'
     (tmp_path / "cookie_module.py").write_text(captured)
@@ -575,7 +575,7 @@ def test_the_driver_finds_an_inlined_module_file_without_importing_it():
     """Dynamo's polyfills live under torch._dynamo: their source is found and hashed, not imported."""
     import torch._dynamo.polyfills.builtins as polyfills
 
-    from precompile.codegen.drivers import dynamo_checks as driver
+    from precompile.codegen.drivers import source_checks as driver
 
     for module in (polyfills, transformer, dynamo_cases):
         assert driver._unimported_origin(module.__name__) == module.__file__
@@ -585,7 +585,7 @@ def test_the_driver_finds_an_inlined_module_file_without_importing_it():
 
 def test_the_driver_finds_a_module_file_whose_package_was_never_imported(tmp_path, monkeypatch):
     """The search walks the package path without executing a package's __init__ or the module."""
-    from precompile.codegen.drivers import dynamo_checks as driver
+    from precompile.codegen.drivers import source_checks as driver
 
     package = tmp_path / "never_imported_pkg"
     package.mkdir()
@@ -620,7 +620,7 @@ def test_a_module_imported_from_a_zip_archive_is_read_through_its_loader(tmp_pat
     module and reads its source through the zip loader, so an unchanged module passes the check."""
     import zipfile
 
-    from precompile.codegen.drivers import dynamo_checks as driver
+    from precompile.codegen.drivers import source_checks as driver
 
     text = "def inner(x):\n    return x * 2\n"
     with zipfile.ZipFile(tmp_path / "lib.zip", "w") as archive:
@@ -722,6 +722,35 @@ def test_guard_state_torch_cannot_read_back_refuses_the_capture_naming_the_frame
     assert "cannot read back the guard state it saved for uses_global" in message
     assert "TypeError: DefaultsSource.__init__()" in message and "MakeFxTracer" in message
     assert not (tmp_path / "g.py").exists() and not (tmp_path / "g.cache").exists()
+
+
+UNPICKLABLE_GLOBAL = """
+import torch
+LOG = open(__file__)  # an open file: Dynamo guards the global the branch reads, which does not pickle
+
+def branches_on_an_open_file(x):
+    return x * 2 if LOG is not None else x
+"""
+
+
+@pytest.mark.compat
+def test_a_global_the_guards_read_that_cannot_be_pickled_refuses_the_capture_naming_it(tmp_path, monkeypatch):
+    """Dynamo pickles each frame's guard state as it compiles: a global its guards read that does not
+    pickle (an open file, a lock) is a CaptureRefused naming it and the remedy, not torch's internal
+    error, and nothing is written."""
+    (tmp_path / "holds_a_file.py").write_text(UNPICKLABLE_GLOBAL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import holds_a_file
+
+    with pytest.raises(precompile.CaptureRefused) as refused:
+        with precompile.capture(holds_a_file.branches_on_an_open_file, artifact_path=tmp_path / "f.py",
+                                cache_path=tmp_path / "f.cache", tracer=precompile.DynamoTracer(), backend="eager") as cap:
+            cap(torch.ones(3))
+    holds_a_file.LOG.close()
+    message = str(refused.value)
+    assert "its guards read the global 'LOG' (a _io.TextIOWrapper), which cannot be pickled" in message
+    assert "MakeFxTracer" in message
+    assert not (tmp_path / "f.py").exists() and not (tmp_path / "f.cache").exists()
 
 
 @pytest.mark.compat
@@ -1118,3 +1147,15 @@ def test_a_compiler_setting_read_while_traced_serves_in_a_process_that_never_pat
     assert proc.returncode == 0, proc.stderr
     assert fresh_json(SETTING_SERVE, str(tmp_path / "setting")) == {
         "served": [2.0, 2.0, 2.0], "changed": "missed, this call's G['torch'].compiler.config.job_id is 'another'"}
+
+
+@pytest.mark.parametrize("seed", ["1", "2"])
+def test_a_pinned_set_is_written_alike_under_any_hash_seed(seed):
+    """An installed variant's by-name line pinning a set setting (`G['settings'].TAGS == {...}`) states
+    its members sorted: the order a set of str iterates in follows the process's hash seed, and two
+    captures of the same release must write the same line."""
+    script = ("from precompile.capturing.dynamo.guard_pickling import _operand\n"
+              "print(_operand({'gamma', 'alpha', 'beta', 'delta'}), _operand(frozenset({'gamma', 'alpha', 'beta'})))")
+    proc = run_fresh(script, env={"PYTHONHASHSEED": seed})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "{'alpha', 'beta', 'delta', 'gamma'} frozenset({'alpha', 'beta', 'gamma'})"

@@ -23,3 +23,17 @@ def test_a_forged_inlined_files_proof_does_not_compare_equal():
 
 def test_a_proof_whose_spans_only_moved_compares_equal():
     assert positions.compared(REAL, {}) == positions.compared(MOVED, {})
+
+
+RENDERED = """        "        failing = 'CONSTANT_MATCH G['settings'].SCALE'  # "
+              'pkg/model.py:{line} in forward: return y * settings.SCALE\\n'
+              '        if not (s1.SCALE == {value}):\\n'
+"""
+
+
+def test_a_rendered_check_whose_comment_only_moved_compares_equal_and_a_changed_one_not():
+    """An installed variant's rendered checks (GUARDS' `rendered`) break the comment naming the user's
+    line across string pieces: the line number is masked there too, the check itself is not."""
+    before = positions.compared(RENDERED.format(line=70, value=2.0), {})
+    assert positions.compared(RENDERED.format(line=75, value=2.0), {}) == before
+    assert positions.compared(RENDERED.format(line=75, value=3.0), {}) != before

@@ -734,7 +734,8 @@ def test_the_driver_and_template_never_spell_the_opaque_names_but_as_reads():
     from precompile.artifact.opaque_state import BYTECODE, STATE, mentions
 
     calls = [render("dynamo.py.j2", what="", sections=[], guard_lists=flag).splitlines()[-1] for flag in (True, False)]
-    for source in (source_of("dynamo"), source_of("dynamo_checks"), source_of("dynamo_guards"), source_of("dynamo_subgraphs"),
+    for source in (source_of("dynamo"), source_of("dynamo_checks"), source_of("source_checks"), source_of("dynamo_guards"),
+                   source_of("dynamo_subgraphs"),
                    *calls):
         assert mentions(ast.parse(source), (STATE, BYTECODE)) == {STATE: [], BYTECODE: []}
 

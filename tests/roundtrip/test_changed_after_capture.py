@@ -1,9 +1,9 @@
 """Settings held in config containers (an attribute-style dict, a namedtuple, a slotted dataclass, a
 numpy array or scalar, a set changed in place, a settings object or a plain class held in a module
-global), in functions (a module-level helper's default, a closure, its cell, a lambda, a closure
-in a tuple, a partial's keywords, a callable object's attribute, class or __call__), on the model's class (a class attribute, an enum one, a property replaced, the class itself, a layer's __call__ or an inherited forward
+global, a ContextVar), in functions (a module-level helper's default, a closure, its cell, a lambda, a closure
+in a tuple, a partial's keywords, a callable object's attribute, class or __call__), on the model's class (a class attribute, an enum one, an enum member's value edited, a property replaced, the class itself, a layer's __call__ or an inherited forward
 patched) or
-missing at capture, and in torch itself (a torch.compiler setting, a patched torch function, a patched layer's forward),
+missing at capture, and in torch itself (a torch.compiler setting, a private torch._dynamo one, a global module hook registered, a patched torch function, a patched layer's forward),
 changed after capture: each captured in this process,
 then served by a fresh process that makes the same change to eager and the artifact, before the
 first call and (MakeFx, whose later calls trust what the first checked) after a validated one, and
@@ -93,7 +93,7 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "gelu": "global torch.nn.functional.gelu is function changed_state_cases._patch_gelu.<locals>.<lambda>",
         "layernorm": "global torch.nn.modules.normalization.LayerNorm.forward is function",
         "partial": "partial(function changed_state_cases.scaled, k=2.0)",
-        "tuple_closure": "args[0].acts is (function changed_state_cases.make_act.<locals>.act (line",
+        "tuple_closure": "args[0].acts is (function changed_state_cases.make_act.<locals>.act (code ",
         "set": "args[0].flags is set({'a', 'b'})",
         "class_value": "args[0].SCALE is 2.0 but the artifact was captured with 0.5",
         "instance_value": "args[0].SCALE is 2.0 but the artifact was captured with 0.5",
@@ -112,8 +112,14 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
         "global_class_value": "global changed_state_cases.Tuning.FACTOR is 3.0 but the artifact was captured with 2.0",
         "global_default": "global changed_state_cases.scaled_by_default is function changed_state_cases.scaled_by_default closing over default 3.0",
         "compiler_setting": "global torch.compiler.config.job_id is 'another job' but the artifact was captured with None",
+        "private_compiler_setting": "global torch._dynamo.config.verbose is True but the artifact was captured with False",
+        "context_var": "global changed_state_cases.SCALE_VAR is contextvar scale holding 3.0 but the artifact was captured with "
+                       "contextvar scale holding 2.0",
         "nested_settings": "global changed_state_cases.SETTINGS.sub.scale is 3.0 but the artifact was captured with 2.0",
-        "class_enum": "args[0].MODE is changed_state_cases.Mode.DOUBLED but the artifact was captured with changed_state_cases.Mode.PLAIN",
+        "class_enum": "args[0].MODE is changed_state_cases.Mode.DOUBLED = 2 but the artifact was captured with changed_state_cases.Mode.PLAIN = 1",
+        "enum_value": "args[0].MODE is changed_state_cases.Mode.PLAIN = 3 but the artifact was captured with changed_state_cases.Mode.PLAIN = 1",
+        "deep_settings": "global changed_state_cases.DEEP_SETTINGS.sub.sub.sub.sub.scale is 3.0 but the artifact was captured with 2.0",
+        "global_hook": "the model's hooks are global forward hook changed_state_cases._double_linear_output",
         "property": "global changed_state_cases.Model.gain.fget is function changed_state_cases._replace_property.<locals>.<lambda>",
     }
     for kind, text in named.items():

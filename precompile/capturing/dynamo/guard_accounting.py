@@ -47,7 +47,7 @@ def slot_source(name: str) -> str:
 UNKEPT = object()
 """Seen.value where the value is no constant a check could compare with."""
 # Values a kept constant guard is rendered for (guard_code checks each reads back as a literal).
-_CONSTANT_TYPES = (int, float, str, bytes, complex, tuple, list, frozenset, set, bool, type(None), torch.dtype)
+_CONSTANT_TYPES = (int, float, str, bytes, complex, tuple, list, frozenset, set, bool, type(None), torch.dtype, torch.device)
 # Guard types whose rendering reads what their source held (the rest read the saved guard state).
 _SEEN_KINDS = frozenset({"CONSTANT_MATCH", "EQUALS_MATCH", "TYPE_MATCH", "FAKE_SCRIPT_TYPE_MATCH", "DICT_KEYS_MATCH",
                          "SEQUENCE_LENGTH", "HASATTR", "OPAQUE_OBJ_GUARD_FN_MATCH"})

@@ -7,27 +7,24 @@ compared with objects resolved by qualified name at load, constants as literals,
 as the plain expressions Dynamo wrote. Guard sources are Dynamo's own (`L['x']._parameters['w']`,
 `dict(type(L['m']).__dict__)['forward'].__closure__[0].cell_contents`, `list(dict.keys(G['REG']))[0]`).
 
-Checks compare with what the source held when Dynamo built the guard, from the live objects the guard
-filter is handed (`guard_accounting.Seen`), not the pickled guard state (read for tensors, shape guards,
-ambient state). A kept guard with no faithful rendering raises `Unrenderable`: the capture is refused.
+Checks compare with what the source held when Dynamo built the guard (`guard_accounting.Seen`), not the
+pickled guard state (read for tensors, shape guards, ambient state). A kept guard with no faithful
+rendering raises `Unrenderable`: the capture is refused.
 """
 from __future__ import annotations
 
 import ast
 import json
-import math
 import re
 import types
 import weakref
-from dataclasses import dataclass, field
 
 import torch
 
 from precompile.capturing.dynamo.config_settings import SETTING_KINDS, setting_source
 from precompile.capturing.dynamo.guard_accounting import UNKEPT as _UNKEPT
 from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
-from precompile.capturing.dynamo.guard_expressions import Unrenderable, literal, names_in, reads_back
-from precompile.capturing.dynamo.guard_function import guard_function
+from precompile.capturing.dynamo.guard_expressions import Unrenderable, literal, names_in, reads_back, unliteral_check
 from precompile.capturing.dynamo.guard_origin import origin
 from precompile.capturing.dynamo.key_lookups import KeyLookups
 from precompile.capturing.dynamo.named_identity import CHECK, reference
@@ -45,25 +42,16 @@ _TENSOR_TYPES = {torch.Tensor: "torch:Tensor", torch.nn.Parameter: "torch.nn.par
 # A global Dynamo binds by id (OutputGraph.install_global_by_id: `<prefix>_<id>_c<compile id>`).
 _MINTED_GLOBAL = re.compile(r"G\['(\w*_\d+_c\d+)'\]")
 _BARE_LOCAL = re.compile(r"^(type\()?(?!type\()(?![LG]\[)([A-Za-z_]\w*)")
-# What a rendered guard source may name and call beside L and G: the builtins Dynamo's own source
-# text uses to reach a value (dict(type(x).__dict__)['f'], dict.__getitem__(d, k), list(dict.keys(d))[0],
-# object.__getattribute__(x, 'a')), each resolved from the serving process's builtins.
+# What a rendered guard source may name and call beside L and G: the builtins Dynamo's own source text
+# uses to reach a value (dict(type(x).__dict__)['f'], list(dict.keys(d))[0]), the serving process's.
 _SOURCE_BUILTINS = frozenset({"dict", "type", "list", "object"})
+# torch's global module hook tables: Dynamo checks their type only, yet a hook registered after capture runs in eager.
+_GLOBAL_HOOKS = re.compile(r"\._global_(forward|forward_pre|backward|backward_pre)_hooks$")
 # `get`: a ContextVar's value (torch 2.15's config module keeps a user's overrides in ContextVars).
 _SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "get", "__getitem__", "__getattribute__"})
 _EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object}
 # Dtype keys as Dynamo's source text writes them (diffusers' `_DTYPE_UNSUPPORTED_DEVICES[torch.float64]`).
 _TORCH_DTYPES = frozenset(f"torch.{name}" for name, value in vars(torch).items() if isinstance(value, torch.dtype))
-
-@dataclass
-class RenderedVariant:
-    function: str
-    """Name of the rendered check function, e.g. `guards_0_1`."""
-    source: str
-    """Its text with the helper objects it uses (tensor and global-state checks)."""
-    references: set = field(default_factory=set)
-    """`module:qualname` references the checks compare against, resolved at load."""
-
 
 def rename_sources(text: str, renames: dict[str, str]) -> str:
     for old, new in renames.items():
@@ -213,7 +201,10 @@ class _Variant:
             value = self.value(guard, label)
             fake_type = getattr(value, "pytype", None) if isinstance(value, FakeTensor) else None
             pytype = fake_type or type(value)
-        self.lines.append((label, f"type({self.source(guard, label)}) is {self.named(pytype, label)}"))
+        source = self.source(guard, label)
+        self.lines.append((label, f"type({source}) is {self.named(pytype, label)}"))
+        if _GLOBAL_HOOKS.search(guard.name):  # what the table holds: as at capture (no hook, as a rule)
+            self.lines.append((f"GLOBAL_HOOKS {guard.name}", f"len({source}) == {len(self.value(guard, label))}"))
 
     def fake_script_type_match(self, guard, label: str, kind: str) -> None:
         """TYPE_MATCH on a source that is an opaque script object (a ProcessGroup, say): torch's check
@@ -223,8 +214,7 @@ class _Variant:
             raise Unrenderable(f"{label}: the capture recorded no value for it")
         if not hasattr(getattr(torch._library, "fake_class_registry", None), "FakeScriptObject"):
             raise Unrenderable(f"{label}: this torch has no FakeScriptObject to unwrap")
-        source = self.source(guard, label)
-        fake = "torch._library.fake_class_registry.FakeScriptObject"
+        source, fake = self.source(guard, label), "torch._library.fake_class_registry.FakeScriptObject"
         self.lines.append((label, f"type({source}.real_obj if isinstance({source}, {fake}) else {source}) is "
                                   f"{self.named(seen.type, label)}"))
 
@@ -345,8 +335,9 @@ class _Variant:
         if kind == "CONSTANT_MATCH" and (value is None or type(value) is bool):
             self.lines.append((label, f"{source} is {value!r}"))
             return
-        if type(value) is torch.dtype and getattr(torch, str(value).removeprefix("torch."), None) is value:
-            self.lines.append((label, f"type({source}) is torch.dtype and {source} == {value}"))
+        check = unliteral_check(source, value)
+        if check is not None:
+            self.lines.append((label, check))
             return
         if type(value) in (tuple, frozenset) and not reads_back(value):
             # A collection of classes and functions (torch's pytree keeps BUILTIN_TYPES so): each by name.
@@ -354,9 +345,6 @@ class _Variant:
             return
         if type(value) not in _LITERAL_TYPES:
             raise Unrenderable(f"{label}: a {type(value).__name__} value is not rendered as a literal here")
-        if type(value) is float and math.isnan(value):
-            self.lines.append((label, f"type({source}) is float and math.isnan({source})"))
-            return
         if type(value) is complex and value != value:
             raise Unrenderable(f"{label}: a complex NaN")
         self.lines.append((label, f"type({source}) is {type(value).__name__} and {source} == {literal(value, label)}"))
@@ -476,25 +464,3 @@ _RENDERERS = {
     "EMPTY_NN_MODULE_HOOKS_DICT": "sequence_length",  # a module's hook table: empty, as at capture (session.py)
     "AUTOGRAD_SAVED_TENSORS_HOOKS": "saved_tensors_hooks",
 }
-
-
-def render_variant(frame: int, variant: int, title: str, state, policy: frozenset, by_name: tuple[str, ...],
-                   renames: dict[str, str], seen: dict | None = None,
-                   module_globals: dict | None = None, lookups: KeyLookups | None = None) -> RenderedVariant:
-    """The rendered check of one variant (its guards state loaded, the policy's slots left out, its by-name
-    identity lines; `module_globals`: its module's live globals), or Unrenderable naming the first guard it cannot render."""
-    if state.output_graph._aotautograd_guards:
-        raise Unrenderable("AOTAutograd guards: the variant carries guards AOTAutograd added, not rendered here")
-    rendering = _Variant(frame, variant, state, renames, seen, module_globals, lookups)
-    guards = sorted(state.output_graph.guards, key=lambda g: (g.create_fn_name(), g.name))
-    for guard in guards:
-        kind = guard.create_fn_name()
-        if rendering.lookups.skipped(kind, guard.name):  # a dict read by key: its length is listed as dropped
-            continue
-        if slot_text(rendering.lookups.slot((kind, slot_source(guard.name)))) in policy:
-            continue
-        rendering.add(guard)
-    for line in by_name:
-        rendering.identity_line(line)
-    return RenderedVariant(function=f"guards_{rendering.prefix}", source=guard_function(rendering, title),
-                           references=rendering.references)

@@ -1,8 +1,12 @@
 """What a rendered guard may say: the checks on a guard's source text (which names it reads, which
-functions it calls, a module imported by name) and the literals its values are written as."""
+functions it calls, a module imported by name) and the literals its values are written as (or, for a
+value no literal states, the check of its type and value)."""
 from __future__ import annotations
 
 import ast
+import math
+
+import torch
 
 
 class Unrenderable(Exception):
@@ -52,7 +56,7 @@ def reads_back(value) -> bool:
 
 
 def literal(value, label: str) -> str:
-    text = _spelled(value)
+    text = ordered_repr(value)
     try:
         same = ast.literal_eval(text) == value and type(ast.literal_eval(text)) is type(value)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -62,20 +66,34 @@ def literal(value, label: str) -> str:
     return text
 
 
-def _spelled(value) -> str:
+def unliteral_check(source: str, value) -> str | None:
+    """The check of a constant no literal states, by its type and value: a torch dtype or device
+    (`torch.float32`, `torch.device('cpu')`), a float that is nan or infinite (a mask's float('-inf'),
+    a limit's float('inf')); None for any other value."""
+    if type(value) is torch.dtype and getattr(torch, str(value).removeprefix("torch."), None) is value:
+        return f"type({source}) is torch.dtype and {source} == {value}"
+    if type(value) is torch.device:
+        return f"type({source}) is torch.device and {source} == torch.device({str(value)!r})"
+    if type(value) is float and not math.isfinite(value):
+        check = f"math.isnan({source})" if math.isnan(value) else f"{source} == {'-' if value < 0 else ''}math.inf"
+        return f"type({source}) is float and {check}"
+    return None
+
+
+def ordered_repr(value) -> str:
     """repr(value), but a set's members sorted by their spelling: a set of str iterates in the order of the
     process's string hash seed, and two captures of the same value must render the same check."""
     kind = type(value)
     if kind in (set, frozenset):
-        inner = "{" + ", ".join(sorted(_spelled(item) for item in value)) + "}"
+        inner = "{" + ", ".join(sorted(ordered_repr(item) for item in value)) + "}"
         if kind is set:
             return inner if value else "set()"
         return f"frozenset({inner})" if value else "frozenset()"
     if kind is tuple:
-        items = [_spelled(item) for item in value]
+        items = [ordered_repr(item) for item in value]
         return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
     if kind is list:
-        return "[" + ", ".join(_spelled(item) for item in value) + "]"
+        return "[" + ", ".join(ordered_repr(item) for item in value) + "]"
     if kind is dict:
-        return "{" + ", ".join(f"{_spelled(key)}: {_spelled(item)}" for key, item in value.items()) + "}"
+        return "{" + ", ".join(f"{ordered_repr(key)}: {ordered_repr(item)}" for key, item in value.items()) + "}"
     return repr(value)

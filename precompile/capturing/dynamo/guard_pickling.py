@@ -51,6 +51,7 @@ from precompile.artifact.metadata import DynamoFrame, VariantGuards
 from precompile.artifact.pickle_policy import MODULE, classify
 from precompile.capturing.dynamo.config_settings import SETTING_KINDS, setting_source
 from precompile.capturing.dynamo.guard_accounting import UNKEPT, Seen, seen_key, slot_source, slot_text
+from precompile.capturing.dynamo.guard_expressions import ordered_repr
 from precompile.capturing.dynamo.named_identity import reference, walkable
 from precompile.errors import CaptureRefused
 
@@ -97,38 +98,50 @@ def _own_reduction(obj) -> bool:
     return isinstance(reduced, tuple) and len(reduced) >= 2 and _importable(reduced[0])
 
 
-def _global_modules(state) -> set[int]:
-    """The ids of the modules a guard state's global scope binds by name (`flags` for a frame that
-    reads `flags.SCALE`) whose import load's policy does not review: any but torch's own, and of
-    torch's the ones it calls dangerous (torch 2.15 guards a config read through
-    `torch.utils._config_module`, whose `__getattr__` it inlines)."""
+def _bound_from_scope(state) -> dict[int, str]:
+    """What of a guard state's global scope load binds from the serving frame's own globals instead
+    of unpickling, by id, with the placeholder's reason: the modules it binds by name (`flags` for a
+    frame that reads `flags.SCALE`) whose import load's policy does not review (any but torch's own,
+    and of torch's the ones it calls dangerous: torch 2.15 guards a config read through
+    `torch.utils._config_module`, whose `__getattr__` it inlines), and its ContextVars, which do not
+    pickle (a frame that graph-breaks on `VAR.get()` guards VAR's type)."""
     scope = getattr(getattr(state, "output_graph", None), "global_scope", None)
     if not isinstance(scope, dict):
-        return set()
-    return {id(value) for value in scope.values() if isinstance(value, types.ModuleType)
-            and (value.__name__.split(".")[0] != "torch" or classify(value.__name__, MODULE) == "dangerous")}
+        return {}
+    bound = {id(value): f"module {value.__name__}" for value in scope.values() if isinstance(value, types.ModuleType)
+             and (value.__name__.split(".")[0] != "torch" or classify(value.__name__, MODULE) == "dangerous")}
+    bound.update({id(value): f"contextvar {name}" for name, value in scope.items() if isinstance(value, contextvars.ContextVar)})
+    return bound
 
 
 @contextlib.contextmanager
-def faithful_guard_pickling() -> Iterator[None]:
+def faithful_guard_pickling() -> Iterator[list[CaptureRefused]]:
     """For the duration: Dynamo's guard state pickler writes a module of a class defined in local
     scope by the class's own reduction, where it has one that rebuilds it by an importable name
     (Dynamo's pickler otherwise writes a bare nn.Module); a function it would rebuild from its code
-    object as its missing placeholder; and a module the frame's globals bind (other than torch's) as
-    the placeholder too, which load fills from the serving frame's globals (the driver's `_fill_global_modules`), so
-    the state imports no module by name. Patched on torch's class itself, so what the pickle names
-    stays torch's (the inspect policy's reviewed names, a serving process without precompile)."""
+    object as its missing placeholder; and a module the frame's globals bind (other than torch's), or a
+    ContextVar, as the placeholder too, which load fills from the serving frame's globals (the driver's
+    `_fill_bound_globals`), so the state imports no module by name. Patched on torch's class itself, so what the pickle names
+    stays torch's (the inspect policy's reviewed names, a serving process without precompile). Yields
+    the refusals of guard states that did not pickle (torch 2.15 bypasses such a frame instead of
+    raising, so the capture names the cause from here)."""
     from precompile.torch_compat import GuardsStatePickler, GuardStateMissing
 
     original, original_dump = GuardsStatePickler.reducer_override, GuardsStatePickler.dump
+    refused: list[CaptureRefused] = []
 
     def dump(self, obj):
-        self.precompile_global_modules = _global_modules(obj)
-        return original_dump(self, obj)
+        self.precompile_bound_from_scope = _bound_from_scope(obj)
+        try:
+            return original_dump(self, obj)
+        except (TypeError, pickle.PicklingError, AttributeError) as exc:
+            refused.append(CaptureRefused(_unpicklable_scope(obj, exc)))
+            raise refused[-1] from exc
 
     def reducer_override(self, obj):
-        if isinstance(obj, types.ModuleType) and id(obj) in getattr(self, "precompile_global_modules", ()):
-            return GuardStateMissing, (f"module {obj.__name__}",)
+        bound = getattr(self, "precompile_bound_from_scope", {}).get(id(obj))
+        if bound is not None and isinstance(obj, (types.ModuleType, contextvars.ContextVar)):
+            return GuardStateMissing, (bound,)
         reduced = original(self, obj)
         if not isinstance(reduced, tuple) or not reduced:
             return reduced
@@ -140,9 +153,30 @@ def faithful_guard_pickling() -> Iterator[None]:
 
     GuardsStatePickler.reducer_override, GuardsStatePickler.dump = reducer_override, dump
     try:
-        yield
+        yield refused
     finally:
         GuardsStatePickler.reducer_override, GuardsStatePickler.dump = original, original_dump
+
+
+def _unpicklable_scope(state, exc: Exception) -> str:
+    """Why a frame's guard state did not pickle, naming the globals and locals its guards read that do
+    not (an open file, a lock), each found by pickling it alone (modules and tensors, which Dynamo's
+    pickler writes its own way, are not tried)."""
+    graph = getattr(state, "output_graph", None)
+    names = []
+    for where, scope in (("global", getattr(graph, "global_scope", None)), ("local", getattr(graph, "local_scope", None))):
+        for name, value in (scope or {}).items():
+            if name.startswith("__") or isinstance(value, (types.ModuleType, contextvars.ContextVar, torch.nn.Module, torch.Tensor)):
+                continue
+            try:
+                pickle.dumps(value)
+            except Exception as alone:  # its own failure, the same as the state's, names it
+                if str(alone) == str(exc):
+                    names.append(f"the {where} {name!r} (a {type(value).__module__}.{type(value).__qualname__})")
+    read = f"its guards read {', '.join(names)}, which" if names else "it holds an object that"
+    return (f"Dynamo's guards for a frame of the call cannot be written into the artifact: {read} cannot be pickled "
+            f"({type(exc).__name__}: {exc}); branch on a plain value instead (a bool or a setting, not the object "
+            "itself), or capture with tracer=precompile.MakeFxTracer()")
 
 
 def _local(name: str) -> bool:
@@ -267,12 +301,16 @@ def _walk(name: str, state) -> tuple[bool, object]:
 
 def _operand(value: object) -> str | None:
     """How a by-name line states a pinned value: a literal, `float('inf')` (or '-inf', 'nan'),
-    `torch.device('cuda:0')`; None where none does (the driver's `_pinned_operand` reads them)."""
+    `torch.device('cuda:0')`, `frozenset({...})`; None where none does (the driver's `_pinned_operand`
+    reads them)."""
     if isinstance(value, float) and not math.isfinite(value):
         return f"float({str(value)!r})"
     if isinstance(value, torch.device):
         return f"torch.device({str(value)!r})"
-    text = repr(value)
+    if type(value) is frozenset:
+        inner = _operand(set(value)) if value else ""
+        return None if inner is None else f"frozenset({inner})"
+    text = ordered_repr(value)  # a set's members sorted: the same line under any hash seed
     try:
         same = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError):  # an object's repr

@@ -19,6 +19,8 @@ import importlib
 import re
 import types
 
+from precompile.capturing.dynamo.guard_expressions import reads_back
+
 # Identity-checking guard types a reference can stand in for.
 NAMEABLE = frozenset({"ID_MATCH", "CLOSURE_MATCH", "CLASS_MATCH", "FUNCTION_MATCH", "MODULE_MATCH", "BUILTIN_MATCH"})
 
@@ -147,9 +149,9 @@ def named_check(entry) -> str | None:
 def code_checks(entry) -> tuple[str, ...] | None:
     """For a dropped CLOSURE_MATCH on a function no name reaches (a lambda, a closure: `self.act =
     lambda x: x * 0.5`), the by-value checks that tell its code from another's where Dynamo's check
-    compared code objects: where it is defined (module, qualified name, first line; the text there is
-    INLINED_SOURCES' to check). A lambda swapped for another then misses instead of serving the
-    captured one."""
+    compared code objects: where it is defined (module, qualified name) and what its code is (its
+    bytecode, constants and names, which a move leaves alike; its first line where a constant is no
+    literal). A lambda swapped for another then misses instead of serving the captured one."""
     value = entry.value if entry.has_value else None
     name = walkable(entry.name)
     if entry.guard_type != "CLOSURE_MATCH" or not isinstance(value, types.FunctionType):
@@ -159,9 +161,13 @@ def code_checks(entry) -> tuple[str, ...] | None:
     module, code = _text(getattr(value, "__module__", None)), value.__code__
     if module is None:
         return None
-    return (f"{entry.guard_type} {name}.__module__ == {module!r}",
-            f"{entry.guard_type} {name}.__code__.co_qualname == {getattr(code, 'co_qualname', value.__qualname__)!r}",
-            f"{entry.guard_type} {name}.__code__.co_firstlineno == {code.co_firstlineno!r}")
+    where = (f"{entry.guard_type} {name}.__module__ == {module!r}",
+             f"{entry.guard_type} {name}.__code__.co_qualname == {getattr(code, 'co_qualname', value.__qualname__)!r}")
+    what = {"co_code": code.co_code, "co_consts": code.co_consts, "co_names": code.co_names}
+    if not all(reads_back(part) for part in what.values()):  # a nested function among its constants
+        return (*where, f"{entry.guard_type} {name}.__code__.co_firstlineno == {code.co_firstlineno!r}")
+    # What it does, not where it starts: moved (lines added above it), it is the same code.
+    return (*where, *(f"{entry.guard_type} {name}.__code__.{field} == {part!r}" for field, part in what.items()))
 
 
 FORWARD_MATCH = "FORWARD_MATCH"

@@ -31,7 +31,6 @@ from precompile.capturing.dynamo.guard_pickling import (
     pin_read_back_values,
     refuse_unfaithful_guard_state,
 )
-from precompile.capturing.dynamo.inlined_files import inlined_files
 from precompile.capturing.dynamo.key_lookups import KeyLookups, apply, key_lookups, recorded_misses
 from precompile.capturing.dynamo.logs import BackendFallbackLog, GraphBreakReasons, TruncationLog
 from precompile.capturing.dynamo.minted_globals import record_guarded_minted_modules, record_minted_modules
@@ -39,6 +38,7 @@ from precompile.capturing.dynamo.next_call import CallMode, served_again
 from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
 from precompile.capturing.dynamo.standalone import minted_renamed, readable_guards, remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
+from precompile.capturing.inlined_files import inlined_files, named_functions
 from precompile.capturing.lowering import lower_eager
 from precompile.capturing.progress import libraries_in, phase
 from precompile.capturing.tracers import DynamoTracer
@@ -207,7 +207,7 @@ class DynamoSession:
                                                       skip_nnmodule_hook_guards=False))
         # Guard state is pickled as each frame compiles: a module whose class pickles itself is written so, and
         # a function torch 2.15 would write by its code object as a placeholder.
-        self._stack.enter_context(faithful_guard_pickling())
+        self._unpicklable = self._stack.enter_context(faithful_guard_pickling())
         self._misses = self._stack.enter_context(recorded_misses())
         dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
         dynamo_log.addHandler(self._truncation)
@@ -245,9 +245,10 @@ class DynamoSession:
             self._served_calls.append((args, kwargs, CallMode.now()))
             return result
         except Exception as exc:
-            # A refusal of ours from inside the backend reaches the caller as itself, not wrapped
-            # in Dynamo's BackendCompilerFailed.
-            refusal = getattr(exc, "inner_exception", None)
+            # A refusal of ours from inside the backend reaches the caller as itself, not wrapped in
+            # Dynamo's BackendCompilerFailed; so does one from guard pickling (Dynamo rewraps it as an
+            # InternalTorchDynamoError whose __context__ it is).
+            refusal = getattr(exc, "inner_exception", None) or exc.__context__
             shown = refusal if isinstance(refusal, PrecompileError) else exc
             message = f"{type(shown).__name__}: {shown}"
             if message not in self.errors:
@@ -359,7 +360,7 @@ class DynamoSession:
             guards = pin_read_back_values(entry, frames, guards, self._ledger.seen)
             guards = readable_guards(entry, frames, guards, self._ledger.seen)
         sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
-        inlined = tuple(
+        inlined = named_functions(
             InlinedSource(module=s.module, first_line=s.firstlineno, last_line=s.lastlineno, sha256=s.checksum)
             for s in sorted(entry.source_info.inlined_sources, key=lambda s: (s.module, s.firstlineno, s.lastlineno))
         )
@@ -482,6 +483,8 @@ class DynamoSession:
             summary.guarded_codes and summary.backend_graphs
         )
         if self.tracer.require_complete and gap:
+            if self._unpicklable:  # a frame torch bypassed: its guards did not pickle
+                raise self._unpicklable[0]
             reasons = self._graph_breaks.since()
             why = f"; Dynamo broke graphs or skipped frames because: {reasons}" if reasons else ""
             raise CaptureRefused(

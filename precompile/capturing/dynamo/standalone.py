@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 import msgspec
 
 from precompile.artifact.metadata import DynamoFrame, VariantGuards
-from precompile.capturing.dynamo.guard_code import RenderedVariant, Unrenderable, render_variant
+from precompile.capturing.dynamo.guard_code import Unrenderable
 from precompile.capturing.dynamo.key_lookups import KeyLookups
 from precompile.capturing.dynamo.named_identity import renderable
 from precompile.capturing.dynamo.tensor_keys import dispatch_modes
+from precompile.capturing.dynamo.variant_rendering import RenderedVariant, render_variant
 from precompile.errors import CaptureRefused
 
 _MINTED_PREFIX = "__precompile_"
@@ -208,7 +209,7 @@ def readable_guards(entry, frames: list[DynamoFrame], guards: list[VariantGuards
     """An installed artifact's variants, each with its kept checks rendered as a standalone artifact
     renders them (`VariantGuards.rendered`: text for readers, never run; load checks the guards torch
     rebuilds from the pickled state), so that inspect reads their values and tensors alike in both
-    serving modes. A variant whose guards cannot be rendered keeps none, as before. Each variant also
+    serving modes; a guard with no rendering is noted as such in the text. Each variant also
     gets the modes its call ran under (`VariantGuards.dispatch_modes`), which load rebuilds its
     guards under."""
     from precompile.codegen.drivers.dynamo_checks import read_guards_state
@@ -227,7 +228,7 @@ def readable_guards(entry, frames: list[DynamoFrame], guards: list[VariantGuards
                 text = render_variant(index, variant, f"Frame {index} ({frame.qualname}), variant {variant}",
                                       read_guards_state(guarded.guards_state), frozenset(meta.policy_dropped),
                                       tuple(filter(renderable, meta.by_name)), {}, (seen or {}).get((frame.qualname, variant)),
-                                      getattr(sys.modules.get(code.python_module), "__dict__", None)).source
+                                      getattr(sys.modules.get(code.python_module), "__dict__", None), readable=True).source
             except Exception:  # a reading only: what stops it leaves this variant's values unread, as before
                 continue
             listed[(frame.qualname, variant)] = msgspec.structs.replace(meta, rendered=text)

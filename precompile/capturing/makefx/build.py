@@ -14,6 +14,7 @@ import torch
 from precompile.artifact.envelope import FORMAT_VERSION, Backend
 from precompile.artifact.metadata import MakeFxMetadata
 from precompile.capturing import kernels, lowering, pipeline
+from precompile.capturing.inlined_files import inlined_files
 from precompile.capturing.makefx import trace as makefx
 from precompile.capturing.progress import libraries_in, phase
 from precompile.codegen.models import GraphSection, MakeFxArtifact
@@ -116,6 +117,8 @@ def _render(fn, traced: makefx.MakeFxTrace, backend: Backend, graph, autograd_gr
         outputs=traced.outputs,
         grad_param_indices=traced.grad_param_indices,
         specialized=traced.specialized,
+        inlined_sources=traced.inlined_sources,
+        inlined_files=inlined_files(traced.inlined_sources),
         world=distributed.captured_world([graph.source]),
     )
     return render_makefx(MakeFxArtifact(metadata=metadata, graph=graph, autograd_graph=autograd_graph,

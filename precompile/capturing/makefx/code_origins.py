@@ -37,6 +37,9 @@ _STDLIB = sysconfig.get_paths()["stdlib"] + "/"
 _SITE = tuple({sysconfig.get_paths()[key] + "/" for key in ("purelib", "platlib")})
 
 
+_CALLS_FOR_FN = ("/contextlib.py", "/functools.py")
+
+
 def _stdlib(filename: str) -> bool:
     return filename.startswith(_STDLIB) and not filename.startswith(_SITE)
 
@@ -44,12 +47,14 @@ def _stdlib(filename: str) -> bool:
 def in_trace(frame) -> bool:
     """Whether a frame runs for fn's call: up its stack, precompile's trace (which calls fn) comes
     before any frame of the standard library or the import system. Code those call back (a logging
-    handler, an import hook, a module's body as it is imported) runs beside the trace, not in it."""
+    handler, an import hook, a module's body as it is imported) runs beside the trace, not in it;
+    code contextlib or functools calls for fn (a @contextmanager's body, a cached_property's getter)
+    runs in it."""
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.startswith(_PRECOMPILE):
             return True
-        if _stdlib(filename) or filename.startswith("<frozen"):
+        if (_stdlib(filename) and not filename.endswith(_CALLS_FOR_FN)) or filename.startswith("<frozen"):
             return False
         frame = frame.f_back
     return False

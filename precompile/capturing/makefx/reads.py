@@ -34,7 +34,7 @@ from precompile.capturing.makefx.code_origins import in_trace, skipped
 from precompile.capturing.makefx.registries import global_spelling
 from precompile.codegen.drivers.makefx_reads import spelled
 
-_MAX_CHAIN = 4
+_MAX_CHAIN = 8
 """How many attributes one chain is followed through (self.config.text_config.flag)."""
 _MISSING = object()
 _ABSENT = object()
@@ -65,6 +65,9 @@ class ReadLog:
     """id -> (owner, the object itself) of every object attributes were noted on."""
     state: set[str] = field(default_factory=set)
     """The global state (GLOBAL_STATE names) code the trace ran asks for: `torch.is_grad_enabled()`."""
+    codes: dict[types.CodeType, str] = field(default_factory=dict)
+    """Each code object the trace ran outside torch, precompile and the standard library -> the name of
+    its frame's module: its source is hashed (capturing/inlined_files.ran_sources)."""
 
 
 @dataclass(frozen=True)
@@ -272,6 +275,7 @@ class _FrameHook:
             else:
                 loads = self.loads[code] = None if skipped(code.co_filename) else _loads(code)
             if loads is not None and in_trace(frame.f_back):
+                self.log.codes.setdefault(code, frame.f_globals.get("__name__", "__main__"))
                 self.note(frame, loads)
                 if loads.probes:
                     return self.probing(frame, dict(loads.probes), self.previous(frame, event, arg) if self.previous else None)
@@ -389,16 +393,17 @@ class _FrameHook:
         """A public function of torch the code loads from its module (`F.gelu`, `torch.relu`,
         `torch.nn.functional.silu`): patched after capture (`F.gelu = ...`), eager calls the patch
         while the served graph holds what the trace called, so its spelling is checked; and a setting
-        of a torch config module (`torch.compiler.config.job_id`), read as the served call reads it."""
+        of a torch config module, a private one's too (`torch.compiler.config.job_id`,
+        `torch._dynamo.config.cache_size_limit`), read as the served call reads it."""
+        private = False
         for name in path:
-            if name.startswith("_") or name in STATE_PROBES or module.__name__.startswith("torch.distributed"):
-                # torch's private machinery (torch._C, F._in_projection), not what users patch; the state
-                # probes, wrapped while the trace runs (recording()); and collectives, remapped to
-                # traceable ones while it runs (serve/ranks.py)
+            if name in STATE_PROBES or module.__name__.startswith("torch.distributed"):
+                # the state probes, wrapped while the trace runs (recording()); and collectives, remapped
+                # to traceable ones while it runs (serve/ranks.py)
                 return
             value = vars(module).get(name, _MISSING)
             if isinstance(value, types.ModuleType):
-                module = value
+                module, private = value, private or name.startswith("_")  # torch._dynamo.config: its settings count
                 continue
             if value is _MISSING and isinstance(vars(module).get("_config"), dict):  # a config module's setting
                 setting = getattr(module, name, _MISSING)
@@ -406,6 +411,8 @@ class _FrameHook:
                 if spelling is not None and (setting is None or type(setting) in (bool, int, float, str)):
                     self.log.globals[module.__name__, name] = spelling
                     self.log.globals_of.setdefault(module.__name__, module)
+                return
+            if private or name.startswith("_"):  # torch's private machinery (torch._C, F._in_projection)
                 return
             if isinstance(value, (types.FunctionType, types.BuiltinFunctionType)) and (module.__name__, name) not in self.log.globals:
                 spelling = spelled(value)

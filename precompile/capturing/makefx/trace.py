@@ -21,8 +21,9 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.nn.utils import stateless
 
-from precompile.artifact.metadata import ConstantLeaf, NamedTensor, SpecializedValue, TensorLeaf
+from precompile.artifact.metadata import ConstantLeaf, InlinedSource, NamedTensor, SpecializedValue, TensorLeaf
 from precompile.capturing import constants
+from precompile.capturing.inlined_files import ran_sources
 from precompile.capturing.makefx import autograd_watch, layouts, reads, specialized, unbacked
 from precompile.codegen.drivers.makefx import collect_params_and_buffers
 from precompile.codegen.drivers.makefx_reads import REQUIRES_GRAD, spelled
@@ -60,6 +61,8 @@ class MakeFxTrace:
     """The FakeTensorMode `example_inputs` live in when dims were marked unbacked (they are fakes then)."""
     autograd: autograd_watch.AutogradSeen = field(default_factory=autograd_watch.AutogradSeen)
     """What fn's code did to autograd that the graph does not keep, and whether it read requires_grad."""
+    inlined_sources: tuple[InlinedSource, ...] = ()
+    """The line ranges of the functions the trace ran, hashed (load refuses where one's text changed)."""
 
 
 def _named(name: str, tensor: torch.Tensor, layout: bool) -> NamedTensor:
@@ -297,6 +300,7 @@ def trace(fn: Callable[..., Any], args: tuple, decompositions=None, *, kwargs: d
         specialized=(*state, *_requires_grad_read(traced, example_inputs), *read),
         fake_mode=fake_mode,
         autograd=traced.autograd,
+        inlined_sources=ran_sources(traced.read.codes),
     )
 
 

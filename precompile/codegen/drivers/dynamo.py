@@ -2,7 +2,8 @@
 # It builds each compiled subgraph from its source section above, rebuilds each captured variant's
 # guard tree and transformed bytecode once, and seeds the names Dynamo minted (compiled graphs,
 # continuations, import aliases, the builtins dict) into the captured module. What it checks with
-# (the inlined source, each variant's guards) is the driver-checks section above (drivers/dynamo_checks.py).
+# (each variant's guards, the inlined source) is the driver-checks and driver-sources sections above
+# (drivers/dynamo_checks.py, drivers/source_checks.py).
 # Standalone (SERVING_MODE "standalone"): every call goes to the first variant whose guards (rendered
 # above as Python) pass; a continuation that compiled nothing runs as its original bytecode. Nothing
 # is installed into torch.
@@ -31,14 +32,13 @@ if "_torch_guards" not in globals():  # imported as a module of its own; python_
         _RECAPTURE,
         PrecompileError,
         _builtins_dict,
-        _check_sources,
         _fail,
-        _module,
         _RenderedGuards,
         _resolve_reference,
         _set_thread_count,
         _torch_guards,
     )
+    from precompile.codegen.drivers.source_checks import _check_sources, _module
 
 try:
     from precompile.errors import CallMismatch

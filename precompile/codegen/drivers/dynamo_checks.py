@@ -1,19 +1,13 @@
 # What a DynamoTracer artifact's driver checks with (precompile/codegen/drivers/dynamo_checks.py,
-# included verbatim before the driver, which serves each call from them): that the code Dynamo
-# inlined still says what it said at capture (guards do not check it), and each variant's guards,
+# included verbatim before the driver, which serves each call from them): each variant's guards,
 # rendered in python_code as Python (_RenderedGuards) or rebuilt from the pickled guard state as
 # torch's guard manager (_TorchGuards), the invariance policy's slots taken out and the by-name
 # identity checks added against what each name resolves to here.
 import contextvars as _contextvars
-import hashlib as _hashlib
 import importlib as _importlib
-import importlib.machinery as _machinery
-import inspect as _inspect
 import json as _json
-import linecache as _linecache
-import os as _os
+import keyword as _keyword
 import re as _re
-import sys as _sys
 import types as _types
 import typing as _typing
 
@@ -37,149 +31,6 @@ def _fail(artifact, message, remedy, error=PrecompileError) -> _typing.NoReturn:
 _RECAPTURE = "capture it again; never load an artifact whose opaque parts were rewritten (precompile inspect verify tells)"
 
 
-def hash_source_lines(lines, first_line, last_line):
-    return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
-
-
-def _unimported_origin(name):
-    """The .py file the import system would load for module `name`, found without executing it or
-    its packages; None where it is not a plain source file read by the standard source loader."""
-    spec, locations = None, None
-    parts = name.split(".")
-    for depth in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:depth])
-        loaded = _sys.modules.get(prefix)
-        spec = getattr(loaded, "__spec__", None) if loaded is not None else _machinery.PathFinder.find_spec(prefix, locations)
-        if spec is None:
-            return None
-        locations = spec.submodule_search_locations
-    if spec is None:  # a name with no parts
-        return None
-    origin = spec.origin if spec.has_location else None
-    # a real .py file, whichever loader read it (pytest's assertion rewriter loads a plugin's package);
-    # a module in a zip archive has no file of its own: its loader reads it
-    return origin if origin and origin.endswith(".py") and _os.path.isfile(origin) else None
-
-
-def source_file(name):
-    """The file module `name`'s source is read from: inspect's choice for an imported module, the
-    import system's for one not imported yet (found without executing it); None where there is none."""
-    loaded = _sys.modules.get(name)
-    if loaded is None:
-        return _unimported_origin(name)
-    path = getattr(loaded, "__file__", None)
-    if type(path) is str and path.endswith(".py") and isinstance(getattr(loaded, "__loader__", None), _machinery.SourceFileLoader):
-        return path  # what inspect.getsourcefile answers for it, without its lookups
-    try:
-        return _inspect.getsourcefile(loaded)
-    except TypeError:  # a built-in module
-        return None
-
-
-def hash_spans(data, spans):
-    """The sha256 of the bytes each [start, end) span of `data` holds, in order (InlinedFile.sha256)."""
-    digest = _hashlib.sha256()
-    for start, end in spans:
-        digest.update(data[start:end])
-    return digest.hexdigest()
-
-
-def _span_bytes(file, start, end):
-    """The bytes [start, end) of a file opened unbuffered where they still begin a line and end one (or
-    end the file); None otherwise (a short read included: the ranges are then hashed line by line)."""
-    before = 1 if start > 0 else 0
-    file.seek(start - before)
-    chunk = file.read(end - start + before + 1)
-    span = chunk[before : before + end - start]
-    if len(span) != end - start or (before and chunk[0] != 10):
-        return None
-    if span and span[-1] != 10 and len(chunk) > before + len(span):  # the span's last line goes on
-        return None
-    return span
-
-
-def _is_span(span, size):
-    return (type(span) in (list, tuple) and len(span) == 2 and all(type(offset) is int for offset in span)
-            and 0 <= span[0] <= span[1] <= size)
-
-
-def _file_unchanged(path, entry):
-    """Whether the file at `path` still has the bytes an INLINED_FILES entry hashed: the spans of its
-    inlined ranges and its first two lines (read alone), or the whole file for an entry written before
-    spans. The spans' line numbers are not checked: text that moved without changing its bytes or
-    offsets is the same code (capture's inlined_files.py says more)."""
-    spans = entry.get("spans", ())
-    with open(path, "rb", buffering=0) as file:
-        if not spans:
-            return _hashlib.sha256(file.readall()).hexdigest() == entry["sha256"]
-        size = file.seek(0, 2)
-        digest = _hashlib.sha256()
-        for span in spans:
-            data = _span_bytes(file, *span) if _is_span(span, size) else None
-            if data is None:
-                return False
-            digest.update(data)
-    return digest.hexdigest() == entry["sha256"]
-
-
-def _unchanged_modules(metadata):
-    """The modules whose source file still has the bytes INLINED_FILES recorded: capture checked each of
-    their INLINED_SOURCES ranges against exactly those bytes, so none needs reading again."""
-    unchanged = set()
-    for entry in metadata.get("INLINED_FILES", ()):
-        path = None if entry["module"] == "__main__" else source_file(entry["module"])
-        if path is None:
-            continue
-        try:
-            if _file_unchanged(path, entry):
-                unchanged.add(entry["module"])
-        except OSError:
-            pass
-    return unchanged
-
-
-def _source_lines(name, artifact):
-    """Module `name`'s source lines, read as Dynamo's package reads them to hash the code it inlined
-    (inspect.getsourcelines of the module, in torch._dynamo.package._hash_sourcelines; a test keeps
-    the two equal). A module not imported yet is read from its file, not imported: the polyfills
-    Dynamo inlines live in torch._dynamo, which a standalone artifact never imports."""
-    origin = None if name in _sys.modules else _unimported_origin(name)
-    if origin is not None:
-        return _linecache.getlines(origin)
-    return _inspect.getsourcelines(_module(name, artifact))[0]
-
-
-def _check_sources(metadata, artifact):
-    """The code Dynamo inlined must still say what it said at capture: guards do not check it. Each
-    module's source is read once, however many of its functions were inlined, and not at all where
-    its whole file is unchanged."""
-    unchanged = _unchanged_modules(metadata)
-    lines_of = {}
-    for source in metadata.get("INLINED_SOURCES", ()):
-        name = source["module"]
-        if name in unchanged:
-            continue
-        if name not in lines_of:
-            try:
-                lines_of[name] = _source_lines(name, artifact)
-            except (OSError, TypeError):
-                lines_of[name] = None
-        lines = lines_of[name]
-        now = None if lines is None else hash_source_lines(lines, source["first_line"], source["last_line"])
-        if now != source["sha256"]:
-            _fail(artifact, f"the source of {name} lines {source['first_line']}-{source['last_line']} "
-                            "changed since capture (its compiled graphs may no longer match it)",
-                  "capture the artifact again from the current source")
-
-def _module(name, artifact):
-    if name == "__main__":
-        _fail(artifact, "it captured code defined in __main__, which another process cannot import",
-              "define fn in an importable module and capture again")
-    try:
-        return _importlib.import_module(name)
-    except ImportError as exc:
-        _fail(artifact, f"its code lives in module {name!r}, which cannot be imported here ({exc})",
-              "serve it where that module is importable")
 
 def _set_thread_count(guard, threads):
     """The GLOBAL_STATE guard pins torch.get_num_threads(); the driver keeps it at the current count,
@@ -260,27 +111,26 @@ def _identity_parts(line):
 
 def _pinned_operand(ref):
     """What a `source == operand` line compares with: a literal, or a spelling a literal lacks
-    (`float('inf')`, `float('nan')`, `torch.device('cuda:0')`)."""
+    (`float('inf')`, `float('nan')`, `torch.device('cuda:0')`, `frozenset({'a'})`)."""
     import ast
 
-    special = _re.fullmatch(r"float\('(-?inf|nan)'\)|torch\.device\('([^'\\]*)'\)", ref)
+    special = _re.fullmatch(r"float\('(-?inf|nan)'\)|torch\.device\('([^'\\]*)'\)|frozenset\((.*)\)", ref)
     if special is None:
         return ast.literal_eval(ref)
+    if special.group(3) is not None:
+        return frozenset(ast.literal_eval(special.group(3)) if special.group(3) else ())
     return float(special.group(1)) if special.group(1) else torch.device(special.group(2))
 
 
-def _check_by_name(manager, line, scope, artifact):
-    """Add to a variant's guards the identity check `TYPE source is module:qualname` that Dynamo could
-    not serialize, against the object that name resolves to here; or, for an identity guard on an
-    immutable constant or a value the capture pinned (`TYPE source == literal`), its type and value."""
-    source, operator, ref = _identity_parts(line)
-    manager.root.add_lambda_guard(by_name_check(line, scope, artifact), [f"{line.split(' ', 1)[0]}: {source} {operator} {ref}"], None)
+_BY_NAME = "the checks by name"
+"""What torch's guard manager calls a variant's by-name lines when one fails (they run as one guard)."""
 
 
-def by_name_check(line, scope, artifact):
-    """The check of one by-name line: a function of a call's locals, true where it holds (`scope`: the
-    frame's module globals). A pinned source may be a length (`len(source)`) or a ContextVar's value
-    (`source.get()`). The capture runs it on its own state, as load will on a call's."""
+def _by_name_parts(line, artifact):
+    """A by-name line `TYPE source is module:qualname` (an identity Dynamo could not serialize) or
+    `TYPE source == literal` (an immutable constant, or a value the capture pinned), read into what its
+    check walks: the source's root and steps, and the object that name or literal resolves to here. A
+    pinned source may be a length (`len(source)`) or a ContextVar's value (`source.get()`)."""
     source, operator, ref = _identity_parts(line)
     of_len = source.startswith("len(") and source.endswith(")")
     walked = source[4:-1] if of_len else source
@@ -298,6 +148,13 @@ def by_name_check(line, scope, artifact):
         _fail(artifact, f"{line}: {ref} does not resolve here ({type(exc).__name__}: {exc})",
               "serve it with the code it was captured from")
     in_globals, name = root.group(1) == "G", root.group(2) or root.group(3)
+    return in_globals, name, steps, of_type, type_steps, of_get, of_len, operator, expected
+
+
+def by_name_check(line, scope, artifact):
+    """The check of one by-name line: a function of a call's locals, true where it holds (`scope`: the
+    frame's module globals). The capture runs it on its own state, as load will on a call's."""
+    in_globals, name, steps, of_type, type_steps, of_get, of_len, operator, expected = _by_name_parts(line, artifact)
 
     def check(f_locals):
         try:
@@ -317,6 +174,48 @@ def by_name_check(line, scope, artifact):
                                      and (value == expected or value != value and expected != expected))  # nan
 
     return check
+
+
+def _by_name_code(parts, at):
+    """By-name line `at`'s check as one Python condition on a call's locals `L` and the frame's globals
+    `G`, written from its parsed parts (names and keys as reprs), comparing with `E{at}` as
+    by_name_check does."""
+    in_globals, name, steps, of_type, type_steps, of_get, of_len, operator, _ = parts
+
+    def walked(text, found):
+        for attr, index, key in found:
+            if attr:
+                plain = attr.isidentifier() and not _keyword.iskeyword(attr)
+                text = f"{text}.{attr}" if plain else f"getattr({text}, {attr!r})"
+            else:
+                text = f"{text}[{int(index)}]" if index else f"{text}[{key!r}]"
+        return text
+
+    text = walked(f"{'G' if in_globals else 'L'}[{name!r}]", steps)
+    text = walked(f"type({text})", type_steps) if of_type else text
+    text = f"(_v.get() if isinstance(_v := {text}, _ContextVar) else _ABSENT)" if of_get else text
+    text = f"len({text})" if of_len else text
+    if operator == "is":
+        return f"{text} is E{at}"
+    return f"((_v := {text}) is E{at} or type(_v) is T{at} and (_v == E{at} or _v != _v and E{at} != E{at}))"
+
+
+def _add_by_name_checks(manager, lines, scope, artifact):
+    """Add a variant's by-name lines to its guards as one guard, each line a condition of one compiled
+    function: they run on every call that reaches the frame (a Llama's variants hold hundreds), and one
+    Python call per line cost a third of a call. Returns each line's own check with the words a miss
+    names it by, which `_TorchGuards.explain` runs one by one to find the line that failed."""
+    parts = [_by_name_parts(line, artifact) for line in lines]
+    namespace = {"G": scope, "_ContextVar": _contextvars.ContextVar, "_ABSENT": object()}
+    for at, found in enumerate(parts):
+        namespace[f"E{at}"], namespace[f"T{at}"] = found[-1], type(found[-1])
+    conditions = "\n            and ".join(_by_name_code(found, at) for at, found in enumerate(parts))
+    source = f"def check(L):\n    try:\n        return bool(\n            {conditions})\n    except Exception:\n        return False\n"
+    exec(compile(source, "<checks by name>", "exec"), namespace)
+    manager.root.add_lambda_guard(namespace["check"], [_BY_NAME], None)
+    return [(f"{line.split(' ', 1)[0]}: {' '.join(_identity_parts(line))}", by_name_check(line, scope, artifact))
+            for line in lines]
+
 
 class _RenderedGuards:
     """A variant's guards as rendered in python_code (`guards_F_V(L, G)`): the checks that run."""
@@ -362,10 +261,13 @@ def _received(failed, f_locals, scope):
 
 
 def _described(value):
-    """A short, safe description of a value a guard checked: a constant as a literal, a class or
-    function by qualified name, a collection by its type and size, anything else by its type."""
+    """A short, safe description of a value a guard checked: a constant as a literal (a dtype or device
+    as torch writes it), a class or function by qualified name, a collection by its type and size,
+    anything else by its type."""
     kind = type(value)
     if value is None or kind in (bool, int, float, str):
+        text = repr(value)
+    elif kind in (torch.dtype, torch.device):  # torch.float64, device(type='meta')
         text = repr(value)
     elif isinstance(value, (dict, list, tuple, set, frozenset)):
         text = f"{_article(kind.__name__)} {kind.__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
@@ -386,18 +288,22 @@ _PARAMETER_HINT = _re.compile(r"\.? ?Guard failed on a parameter, consider using
 
 class _TorchGuards:
     """A variant's guards as torch's guard manager rebuilt from its pickled guard state; `modes`: what
-    its call ran under that changes how the tensor checks read dispatch keys (a miss on them names it)."""
+    its call ran under that changes how the tensor checks read dispatch keys (a miss on them names it);
+    `by_name`: each by-name line's words and own check, for naming the one that failed."""
 
-    def __init__(self, manager, scope, modes=()):
+    def __init__(self, manager, scope, modes=(), by_name=()):
         self.manager = manager
         self.scope = scope
         self.modes = modes
+        self.by_name = by_name
 
     def check(self, f_locals):
         return self.manager.check(f_locals)
 
     def explain(self, f_locals):
         failed = [part.strip() for part in self.manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
+        if failed and failed[0] == _BY_NAME:  # which line: each run alone
+            failed[0] = next((words for words, check in self.by_name if not check(f_locals)), _BY_NAME)
         text = "; ".join(failed[:2]) or "a guard failed"
         if "dispatch key set mismatch" in text:
             text = _PARAMETER_HINT.sub("", text)
@@ -429,28 +335,30 @@ def rebuilt_guards_state(guards_state, by_name, policy_dropped, scope, artifact=
     bind taken from `scope` (the frame's module globals), the locals its by-name identity lines name
     put back, the invariance policy's slots taken out."""
     state = read_guards_state(guards_state)
-    _fill_global_modules(state, scope, artifact)
+    _fill_bound_globals(state, scope, artifact)
     _fill_named_locals(state, by_name)
     _drop_guards(state, policy_dropped)
     return state
 
 
-def _fill_global_modules(state, scope, artifact):
-    """Bind the modules the capture wrote as placeholders in the saved global scope (a frame reading
-    `flags.SCALE` binds `flags`) to the ones the serving frame's globals hold under those names: the
-    state imports no module by name, and the values read through one are checked against the
-    capture's by the variant's by-name lines."""
+def _fill_bound_globals(state, scope, artifact):
+    """Bind the modules and ContextVars the capture wrote as placeholders in the saved global scope (a
+    frame reading `flags.SCALE` binds `flags`) to the ones the serving frame's globals hold under those
+    names: the state imports no module by name, and the values read through one are checked against
+    the capture's by the variant's by-name lines."""
     global_scope = state.output_graph.global_scope
     for name, value in global_scope.items():
         if type(value).__name__ != "_Missing":
             continue
-        if isinstance(scope.get(name), _types.ModuleType):
-            global_scope[name] = scope[name]
-            continue
         reason = getattr(value, "_reason", None)
-        if isinstance(reason, str) and reason.startswith("module "):
+        kind = reason.split(" ", 1)[0] if isinstance(reason, str) else None
+        found = scope.get(name)
+        if isinstance(found, _types.ModuleType) or (kind == "contextvar" and isinstance(found, _contextvars.ContextVar)):
+            global_scope[name] = found
+            continue
+        if kind in ("module", "contextvar"):
             _fail(artifact, f"its guards read {reason} through the global {name!r}, which module "
-                            f"{scope.get('__name__')!r} does not bind to a module here",
+                            f"{scope.get('__name__')!r} does not bind to a {'module' if kind == 'module' else 'ContextVar'} here",
                   "serve it with the code it was captured from")
 
 
@@ -470,9 +378,8 @@ def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact
     # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
     with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch._C._ForceDispatchKeyGuard(*dispatch_key_sets(modes)):
         manager = load_guard_manager(state, target, scope)
-    for line in by_name:
-        _check_by_name(manager, line, scope, artifact)
-    return _TorchGuards(manager, scope, modes), global_state, builtins_key
+    by_name_checks = _add_by_name_checks(manager, by_name, scope, artifact) if by_name else []
+    return _TorchGuards(manager, scope, modes, by_name_checks), global_state, builtins_key
 
 
 def _builtins_dict(scope):

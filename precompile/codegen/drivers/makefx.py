@@ -3,8 +3,8 @@
 # runtime model's parameters and buffers (a compiled graph's tensor inputs copied into the captured
 # memory layout where a call passes another), scatters parameter gradients like eager .backward(),
 # and rebuilds fn's result. It also checks the Python values the trace read besides tensors
-# (SPECIALIZED): torch's global state, attributes of the model, module globals, spelled and found
-# as the read-checks section above (drivers/makefx_reads.py) says.
+# (SPECIALIZED) as the read-checks section above (drivers/makefx_reads.py) says, and at load the
+# code the trace ran (INLINED_SOURCES) as the driver-sources section (drivers/source_checks.py) does.
 import gc as _gc
 import importlib as _importlib
 import sys as _sys
@@ -15,7 +15,7 @@ import torch
 import torch.utils._pytree as _pytree
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
-if "_ReadPlan" not in globals():  # imported as a module of its own; python_code has the section above
+if "_ReadPlan" not in globals():  # imported as a module of its own; python_code has the sections above
     from precompile.codegen.drivers.makefx_reads import (
         _ABSENT,
         _GLOBAL_HOOKS,
@@ -30,6 +30,7 @@ if "_ReadPlan" not in globals():  # imported as a module of its own; python_code
         specialized_source,
         spelled,
     )
+    from precompile.codegen.drivers.source_checks import _check_sources
 
 try:
     from precompile.errors import CallMismatch, PrecompileWarning
@@ -278,8 +279,7 @@ class _TensorCheck:
 
 
 def build_forward(metadata, run_graph, artifact="this artifact", autograd_graph=None, no_autograd=None):
-    """The served `forward(*args)` of an artifact whose metadata literals are in `metadata`.
-
+    """The served `forward(*args)` of an artifact whose metadata literals are in `metadata`:
     `run_graph(*params, *buffers, *tensor_inputs)` runs the captured graph and returns its flat
     outputs: fn's tensor results, then the gradients of GRAD_PARAM_INDICES. `autograd_graph`, called
     alike, runs it as ATen ops autograd records, for a forward's calls that autograd would record
@@ -295,6 +295,7 @@ class _ServedForward:
     leaves a C++ check of exactly those tensors' metadata that later calls pass through instead."""
 
     def __init__(self, metadata, run_graph, artifact, autograd_graph=None, no_autograd=None):
+        _check_sources(metadata, artifact)  # the code the trace ran, which the graph baked in
         self.run_graph = run_graph
         self.autograd_graph = autograd_graph
         self.no_autograd = no_autograd or ("it keeps no ATen graph to record them", False)

@@ -1,12 +1,14 @@
 # What the checks of a MakeFxTracer artifact's reads are made of (precompile/codegen/drivers/
 # makefx_reads.py, included verbatim before the driver, which checks SPECIALIZED with them). The trace
 # read Python values besides tensors: how such a value is spelled (recorded at capture, compared at
-# serve), what of a value that may change in place a later call compares instead of spelling it again,
-# where each read value lives for later calls to read it again in C (_ReadPlan), torch's global state
-# and the hooks the model's modules hold.
+# serve), what of a value that may change in place (or, a ContextVar, under the same object) a later
+# call compares instead of spelling it again, where each read value lives for later calls to read it
+# again in C (_ReadPlan), torch's global state and the hooks the model's modules hold.
+import contextvars as _contextvars
 import enum as _enum
 import functools as _functools
 import hashlib as _hashlib
+import inspect as _inspect
 import types as _types
 from operator import contains as _contains
 from operator import getitem as _getitem
@@ -21,9 +23,11 @@ def spelled(value):
     tuples, lists and dicts of such values spell by their items, in order, sets by their members (a
     subclass, a namedtuple or an attribute-style dict, also by its class; a namedtuple by its fields);
     a class by its qualified name, a function or a bound method by its qualified name and the values
-    it closes over (a partial by its function and arguments); a numpy scalar by its type and value, a
-    numpy array by its dtype, shape and values. A spelling over 256 characters is kept as its length
-    and sha256 (python_code stays readable; the comparison stays exact)."""
+    it closes over, a lambda or closure also by its code's text (a partial by its function and
+    arguments); an enum member by its class, name and value; a numpy scalar by its type and value, a
+    numpy array by its dtype, shape and values; a ContextVar by its name and the value it holds in
+    the calling context. A spelling over 256 characters is kept as its length and sha256 (python_code
+    stays readable; the comparison stays exact)."""
     text = _spelled(value, 0)
     if text is not None and len(text) > 256:
         return f"<{len(text)} characters, sha256 {_hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}>"
@@ -36,25 +40,44 @@ def _spelled(value, depth):
         return repr(value)
     if kind is int:
         return repr(value) if -(10**300) < value < 10**300 else hex(value)  # repr refuses 4,300+ digits
-    if isinstance(value, _enum.Enum):
-        return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
+    if isinstance(value, _enum.Enum):  # by name and value: `FAST = 3` edited in the source is a change
+        held = _spelled(value._value_, depth + 1) if depth <= 8 else None
+        return f"{kind.__module__}.{kind.__qualname__}.{value.name}" + ("" if held is None else f" = {held}")
     if isinstance(value, type):
         return f"class {value.__module__}.{value.__qualname__}"
     if kind in (_types.FunctionType, _types.BuiltinFunctionType):
         return _function(value, depth)
     if kind is _types.MethodType:
         return "method " + _function(value.__func__, depth).removeprefix("function ")
-    if kind is _functools.partial and depth <= 8:
-        parts = [_spelled(value.func, depth + 1), *(_spelled(a, depth + 1) for a in value.args),
-                 *(None if v is None else f"{k}={v}" for k, v in ((k, _spelled(a, depth + 1)) for k, a in value.keywords.items()))]
-        return None if None in parts else f"partial({', '.join(parts)})"
-    if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
-        return f"numpy.{kind.__name__}({value.item()!r})"
-    if _is_numpy_array(value):
-        return _numpy_array(value)
     if depth > 8:
         return None  # a list holding itself, or nesting deeper than one goes
+    if kind.__module__ == "numpy":
+        return _numpy_value(value, kind)
+    if kind is _functools.partial:
+        return _partial(value, depth)
+    if kind is _contextvars.ContextVar:
+        return _context_var(value, depth)
     return _container(value, kind, depth)
+
+
+def _partial(value, depth):
+    parts = [_spelled(value.func, depth + 1), *(_spelled(a, depth + 1) for a in value.args),
+             *(None if v is None else f"{k}={v}" for k, v in ((k, _spelled(a, depth + 1)) for k, a in value.keywords.items()))]
+    return None if None in parts else f"partial({', '.join(parts)})"
+
+
+def _numpy_value(value, kind):
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return f"numpy.{kind.__name__}({value.item()!r})"
+    return _numpy_array(value) if _is_numpy_array(value) else None
+
+
+def _context_var(value, depth):
+    try:
+        inner = _spelled(value.get(), depth + 1)  # in the calling context, its own default where unset
+    except LookupError:
+        inner = "unset"
+    return None if inner is None else f"contextvar {value.name} holding {inner}"
 
 
 _BASES: tuple = (tuple, list, dict, set, frozenset)
@@ -100,14 +123,14 @@ def _is_numpy_array(value):
 
 def _function(value, depth=0):
     """A function by its qualified name and its defaults; one defined inside another (a lambda, a
-    closure) also by the line it starts on, since such names repeat, and by the values it closes over
+    closure) also by its code's text, since such names repeat, and by the values it closes over
     (nested as deep as a collection goes: a closure that names itself is spelled once)."""
     name = f"function {getattr(value, '__module__', None) or '?'}.{getattr(value, '__qualname__', None) or value.__name__}"
     code = getattr(value, "__code__", None)
     if code is None or "<" not in name and not (isinstance(value, _types.FunctionType) and _bound_values(value)):
         return name
     if "<" in name:
-        name = f"{name} (line {code.co_firstlineno})"
+        name = f"{name} ({_code_text(code)})"
     if depth > 8 or not isinstance(value, _types.FunctionType):
         return name
     labels = [*(f"{free}=" for free in code.co_freevars[:len(value.__closure__ or ())]),
@@ -117,6 +140,16 @@ def _function(value, depth=0):
         spelling = "unbound" if held is _ABSENT else _spelled(held, depth + 1)
         bound.append(f"{label}{spelling if spelling is not None else 'a ' + type(held).__name__}")
     return name + (f" closing over {', '.join(bound)}" if bound else "")
+
+
+def _code_text(code):
+    """A code object by the sha256 of the source lines it spans, as written: moved (lines added above
+    it), it is the same code; edited, another. By the line it starts on where no source is readable."""
+    try:
+        lines, _ = _inspect.getsourcelines(code)
+    except (OSError, TypeError):
+        return f"line {code.co_firstlineno}"
+    return "code " + _hashlib.sha256("".join(lines).encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 # Items a library keeps in the order of a set, which the process's string hash seed decides: diffusers'
@@ -147,16 +180,17 @@ def _collection(value, kind, depth, set_ordered=None):
 
 def _may_change(value):
     """Whether a value's spelling may change while it stays the same object: a list, dict or set (a
-    subclass too), a numpy array, a partial (its keywords are a dict), a local function whose cells or
-    defaults hold values, or a tuple holding any of these."""
-    return (isinstance(value, (list, dict, set, _functools.partial)) or _is_numpy_array(value)
+    subclass too), a numpy array, a partial (its keywords are a dict), a ContextVar (set again), a
+    local function whose cells or defaults hold values, or a tuple holding any of these."""
+    return (isinstance(value, (list, dict, set, _functools.partial, _contextvars.ContextVar)) or _is_numpy_array(value)
             or (isinstance(value, _types.FunctionType) and bool(_bound_values(value)))
             or (isinstance(value, tuple) and any(map(_may_change, tuple.__iter__(value)))))
 
 
 def _read_items(value):
     """The objects a value's spelling reads besides the value itself, in a list (a set's members as a
-    set: their order is free); None where the values it reads are not objects (a numpy array)."""
+    set: their order is free); None where the values it reads are not objects (a numpy array, a
+    ContextVar's value in the calling context): spelled again."""
     if isinstance(value, _types.FunctionType):
         return _bound_values(value)
     if isinstance(value, dict):

@@ -254,6 +254,7 @@ def _python_code(artifact: Artifact) -> dict[str, dict[str, str]]:
             "IN_SPEC": meta.in_spec,
             "OUT_SPEC": meta.out_spec,
             "GRAD_PARAMS": ", ".join(grads) or "(none)",
+            **_inlined_sources(meta.inlined_sources),  # the code the trace ran, by its text
         }
     if isinstance(meta, (DynamoMetadata, MakeFxMetadata)) and meta.world is not None:
         world = meta.world

@@ -20,6 +20,9 @@ _MASKS = (
     (re.compile(r"'(first_line|last_line)': \d+"), r"'\1': <line>"),
     (re.compile(r"^_dynamo_first_lines = \{\s*(?:'[0-9.]+': \d+,?\s*)*\}", re.M), "_dynamo_first_lines = <lines>"),
     (re.compile(r"(#[^\n]*?\.py):\d+( in )"), r"\1:<line>\2"),
+    # The same comment inside an installed variant's rendered checks (GUARDS' `rendered`), where the
+    # string literal breaks after its `# `: `'pkg/model.py:70 in forward: ...` begins the next piece.
+    (re.compile(r"(# [\"']\n\s*'[\w./<>-]+\.py):\d+( in )"), r"\1:<line>\2"),
 )
 # Load's proof that a module's file still holds the inlined lines, by hashing their byte spans and the
 # file's first two lines: its spans' offsets say where they sit in the file, its modules and hashes what

@@ -227,11 +227,13 @@ SUMMARY = {'frames': 2,
 INLINED_SOURCES = ({'module': 'dynamo_cases',
   'first_line': 9,
   'last_line': 13,
-  'sha256': 'd347d3af53d502ec74392ec0a04b80463567ff9dfee9f9e3ee0d802be31d2d66'},
+  'sha256': 'd347d3af53d502ec74392ec0a04b80463567ff9dfee9f9e3ee0d802be31d2d66',
+  'function': 'break_and_scale'},
  {'module': 'torch.nn.modules.linear',
   'first_line': 130,
   'last_line': 135,
-  'sha256': 'c0ab8f42cc3bf9489809b19c321cc85f0b1d4eafebacb96bd8e132cb9e95ef76'})
+  'sha256': 'c0ab8f42cc3bf9489809b19c321cc85f0b1d4eafebacb96bd8e132cb9e95ef76',
+  'function': 'Linear.forward'})
 INLINED_FILES = ({'module': 'dynamo_cases',
   'sha256': '<file sha256>',
   'spans': ((<start>, <end>), (<start>, <end>))},
@@ -623,16 +625,32 @@ def guards_0_0(L, G, explain=False):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         s4 = G['__precompile_import_torch_dot_nn_dot_modules_dot_module']
-        if not (type(s4._global_backward_hooks) is _by_name['collections:OrderedDict']):
+        s5 = s4._global_backward_hooks
+        if not (type(s5) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "GLOBAL_HOOKS G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
+        if not (len(s5) == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
-        if not (type(s4._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
+        s6 = s4._global_backward_pre_hooks
+        if not (type(s6) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "GLOBAL_HOOKS G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
+        if not (len(s6) == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
-        if not (type(s4._global_forward_hooks) is _by_name['collections:OrderedDict']):
+        s7 = s4._global_forward_hooks
+        if not (type(s7) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "GLOBAL_HOOKS G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
+        if not (len(s7) == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
-        if not (type(s4._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
+        s8 = s4._global_forward_pre_hooks
+        if not (type(s8) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "GLOBAL_HOOKS G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
+        if not (len(s8) == 0):
             return failing
         failing = 'TYPE_MATCH model'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s1) is _by_name['torch.nn.modules.linear:Linear']):
@@ -641,43 +659,43 @@ def guards_0_0(L, G, explain=False):
         if not (type(s2) is _by_name['builtins:dict']):
             return failing
         failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
-        s5 = G['__precompile_import_torch_dot_nn_dot_modules_dot_linear']
-        s6 = s5.F
-        if not (s6.linear is _by_name['torch._C._nn:linear']):
+        s9 = G['__precompile_import_torch_dot_nn_dot_modules_dot_linear']
+        s10 = s9.F
+        if not (s10.linear is _by_name['torch._C._nn:linear']):
             return failing
         failing = "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break"
-        s7 = G['torch']
-        s8 = s7._dynamo
-        if not (s8.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
+        s11 = G['torch']
+        s12 = s11._dynamo
+        if not (s12.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
             return failing
         failing = "FORWARD_MATCH model.__call__.__func__.__module__ == 'torch.nn.modules.module'"
-        s9 = s1.__call__.__func__
-        if not (type(s9.__module__) is str and s9.__module__ == 'torch.nn.modules.module'):
+        s13 = s1.__call__.__func__
+        if not (type(s13.__module__) is str and s13.__module__ == 'torch.nn.modules.module'):
             return failing
         failing = "FORWARD_MATCH model.__call__.__func__.__qualname__ == 'Module._wrapped_call_impl'"
-        if not (type(s9.__qualname__) is str and s9.__qualname__ == 'Module._wrapped_call_impl'):
+        if not (type(s13.__qualname__) is str and s13.__qualname__ == 'Module._wrapped_call_impl'):
             return failing
         failing = "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'"
-        s10 = s1.forward.__func__
-        if not (type(s10.__module__) is str and s10.__module__ == 'torch.nn.modules.linear'):
+        s14 = s1.forward.__func__
+        if not (type(s14.__module__) is str and s14.__module__ == 'torch.nn.modules.linear'):
             return failing
         failing = "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'"
-        if not (type(s10.__qualname__) is str and s10.__qualname__ == 'Linear.forward'):
+        if not (type(s14.__qualname__) is str and s14.__qualname__ == 'Linear.forward'):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
-        if not (s5 is _by_name['torch.nn.modules.linear:']):
+        if not (s9 is _by_name['torch.nn.modules.linear:']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F is torch.nn.functional:"
-        if not (s6 is _by_name['torch.nn.functional:']):
+        if not (s10 is _by_name['torch.nn.functional:']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module'] is torch.nn.modules.module:"
         if not (s4 is _by_name['torch.nn.modules.module:']):
             return failing
         failing = "MODULE_MATCH G['torch'] is torch:"
-        if not (s7 is _by_name['torch:']):
+        if not (s11 is _by_name['torch:']):
             return failing
         failing = "MODULE_MATCH G['torch']._dynamo is torch._dynamo:"
-        if not (s8 is _by_name['torch._dynamo:']):
+        if not (s12 is _by_name['torch._dynamo:']):
             return failing
         failing = 'TENSOR_MATCH x: dimension markings (mark_dynamic and the like)'
         if not (hasattr(s3, '_dynamo_dynamic_indices') == False):
@@ -746,16 +764,32 @@ def guards_0_1(L, G, explain=False):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         s4 = G['__precompile_import_torch_dot_nn_dot_modules_dot_module']
-        if not (type(s4._global_backward_hooks) is _by_name['collections:OrderedDict']):
+        s5 = s4._global_backward_hooks
+        if not (type(s5) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "GLOBAL_HOOKS G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
+        if not (len(s5) == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
-        if not (type(s4._global_backward_pre_hooks) is _by_name['collections:OrderedDict']):
+        s6 = s4._global_backward_pre_hooks
+        if not (type(s6) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "GLOBAL_HOOKS G['__import_torch_dot_nn_dot_modules_dot_module']._global_backward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
+        if not (len(s6) == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
-        if not (type(s4._global_forward_hooks) is _by_name['collections:OrderedDict']):
+        s7 = s4._global_forward_hooks
+        if not (type(s7) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "GLOBAL_HOOKS G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
+        if not (len(s7) == 0):
             return failing
         failing = "TYPE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
-        if not (type(s4._global_forward_pre_hooks) is _by_name['collections:OrderedDict']):
+        s8 = s4._global_forward_pre_hooks
+        if not (type(s8) is _by_name['collections:OrderedDict']):
+            return failing
+        failing = "GLOBAL_HOOKS G['__import_torch_dot_nn_dot_modules_dot_module']._global_forward_pre_hooks"  # dynamo_cases.py:10 in break_and_scale: y = model(x)
+        if not (len(s8) == 0):
             return failing
         failing = 'TYPE_MATCH model'  # dynamo_cases.py:10 in break_and_scale: y = model(x)
         if not (type(s1) is _by_name['torch.nn.modules.linear:Linear']):
@@ -764,43 +798,43 @@ def guards_0_1(L, G, explain=False):
         if not (type(s2) is _by_name['builtins:dict']):
             return failing
         failing = "BUILTIN_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F.linear is torch._C._nn:linear"
-        s5 = G['__precompile_import_torch_dot_nn_dot_modules_dot_linear']
-        s6 = s5.F
-        if not (s6.linear is _by_name['torch._C._nn:linear']):
+        s9 = G['__precompile_import_torch_dot_nn_dot_modules_dot_linear']
+        s10 = s9.F
+        if not (s10.linear is _by_name['torch._C._nn:linear']):
             return failing
         failing = "CLOSURE_MATCH G['torch']._dynamo.graph_break is torch._dynamo.decorators:graph_break"
-        s7 = G['torch']
-        s8 = s7._dynamo
-        if not (s8.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
+        s11 = G['torch']
+        s12 = s11._dynamo
+        if not (s12.graph_break is _by_name['torch._dynamo.decorators:graph_break']):
             return failing
         failing = "FORWARD_MATCH model.__call__.__func__.__module__ == 'torch.nn.modules.module'"
-        s9 = s1.__call__.__func__
-        if not (type(s9.__module__) is str and s9.__module__ == 'torch.nn.modules.module'):
+        s13 = s1.__call__.__func__
+        if not (type(s13.__module__) is str and s13.__module__ == 'torch.nn.modules.module'):
             return failing
         failing = "FORWARD_MATCH model.__call__.__func__.__qualname__ == 'Module._wrapped_call_impl'"
-        if not (type(s9.__qualname__) is str and s9.__qualname__ == 'Module._wrapped_call_impl'):
+        if not (type(s13.__qualname__) is str and s13.__qualname__ == 'Module._wrapped_call_impl'):
             return failing
         failing = "FORWARD_MATCH model.forward.__func__.__module__ == 'torch.nn.modules.linear'"
-        s10 = s1.forward.__func__
-        if not (type(s10.__module__) is str and s10.__module__ == 'torch.nn.modules.linear'):
+        s14 = s1.forward.__func__
+        if not (type(s14.__module__) is str and s14.__module__ == 'torch.nn.modules.linear'):
             return failing
         failing = "FORWARD_MATCH model.forward.__func__.__qualname__ == 'Linear.forward'"
-        if not (type(s10.__qualname__) is str and s10.__qualname__ == 'Linear.forward'):
+        if not (type(s14.__qualname__) is str and s14.__qualname__ == 'Linear.forward'):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'] is torch.nn.modules.linear:"
-        if not (s5 is _by_name['torch.nn.modules.linear:']):
+        if not (s9 is _by_name['torch.nn.modules.linear:']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_linear'].F is torch.nn.functional:"
-        if not (s6 is _by_name['torch.nn.functional:']):
+        if not (s10 is _by_name['torch.nn.functional:']):
             return failing
         failing = "MODULE_MATCH G['__import_torch_dot_nn_dot_modules_dot_module'] is torch.nn.modules.module:"
         if not (s4 is _by_name['torch.nn.modules.module:']):
             return failing
         failing = "MODULE_MATCH G['torch'] is torch:"
-        if not (s7 is _by_name['torch:']):
+        if not (s11 is _by_name['torch:']):
             return failing
         failing = "MODULE_MATCH G['torch']._dynamo is torch._dynamo:"
-        if not (s8 is _by_name['torch._dynamo:']):
+        if not (s12 is _by_name['torch._dynamo:']):
             return failing
         failing = 'TENSOR_MATCH x: dimension markings (mark_dynamic and the like)'
         if not (hasattr(s3, '_dynamo_dynamic_indices') == False):
@@ -954,24 +988,18 @@ _dynamo_state = None
 
 
 # ======================================================================================
-# 12. driver-checks: Checks the code Dynamo inlined is unchanged; calls each variant's guards as rendered above.
+# 12. driver-checks: Calls each variant's guards as rendered above.
 # ======================================================================================
 # What a DynamoTracer artifact's driver checks with (precompile/codegen/drivers/dynamo_checks.py,
-# included verbatim before the driver, which serves each call from them): that the code Dynamo
-# inlined still says what it said at capture (guards do not check it), and each variant's guards,
+# included verbatim before the driver, which serves each call from them): each variant's guards,
 # rendered in python_code as Python (_RenderedGuards) or rebuilt from the pickled guard state as
 # torch's guard manager (_TorchGuards), the invariance policy's slots taken out and the by-name
 # identity checks added against what each name resolves to here.
 import contextvars as _contextvars
-import hashlib as _hashlib
 import importlib as _importlib
-import importlib.machinery as _machinery
-import inspect as _inspect
 import json as _json
-import linecache as _linecache
-import os as _os
+import keyword as _keyword
 import re as _re
-import sys as _sys
 import types as _types
 import typing as _typing
 
@@ -993,6 +1021,398 @@ def _fail(artifact, message, remedy, error=PrecompileError) -> _typing.NoReturn:
 
 
 _RECAPTURE = "capture it again; never load an artifact whose opaque parts were rewritten (precompile inspect verify tells)"
+
+
+
+def _set_thread_count(guard, threads):
+    """The GLOBAL_STATE guard pins torch.get_num_threads(); the driver keeps it at the current count,
+    so serving with another thread count matches while grad mode and the rest stay checked."""
+    state = _json.loads(guard.__getstate__())
+    state["num_threads"] = threads
+    guard.__setstate__(_json.dumps(state))
+
+# This driver's regular expressions stay text: `re` compiles (and caches) each on first use, so a load
+# that needs none of them compiles none.
+_LOCAL = r"L\['([^']+)'\]"
+
+
+def _drop_guards(state, slots):
+    """Take the invariance policy's slots ("GUARD_TYPE source", listed in the variant's guard list) out of a variant."""
+    if not slots:
+        return
+    guards = state.output_graph._guards
+    guards.inner = type(guards.inner)(guard for guard in guards.inner if _slot_text(guard) not in slots)
+
+
+def _slot_text(guard):
+    return (guard.create_fn_name() + " " + _re.sub(_LOCAL, r"\1", guard.name)).strip()
+
+
+# A guard source walked without eval (precompile/capturing/dynamo/named_identity.py SOURCE): a local (x, or
+# L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...), then more steps.
+_SOURCE_STEP = r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]"
+_SOURCE_ROOT = r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))"
+# The slot of a torch config setting's override (torch 2.15's Dynamo guards what
+# `<module>._config['NAME'].user_override.get()` returned; precompile/capturing/dynamo/config_settings.py).
+_OVERRIDE_SLOT = r"(.+)\._config\['([A-Za-z_][\w.]*)'\]\.user_override\.get\(\)"
+
+
+def _resolve_reference(ref):
+    """The object `module:qualname[@unwraps]` names in this process."""
+    name, _, unwraps = ref.partition("@")
+    module, _, qualname = name.partition(":")
+    value = _importlib.import_module(module)
+    for part in filter(None, qualname.split(".")):
+        value = getattr(value, part)
+    for _ in range(int(unwraps or 0)):
+        value = value.__wrapped__
+    defined_in = getattr(value, "__module__", None) or ""
+    if isinstance(value, (_types.FunctionType, _types.BuiltinFunctionType)) and (
+            not (defined_in == module or defined_in.startswith(module + "."))  # torch.nn:Linear re-exports
+            or qualname not in (getattr(value, "__qualname__", None), getattr(value, "__name__", None))):
+        # The name now holds another function (a library patched it before load): what the capture
+        # compared with is not here.
+        raise LookupError(f"{module}:{qualname} is now {getattr(value, '__module__', '?')}."
+                          f"{getattr(value, '__qualname__', '?')}, not the function captured")
+    return value
+
+
+def _fill_named_locals(state, lines):
+    """Put back the locals the guard state could not pickle (Dynamo leaves a _Missing placeholder) that
+    a by-name check names, such as the function a decorator's wrapper closes over: building the guard
+    tree reads them (a check on func.__name__ needs func)."""
+    local_scope = state.output_graph.local_scope
+    for line in lines:
+        source, operator, ref = _identity_parts(line)
+        root = _re.fullmatch(_SOURCE_ROOT, source)
+        if operator != "is" or root is None or root.group(1) == "G":
+            continue
+        name = root.group(2) or root.group(3)
+        if type(local_scope.get(name)).__name__ == "_Missing":
+            local_scope[name] = _resolve_reference(ref)
+
+
+def _identity_parts(line):
+    """(source, "is" or "==", reference or literal) of a by-name line: `TYPE source is module:qualname`
+    or, for an identity guard on an immutable constant, `TYPE source == literal`."""
+    rest = line.split(" ", 1)[1]
+    equals, is_ = rest.find(" == "), rest.find(" is ")
+    at, operator = (equals, "==") if equals >= 0 and (is_ < 0 or equals < is_) else (is_, "is")
+    return rest[:at], operator, rest[at + len(operator) + 2:]
+
+
+def _pinned_operand(ref):
+    """What a `source == operand` line compares with: a literal, or a spelling a literal lacks
+    (`float('inf')`, `float('nan')`, `torch.device('cuda:0')`, `frozenset({'a'})`)."""
+    import ast
+
+    special = _re.fullmatch(r"float\('(-?inf|nan)'\)|torch\.device\('([^'\\]*)'\)|frozenset\((.*)\)", ref)
+    if special is None:
+        return ast.literal_eval(ref)
+    if special.group(3) is not None:
+        return frozenset(ast.literal_eval(special.group(3)) if special.group(3) else ())
+    return float(special.group(1)) if special.group(1) else torch.device(special.group(2))
+
+
+_BY_NAME = "the checks by name"
+"""What torch's guard manager calls a variant's by-name lines when one fails (they run as one guard)."""
+
+
+def _by_name_parts(line, artifact):
+    """A by-name line `TYPE source is module:qualname` (an identity Dynamo could not serialize) or
+    `TYPE source == literal` (an immutable constant, or a value the capture pinned), read into what its
+    check walks: the source's root and steps, and the object that name or literal resolves to here. A
+    pinned source may be a length (`len(source)`) or a ContextVar's value (`source.get()`)."""
+    source, operator, ref = _identity_parts(line)
+    of_len = source.startswith("len(") and source.endswith(")")
+    walked = source[4:-1] if of_len else source
+    of_get = walked.endswith(".get()")
+    walked = walked[:-6] if of_get else walked
+    of_type = walked.startswith("type(")
+    walked, after = walked[5:].split(")", 1) if of_type else (walked, "")
+    root = _re.match(_SOURCE_ROOT, walked)
+    if root is None:
+        _fail(artifact, f"{line}: its source names neither a local, a global nor a name", _RECAPTURE)
+    steps, type_steps = _re.findall(_SOURCE_STEP, walked[root.end():]), _re.findall(_SOURCE_STEP, after)
+    try:
+        expected = _pinned_operand(ref) if operator == "==" else _resolve_reference(ref)
+    except Exception as exc:  # the named object is not here: the variant cannot serve
+        _fail(artifact, f"{line}: {ref} does not resolve here ({type(exc).__name__}: {exc})",
+              "serve it with the code it was captured from")
+    in_globals, name = root.group(1) == "G", root.group(2) or root.group(3)
+    return in_globals, name, steps, of_type, type_steps, of_get, of_len, operator, expected
+
+
+def by_name_check(line, scope, artifact):
+    """The check of one by-name line: a function of a call's locals, true where it holds (`scope`: the
+    frame's module globals). The capture runs it on its own state, as load will on a call's."""
+    in_globals, name, steps, of_type, type_steps, of_get, of_len, operator, expected = _by_name_parts(line, artifact)
+
+    def check(f_locals):
+        try:
+            value = (scope if in_globals else f_locals)[name]
+            for attr, index, key in steps:
+                value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+            value = type(value) if of_type else value
+            for attr, index, key in type_steps:
+                value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+            if of_get and not isinstance(value, _contextvars.ContextVar):
+                return False
+            value = value.get() if of_get else value
+            value = len(value) if of_len else value
+        except Exception:  # a source that is not there fails the check
+            return False
+        return value is expected or (operator == "==" and type(value) is type(expected)
+                                     and (value == expected or value != value and expected != expected))  # nan
+
+    return check
+
+
+def _by_name_code(parts, at):
+    """By-name line `at`'s check as one Python condition on a call's locals `L` and the frame's globals
+    `G`, written from its parsed parts (names and keys as reprs), comparing with `E{at}` as
+    by_name_check does."""
+    in_globals, name, steps, of_type, type_steps, of_get, of_len, operator, _ = parts
+
+    def walked(text, found):
+        for attr, index, key in found:
+            if attr:
+                plain = attr.isidentifier() and not _keyword.iskeyword(attr)
+                text = f"{text}.{attr}" if plain else f"getattr({text}, {attr!r})"
+            else:
+                text = f"{text}[{int(index)}]" if index else f"{text}[{key!r}]"
+        return text
+
+    text = walked(f"{'G' if in_globals else 'L'}[{name!r}]", steps)
+    text = walked(f"type({text})", type_steps) if of_type else text
+    text = f"(_v.get() if isinstance(_v := {text}, _ContextVar) else _ABSENT)" if of_get else text
+    text = f"len({text})" if of_len else text
+    if operator == "is":
+        return f"{text} is E{at}"
+    return f"((_v := {text}) is E{at} or type(_v) is T{at} and (_v == E{at} or _v != _v and E{at} != E{at}))"
+
+
+def _add_by_name_checks(manager, lines, scope, artifact):
+    """Add a variant's by-name lines to its guards as one guard, each line a condition of one compiled
+    function: they run on every call that reaches the frame (a Llama's variants hold hundreds), and one
+    Python call per line cost a third of a call. Returns each line's own check with the words a miss
+    names it by, which `_TorchGuards.explain` runs one by one to find the line that failed."""
+    parts = [_by_name_parts(line, artifact) for line in lines]
+    namespace = {"G": scope, "_ContextVar": _contextvars.ContextVar, "_ABSENT": object()}
+    for at, found in enumerate(parts):
+        namespace[f"E{at}"], namespace[f"T{at}"] = found[-1], type(found[-1])
+    conditions = "\n            and ".join(_by_name_code(found, at) for at, found in enumerate(parts))
+    source = f"def check(L):\n    try:\n        return bool(\n            {conditions})\n    except Exception:\n        return False\n"
+    exec(compile(source, "<checks by name>", "exec"), namespace)
+    manager.root.add_lambda_guard(namespace["check"], [_BY_NAME], None)
+    return [(f"{line.split(' ', 1)[0]}: {' '.join(_identity_parts(line))}", by_name_check(line, scope, artifact))
+            for line in lines]
+
+
+class _RenderedGuards:
+    """A variant's guards as rendered in python_code (`guards_F_V(L, G)`): the checks that run."""
+
+    manager = None
+
+    def __init__(self, function, scope):
+        self.function = function
+        self.scope = scope
+
+    def check(self, f_locals):
+        return self.function(f_locals, self.scope) is None
+
+    def explain(self, f_locals):
+        failed = self.function(f_locals, self.scope, True)
+        if not failed:
+            return "every guard holds"
+        received = _received(failed, f_locals, self.scope)
+        return failed if received is None else f"{failed} (this call's {received})"
+
+
+def _received(failed, f_locals, scope):
+    """What the source a failed check names holds in this call, described ("model.act is
+    torch._VariableFunctionsClass.tanh"); None where the failure is not a plain source's (torch's own
+    words follow a tensor's or the global state's) or the source is not there."""
+    parts = failed.split(" ")
+    if len(parts) < 2 or parts[0] in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"):
+        return None
+    source = parts[1]
+    setting = _re.fullmatch(_OVERRIDE_SLOT, source)
+    if setting is not None:  # what a torch config override's slot stands for: the setting
+        source = f"{setting.group(1)}.{setting.group(2)}"
+    root = _re.match(_SOURCE_ROOT, source)
+    if root is None or not _re.fullmatch(f"(?:{_SOURCE_STEP})*", source[root.end():]):
+        return None
+    try:
+        value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
+        for attr, index, key in _re.findall(_SOURCE_STEP, source[root.end():]):
+            value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+    except Exception:  # a source that is not there: the failed check says so
+        return None
+    return f"{source} is {_described(value)}"
+
+
+def _described(value):
+    """A short, safe description of a value a guard checked: a constant as a literal (a dtype or device
+    as torch writes it), a class or function by qualified name, a collection by its type and size,
+    anything else by its type."""
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        text = repr(value)
+    elif kind in (torch.dtype, torch.device):  # torch.float64, device(type='meta')
+        text = repr(value)
+    elif isinstance(value, (dict, list, tuple, set, frozenset)):
+        text = f"{_article(kind.__name__)} {kind.__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
+    elif isinstance(value, type) or callable(value) and isinstance(getattr(value, "__qualname__", None), str):
+        text = f"{getattr(value, '__module__', None) or '?'}.{value.__qualname__}"
+    else:
+        text = f"{_article(kind.__module__)} {kind.__module__}.{kind.__qualname__}"
+    return text if len(text) <= 120 else text[:117] + "..."
+
+
+def _article(word):
+    return "an" if word[:1].lower() in "aeiou" else "a"
+
+
+# torch's hint on any failed check of a parameter, wrong where the parameter's dispatch keys differ.
+_PARAMETER_HINT = _re.compile(r"\.? ?Guard failed on a parameter, consider using \S+ = False to allow dynamism on parameters\.?")
+
+
+class _TorchGuards:
+    """A variant's guards as torch's guard manager rebuilt from its pickled guard state; `modes`: what
+    its call ran under that changes how the tensor checks read dispatch keys (a miss on them names it);
+    `by_name`: each by-name line's words and own check, for naming the one that failed."""
+
+    def __init__(self, manager, scope, modes=(), by_name=()):
+        self.manager = manager
+        self.scope = scope
+        self.modes = modes
+        self.by_name = by_name
+
+    def check(self, f_locals):
+        return self.manager.check(f_locals)
+
+    def explain(self, f_locals):
+        failed = [part.strip() for part in self.manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
+        if failed and failed[0] == _BY_NAME:  # which line: each run alone
+            failed[0] = next((words for words, check in self.by_name if not check(f_locals)), _BY_NAME)
+        text = "; ".join(failed[:2]) or "a guard failed"
+        if "dispatch key set mismatch" in text:
+            text = _PARAMETER_HINT.sub("", text)
+            text += f" {captured_under(self.modes)}"
+        received = _received(failed[0], f_locals, self.scope) if failed else None  # a by-name line's source
+        return text if received is None else f"{text} (this call's {received})"
+
+
+def read_guards_state(guards_state):
+    """A variant's pickled guard state, read back as Dynamo's own loader reads it, except that a
+    source for a module a frame imports (ImportSource: a state-space model's layers import their
+    kernels inside forward) does not install its guard again as it is rebuilt: that needs a running
+    trace, and the guard is in the saved state already. Capture reads guard state back by this too."""
+    from torch._dynamo.package import load_guards_state
+    from torch._dynamo.source import ImportSource
+
+    rebuild = vars(ImportSource).get("__post_init__")  # torch 2.14's installs no guard there
+    if rebuild is None:
+        return load_guards_state(guards_state)
+    setattr(ImportSource, "__post_init__", lambda self: None)  # noqa: B010 - a method, set for the read only
+    try:
+        return load_guards_state(guards_state)
+    finally:
+        setattr(ImportSource, "__post_init__", rebuild)  # noqa: B010
+
+
+def rebuilt_guards_state(guards_state, by_name, policy_dropped, scope, artifact="this artifact"):
+    """A variant's pickled guard state as its guard manager is built from: the modules its globals
+    bind taken from `scope` (the frame's module globals), the locals its by-name identity lines name
+    put back, the invariance policy's slots taken out."""
+    state = read_guards_state(guards_state)
+    _fill_bound_globals(state, scope, artifact)
+    _fill_named_locals(state, by_name)
+    _drop_guards(state, policy_dropped)
+    return state
+
+
+def _fill_bound_globals(state, scope, artifact):
+    """Bind the modules and ContextVars the capture wrote as placeholders in the saved global scope (a
+    frame reading `flags.SCALE` binds `flags`) to the ones the serving frame's globals hold under those
+    names: the state imports no module by name, and the values read through one are checked against
+    the capture's by the variant's by-name lines."""
+    global_scope = state.output_graph.global_scope
+    for name, value in global_scope.items():
+        if type(value).__name__ != "_Missing":
+            continue
+        reason = getattr(value, "_reason", None)
+        kind = reason.split(" ", 1)[0] if isinstance(reason, str) else None
+        found = scope.get(name)
+        if isinstance(found, _types.ModuleType) or (kind == "contextvar" and isinstance(found, _contextvars.ContextVar)):
+            global_scope[name] = found
+            continue
+        if kind in ("module", "contextvar"):
+            _fail(artifact, f"its guards read {reason} through the global {name!r}, which module "
+                            f"{scope.get('__name__')!r} does not bind to a {'module' if kind == 'module' else 'ContextVar'} here",
+                  "serve it with the code it was captured from")
+
+
+def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact, modes=()):
+    """torch's guard manager for one variant, from its pickled guard state: the invariance policy's
+    slots taken out, the by-name identity checks added, built under the dispatch state its call ran
+    under (`modes`, see the dispatch-state section), as Dynamo built it at capture. Returns it with its
+    GLOBAL_STATE guard."""
+    from torch._dynamo.package import load_guard_manager
+
+    state = rebuilt_guards_state(guards_state, by_name, policy_dropped, scope, artifact)
+    global_state = state.output_graph.global_state_guard
+    _set_thread_count(global_state, torch.get_num_threads())
+    builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
+    if builtins_key:
+        _seed_builtins(scope, builtins_key, artifact)
+    # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
+    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch._C._ForceDispatchKeyGuard(*dispatch_key_sets(modes)):
+        manager = load_guard_manager(state, target, scope)
+    by_name_checks = _add_by_name_checks(manager, by_name, scope, artifact) if by_name else []
+    return _TorchGuards(manager, scope, modes, by_name_checks), global_state, builtins_key
+
+
+def _builtins_dict(scope):
+    """The dict Dynamo's bytecode reads builtins from (the module's __builtins__, a dict or a module)."""
+    found = scope["__builtins__"]
+    return found if isinstance(found, dict) else found.__dict__
+
+
+def _seed_builtins(scope, key, artifact):
+    builtins_dict = _builtins_dict(scope)
+    if scope.setdefault(key, builtins_dict) is not builtins_dict:
+        _fail(artifact, f"module binds {key!r} to something other than its builtins dict",
+              "load the artifact in a fresh process")
+
+
+# ======================================================================================
+# 13. driver-sources: Checks the code Dynamo inlined still says what it said at capture.
+# ======================================================================================
+# Whether the code a capture ran still says what it said at capture (precompile/codegen/drivers/
+# source_checks.py, included verbatim in python_code): Dynamo's guards do not check the code it
+# inlined, and a MakeFx trace keeps none of the code it ran. Capture hashes the same bytes with the
+# same functions (capturing/inlined_files.py); text that moved without changing is the same code.
+import hashlib as _hashlib
+import importlib as _importlib
+import importlib.machinery as _machinery
+import inspect as _inspect
+import linecache as _linecache
+import os as _os
+import sys as _sys
+
+if "PrecompileError" not in globals():  # a module of its own, or a MakeFx driver's python_code
+    try:
+        from precompile.errors import PrecompileError
+    except ImportError:  # served where only torch is installed: a twin of the same name
+
+        class PrecompileError(RuntimeError):
+            pass
+
+
+def _refuse(artifact, message, remedy):
+    raise PrecompileError(f"{artifact}: {message}; {remedy}")
 
 
 def hash_source_lines(lines, first_line, last_line):
@@ -1096,7 +1516,7 @@ def _unchanged_modules(metadata):
     return unchanged
 
 
-def _source_lines(name, artifact):
+def module_source_lines(name, artifact):
     """Module `name`'s source lines, read as Dynamo's package reads them to hash the code it inlined
     (inspect.getsourcelines of the module, in torch._dynamo.package._hash_sourcelines; a test keeps
     the two equal). A module not imported yet is read from its file, not imported: the polyfills
@@ -1108,9 +1528,10 @@ def _source_lines(name, artifact):
 
 
 def _check_sources(metadata, artifact):
-    """The code Dynamo inlined must still say what it said at capture: guards do not check it. Each
-    module's source is read once, however many of its functions were inlined, and not at all where
-    its whole file is unchanged."""
+    """The code the capture ran (Dynamo inlined, a MakeFx trace ran) must still say what it said at
+    capture: neither's checks read it. Each module's source is read once, however many of its
+    functions were recorded, and not at all where its whole file is unchanged; a function whose text
+    now sits at other line numbers (lines added or removed above it) is the same code."""
     unchanged = _unchanged_modules(metadata)
     lines_of = {}
     for source in metadata.get("INLINED_SOURCES", ()):
@@ -1119,341 +1540,70 @@ def _check_sources(metadata, artifact):
             continue
         if name not in lines_of:
             try:
-                lines_of[name] = _source_lines(name, artifact)
+                lines_of[name] = module_source_lines(name, artifact)
             except (OSError, TypeError):
                 lines_of[name] = None
-        lines = lines_of[name]
-        now = None if lines is None else hash_source_lines(lines, source["first_line"], source["last_line"])
-        if now != source["sha256"]:
-            _fail(artifact, f"the source of {name} lines {source['first_line']}-{source['last_line']} "
-                            "changed since capture (its compiled graphs may no longer match it)",
-                  "capture the artifact again from the current source")
+        lines, first, last = lines_of[name], source["first_line"], source["last_line"]
+        if lines is not None and (hash_source_lines(lines, first, last) == source["sha256"] or _moved(lines, source)):
+            continue
+        what = f"{name}.{source['function']} (lines {first}-{last - 1} at capture)" if source.get("function") else \
+            f"{name} lines {first}-{last - 1}"
+        _refuse(artifact, f"the source of {what} changed since capture (its compiled graphs may no longer match "
+                          "it)", "capture the artifact again from the current source")
+
+
+def _moved(lines, source):
+    """Whether a range's text sits unchanged at other line numbers: where the function it is (named at
+    capture) sits now, or, for code no name finds (a lambda's line), at exactly one other place."""
+    length = source["last_line"] - source["first_line"]
+    if source.get("function"):
+        found = function_lines(lines, source["function"])
+        return found is not None and hash_source_lines(lines, *found) == source["sha256"]
+    starts = [start for start in range(1, len(lines) - length + 2)
+              if hash_source_lines(lines, start, start + length) == source["sha256"]]
+    return len(starts) == 1
+
+
+def function_lines(lines, qualname):
+    """(first, last) of function `qualname` (`Block.forward`, `make_act.<locals>.act`) in a module's
+    source `lines`, its decorators included, last exclusive; None where no one def answers to it."""
+    import ast
+
+    try:
+        scope: list = [ast.parse("".join(lines))]
+    except (SyntaxError, ValueError):
+        return None
+    for part in (p for p in qualname.split(".") if p != "<locals>"):
+        scope = [node for parent in scope for node in ast.iter_child_nodes(parent)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part]
+        if len(scope) != 1:
+            return None
+    node = scope[0]
+    if isinstance(node, ast.ClassDef) or node.end_lineno is None:
+        return None
+    return min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno + 1
+
 
 def _module(name, artifact):
     if name == "__main__":
-        _fail(artifact, "it captured code defined in __main__, which another process cannot import",
-              "define fn in an importable module and capture again")
+        _refuse(artifact, "it captured code defined in __main__, which another process cannot import",
+                "define fn in an importable module and capture again")
     try:
         return _importlib.import_module(name)
     except ImportError as exc:
-        _fail(artifact, f"its code lives in module {name!r}, which cannot be imported here ({exc})",
-              "serve it where that module is importable")
-
-def _set_thread_count(guard, threads):
-    """The GLOBAL_STATE guard pins torch.get_num_threads(); the driver keeps it at the current count,
-    so serving with another thread count matches while grad mode and the rest stay checked."""
-    state = _json.loads(guard.__getstate__())
-    state["num_threads"] = threads
-    guard.__setstate__(_json.dumps(state))
-
-# This driver's regular expressions stay text: `re` compiles (and caches) each on first use, so a load
-# that needs none of them compiles none.
-_LOCAL = r"L\['([^']+)'\]"
-
-
-def _drop_guards(state, slots):
-    """Take the invariance policy's slots ("GUARD_TYPE source", listed in the variant's guard list) out of a variant."""
-    if not slots:
-        return
-    guards = state.output_graph._guards
-    guards.inner = type(guards.inner)(guard for guard in guards.inner if _slot_text(guard) not in slots)
-
-
-def _slot_text(guard):
-    return (guard.create_fn_name() + " " + _re.sub(_LOCAL, r"\1", guard.name)).strip()
-
-
-# A guard source walked without eval (precompile/capturing/dynamo/named_identity.py SOURCE): a local (x, or
-# L['x']) or a global (G['x']), then .attr, [0] or ['key'] steps, optionally inside type(...), then more steps.
-_SOURCE_STEP = r"\.(\w+)|\[(\d+)\]|\['([^'\]]+)'\]"
-_SOURCE_ROOT = r"(?:([LG])\['([^'\]]+)'\]|([A-Za-z_]\w*))"
-# The slot of a torch config setting's override (torch 2.15's Dynamo guards what
-# `<module>._config['NAME'].user_override.get()` returned; precompile/capturing/dynamo/config_settings.py).
-_OVERRIDE_SLOT = r"(.+)\._config\['([A-Za-z_][\w.]*)'\]\.user_override\.get\(\)"
-
-
-def _resolve_reference(ref):
-    """The object `module:qualname[@unwraps]` names in this process."""
-    name, _, unwraps = ref.partition("@")
-    module, _, qualname = name.partition(":")
-    value = _importlib.import_module(module)
-    for part in filter(None, qualname.split(".")):
-        value = getattr(value, part)
-    for _ in range(int(unwraps or 0)):
-        value = value.__wrapped__
-    defined_in = getattr(value, "__module__", None) or ""
-    if isinstance(value, (_types.FunctionType, _types.BuiltinFunctionType)) and (
-            not (defined_in == module or defined_in.startswith(module + "."))  # torch.nn:Linear re-exports
-            or qualname not in (getattr(value, "__qualname__", None), getattr(value, "__name__", None))):
-        # The name now holds another function (a library patched it before load): what the capture
-        # compared with is not here.
-        raise LookupError(f"{module}:{qualname} is now {getattr(value, '__module__', '?')}."
-                          f"{getattr(value, '__qualname__', '?')}, not the function captured")
-    return value
-
-
-def _fill_named_locals(state, lines):
-    """Put back the locals the guard state could not pickle (Dynamo leaves a _Missing placeholder) that
-    a by-name check names, such as the function a decorator's wrapper closes over: building the guard
-    tree reads them (a check on func.__name__ needs func)."""
-    local_scope = state.output_graph.local_scope
-    for line in lines:
-        source, operator, ref = _identity_parts(line)
-        root = _re.fullmatch(_SOURCE_ROOT, source)
-        if operator != "is" or root is None or root.group(1) == "G":
-            continue
-        name = root.group(2) or root.group(3)
-        if type(local_scope.get(name)).__name__ == "_Missing":
-            local_scope[name] = _resolve_reference(ref)
-
-
-def _identity_parts(line):
-    """(source, "is" or "==", reference or literal) of a by-name line: `TYPE source is module:qualname`
-    or, for an identity guard on an immutable constant, `TYPE source == literal`."""
-    rest = line.split(" ", 1)[1]
-    equals, is_ = rest.find(" == "), rest.find(" is ")
-    at, operator = (equals, "==") if equals >= 0 and (is_ < 0 or equals < is_) else (is_, "is")
-    return rest[:at], operator, rest[at + len(operator) + 2:]
-
-
-def _pinned_operand(ref):
-    """What a `source == operand` line compares with: a literal, or a spelling a literal lacks
-    (`float('inf')`, `float('nan')`, `torch.device('cuda:0')`)."""
-    import ast
-
-    special = _re.fullmatch(r"float\('(-?inf|nan)'\)|torch\.device\('([^'\\]*)'\)", ref)
-    if special is None:
-        return ast.literal_eval(ref)
-    return float(special.group(1)) if special.group(1) else torch.device(special.group(2))
-
-
-def _check_by_name(manager, line, scope, artifact):
-    """Add to a variant's guards the identity check `TYPE source is module:qualname` that Dynamo could
-    not serialize, against the object that name resolves to here; or, for an identity guard on an
-    immutable constant or a value the capture pinned (`TYPE source == literal`), its type and value."""
-    source, operator, ref = _identity_parts(line)
-    manager.root.add_lambda_guard(by_name_check(line, scope, artifact), [f"{line.split(' ', 1)[0]}: {source} {operator} {ref}"], None)
-
-
-def by_name_check(line, scope, artifact):
-    """The check of one by-name line: a function of a call's locals, true where it holds (`scope`: the
-    frame's module globals). A pinned source may be a length (`len(source)`) or a ContextVar's value
-    (`source.get()`). The capture runs it on its own state, as load will on a call's."""
-    source, operator, ref = _identity_parts(line)
-    of_len = source.startswith("len(") and source.endswith(")")
-    walked = source[4:-1] if of_len else source
-    of_get = walked.endswith(".get()")
-    walked = walked[:-6] if of_get else walked
-    of_type = walked.startswith("type(")
-    walked, after = walked[5:].split(")", 1) if of_type else (walked, "")
-    root = _re.match(_SOURCE_ROOT, walked)
-    if root is None:
-        _fail(artifact, f"{line}: its source names neither a local, a global nor a name", _RECAPTURE)
-    steps, type_steps = _re.findall(_SOURCE_STEP, walked[root.end():]), _re.findall(_SOURCE_STEP, after)
-    try:
-        expected = _pinned_operand(ref) if operator == "==" else _resolve_reference(ref)
-    except Exception as exc:  # the named object is not here: the variant cannot serve
-        _fail(artifact, f"{line}: {ref} does not resolve here ({type(exc).__name__}: {exc})",
-              "serve it with the code it was captured from")
-    in_globals, name = root.group(1) == "G", root.group(2) or root.group(3)
-
-    def check(f_locals):
-        try:
-            value = (scope if in_globals else f_locals)[name]
-            for attr, index, key in steps:
-                value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
-            value = type(value) if of_type else value
-            for attr, index, key in type_steps:
-                value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
-            if of_get and not isinstance(value, _contextvars.ContextVar):
-                return False
-            value = value.get() if of_get else value
-            value = len(value) if of_len else value
-        except Exception:  # a source that is not there fails the check
-            return False
-        return value is expected or (operator == "==" and type(value) is type(expected)
-                                     and (value == expected or value != value and expected != expected))  # nan
-
-    return check
-
-class _RenderedGuards:
-    """A variant's guards as rendered in python_code (`guards_F_V(L, G)`): the checks that run."""
-
-    manager = None
-
-    def __init__(self, function, scope):
-        self.function = function
-        self.scope = scope
-
-    def check(self, f_locals):
-        return self.function(f_locals, self.scope) is None
-
-    def explain(self, f_locals):
-        failed = self.function(f_locals, self.scope, True)
-        if not failed:
-            return "every guard holds"
-        received = _received(failed, f_locals, self.scope)
-        return failed if received is None else f"{failed} (this call's {received})"
-
-
-def _received(failed, f_locals, scope):
-    """What the source a failed check names holds in this call, described ("model.act is
-    torch._VariableFunctionsClass.tanh"); None where the failure is not a plain source's (torch's own
-    words follow a tensor's or the global state's) or the source is not there."""
-    parts = failed.split(" ")
-    if len(parts) < 2 or parts[0] in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"):
-        return None
-    source = parts[1]
-    setting = _re.fullmatch(_OVERRIDE_SLOT, source)
-    if setting is not None:  # what a torch config override's slot stands for: the setting
-        source = f"{setting.group(1)}.{setting.group(2)}"
-    root = _re.match(_SOURCE_ROOT, source)
-    if root is None or not _re.fullmatch(f"(?:{_SOURCE_STEP})*", source[root.end():]):
-        return None
-    try:
-        value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
-        for attr, index, key in _re.findall(_SOURCE_STEP, source[root.end():]):
-            value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
-    except Exception:  # a source that is not there: the failed check says so
-        return None
-    return f"{source} is {_described(value)}"
-
-
-def _described(value):
-    """A short, safe description of a value a guard checked: a constant as a literal, a class or
-    function by qualified name, a collection by its type and size, anything else by its type."""
-    kind = type(value)
-    if value is None or kind in (bool, int, float, str):
-        text = repr(value)
-    elif isinstance(value, (dict, list, tuple, set, frozenset)):
-        text = f"{_article(kind.__name__)} {kind.__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
-    elif isinstance(value, type) or callable(value) and isinstance(getattr(value, "__qualname__", None), str):
-        text = f"{getattr(value, '__module__', None) or '?'}.{value.__qualname__}"
-    else:
-        text = f"{_article(kind.__module__)} {kind.__module__}.{kind.__qualname__}"
-    return text if len(text) <= 120 else text[:117] + "..."
-
-
-def _article(word):
-    return "an" if word[:1].lower() in "aeiou" else "a"
-
-
-# torch's hint on any failed check of a parameter, wrong where the parameter's dispatch keys differ.
-_PARAMETER_HINT = _re.compile(r"\.? ?Guard failed on a parameter, consider using \S+ = False to allow dynamism on parameters\.?")
-
-
-class _TorchGuards:
-    """A variant's guards as torch's guard manager rebuilt from its pickled guard state; `modes`: what
-    its call ran under that changes how the tensor checks read dispatch keys (a miss on them names it)."""
-
-    def __init__(self, manager, scope, modes=()):
-        self.manager = manager
-        self.scope = scope
-        self.modes = modes
-
-    def check(self, f_locals):
-        return self.manager.check(f_locals)
-
-    def explain(self, f_locals):
-        failed = [part.strip() for part in self.manager.check_verbose(f_locals).verbose_code_parts if part.strip()]
-        text = "; ".join(failed[:2]) or "a guard failed"
-        if "dispatch key set mismatch" in text:
-            text = _PARAMETER_HINT.sub("", text)
-            text += f" {captured_under(self.modes)}"
-        received = _received(failed[0], f_locals, self.scope) if failed else None  # a by-name line's source
-        return text if received is None else f"{text} (this call's {received})"
-
-
-def read_guards_state(guards_state):
-    """A variant's pickled guard state, read back as Dynamo's own loader reads it, except that a
-    source for a module a frame imports (ImportSource: a state-space model's layers import their
-    kernels inside forward) does not install its guard again as it is rebuilt: that needs a running
-    trace, and the guard is in the saved state already. Capture reads guard state back by this too."""
-    from torch._dynamo.package import load_guards_state
-    from torch._dynamo.source import ImportSource
-
-    rebuild = vars(ImportSource).get("__post_init__")  # torch 2.14's installs no guard there
-    if rebuild is None:
-        return load_guards_state(guards_state)
-    setattr(ImportSource, "__post_init__", lambda self: None)  # noqa: B010 - a method, set for the read only
-    try:
-        return load_guards_state(guards_state)
-    finally:
-        setattr(ImportSource, "__post_init__", rebuild)  # noqa: B010
-
-
-def rebuilt_guards_state(guards_state, by_name, policy_dropped, scope, artifact="this artifact"):
-    """A variant's pickled guard state as its guard manager is built from: the modules its globals
-    bind taken from `scope` (the frame's module globals), the locals its by-name identity lines name
-    put back, the invariance policy's slots taken out."""
-    state = read_guards_state(guards_state)
-    _fill_global_modules(state, scope, artifact)
-    _fill_named_locals(state, by_name)
-    _drop_guards(state, policy_dropped)
-    return state
-
-
-def _fill_global_modules(state, scope, artifact):
-    """Bind the modules the capture wrote as placeholders in the saved global scope (a frame reading
-    `flags.SCALE` binds `flags`) to the ones the serving frame's globals hold under those names: the
-    state imports no module by name, and the values read through one are checked against the
-    capture's by the variant's by-name lines."""
-    global_scope = state.output_graph.global_scope
-    for name, value in global_scope.items():
-        if type(value).__name__ != "_Missing":
-            continue
-        if isinstance(scope.get(name), _types.ModuleType):
-            global_scope[name] = scope[name]
-            continue
-        reason = getattr(value, "_reason", None)
-        if isinstance(reason, str) and reason.startswith("module "):
-            _fail(artifact, f"its guards read {reason} through the global {name!r}, which module "
-                            f"{scope.get('__name__')!r} does not bind to a module here",
-                  "serve it with the code it was captured from")
-
-
-def _torch_guards(guards_state, target, scope, policy_dropped, by_name, artifact, modes=()):
-    """torch's guard manager for one variant, from its pickled guard state: the invariance policy's
-    slots taken out, the by-name identity checks added, built under the dispatch state its call ran
-    under (`modes`, see the dispatch-state section), as Dynamo built it at capture. Returns it with its
-    GLOBAL_STATE guard."""
-    from torch._dynamo.package import load_guard_manager
-
-    state = rebuilt_guards_state(guards_state, by_name, policy_dropped, scope, artifact)
-    global_state = state.output_graph.global_state_guard
-    _set_thread_count(global_state, torch.get_num_threads())
-    builtins_key = state.output_graph.name_of_builtins_dict_key_in_fglobals
-    if builtins_key:
-        _seed_builtins(scope, builtins_key, artifact)
-    # Dynamo builds its checks of the module hook tables only with this off (the capture turned it off).
-    with torch._dynamo.config.patch(skip_nnmodule_hook_guards=False), torch._C._ForceDispatchKeyGuard(*dispatch_key_sets(modes)):
-        manager = load_guard_manager(state, target, scope)
-    for line in by_name:
-        _check_by_name(manager, line, scope, artifact)
-    return _TorchGuards(manager, scope, modes), global_state, builtins_key
-
-
-def _builtins_dict(scope):
-    """The dict Dynamo's bytecode reads builtins from (the module's __builtins__, a dict or a module)."""
-    found = scope["__builtins__"]
-    return found if isinstance(found, dict) else found.__dict__
-
-
-def _seed_builtins(scope, key, artifact):
-    builtins_dict = _builtins_dict(scope)
-    if scope.setdefault(key, builtins_dict) is not builtins_dict:
-        _fail(artifact, f"module binds {key!r} to something other than its builtins dict",
-              "load the artifact in a fresh process")
+        _refuse(artifact, f"its code lives in module {name!r}, which cannot be imported here ({exc})",
+                "serve it where that module is importable")
 
 
 # ======================================================================================
-# 13. driver: Seeds the minted names, dispatches each call to the first variant whose guards hold.
+# 14. driver: Seeds the minted names, dispatches each call to the first variant whose guards hold.
 # ======================================================================================
 # Driver of a DynamoTracer artifact (precompile/codegen/drivers/dynamo.py, included verbatim).
 # It builds each compiled subgraph from its source section above, rebuilds each captured variant's
 # guard tree and transformed bytecode once, and seeds the names Dynamo minted (compiled graphs,
 # continuations, import aliases, the builtins dict) into the captured module. What it checks with
-# (the inlined source, each variant's guards) is the driver-checks section above (drivers/dynamo_checks.py).
+# (each variant's guards, the inlined source) is the driver-checks and driver-sources sections above
+# (drivers/dynamo_checks.py, drivers/source_checks.py).
 # Standalone (SERVING_MODE "standalone"): every call goes to the first variant whose guards (rendered
 # above as Python) pass; a continuation that compiled nothing runs as its original bytecode. Nothing
 # is installed into torch.
@@ -1482,14 +1632,13 @@ if "_torch_guards" not in globals():  # imported as a module of its own; python_
         _RECAPTURE,
         PrecompileError,
         _builtins_dict,
-        _check_sources,
         _fail,
-        _module,
         _RenderedGuards,
         _resolve_reference,
         _set_thread_count,
         _torch_guards,
     )
+    from precompile.codegen.drivers.source_checks import _check_sources, _module
 
 try:
     from precompile.errors import CallMismatch

@@ -110,6 +110,56 @@ SPECIALIZED = ({'kind': 'global_state', 'name': 'default_dtype', 'value': 'torch
   'name': 'Linear.forward',
   'value': 'function torch.nn.modules.linear.Linear.forward',
   'module': 'torch.nn.modules.linear'})
+INLINED_SOURCES = ({'module': 'cases',
+  'first_line': 19,
+  'last_line': 21,
+  'sha256': '057ba354ccac633076f9abe1b3abb9a7bb9a3ffbd3c2313557e5bab2e6c9ac2f',
+  'function': 'mlp_forward'},
+ {'module': 'torch.nn.modules.activation',
+  'first_line': 139,
+  'last_line': 144,
+  'sha256': '86dea99bd64aeca10aecfa90a61afa1b4ddd6a0b62261c9df1b3128a82b1d4b9',
+  'function': 'ReLU.forward'},
+ {'module': 'torch.nn.modules.batchnorm',
+  'first_line': 176,
+  'last_line': 225,
+  'sha256': '42c3a1d2b356ef1662d218b545b94188475d74c27a9c4d8cde5d2289e341a5de',
+  'function': '_BatchNorm.forward'},
+ {'module': 'torch.nn.modules.batchnorm',
+  'first_line': 379,
+  'last_line': 382,
+  'sha256': '1c4539f61755d5c640bbdbf89cb7cc10824191222720f9120647810b09a08d95',
+  'function': 'BatchNorm1d._check_input_dim'},
+ {'module': 'torch.nn.modules.container',
+  'first_line': 240,
+  'last_line': 243,
+  'sha256': 'dc1a08ed0da3bca8a519d9bd9740bf7a09f406a01b920aa54896d36d34e9a574',
+  'function': 'Sequential.__iter__'},
+ {'module': 'torch.nn.modules.container',
+  'first_line': 248,
+  'last_line': 255,
+  'sha256': 'cf2aadd8853835c23a69ef43257405ad6dc1b8e4053da10506f87388097764e3',
+  'function': 'Sequential.forward'},
+ {'module': 'torch.nn.modules.linear',
+  'first_line': 130,
+  'last_line': 135,
+  'sha256': 'c0ab8f42cc3bf9489809b19c321cc85f0b1d4eafebacb96bd8e132cb9e95ef76',
+  'function': 'Linear.forward'})
+INLINED_FILES = ({'module': 'cases',
+  'sha256': '699ba7c8c3508d51f8a51ddead5f9cf0753c0b03e265c17568ce1b003b8e3a3d',
+  'spans': ((0, 77), (489, 536))},
+ {'module': 'torch.nn.modules.activation',
+  'sha256': 'e559b643ec19a0aae423a5614ed68b1eda620f8b56d11e2f90e5ac5d7352dfb2',
+  'spans': ((0, 43), (3285, 3439))},
+ {'module': 'torch.nn.modules.batchnorm',
+  'sha256': 'ab973b031eb36fd2fccabb37fc12d963d3fe96413befd4f73fec4ccfa0bf96a8',
+  'spans': ((0, 50), (5576, 7809), (14673, 14854))},
+ {'module': 'torch.nn.modules.container',
+  'sha256': 'f9428db01c5238b60cb67100ec9474bc497f3c92ec30b4e328ded587cb7d3a16',
+  'spans': ((0, 62), (8007, 8124), (8372, 8540))},
+ {'module': 'torch.nn.modules.linear',
+  'sha256': '9f033c15535158b9ce6fcf4fadfea09b59dfc8a9844dd0326ba868d463437e7f',
+  'spans': ((0, 39), (4173, 4331))})
 
 # ======================================================================================
 # 2. graph: The captured graph as ATen ops, run as they are (eager backend)
@@ -145,12 +195,14 @@ captured_graph_autograd = captured_graph
 # What the checks of a MakeFxTracer artifact's reads are made of (precompile/codegen/drivers/
 # makefx_reads.py, included verbatim before the driver, which checks SPECIALIZED with them). The trace
 # read Python values besides tensors: how such a value is spelled (recorded at capture, compared at
-# serve), what of a value that may change in place a later call compares instead of spelling it again,
-# where each read value lives for later calls to read it again in C (_ReadPlan), torch's global state
-# and the hooks the model's modules hold.
+# serve), what of a value that may change in place (or, a ContextVar, under the same object) a later
+# call compares instead of spelling it again, where each read value lives for later calls to read it
+# again in C (_ReadPlan), torch's global state and the hooks the model's modules hold.
+import contextvars as _contextvars
 import enum as _enum
 import functools as _functools
 import hashlib as _hashlib
+import inspect as _inspect
 import types as _types
 from operator import contains as _contains
 from operator import getitem as _getitem
@@ -165,9 +217,11 @@ def spelled(value):
     tuples, lists and dicts of such values spell by their items, in order, sets by their members (a
     subclass, a namedtuple or an attribute-style dict, also by its class; a namedtuple by its fields);
     a class by its qualified name, a function or a bound method by its qualified name and the values
-    it closes over (a partial by its function and arguments); a numpy scalar by its type and value, a
-    numpy array by its dtype, shape and values. A spelling over 256 characters is kept as its length
-    and sha256 (python_code stays readable; the comparison stays exact)."""
+    it closes over, a lambda or closure also by its code's text (a partial by its function and
+    arguments); an enum member by its class, name and value; a numpy scalar by its type and value, a
+    numpy array by its dtype, shape and values; a ContextVar by its name and the value it holds in
+    the calling context. A spelling over 256 characters is kept as its length and sha256 (python_code
+    stays readable; the comparison stays exact)."""
     text = _spelled(value, 0)
     if text is not None and len(text) > 256:
         return f"<{len(text)} characters, sha256 {_hashlib.sha256(text.encode('utf-8', 'surrogatepass')).hexdigest()}>"
@@ -180,25 +234,44 @@ def _spelled(value, depth):
         return repr(value)
     if kind is int:
         return repr(value) if -(10**300) < value < 10**300 else hex(value)  # repr refuses 4,300+ digits
-    if isinstance(value, _enum.Enum):
-        return f"{kind.__module__}.{kind.__qualname__}.{value.name}"
+    if isinstance(value, _enum.Enum):  # by name and value: `FAST = 3` edited in the source is a change
+        held = _spelled(value._value_, depth + 1) if depth <= 8 else None
+        return f"{kind.__module__}.{kind.__qualname__}.{value.name}" + ("" if held is None else f" = {held}")
     if isinstance(value, type):
         return f"class {value.__module__}.{value.__qualname__}"
     if kind in (_types.FunctionType, _types.BuiltinFunctionType):
         return _function(value, depth)
     if kind is _types.MethodType:
         return "method " + _function(value.__func__, depth).removeprefix("function ")
-    if kind is _functools.partial and depth <= 8:
-        parts = [_spelled(value.func, depth + 1), *(_spelled(a, depth + 1) for a in value.args),
-                 *(None if v is None else f"{k}={v}" for k, v in ((k, _spelled(a, depth + 1)) for k, a in value.keywords.items()))]
-        return None if None in parts else f"partial({', '.join(parts)})"
-    if kind.__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
-        return f"numpy.{kind.__name__}({value.item()!r})"
-    if _is_numpy_array(value):
-        return _numpy_array(value)
     if depth > 8:
         return None  # a list holding itself, or nesting deeper than one goes
+    if kind.__module__ == "numpy":
+        return _numpy_value(value, kind)
+    if kind is _functools.partial:
+        return _partial(value, depth)
+    if kind is _contextvars.ContextVar:
+        return _context_var(value, depth)
     return _container(value, kind, depth)
+
+
+def _partial(value, depth):
+    parts = [_spelled(value.func, depth + 1), *(_spelled(a, depth + 1) for a in value.args),
+             *(None if v is None else f"{k}={v}" for k, v in ((k, _spelled(a, depth + 1)) for k, a in value.keywords.items()))]
+    return None if None in parts else f"partial({', '.join(parts)})"
+
+
+def _numpy_value(value, kind):
+    if hasattr(value, "item") and getattr(value, "shape", None) == ():
+        return f"numpy.{kind.__name__}({value.item()!r})"
+    return _numpy_array(value) if _is_numpy_array(value) else None
+
+
+def _context_var(value, depth):
+    try:
+        inner = _spelled(value.get(), depth + 1)  # in the calling context, its own default where unset
+    except LookupError:
+        inner = "unset"
+    return None if inner is None else f"contextvar {value.name} holding {inner}"
 
 
 _BASES: tuple = (tuple, list, dict, set, frozenset)
@@ -244,14 +317,14 @@ def _is_numpy_array(value):
 
 def _function(value, depth=0):
     """A function by its qualified name and its defaults; one defined inside another (a lambda, a
-    closure) also by the line it starts on, since such names repeat, and by the values it closes over
+    closure) also by its code's text, since such names repeat, and by the values it closes over
     (nested as deep as a collection goes: a closure that names itself is spelled once)."""
     name = f"function {getattr(value, '__module__', None) or '?'}.{getattr(value, '__qualname__', None) or value.__name__}"
     code = getattr(value, "__code__", None)
     if code is None or "<" not in name and not (isinstance(value, _types.FunctionType) and _bound_values(value)):
         return name
     if "<" in name:
-        name = f"{name} (line {code.co_firstlineno})"
+        name = f"{name} ({_code_text(code)})"
     if depth > 8 or not isinstance(value, _types.FunctionType):
         return name
     labels = [*(f"{free}=" for free in code.co_freevars[:len(value.__closure__ or ())]),
@@ -261,6 +334,16 @@ def _function(value, depth=0):
         spelling = "unbound" if held is _ABSENT else _spelled(held, depth + 1)
         bound.append(f"{label}{spelling if spelling is not None else 'a ' + type(held).__name__}")
     return name + (f" closing over {', '.join(bound)}" if bound else "")
+
+
+def _code_text(code):
+    """A code object by the sha256 of the source lines it spans, as written: moved (lines added above
+    it), it is the same code; edited, another. By the line it starts on where no source is readable."""
+    try:
+        lines, _ = _inspect.getsourcelines(code)
+    except (OSError, TypeError):
+        return f"line {code.co_firstlineno}"
+    return "code " + _hashlib.sha256("".join(lines).encode("utf-8", "surrogatepass")).hexdigest()[:12]
 
 
 # Items a library keeps in the order of a set, which the process's string hash seed decides: diffusers'
@@ -291,16 +374,17 @@ def _collection(value, kind, depth, set_ordered=None):
 
 def _may_change(value):
     """Whether a value's spelling may change while it stays the same object: a list, dict or set (a
-    subclass too), a numpy array, a partial (its keywords are a dict), a local function whose cells or
-    defaults hold values, or a tuple holding any of these."""
-    return (isinstance(value, (list, dict, set, _functools.partial)) or _is_numpy_array(value)
+    subclass too), a numpy array, a partial (its keywords are a dict), a ContextVar (set again), a
+    local function whose cells or defaults hold values, or a tuple holding any of these."""
+    return (isinstance(value, (list, dict, set, _functools.partial, _contextvars.ContextVar)) or _is_numpy_array(value)
             or (isinstance(value, _types.FunctionType) and bool(_bound_values(value)))
             or (isinstance(value, tuple) and any(map(_may_change, tuple.__iter__(value)))))
 
 
 def _read_items(value):
     """The objects a value's spelling reads besides the value itself, in a list (a set's members as a
-    set: their order is free); None where the values it reads are not objects (a numpy array)."""
+    set: their order is free); None where the values it reads are not objects (a numpy array, a
+    ContextVar's value in the calling context): spelled again."""
     if isinstance(value, _types.FunctionType):
         return _bound_values(value)
     if isinstance(value, dict):
@@ -578,15 +662,223 @@ class _ReadPlan:
 
 
 # ======================================================================================
-# 5. driver: Checks each call against the metadata, runs the graph, scatters gradients.
+# 5. driver-sources: Checks the code the trace ran still says what it said at capture.
+# ======================================================================================
+# Whether the code a capture ran still says what it said at capture (precompile/codegen/drivers/
+# source_checks.py, included verbatim in python_code): Dynamo's guards do not check the code it
+# inlined, and a MakeFx trace keeps none of the code it ran. Capture hashes the same bytes with the
+# same functions (capturing/inlined_files.py); text that moved without changing is the same code.
+import hashlib as _hashlib
+import importlib as _importlib
+import importlib.machinery as _machinery
+import inspect as _inspect
+import linecache as _linecache
+import os as _os
+import sys as _sys
+
+if "PrecompileError" not in globals():  # a module of its own, or a MakeFx driver's python_code
+    try:
+        from precompile.errors import PrecompileError
+    except ImportError:  # served where only torch is installed: a twin of the same name
+
+        class PrecompileError(RuntimeError):
+            pass
+
+
+def _refuse(artifact, message, remedy):
+    raise PrecompileError(f"{artifact}: {message}; {remedy}")
+
+
+def hash_source_lines(lines, first_line, last_line):
+    return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
+
+
+def _unimported_origin(name):
+    """The .py file the import system would load for module `name`, found without executing it or
+    its packages; None where it is not a plain source file read by the standard source loader."""
+    spec, locations = None, None
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        loaded = _sys.modules.get(prefix)
+        spec = getattr(loaded, "__spec__", None) if loaded is not None else _machinery.PathFinder.find_spec(prefix, locations)
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+    if spec is None:  # a name with no parts
+        return None
+    origin = spec.origin if spec.has_location else None
+    # a real .py file, whichever loader read it (pytest's assertion rewriter loads a plugin's package);
+    # a module in a zip archive has no file of its own: its loader reads it
+    return origin if origin and origin.endswith(".py") and _os.path.isfile(origin) else None
+
+
+def source_file(name):
+    """The file module `name`'s source is read from: inspect's choice for an imported module, the
+    import system's for one not imported yet (found without executing it); None where there is none."""
+    loaded = _sys.modules.get(name)
+    if loaded is None:
+        return _unimported_origin(name)
+    path = getattr(loaded, "__file__", None)
+    if type(path) is str and path.endswith(".py") and isinstance(getattr(loaded, "__loader__", None), _machinery.SourceFileLoader):
+        return path  # what inspect.getsourcefile answers for it, without its lookups
+    try:
+        return _inspect.getsourcefile(loaded)
+    except TypeError:  # a built-in module
+        return None
+
+
+def hash_spans(data, spans):
+    """The sha256 of the bytes each [start, end) span of `data` holds, in order (InlinedFile.sha256)."""
+    digest = _hashlib.sha256()
+    for start, end in spans:
+        digest.update(data[start:end])
+    return digest.hexdigest()
+
+
+def _span_bytes(file, start, end):
+    """The bytes [start, end) of a file opened unbuffered where they still begin a line and end one (or
+    end the file); None otherwise (a short read included: the ranges are then hashed line by line)."""
+    before = 1 if start > 0 else 0
+    file.seek(start - before)
+    chunk = file.read(end - start + before + 1)
+    span = chunk[before : before + end - start]
+    if len(span) != end - start or (before and chunk[0] != 10):
+        return None
+    if span and span[-1] != 10 and len(chunk) > before + len(span):  # the span's last line goes on
+        return None
+    return span
+
+
+def _is_span(span, size):
+    return (type(span) in (list, tuple) and len(span) == 2 and all(type(offset) is int for offset in span)
+            and 0 <= span[0] <= span[1] <= size)
+
+
+def _file_unchanged(path, entry):
+    """Whether the file at `path` still has the bytes an INLINED_FILES entry hashed: the spans of its
+    inlined ranges and its first two lines (read alone), or the whole file for an entry written before
+    spans. The spans' line numbers are not checked: text that moved without changing its bytes or
+    offsets is the same code (capture's inlined_files.py says more)."""
+    spans = entry.get("spans", ())
+    with open(path, "rb", buffering=0) as file:
+        if not spans:
+            return _hashlib.sha256(file.readall()).hexdigest() == entry["sha256"]
+        size = file.seek(0, 2)
+        digest = _hashlib.sha256()
+        for span in spans:
+            data = _span_bytes(file, *span) if _is_span(span, size) else None
+            if data is None:
+                return False
+            digest.update(data)
+    return digest.hexdigest() == entry["sha256"]
+
+
+def _unchanged_modules(metadata):
+    """The modules whose source file still has the bytes INLINED_FILES recorded: capture checked each of
+    their INLINED_SOURCES ranges against exactly those bytes, so none needs reading again."""
+    unchanged = set()
+    for entry in metadata.get("INLINED_FILES", ()):
+        path = None if entry["module"] == "__main__" else source_file(entry["module"])
+        if path is None:
+            continue
+        try:
+            if _file_unchanged(path, entry):
+                unchanged.add(entry["module"])
+        except OSError:
+            pass
+    return unchanged
+
+
+def module_source_lines(name, artifact):
+    """Module `name`'s source lines, read as Dynamo's package reads them to hash the code it inlined
+    (inspect.getsourcelines of the module, in torch._dynamo.package._hash_sourcelines; a test keeps
+    the two equal). A module not imported yet is read from its file, not imported: the polyfills
+    Dynamo inlines live in torch._dynamo, which a standalone artifact never imports."""
+    origin = None if name in _sys.modules else _unimported_origin(name)
+    if origin is not None:
+        return _linecache.getlines(origin)
+    return _inspect.getsourcelines(_module(name, artifact))[0]
+
+
+def _check_sources(metadata, artifact):
+    """The code the capture ran (Dynamo inlined, a MakeFx trace ran) must still say what it said at
+    capture: neither's checks read it. Each module's source is read once, however many of its
+    functions were recorded, and not at all where its whole file is unchanged; a function whose text
+    now sits at other line numbers (lines added or removed above it) is the same code."""
+    unchanged = _unchanged_modules(metadata)
+    lines_of = {}
+    for source in metadata.get("INLINED_SOURCES", ()):
+        name = source["module"]
+        if name in unchanged:
+            continue
+        if name not in lines_of:
+            try:
+                lines_of[name] = module_source_lines(name, artifact)
+            except (OSError, TypeError):
+                lines_of[name] = None
+        lines, first, last = lines_of[name], source["first_line"], source["last_line"]
+        if lines is not None and (hash_source_lines(lines, first, last) == source["sha256"] or _moved(lines, source)):
+            continue
+        what = f"{name}.{source['function']} (lines {first}-{last - 1} at capture)" if source.get("function") else \
+            f"{name} lines {first}-{last - 1}"
+        _refuse(artifact, f"the source of {what} changed since capture (its compiled graphs may no longer match "
+                          "it)", "capture the artifact again from the current source")
+
+
+def _moved(lines, source):
+    """Whether a range's text sits unchanged at other line numbers: where the function it is (named at
+    capture) sits now, or, for code no name finds (a lambda's line), at exactly one other place."""
+    length = source["last_line"] - source["first_line"]
+    if source.get("function"):
+        found = function_lines(lines, source["function"])
+        return found is not None and hash_source_lines(lines, *found) == source["sha256"]
+    starts = [start for start in range(1, len(lines) - length + 2)
+              if hash_source_lines(lines, start, start + length) == source["sha256"]]
+    return len(starts) == 1
+
+
+def function_lines(lines, qualname):
+    """(first, last) of function `qualname` (`Block.forward`, `make_act.<locals>.act`) in a module's
+    source `lines`, its decorators included, last exclusive; None where no one def answers to it."""
+    import ast
+
+    try:
+        scope: list = [ast.parse("".join(lines))]
+    except (SyntaxError, ValueError):
+        return None
+    for part in (p for p in qualname.split(".") if p != "<locals>"):
+        scope = [node for parent in scope for node in ast.iter_child_nodes(parent)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part]
+        if len(scope) != 1:
+            return None
+    node = scope[0]
+    if isinstance(node, ast.ClassDef) or node.end_lineno is None:
+        return None
+    return min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno + 1
+
+
+def _module(name, artifact):
+    if name == "__main__":
+        _refuse(artifact, "it captured code defined in __main__, which another process cannot import",
+                "define fn in an importable module and capture again")
+    try:
+        return _importlib.import_module(name)
+    except ImportError as exc:
+        _refuse(artifact, f"its code lives in module {name!r}, which cannot be imported here ({exc})",
+                "serve it where that module is importable")
+
+
+# ======================================================================================
+# 6. driver: Checks each call against the metadata, runs the graph, scatters gradients.
 # ======================================================================================
 # Driver of a MakeFxTracer artifact (precompile/codegen/drivers/makefx.py, included verbatim).
 # It checks a call against the captured calling convention, runs the captured graph on the
 # runtime model's parameters and buffers (a compiled graph's tensor inputs copied into the captured
 # memory layout where a call passes another), scatters parameter gradients like eager .backward(),
 # and rebuilds fn's result. It also checks the Python values the trace read besides tensors
-# (SPECIALIZED): torch's global state, attributes of the model, module globals, spelled and found
-# as the read-checks section above (drivers/makefx_reads.py) says.
+# (SPECIALIZED) as the read-checks section above (drivers/makefx_reads.py) says, and at load the
+# code the trace ran (INLINED_SOURCES) as the driver-sources section (drivers/source_checks.py) does.
 import gc as _gc
 import importlib as _importlib
 import sys as _sys
@@ -597,7 +889,7 @@ import torch
 import torch.utils._pytree as _pytree
 from torch._C._dynamo.guards import TensorGuards as _TensorGuards
 
-if "_ReadPlan" not in globals():  # imported as a module of its own; python_code has the section above
+if "_ReadPlan" not in globals():  # imported as a module of its own; python_code has the sections above
     from precompile.codegen.drivers.makefx_reads import (
         _ABSENT,
         _GLOBAL_HOOKS,
@@ -612,6 +904,7 @@ if "_ReadPlan" not in globals():  # imported as a module of its own; python_code
         specialized_source,
         spelled,
     )
+    from precompile.codegen.drivers.source_checks import _check_sources
 
 try:
     from precompile.errors import CallMismatch, PrecompileWarning
@@ -860,8 +1153,7 @@ class _TensorCheck:
 
 
 def build_forward(metadata, run_graph, artifact="this artifact", autograd_graph=None, no_autograd=None):
-    """The served `forward(*args)` of an artifact whose metadata literals are in `metadata`.
-
+    """The served `forward(*args)` of an artifact whose metadata literals are in `metadata`:
     `run_graph(*params, *buffers, *tensor_inputs)` runs the captured graph and returns its flat
     outputs: fn's tensor results, then the gradients of GRAD_PARAM_INDICES. `autograd_graph`, called
     alike, runs it as ATen ops autograd records, for a forward's calls that autograd would record
@@ -877,6 +1169,7 @@ class _ServedForward:
     leaves a C++ check of exactly those tensors' metadata that later calls pass through instead."""
 
     def __init__(self, metadata, run_graph, artifact, autograd_graph=None, no_autograd=None):
+        _check_sources(metadata, artifact)  # the code the trace ran, which the graph baked in
         self.run_graph = run_graph
         self.autograd_graph = autograd_graph
         self.no_autograd = no_autograd or ("it keeps no ATen graph to record them", False)
