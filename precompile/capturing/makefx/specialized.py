@@ -121,7 +121,7 @@ def _spelled_with(cell: SpecializedValue, out: list[SpecializedValue]) -> bool:
     it with what its cells hold."""
     if cell.kind != "closure":
         return False
-    holder = f"function {cell.module} (line "
+    holder = f"function {cell.module} ("  # then its code's text (or line): `(code 1a2b...)`
     return any(r.checked and holder in r.value and f"{cell.name}=" in r.value.partition(holder)[2] for r in out)
 
 

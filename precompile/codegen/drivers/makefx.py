@@ -295,7 +295,7 @@ class _ServedForward:
     leaves a C++ check of exactly those tensors' metadata that later calls pass through instead."""
 
     def __init__(self, metadata, run_graph, artifact, autograd_graph=None, no_autograd=None):
-        _check_sources(metadata, artifact)  # the code the trace ran, which the graph baked in
+        _check_sources(metadata, artifact, unfound_ok=True)  # the code the trace ran, which the graph baked in
         self.run_graph = run_graph
         self.autograd_graph = autograd_graph
         self.no_autograd = no_autograd or ("it keeps no ATen graph to record them", False)

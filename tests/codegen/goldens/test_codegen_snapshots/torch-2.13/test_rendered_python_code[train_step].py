@@ -834,16 +834,18 @@ def module_source_lines(name, artifact):
     return _inspect.getsourcelines(_module(name, artifact))[0]
 
 
-def _check_sources(metadata, artifact):
+def _check_sources(metadata, artifact, unfound_ok=False):
     """The code the capture ran (Dynamo inlined, a MakeFx trace ran) must still say what it said at
     capture: neither's checks read it. Each module's source is read once, however many of its
     functions were recorded, and not at all where its whole file is unchanged; a function whose text
-    now sits at other line numbers (lines added or removed above it) is the same code."""
+    now sits at other line numbers (lines added or removed above it) is the same code. `unfound_ok`
+    (a MakeFx artifact, which runs none of that code): a module this process cannot find (a capture
+    script's, a test's) passes, since no code of it runs here to differ from the graph."""
     unchanged = _unchanged_modules(metadata)
     lines_of = {}
     for source in metadata.get("INLINED_SOURCES", ()):
         name = source["module"]
-        if name in unchanged:
+        if name in unchanged or unfound_ok and name not in _sys.modules and _unimported_origin(name) is None:
             continue
         if name not in lines_of:
             try:
@@ -1202,7 +1204,7 @@ class _ServedForward:
     leaves a C++ check of exactly those tensors' metadata that later calls pass through instead."""
 
     def __init__(self, metadata, run_graph, artifact, autograd_graph=None, no_autograd=None):
-        _check_sources(metadata, artifact)  # the code the trace ran, which the graph baked in
+        _check_sources(metadata, artifact, unfound_ok=True)  # the code the trace ran, which the graph baked in
         self.run_graph = run_graph
         self.autograd_graph = autograd_graph
         self.no_autograd = no_autograd or ("it keeps no ATen graph to record them", False)
