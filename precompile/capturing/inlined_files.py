@@ -24,13 +24,13 @@ import itertools
 import sys
 import tokenize
 import types
+from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import msgspec
 
 from precompile.artifact.metadata import InlinedFile, InlinedSource
 from precompile.codegen.drivers.source_checks import (
-    function_lines,
     hash_source_lines,
     hash_spans,
     module_source_lines,
@@ -104,40 +104,45 @@ def _same(code: types.CodeType, compiled: types.CodeType) -> bool:
 
 def named_functions(sources: Iterable[InlinedSource]) -> tuple[InlinedSource, ...]:
     """Each range with the qualified name of the function it is (`Block.forward`), where one def of its
-    module spans exactly its lines and load's `function_lines` finds that def by the name: load finds
-    the function where a release moved it, and a refusal names it. The rest as they are (a lambda's line)."""
-    texts: dict[str, list[str] | None] = {}
+    module spans exactly its lines and its name leads to that def alone, as load's `function_lines`
+    finds it: load finds the function where a release moved it, and a refusal names it. The rest as
+    they are (a lambda's line). Each module's source is parsed once."""
+    spans: dict[str, dict[tuple[int, int], str]] = {}
     named = []
     for source in sources:
-        if source.module not in texts:
+        if source.module not in spans:
             try:
-                texts[source.module] = module_source_lines(source.module, "the capture")
+                spans[source.module] = _named_spans(module_source_lines(source.module, "the capture"))
             except (OSError, TypeError, PrecompileError):  # no source to read: unnamed
-                texts[source.module] = None
-        lines = texts[source.module]
-        name = None if lines is None else _function_at(lines, source.first_line, source.last_line)
+                spans[source.module] = {}
+        name = spans[source.module].get((source.first_line, source.last_line))
         named.append(msgspec.structs.replace(source, function=name) if name else source)
     return tuple(named)
 
 
-def _function_at(lines: list[str], first: int, last: int) -> str | None:
+def _named_spans(lines: list[str]) -> dict[tuple[int, int], str]:
+    """{(first line with its decorators, last line + 1): qualified name} of each def of a module whose
+    name, and the name of each class or def it sits in, no other def or class shares."""
     try:
         tree = ast.parse("".join(lines))
     except (SyntaxError, ValueError):
-        return None
-    pending: list[tuple[ast.AST, str]] = [(tree, "")]
+        return {}
+    nodes: list[tuple[str, tuple[str, ...], tuple[int, int] | None]] = []
+    pending: list[tuple[ast.AST, str, tuple[str, ...]]] = [(tree, "", ())]
     while pending:
-        node, prefix = pending.pop()
+        node, prefix, outer = pending.pop()
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 name = prefix + child.name
                 start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                if (start, (child.end_lineno or child.lineno) + 1) == (first, last):
-                    return name if function_lines(lines, name) == (first, last) else None
-                pending.append((child, name + ".<locals>."))
+                nodes.append((name, outer, (start, (child.end_lineno or child.lineno) + 1)))
+                pending.append((child, name + ".<locals>.", (*outer, name)))
             elif isinstance(child, ast.ClassDef):
-                pending.append((child, prefix + child.name + "."))
-    return None
+                nodes.append((prefix + child.name, outer, None))
+                pending.append((child, prefix + child.name + ".", (*outer, prefix + child.name)))
+    counts = Counter(name for name, _, _ in nodes)
+    return {span: name for name, outer, span in nodes
+            if span is not None and all(counts[n] == 1 for n in (*outer, name))}
 
 
 def _decoded_lines(data: bytes) -> list[str]:
