@@ -144,6 +144,10 @@ class InlinedSource(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     function: str = ""
     """The qualified name of the function these lines are (`Block.forward`), by which load finds it where
     a release moved it; "" for code no name finds (a lambda's line) and in artifacts written before it."""
+    token_sha256: str = ""
+    """The sha256 of the lines' tokens, apart from comments, blank lines and spacing (source_checks.py's
+    `code_tokens_sha256`): load passes text that changed only there. "" where the lines do not tokenize
+    on their own, where capture found them edited since they ran, and in artifacts written before it."""
 
 
 class InlinedFile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

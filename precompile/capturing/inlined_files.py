@@ -31,6 +31,7 @@ import msgspec
 
 from precompile.artifact.metadata import InlinedFile, InlinedSource
 from precompile.codegen.drivers.source_checks import (
+    code_tokens_sha256,
     hash_source_lines,
     hash_spans,
     module_source_lines,
@@ -66,7 +67,7 @@ def ran_sources(codes: dict[types.CodeType, str]) -> tuple[InlinedSource, ...]:
                 "module and build the model again)")
         found.add(InlinedSource(module=module, first_line=first, last_line=first + len(block),
                                 sha256=hash_source_lines(lines, first, first + len(block))))
-    return named_functions(sorted(found, key=lambda s: (s.module, s.first_line, s.last_line)))
+    return identified_sources(sorted(found, key=lambda s: (s.module, s.first_line, s.last_line)))
 
 
 def _qualname(code: types.CodeType) -> str:
@@ -102,22 +103,30 @@ def _same(code: types.CodeType, compiled: types.CodeType) -> bool:
     return (code.co_code, code.co_names, constants(code)) == (compiled.co_code, compiled.co_names, constants(compiled))
 
 
-def named_functions(sources: Iterable[InlinedSource]) -> tuple[InlinedSource, ...]:
-    """Each range with the qualified name of the function it is (`Block.forward`), where one def of its
-    module spans exactly its lines and its name leads to that def alone, as load's `function_lines`
-    finds it: load finds the function where a release moved it, and a refusal names it. The rest as
-    they are (a lambda's line). Each module's source is parsed once."""
-    spans: dict[str, dict[tuple[int, int], str]] = {}
-    named = []
+def identified_sources(sources: Iterable[InlinedSource]) -> tuple[InlinedSource, ...]:
+    """Each range with what identifies its code apart from where it sits, read from its module's source
+    (parsed once per module): the qualified name of the function it is (`Block.forward`), where one
+    def of its module spans exactly its lines and its name leads to that def alone, as load's
+    `function_lines` finds it (load finds the function where a release moved it, and a refusal names
+    it), and the sha256 of its tokens, by which load passes a comment or spacing edit. A range whose
+    lines no longer hash as recorded (edited since Dynamo read them) gets neither."""
+    modules: dict[str, tuple[list[str], dict[tuple[int, int], str]]] = {}
+    identified = []
     for source in sources:
-        if source.module not in spans:
+        if source.module not in modules:
             try:
-                spans[source.module] = _named_spans(module_source_lines(source.module, "the capture"))
-            except (OSError, TypeError, PrecompileError):  # no source to read: unnamed
-                spans[source.module] = {}
-        name = spans[source.module].get((source.first_line, source.last_line))
-        named.append(msgspec.structs.replace(source, function=name) if name else source)
-    return tuple(named)
+                lines = module_source_lines(source.module, "the capture")
+            except (OSError, TypeError, PrecompileError):  # no source to read: nothing to add
+                lines = []
+            modules[source.module] = (lines, _named_spans(lines))
+        lines, spans = modules[source.module]
+        if not lines or hash_source_lines(lines, source.first_line, source.last_line) != source.sha256:
+            identified.append(source)
+            continue
+        tokens = code_tokens_sha256("".join(lines[source.first_line - 1 : source.last_line - 1]))
+        identified.append(msgspec.structs.replace(source, function=spans.get((source.first_line, source.last_line), ""),
+                                                  token_sha256=tokens or ""))
+    return tuple(identified)
 
 
 def _named_spans(lines: list[str]) -> dict[tuple[int, int], str]:

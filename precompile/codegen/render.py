@@ -68,10 +68,10 @@ def render_makefx(artifact: MakeFxArtifact) -> str:
     sections.append(_Section("graph", graph.title, graph.source))
     if artifact.autograd_graph is not None:
         sections.append(_Section("autograd-graph", artifact.autograd_graph.title, artifact.autograd_graph.source))
-    sections.append(_Section("read-checks", "Spells the Python values the trace read, and finds where each call "
-                             "reads them again.", source_of("makefx_reads").rstrip("\n")))
     sections.append(_Section("driver-sources", "Checks the code the trace ran still says what it said at capture.",
                              source_of("source_checks").rstrip("\n")))
+    sections.append(_Section("read-checks", "Spells the Python values the trace read, and finds where each call "
+                             "reads them again.", source_of("makefx_reads").rstrip("\n")))
     sections.append(_Section("driver", "Checks each call against the metadata, runs the graph, scatters gradients.",
                              source_of("makefx").rstrip("\n")))
     return render(

@@ -18,7 +18,7 @@ def _slugs(source: str) -> list[str]:
 def test_rendered_sections_carry_their_names_and_their_titles_stay_prose():
     golden = GOLDENS / torch_series() / "test_rendered_python_code[mlp_batchnorm].py"
     sections = [section for section, _ in split_sections(golden.read_text(encoding="utf-8"))]
-    assert [s.slug for s in sections] == ["header", "metadata", "graph", "autograd-graph", "read-checks", "driver-sources", "driver"]
+    assert [s.slug for s in sections] == ["header", "metadata", "graph", "autograd-graph", "driver-sources", "read-checks", "driver"]
     assert sections[1].title == "Top-level literals. Tools read them with ast and never execute this file."
 
 

@@ -2,7 +2,8 @@
 the graph that baked in the old code: both tracers record the text of each function they ran (a
 MakeFx trace the functions it ran, Dynamo the ones it inlined) and load refuses where one changed,
 naming the module and lines. Code that only moved (lines added above it) is the same code, a closure it
-calls included: it serves.
+calls included, and so is code whose only change is a comment, a blank line or a line's spacing: it
+serves.
 Each state is served by a fresh process, which imports the module as it is on disk then."""
 from __future__ import annotations
 
@@ -28,6 +29,13 @@ def step(model, x):
     return ACT((y * 2).sin())
 '''
 COMMENT = "# Two comment lines added above the captured function:\n# a release that moves code down.\n"
+
+
+def restyled(text: str) -> str:
+    """The same tokens: a comment line and a blank line inside both functions, a line's spacing and a
+    trailing comment changed."""
+    return (text.replace("        return y * k", "        # scale by the closed-over factor\n\n        return y*k")
+            .replace("    y = model(x)\n", "    y = model( x )  # the layer\n\n    # then the activation\n"))
 
 CAPTURE = r"""
 import sys, torch, precompile
@@ -55,19 +63,20 @@ print(json.dumps(outcome))
 
 
 @pytest.mark.parametrize("tracer", ["makefx", "dynamo"])
-def test_an_edited_function_is_refused_at_load_and_a_moved_one_serves(tmp_path, tracer):
+def test_an_edited_function_is_refused_at_load_and_a_moved_or_restyled_one_serves(tmp_path, tracer):
     module = tmp_path / "edited_step.py"
     module.write_text(STEP.format(comment=""))
     proc = run_fresh(CAPTURE, tracer, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     outcomes = {}
     for state, text in (("unchanged", STEP.format(comment="")), ("moved", STEP.format(comment=COMMENT)),
+                        ("restyled", restyled(STEP.format(comment=COMMENT))),
                         ("edited", STEP.format(comment="").replace("y * 2", "y * 3"))):
         module.write_text(text)
         proc = run_fresh(SERVE, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
         outcomes[state] = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert outcomes["unchanged"] == "same" and outcomes["moved"] == "same", outcomes
+    assert outcomes["unchanged"] == outcomes["moved"] == outcomes["restyled"] == "same", outcomes
     assert outcomes["edited"].startswith("refused: ") and "the source of edited_step.step (lines 13-15 at capture) changed since capture" \
         in outcomes["edited"] and "capture the artifact again" in outcomes["edited"], outcomes
 

@@ -38,7 +38,7 @@ from precompile.capturing.dynamo.next_call import CallMode, served_again
 from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
 from precompile.capturing.dynamo.standalone import minted_renamed, readable_guards, remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
-from precompile.capturing.inlined_files import inlined_files, named_functions
+from precompile.capturing.inlined_files import identified_sources, inlined_files
 from precompile.capturing.lowering import lower_eager
 from precompile.capturing.progress import libraries_in, phase
 from precompile.capturing.tracers import DynamoTracer
@@ -360,7 +360,7 @@ class DynamoSession:
             guards = pin_read_back_values(entry, frames, guards, self._ledger.seen)
             guards = readable_guards(entry, frames, guards, self._ledger.seen)
         sections, subgraphs, pickled_backends, modules = self._subgraphs(backends)
-        inlined = named_functions(
+        inlined = identified_sources(
             InlinedSource(module=s.module, first_line=s.firstlineno, last_line=s.lastlineno, sha256=s.checksum)
             for s in sorted(entry.source_info.inlined_sources, key=lambda s: (s.module, s.firstlineno, s.lastlineno))
         )

@@ -16,6 +16,9 @@ from operator import is_ as _is
 
 import torch
 
+if "code_tokens_sha256" not in globals():  # a module of its own; python_code holds driver-sources above
+    from precompile.codegen.drivers.source_checks import code_tokens_sha256
+
 
 def spelled(value):
     """The spelling a specialized value is recorded and compared by (None: not comparable). Two
@@ -143,13 +146,17 @@ def _function(value, depth=0):
 
 
 def _code_text(code):
-    """A code object by the sha256 of the source lines it spans, as written: moved (lines added above
-    it), it is the same code; edited, another. By the line it starts on where no source is readable."""
+    """A code object by the sha256 of the tokens its source lines hold (driver-sources'
+    `code_tokens_sha256`): moved (lines added above it) or with only a comment or spacing changed, it
+    is the same code; edited, another. By those lines as written where they do not tokenize alone,
+    by the line it starts on where no source is readable."""
     try:
         lines, _ = _inspect.getsourcelines(code)
     except (OSError, TypeError):
         return f"line {code.co_firstlineno}"
-    return "code " + _hashlib.sha256("".join(lines).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    text = "".join(lines)
+    tokens = code_tokens_sha256(text)
+    return "code " + (tokens or _hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())[:12]
 
 
 # Items a library keeps in the order of a set, which the process's string hash seed decides: diffusers'

@@ -1,14 +1,17 @@
 # Whether the code a capture ran still says what it said at capture (precompile/codegen/drivers/
 # source_checks.py, included verbatim in python_code): Dynamo's guards do not check the code it
 # inlined, and a MakeFx trace keeps none of the code it ran. Capture hashes the same bytes with the
-# same functions (capturing/inlined_files.py); text that moved without changing is the same code.
+# same functions (capturing/inlined_files.py); text that moved without changing is the same code, and
+# so is text whose tokens are the same (only comments, blank lines or spacing changed).
 import hashlib as _hashlib
 import importlib as _importlib
 import importlib.machinery as _machinery
 import inspect as _inspect
+import io as _io
 import linecache as _linecache
 import os as _os
 import sys as _sys
+import tokenize as _tokenize
 
 if "PrecompileError" not in globals():  # a module of its own, or a MakeFx driver's python_code
     try:
@@ -25,6 +28,28 @@ def _refuse(artifact, message, remedy):
 
 def hash_source_lines(lines, first_line, last_line):
     return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
+
+
+# Tokens that say only where a line begins, ends or how deep it sits: kept by kind, not by their text.
+_LAYOUT_TOKENS = (_tokenize.INDENT, _tokenize.DEDENT, _tokenize.NEWLINE, _tokenize.ENDMARKER)
+
+
+def code_tokens_sha256(text):
+    """The sha256 of the tokens `text` (whole lines of source) holds, leaving out its comments, its
+    blank lines and the spacing within and between its lines (an indent counts by its place, not its
+    width): two texts with the same tokens parse to the same code, only on other lines. None where the
+    text does not tokenize on its own (it begins or ends inside a statement)."""
+    digest = _hashlib.sha256()
+    try:
+        for token in _tokenize.generate_tokens(_io.StringIO(text).readline):
+            if token.type in (_tokenize.COMMENT, _tokenize.NL):
+                continue
+            kind = _tokenize.tok_name[token.type]
+            digest.update(f"{kind}\0".encode() if token.type in _LAYOUT_TOKENS else
+                          f"{kind} {token.string}\0".encode("utf-8", "surrogatepass"))
+    except (_tokenize.TokenError, SyntaxError):  # IndentationError is a SyntaxError
+        return None
+    return digest.hexdigest()
 
 
 def _unimported_origin(name):
@@ -139,7 +164,8 @@ def _check_sources(metadata, artifact, unfound_ok=False):
     """The code the capture ran (Dynamo inlined, a MakeFx trace ran) must still say what it said at
     capture: neither's checks read it. Each module's source is read once, however many of its
     functions were recorded, and not at all where its whole file is unchanged; a function whose text
-    now sits at other line numbers (lines added or removed above it) is the same code. `unfound_ok`
+    now sits at other line numbers (lines added or removed above it) is the same code, and so is one
+    whose tokens are the same (a comment, a blank line, a line's spacing changed). `unfound_ok`
     (a MakeFx artifact, which runs none of that code): a module this process cannot find (a capture
     script's, a test's) passes, since no code of it runs here to differ from the graph."""
     unchanged = _unchanged_modules(metadata)
@@ -154,7 +180,7 @@ def _check_sources(metadata, artifact, unfound_ok=False):
             except (OSError, TypeError):
                 lines_of[name] = None
         lines, first, last = lines_of[name], source["first_line"], source["last_line"]
-        if lines is not None and (hash_source_lines(lines, first, last) == source["sha256"] or _moved(lines, source)):
+        if lines is not None and _range_unchanged(lines, source):
             continue
         what = f"{name}.{source['function']} (lines {first}-{last - 1} at capture)" if source.get("function") else \
             f"{name} lines {first}-{last - 1}"
@@ -162,16 +188,26 @@ def _check_sources(metadata, artifact, unfound_ok=False):
                           "it)", "capture the artifact again from the current source")
 
 
-def _moved(lines, source):
-    """Whether a range's text sits unchanged at other line numbers: where the function it is (named at
-    capture) sits now, or, for code no name finds (a lambda's line), at exactly one other place."""
-    length = source["last_line"] - source["first_line"]
-    if source.get("function"):
-        found = function_lines(lines, source["function"])
-        return found is not None and hash_source_lines(lines, *found) == source["sha256"]
-    starts = [start for start in range(1, len(lines) - length + 2)
-              if hash_source_lines(lines, start, start + length) == source["sha256"]]
-    return len(starts) == 1
+def _range_unchanged(lines, source):
+    """Whether a range's code is still in a module's `lines`: its text on its lines, or where the
+    function it is (named at capture) sits now, or, for code no name finds (a lambda's line), at
+    exactly one other place; or, where capture hashed its tokens, the same tokens where the function
+    sits now (on its own lines, unnamed): a comment, a blank line or a line's spacing changed only."""
+    first, last, sha256 = source["first_line"], source["last_line"], source["sha256"]
+    if hash_source_lines(lines, first, last) == sha256:
+        return True
+    found = function_lines(lines, source["function"]) if source.get("function") else None
+    if found is not None and hash_source_lines(lines, *found) == sha256:
+        return True
+    if not source.get("function"):
+        length = last - first
+        starts = [start for start in range(1, len(lines) - length + 2)
+                  if hash_source_lines(lines, start, start + length) == sha256]
+        if len(starts) == 1:
+            return True
+    tokens = source.get("token_sha256")
+    first, last = found or (first, last)
+    return bool(tokens) and code_tokens_sha256("".join(lines[first - 1 : last - 1])) == tokens
 
 
 def function_lines(lines, qualname):

@@ -115,37 +115,44 @@ INLINED_SOURCES = ({'module': 'cases',
   'first_line': 27,
   'last_line': 31,
   'sha256': '3d7281f00a4f44117d8e878b1416b19d74368c82d2677c94d10df8904cf8a102',
-  'function': 'train_step'},
+  'function': 'train_step',
+  'token_sha256': '5ed90bdf4b26fdad9d99406e1247f49060cd1f755069b320a00648fa57ce9ed0'},
  {'module': 'torch.nn.modules.activation',
   'first_line': 139,
   'last_line': 144,
   'sha256': '86dea99bd64aeca10aecfa90a61afa1b4ddd6a0b62261c9df1b3128a82b1d4b9',
-  'function': 'ReLU.forward'},
+  'function': 'ReLU.forward',
+  'token_sha256': 'f61f1cf95555e006618e187839f7ed4ebec36f6e0cc2a65a8e9a0dee589f5d70'},
  {'module': 'torch.nn.modules.batchnorm',
   'first_line': 160,
   'last_line': 209,
   'sha256': '42c3a1d2b356ef1662d218b545b94188475d74c27a9c4d8cde5d2289e341a5de',
-  'function': '_BatchNorm.forward'},
+  'function': '_BatchNorm.forward',
+  'token_sha256': '73279873585430192ab953d0be91b6e5b953cd4456486796b4564098a2789319'},
  {'module': 'torch.nn.modules.batchnorm',
   'first_line': 354,
   'last_line': 357,
   'sha256': '1c4539f61755d5c640bbdbf89cb7cc10824191222720f9120647810b09a08d95',
-  'function': 'BatchNorm1d._check_input_dim'},
+  'function': 'BatchNorm1d._check_input_dim',
+  'token_sha256': 'cd87ac0b0227d1d9272966a6eef72853eb703f9eade2be4ece6a4eb540d9aa78'},
  {'module': 'torch.nn.modules.container',
   'first_line': 240,
   'last_line': 243,
   'sha256': 'dc1a08ed0da3bca8a519d9bd9740bf7a09f406a01b920aa54896d36d34e9a574',
-  'function': 'Sequential.__iter__'},
+  'function': 'Sequential.__iter__',
+  'token_sha256': '9d16ca4f16f127a44c34e200f2f77594417db4d31deee5f32b2e4288448b1fbd'},
  {'module': 'torch.nn.modules.container',
   'first_line': 248,
   'last_line': 255,
   'sha256': 'cf2aadd8853835c23a69ef43257405ad6dc1b8e4053da10506f87388097764e3',
-  'function': 'Sequential.forward'},
+  'function': 'Sequential.forward',
+  'token_sha256': '7f372a4207bb5aea34cd457e41a3ada917399500da320f8acd393e9401debab1'},
  {'module': 'torch.nn.modules.linear',
   'first_line': 130,
   'last_line': 135,
   'sha256': 'c0ab8f42cc3bf9489809b19c321cc85f0b1d4eafebacb96bd8e132cb9e95ef76',
-  'function': 'Linear.forward'})
+  'function': 'Linear.forward',
+  'token_sha256': '6b9293b0c933fcd29b9242080c2a96867367c6d5f4d0e292a2b9e1d88aee0e27'})
 INLINED_FILES = ({'module': 'cases',
   'sha256': 'a60bc18fd77b6292333ebf8d0e652d870a2362540d88532bf8c53b58c11d1b77',
   'spans': ((0, 77), (645, 741))},
@@ -223,7 +230,253 @@ def captured_graph(arg0_1, arg1_1, arg2_1, arg3_1, arg4_1, arg5_1, arg6_1, arg7_
 
 
 # ======================================================================================
-# 3. read-checks: Spells the Python values the trace read, and finds where each call reads them again.
+# 3. driver-sources: Checks the code the trace ran still says what it said at capture.
+# ======================================================================================
+# Whether the code a capture ran still says what it said at capture (precompile/codegen/drivers/
+# source_checks.py, included verbatim in python_code): Dynamo's guards do not check the code it
+# inlined, and a MakeFx trace keeps none of the code it ran. Capture hashes the same bytes with the
+# same functions (capturing/inlined_files.py); text that moved without changing is the same code, and
+# so is text whose tokens are the same (only comments, blank lines or spacing changed).
+import hashlib as _hashlib
+import importlib as _importlib
+import importlib.machinery as _machinery
+import inspect as _inspect
+import io as _io
+import linecache as _linecache
+import os as _os
+import sys as _sys
+import tokenize as _tokenize
+
+if "PrecompileError" not in globals():  # a module of its own, or a MakeFx driver's python_code
+    try:
+        from precompile.errors import PrecompileError
+    except ImportError:  # served where only torch is installed: a twin of the same name
+
+        class PrecompileError(RuntimeError):
+            pass
+
+
+def _refuse(artifact, message, remedy):
+    raise PrecompileError(f"{artifact}: {message}; {remedy}")
+
+
+def hash_source_lines(lines, first_line, last_line):
+    return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
+
+
+# Tokens that say only where a line begins, ends or how deep it sits: kept by kind, not by their text.
+_LAYOUT_TOKENS = (_tokenize.INDENT, _tokenize.DEDENT, _tokenize.NEWLINE, _tokenize.ENDMARKER)
+
+
+def code_tokens_sha256(text):
+    """The sha256 of the tokens `text` (whole lines of source) holds, leaving out its comments, its
+    blank lines and the spacing within and between its lines (an indent counts by its place, not its
+    width): two texts with the same tokens parse to the same code, only on other lines. None where the
+    text does not tokenize on its own (it begins or ends inside a statement)."""
+    digest = _hashlib.sha256()
+    try:
+        for token in _tokenize.generate_tokens(_io.StringIO(text).readline):
+            if token.type in (_tokenize.COMMENT, _tokenize.NL):
+                continue
+            kind = _tokenize.tok_name[token.type]
+            digest.update(f"{kind}\0".encode() if token.type in _LAYOUT_TOKENS else
+                          f"{kind} {token.string}\0".encode("utf-8", "surrogatepass"))
+    except (_tokenize.TokenError, SyntaxError):  # IndentationError is a SyntaxError
+        return None
+    return digest.hexdigest()
+
+
+def _unimported_origin(name):
+    """The .py file the import system would load for module `name`, found without executing it or
+    its packages; None where it is not a plain source file read by the standard source loader."""
+    spec, locations = None, None
+    parts = name.split(".")
+    for depth in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:depth])
+        loaded = _sys.modules.get(prefix)
+        spec = getattr(loaded, "__spec__", None) if loaded is not None else _machinery.PathFinder.find_spec(prefix, locations)
+        if spec is None:
+            return None
+        locations = spec.submodule_search_locations
+    if spec is None:  # a name with no parts
+        return None
+    origin = spec.origin if spec.has_location else None
+    # a real .py file, whichever loader read it (pytest's assertion rewriter loads a plugin's package);
+    # a module in a zip archive has no file of its own: its loader reads it
+    return origin if origin and origin.endswith(".py") and _os.path.isfile(origin) else None
+
+
+def source_file(name):
+    """The file module `name`'s source is read from: inspect's choice for an imported module, the
+    import system's for one not imported yet (found without executing it); None where there is none."""
+    loaded = _sys.modules.get(name)
+    if loaded is None:
+        return _unimported_origin(name)
+    path = getattr(loaded, "__file__", None)
+    if type(path) is str and path.endswith(".py") and isinstance(getattr(loaded, "__loader__", None), _machinery.SourceFileLoader):
+        return path  # what inspect.getsourcefile answers for it, without its lookups
+    try:
+        return _inspect.getsourcefile(loaded)
+    except TypeError:  # a built-in module
+        return None
+
+
+def hash_spans(data, spans):
+    """The sha256 of the bytes each [start, end) span of `data` holds, in order (InlinedFile.sha256)."""
+    digest = _hashlib.sha256()
+    for start, end in spans:
+        digest.update(data[start:end])
+    return digest.hexdigest()
+
+
+def _span_bytes(file, start, end):
+    """The bytes [start, end) of a file opened unbuffered where they still begin a line and end one (or
+    end the file); None otherwise (a short read included: the ranges are then hashed line by line)."""
+    before = 1 if start > 0 else 0
+    file.seek(start - before)
+    chunk = file.read(end - start + before + 1)
+    span = chunk[before : before + end - start]
+    if len(span) != end - start or (before and chunk[0] != 10):
+        return None
+    if span and span[-1] != 10 and len(chunk) > before + len(span):  # the span's last line goes on
+        return None
+    return span
+
+
+def _is_span(span, size):
+    return (type(span) in (list, tuple) and len(span) == 2 and all(type(offset) is int for offset in span)
+            and 0 <= span[0] <= span[1] <= size)
+
+
+def _file_unchanged(path, entry):
+    """Whether the file at `path` still has the bytes an INLINED_FILES entry hashed: the spans of its
+    inlined ranges and its first two lines (read alone), or the whole file for an entry written before
+    spans. The spans' line numbers are not checked: text that moved without changing its bytes or
+    offsets is the same code (capture's inlined_files.py says more)."""
+    spans = entry.get("spans", ())
+    with open(path, "rb", buffering=0) as file:
+        if not spans:
+            return _hashlib.sha256(file.readall()).hexdigest() == entry["sha256"]
+        size = file.seek(0, 2)
+        digest = _hashlib.sha256()
+        for span in spans:
+            data = _span_bytes(file, *span) if _is_span(span, size) else None
+            if data is None:
+                return False
+            digest.update(data)
+    return digest.hexdigest() == entry["sha256"]
+
+
+def _unchanged_modules(metadata):
+    """The modules whose source file still has the bytes INLINED_FILES recorded: capture checked each of
+    their INLINED_SOURCES ranges against exactly those bytes, so none needs reading again."""
+    unchanged = set()
+    for entry in metadata.get("INLINED_FILES", ()):
+        path = None if entry["module"] == "__main__" else source_file(entry["module"])
+        if path is None:
+            continue
+        try:
+            if _file_unchanged(path, entry):
+                unchanged.add(entry["module"])
+        except OSError:
+            pass
+    return unchanged
+
+
+def module_source_lines(name, artifact):
+    """Module `name`'s source lines, read as Dynamo's package reads them to hash the code it inlined
+    (inspect.getsourcelines of the module, in torch._dynamo.package._hash_sourcelines; a test keeps
+    the two equal). A module not imported yet is read from its file, not imported: the polyfills
+    Dynamo inlines live in torch._dynamo, which a standalone artifact never imports."""
+    origin = None if name in _sys.modules else _unimported_origin(name)
+    if origin is not None:
+        return _linecache.getlines(origin)
+    return _inspect.getsourcelines(_module(name, artifact))[0]
+
+
+def _check_sources(metadata, artifact, unfound_ok=False):
+    """The code the capture ran (Dynamo inlined, a MakeFx trace ran) must still say what it said at
+    capture: neither's checks read it. Each module's source is read once, however many of its
+    functions were recorded, and not at all where its whole file is unchanged; a function whose text
+    now sits at other line numbers (lines added or removed above it) is the same code, and so is one
+    whose tokens are the same (a comment, a blank line, a line's spacing changed). `unfound_ok`
+    (a MakeFx artifact, which runs none of that code): a module this process cannot find (a capture
+    script's, a test's) passes, since no code of it runs here to differ from the graph."""
+    unchanged = _unchanged_modules(metadata)
+    lines_of = {}
+    for source in metadata.get("INLINED_SOURCES", ()):
+        name = source["module"]
+        if name in unchanged or unfound_ok and name not in _sys.modules and _unimported_origin(name) is None:
+            continue
+        if name not in lines_of:
+            try:
+                lines_of[name] = module_source_lines(name, artifact)
+            except (OSError, TypeError):
+                lines_of[name] = None
+        lines, first, last = lines_of[name], source["first_line"], source["last_line"]
+        if lines is not None and _range_unchanged(lines, source):
+            continue
+        what = f"{name}.{source['function']} (lines {first}-{last - 1} at capture)" if source.get("function") else \
+            f"{name} lines {first}-{last - 1}"
+        _refuse(artifact, f"the source of {what} changed since capture (its compiled graphs may no longer match "
+                          "it)", "capture the artifact again from the current source")
+
+
+def _range_unchanged(lines, source):
+    """Whether a range's code is still in a module's `lines`: its text on its lines, or where the
+    function it is (named at capture) sits now, or, for code no name finds (a lambda's line), at
+    exactly one other place; or, where capture hashed its tokens, the same tokens where the function
+    sits now (on its own lines, unnamed): a comment, a blank line or a line's spacing changed only."""
+    first, last, sha256 = source["first_line"], source["last_line"], source["sha256"]
+    if hash_source_lines(lines, first, last) == sha256:
+        return True
+    found = function_lines(lines, source["function"]) if source.get("function") else None
+    if found is not None and hash_source_lines(lines, *found) == sha256:
+        return True
+    if not source.get("function"):
+        length = last - first
+        starts = [start for start in range(1, len(lines) - length + 2)
+                  if hash_source_lines(lines, start, start + length) == sha256]
+        if len(starts) == 1:
+            return True
+    tokens = source.get("token_sha256")
+    first, last = found or (first, last)
+    return bool(tokens) and code_tokens_sha256("".join(lines[first - 1 : last - 1])) == tokens
+
+
+def function_lines(lines, qualname):
+    """(first, last) of function `qualname` (`Block.forward`, `make_act.<locals>.act`) in a module's
+    source `lines`, its decorators included, last exclusive; None where no one def answers to it."""
+    import ast
+
+    try:
+        scope: list = [ast.parse("".join(lines))]
+    except (SyntaxError, ValueError):
+        return None
+    for part in (p for p in qualname.split(".") if p != "<locals>"):
+        scope = [node for parent in scope for node in ast.iter_child_nodes(parent)
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part]
+        if len(scope) != 1:
+            return None
+    node = scope[0]
+    if isinstance(node, ast.ClassDef) or node.end_lineno is None:
+        return None
+    return min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno + 1
+
+
+def _module(name, artifact):
+    if name == "__main__":
+        _refuse(artifact, "it captured code defined in __main__, which another process cannot import",
+                "define fn in an importable module and capture again")
+    try:
+        return _importlib.import_module(name)
+    except ImportError as exc:
+        _refuse(artifact, f"its code lives in module {name!r}, which cannot be imported here ({exc})",
+                "serve it where that module is importable")
+
+
+# ======================================================================================
+# 4. read-checks: Spells the Python values the trace read, and finds where each call reads them again.
 # ======================================================================================
 # What the checks of a MakeFxTracer artifact's reads are made of (precompile/codegen/drivers/
 # makefx_reads.py, included verbatim before the driver, which checks SPECIALIZED with them). The trace
@@ -242,6 +495,9 @@ from operator import getitem as _getitem
 from operator import is_ as _is
 
 import torch
+
+if "code_tokens_sha256" not in globals():  # a module of its own; python_code holds driver-sources above
+    from precompile.codegen.drivers.source_checks import code_tokens_sha256
 
 
 def spelled(value):
@@ -370,13 +626,17 @@ def _function(value, depth=0):
 
 
 def _code_text(code):
-    """A code object by the sha256 of the source lines it spans, as written: moved (lines added above
-    it), it is the same code; edited, another. By the line it starts on where no source is readable."""
+    """A code object by the sha256 of the tokens its source lines hold (driver-sources'
+    `code_tokens_sha256`): moved (lines added above it) or with only a comment or spacing changed, it
+    is the same code; edited, another. By those lines as written where they do not tokenize alone,
+    by the line it starts on where no source is readable."""
     try:
         lines, _ = _inspect.getsourcelines(code)
     except (OSError, TypeError):
         return f"line {code.co_firstlineno}"
-    return "code " + _hashlib.sha256("".join(lines).encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    text = "".join(lines)
+    tokens = code_tokens_sha256(text)
+    return "code " + (tokens or _hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest())[:12]
 
 
 # Items a library keeps in the order of a set, which the process's string hash seed decides: diffusers'
@@ -692,216 +952,6 @@ class _ReadPlan:
 
     def still_absent(self):
         return not any(map(_contains, self.absent_dicts, self.absent_keys))
-
-
-# ======================================================================================
-# 4. driver-sources: Checks the code the trace ran still says what it said at capture.
-# ======================================================================================
-# Whether the code a capture ran still says what it said at capture (precompile/codegen/drivers/
-# source_checks.py, included verbatim in python_code): Dynamo's guards do not check the code it
-# inlined, and a MakeFx trace keeps none of the code it ran. Capture hashes the same bytes with the
-# same functions (capturing/inlined_files.py); text that moved without changing is the same code.
-import hashlib as _hashlib
-import importlib as _importlib
-import importlib.machinery as _machinery
-import inspect as _inspect
-import linecache as _linecache
-import os as _os
-import sys as _sys
-
-if "PrecompileError" not in globals():  # a module of its own, or a MakeFx driver's python_code
-    try:
-        from precompile.errors import PrecompileError
-    except ImportError:  # served where only torch is installed: a twin of the same name
-
-        class PrecompileError(RuntimeError):
-            pass
-
-
-def _refuse(artifact, message, remedy):
-    raise PrecompileError(f"{artifact}: {message}; {remedy}")
-
-
-def hash_source_lines(lines, first_line, last_line):
-    return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
-
-
-def _unimported_origin(name):
-    """The .py file the import system would load for module `name`, found without executing it or
-    its packages; None where it is not a plain source file read by the standard source loader."""
-    spec, locations = None, None
-    parts = name.split(".")
-    for depth in range(1, len(parts) + 1):
-        prefix = ".".join(parts[:depth])
-        loaded = _sys.modules.get(prefix)
-        spec = getattr(loaded, "__spec__", None) if loaded is not None else _machinery.PathFinder.find_spec(prefix, locations)
-        if spec is None:
-            return None
-        locations = spec.submodule_search_locations
-    if spec is None:  # a name with no parts
-        return None
-    origin = spec.origin if spec.has_location else None
-    # a real .py file, whichever loader read it (pytest's assertion rewriter loads a plugin's package);
-    # a module in a zip archive has no file of its own: its loader reads it
-    return origin if origin and origin.endswith(".py") and _os.path.isfile(origin) else None
-
-
-def source_file(name):
-    """The file module `name`'s source is read from: inspect's choice for an imported module, the
-    import system's for one not imported yet (found without executing it); None where there is none."""
-    loaded = _sys.modules.get(name)
-    if loaded is None:
-        return _unimported_origin(name)
-    path = getattr(loaded, "__file__", None)
-    if type(path) is str and path.endswith(".py") and isinstance(getattr(loaded, "__loader__", None), _machinery.SourceFileLoader):
-        return path  # what inspect.getsourcefile answers for it, without its lookups
-    try:
-        return _inspect.getsourcefile(loaded)
-    except TypeError:  # a built-in module
-        return None
-
-
-def hash_spans(data, spans):
-    """The sha256 of the bytes each [start, end) span of `data` holds, in order (InlinedFile.sha256)."""
-    digest = _hashlib.sha256()
-    for start, end in spans:
-        digest.update(data[start:end])
-    return digest.hexdigest()
-
-
-def _span_bytes(file, start, end):
-    """The bytes [start, end) of a file opened unbuffered where they still begin a line and end one (or
-    end the file); None otherwise (a short read included: the ranges are then hashed line by line)."""
-    before = 1 if start > 0 else 0
-    file.seek(start - before)
-    chunk = file.read(end - start + before + 1)
-    span = chunk[before : before + end - start]
-    if len(span) != end - start or (before and chunk[0] != 10):
-        return None
-    if span and span[-1] != 10 and len(chunk) > before + len(span):  # the span's last line goes on
-        return None
-    return span
-
-
-def _is_span(span, size):
-    return (type(span) in (list, tuple) and len(span) == 2 and all(type(offset) is int for offset in span)
-            and 0 <= span[0] <= span[1] <= size)
-
-
-def _file_unchanged(path, entry):
-    """Whether the file at `path` still has the bytes an INLINED_FILES entry hashed: the spans of its
-    inlined ranges and its first two lines (read alone), or the whole file for an entry written before
-    spans. The spans' line numbers are not checked: text that moved without changing its bytes or
-    offsets is the same code (capture's inlined_files.py says more)."""
-    spans = entry.get("spans", ())
-    with open(path, "rb", buffering=0) as file:
-        if not spans:
-            return _hashlib.sha256(file.readall()).hexdigest() == entry["sha256"]
-        size = file.seek(0, 2)
-        digest = _hashlib.sha256()
-        for span in spans:
-            data = _span_bytes(file, *span) if _is_span(span, size) else None
-            if data is None:
-                return False
-            digest.update(data)
-    return digest.hexdigest() == entry["sha256"]
-
-
-def _unchanged_modules(metadata):
-    """The modules whose source file still has the bytes INLINED_FILES recorded: capture checked each of
-    their INLINED_SOURCES ranges against exactly those bytes, so none needs reading again."""
-    unchanged = set()
-    for entry in metadata.get("INLINED_FILES", ()):
-        path = None if entry["module"] == "__main__" else source_file(entry["module"])
-        if path is None:
-            continue
-        try:
-            if _file_unchanged(path, entry):
-                unchanged.add(entry["module"])
-        except OSError:
-            pass
-    return unchanged
-
-
-def module_source_lines(name, artifact):
-    """Module `name`'s source lines, read as Dynamo's package reads them to hash the code it inlined
-    (inspect.getsourcelines of the module, in torch._dynamo.package._hash_sourcelines; a test keeps
-    the two equal). A module not imported yet is read from its file, not imported: the polyfills
-    Dynamo inlines live in torch._dynamo, which a standalone artifact never imports."""
-    origin = None if name in _sys.modules else _unimported_origin(name)
-    if origin is not None:
-        return _linecache.getlines(origin)
-    return _inspect.getsourcelines(_module(name, artifact))[0]
-
-
-def _check_sources(metadata, artifact, unfound_ok=False):
-    """The code the capture ran (Dynamo inlined, a MakeFx trace ran) must still say what it said at
-    capture: neither's checks read it. Each module's source is read once, however many of its
-    functions were recorded, and not at all where its whole file is unchanged; a function whose text
-    now sits at other line numbers (lines added or removed above it) is the same code. `unfound_ok`
-    (a MakeFx artifact, which runs none of that code): a module this process cannot find (a capture
-    script's, a test's) passes, since no code of it runs here to differ from the graph."""
-    unchanged = _unchanged_modules(metadata)
-    lines_of = {}
-    for source in metadata.get("INLINED_SOURCES", ()):
-        name = source["module"]
-        if name in unchanged or unfound_ok and name not in _sys.modules and _unimported_origin(name) is None:
-            continue
-        if name not in lines_of:
-            try:
-                lines_of[name] = module_source_lines(name, artifact)
-            except (OSError, TypeError):
-                lines_of[name] = None
-        lines, first, last = lines_of[name], source["first_line"], source["last_line"]
-        if lines is not None and (hash_source_lines(lines, first, last) == source["sha256"] or _moved(lines, source)):
-            continue
-        what = f"{name}.{source['function']} (lines {first}-{last - 1} at capture)" if source.get("function") else \
-            f"{name} lines {first}-{last - 1}"
-        _refuse(artifact, f"the source of {what} changed since capture (its compiled graphs may no longer match "
-                          "it)", "capture the artifact again from the current source")
-
-
-def _moved(lines, source):
-    """Whether a range's text sits unchanged at other line numbers: where the function it is (named at
-    capture) sits now, or, for code no name finds (a lambda's line), at exactly one other place."""
-    length = source["last_line"] - source["first_line"]
-    if source.get("function"):
-        found = function_lines(lines, source["function"])
-        return found is not None and hash_source_lines(lines, *found) == source["sha256"]
-    starts = [start for start in range(1, len(lines) - length + 2)
-              if hash_source_lines(lines, start, start + length) == source["sha256"]]
-    return len(starts) == 1
-
-
-def function_lines(lines, qualname):
-    """(first, last) of function `qualname` (`Block.forward`, `make_act.<locals>.act`) in a module's
-    source `lines`, its decorators included, last exclusive; None where no one def answers to it."""
-    import ast
-
-    try:
-        scope: list = [ast.parse("".join(lines))]
-    except (SyntaxError, ValueError):
-        return None
-    for part in (p for p in qualname.split(".") if p != "<locals>"):
-        scope = [node for parent in scope for node in ast.iter_child_nodes(parent)
-                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part]
-        if len(scope) != 1:
-            return None
-    node = scope[0]
-    if isinstance(node, ast.ClassDef) or node.end_lineno is None:
-        return None
-    return min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno + 1
-
-
-def _module(name, artifact):
-    if name == "__main__":
-        _refuse(artifact, "it captured code defined in __main__, which another process cannot import",
-                "define fn in an importable module and capture again")
-    try:
-        return _importlib.import_module(name)
-    except ImportError as exc:
-        _refuse(artifact, f"its code lives in module {name!r}, which cannot be imported here ({exc})",
-                "serve it where that module is importable")
 
 
 # ======================================================================================
