@@ -193,3 +193,20 @@ def reads_a_compiler_setting(x):
     """Reads a torch.compiler setting while traced (torch 2.15's Dynamo inlines the config module's
     __getattr__ and guards the override it reads, as it does for functional collectives' read)."""
     return x * 2 if torch.compiler.config.job_id is None else x + 1
+
+
+import enum  # noqa: E402  (here, not above: the goldens name this module's earlier lines)
+
+
+class Kind(enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+KINDS = {Kind.RED, Kind.BLUE}
+
+
+def tests_membership_in_an_enum_set(x):
+    """Tests membership in a set of enum members: Dynamo reads the set by position, in the order the
+    process's string hash seed gives it (an enum member hashes by its name)."""
+    return x * 2 if Kind.RED in KINDS else x

@@ -14,6 +14,7 @@ rendering raises `Unrenderable`: the capture is refused.
 from __future__ import annotations
 
 import ast
+import enum
 import json
 import re
 import types
@@ -49,7 +50,11 @@ _SOURCE_BUILTINS = frozenset({"dict", "type", "list", "object"})
 _GLOBAL_HOOKS = re.compile(r"\._global_(forward|forward_pre|backward|backward_pre)_hooks$")
 # `get`: a ContextVar's value (torch 2.15's config module keeps a user's overrides in ContextVars).
 _SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "get", "__getitem__", "__getattribute__"})
-_EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object}
+# torch 2.14's Dynamo reads a set's i-th member through a helper of its own, `___set_getitem(s, i)`, which
+# is `list(s)[i]`: rendered, and evaluated, as that.
+_SET_GETITEM = re.compile(r"___set_getitem\(((?:[^()]|\([^()]*\))+), (\d+)\)")
+_EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object,
+                  "___set_getitem": lambda held, index: list(held)[index]}
 # Dtype keys as Dynamo's source text writes them (diffusers' `_DTYPE_UNSUPPORTED_DEVICES[torch.float64]`).
 _TORCH_DTYPES = frozenset(f"torch.{name}" for name, value in vars(torch).items() if isinstance(value, torch.dtype))
 
@@ -96,7 +101,7 @@ class _Variant:
 
     def renamed(self, text: str) -> str:
         """Dynamo's source text as the artifact reads it: dicts by key (key_lookups), its globals renamed."""
-        return rename_sources(self.lookups.text(text), self.renames)
+        return rename_sources(_SET_GETITEM.sub(r"list(\1)[\2]", self.lookups.text(text)), self.renames)
 
     def minted_module(self, match: re.Match, label: str) -> str:
         """A module Dynamo bound under a name minted from its id (G['_<id>_c0']), which no other process
@@ -137,14 +142,14 @@ class _Variant:
         return f"_by_name[{ref!r}]"
 
     def spelled(self, value, label: str) -> str:
-        """An expression equal to `value`: a literal, a class or function by name, or a tuple or
-        frozenset of those (in a stable order: a frozenset's items sorted by their spelling)."""
+        """An expression equal to `value`: a literal, a class, function or enum member by name, or a
+        tuple or frozenset of those (in a stable order: a frozenset's items sorted by their spelling)."""
         if type(value) in (tuple, frozenset):
             items = [self.spelled(item, label) for item in value]
             if type(value) is tuple:
                 return "(" + "".join(f"{item}, " for item in items) + ")"
             return "frozenset({" + ", ".join(sorted(items)) + "})" if items else "frozenset()"
-        if isinstance(value, type) or callable(value):
+        if isinstance(value, (type, enum.Enum)) or callable(value):
             return self.named(value, label)
         return literal(value, label)
 

@@ -36,6 +36,7 @@ from precompile.capturing.dynamo.logs import BackendFallbackLog, GraphBreakReaso
 from precompile.capturing.dynamo.minted_globals import record_guarded_minted_modules, record_minted_modules
 from precompile.capturing.dynamo.next_call import CallMode, served_again
 from precompile.capturing.dynamo.parametrized import refuse_parametrized_modules
+from precompile.capturing.dynamo.set_order import warn_set_order
 from precompile.capturing.dynamo.standalone import minted_renamed, readable_guards, remainder_bytes, standalone_parts
 from precompile.capturing.dynamo.subgraphs import AtenRecorder, InductorLowerer, split_sources
 from precompile.capturing.inlined_files import identified_sources, inlined_files
@@ -63,7 +64,6 @@ def unmarshallable_constant(entry) -> str | None:
     the code that re-enters a `with torch.autocast(device, dtype=torch.bfloat16):` block after a graph
     break (the dtype): a standalone artifact ships code marshalled, an installed one pickled."""
     import marshal
-    import types
 
     from precompile.torch_compat import SerializedCode
 
@@ -124,9 +124,7 @@ def refuse_uninstallable(entry, frames: list[DynamoFrame]) -> None:
     from precompile.torch_compat import lookup_code as _lookup_code
 
     lost = []
-    for code, frame in zip(entry.codes, frames):
-        if not frame.installed:
-            continue
+    for code, frame in ((c, f) for c, f in zip(entry.codes, frames) if f.installed):
         if code.python_module == "__main__":
             lost.append(f"{frame.qualname} (defined in __main__, which a serving process cannot import)")
             continue
@@ -392,6 +390,7 @@ class DynamoSession:
             parts = standalone_parts(entry, frames, guards, self.fn, pickled_backends,
                                      [section.source for section in sections], self._ledger.seen, lookups)
             source = minted_renamed(render_dynamo_standalone(metadata, sections, parts, remainder_bytes(parts)), parts)
+        warn_set_order(source)
         log.info("rendered a Dynamo artifact: %d frames, %d variants", len(frames), len(guards))
         return pipeline.finish(source, backend=self.backend, tracer="dynamo", kernel_build=self.kernel_build,
                                kernel_modules=modules)

@@ -4,6 +4,7 @@
 # torch's guard manager (_TorchGuards), the invariance policy's slots taken out and the by-name
 # identity checks added against what each name resolves to here.
 import contextvars as _contextvars
+import enum as _enum
 import importlib as _importlib
 import json as _json
 import keyword as _keyword
@@ -240,35 +241,61 @@ class _RenderedGuards:
 def _received(failed, f_locals, scope):
     """What the source a failed check names holds in this call, described ("model.act is
     torch._VariableFunctionsClass.tanh"); None where the failure is not a plain source's (torch's own
-    words follow a tensor's or the global state's) or the source is not there."""
-    parts = failed.split(" ")
+    words follow a tensor's or the global state's) or the source is not there. A set's member read by
+    its place (`list(G['MODES'])[0]`, torch 2.14's `___set_getitem(G['MODES'], 0)`) says why its order
+    may differ from capture's."""
+    parts = _re.sub(r"___set_getitem\(((?:[^()]|\([^()]*\))+), (\d+)\)", r"list(\1)[\2]", failed).split(" ")
     if len(parts) < 2 or parts[0] in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"):
         return None
     source = parts[1]
     setting = _re.fullmatch(_OVERRIDE_SLOT, source)
     if setting is not None:  # what a torch config override's slot stands for: the setting
         source = f"{setting.group(1)}.{setting.group(2)}"
-    root = _re.match(_SOURCE_ROOT, source)
-    if root is None or not _re.fullmatch(f"(?:{_SOURCE_STEP})*", source[root.end():]):
-        return None
     try:
+        text = f"{source} is {_described(_walked(source, f_locals, scope))}"
+    except Exception:  # a source that is not there, or not a plain one
+        text = None
+    for listed in _re.finditer(r"\blist\(([^()]+)\)((?:\.\w+|\[\d+\]|\['[^'\]]+'\])*)", " ".join(parts[1:])):
+        try:  # how Dynamo reads a set's n-th member, in the failed check's source or what it compares with
+            held = _walked(listed.group(1), f_locals, scope)
+            member = _described(_walked(listed.group(2), f_locals, scope, list(held)))
+        except Exception:
+            continue
+        if isinstance(held, (set, frozenset)):
+            return (f"{text}; " if text and listed.group(0) != source else "") + (
+                f"{listed.group(0)} is {member}; {listed.group(1)} is a set, whose order follows the process's hash "
+                "seed where its members hash by a string (enum members, strings): capture and serve under one fixed "
+                "PYTHONHASHSEED, or make it a tuple and capture again")
+    return text
+
+
+def _walked(steps, f_locals, scope, value=None):
+    """What a plain source holds (`steps` from `value`, or from its root local or global where
+    `value` is None); raises where `steps` is not a plain source or what it names is not there."""
+    if value is None:
+        root = _re.match(_SOURCE_ROOT, steps)
+        if root is None:
+            raise LookupError(steps)
         value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
-        for attr, index, key in _re.findall(_SOURCE_STEP, source[root.end():]):
-            value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
-    except Exception:  # a source that is not there: the failed check says so
-        return None
-    return f"{source} is {_described(value)}"
+        steps = steps[root.end():]
+    if not _re.fullmatch(f"(?:{_SOURCE_STEP})*", steps):
+        raise LookupError(steps)
+    for attr, index, key in _re.findall(_SOURCE_STEP, steps):
+        value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+    return value
 
 
 def _described(value):
     """A short, safe description of a value a guard checked: a constant as a literal (a dtype or device
-    as torch writes it), a class or function by qualified name, a collection by its type and size,
+    as torch writes it), an enum member, a class or function by qualified name, a collection by its type and size,
     anything else by its type."""
     kind = type(value)
     if value is None or kind in (bool, int, float, str):
         text = repr(value)
     elif kind in (torch.dtype, torch.device):  # torch.float64, device(type='meta')
         text = repr(value)
+    elif isinstance(value, _enum.Enum):
+        text = f"{kind.__module__}.{kind.__qualname__}.{value.name}"
     elif isinstance(value, (dict, list, tuple, set, frozenset)):
         text = f"{_article(kind.__name__)} {kind.__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
     elif isinstance(value, type) or callable(value) and isinstance(getattr(value, "__qualname__", None), str):

@@ -226,12 +226,14 @@ INLINED_SOURCES = ({'module': 'dynamo_cases',
   'first_line': 9,
   'last_line': 13,
   'sha256': 'd347d3af53d502ec74392ec0a04b80463567ff9dfee9f9e3ee0d802be31d2d66',
-  'function': 'break_and_scale'},
+  'function': 'break_and_scale',
+  'token_sha256': '537983ed826783f0172dcadf3a5408dcd29f01bd67a44bd7ce80190a949518a5'},
  {'module': 'torch.nn.modules.linear',
   'first_line': 130,
   'last_line': 135,
   'sha256': 'c0ab8f42cc3bf9489809b19c321cc85f0b1d4eafebacb96bd8e132cb9e95ef76',
-  'function': 'Linear.forward'})
+  'function': 'Linear.forward',
+  'token_sha256': '6b9293b0c933fcd29b9242080c2a96867367c6d5f4d0e292a2b9e1d88aee0e27'})
 INLINED_FILES = ({'module': 'dynamo_cases',
   'sha256': '<file sha256>',
   'spans': ((<start>, <end>), (<start>, <end>))},
@@ -979,6 +981,7 @@ _dynamo_state = None
 # torch's guard manager (_TorchGuards), the invariance policy's slots taken out and the by-name
 # identity checks added against what each name resolves to here.
 import contextvars as _contextvars
+import enum as _enum
 import importlib as _importlib
 import json as _json
 import keyword as _keyword
@@ -1215,35 +1218,61 @@ class _RenderedGuards:
 def _received(failed, f_locals, scope):
     """What the source a failed check names holds in this call, described ("model.act is
     torch._VariableFunctionsClass.tanh"); None where the failure is not a plain source's (torch's own
-    words follow a tensor's or the global state's) or the source is not there."""
-    parts = failed.split(" ")
+    words follow a tensor's or the global state's) or the source is not there. A set's member read by
+    its place (`list(G['MODES'])[0]`, torch 2.14's `___set_getitem(G['MODES'], 0)`) says why its order
+    may differ from capture's."""
+    parts = _re.sub(r"___set_getitem\(((?:[^()]|\([^()]*\))+), (\d+)\)", r"list(\1)[\2]", failed).split(" ")
     if len(parts) < 2 or parts[0] in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"):
         return None
     source = parts[1]
     setting = _re.fullmatch(_OVERRIDE_SLOT, source)
     if setting is not None:  # what a torch config override's slot stands for: the setting
         source = f"{setting.group(1)}.{setting.group(2)}"
-    root = _re.match(_SOURCE_ROOT, source)
-    if root is None or not _re.fullmatch(f"(?:{_SOURCE_STEP})*", source[root.end():]):
-        return None
     try:
+        text = f"{source} is {_described(_walked(source, f_locals, scope))}"
+    except Exception:  # a source that is not there, or not a plain one
+        text = None
+    for listed in _re.finditer(r"\blist\(([^()]+)\)((?:\.\w+|\[\d+\]|\['[^'\]]+'\])*)", " ".join(parts[1:])):
+        try:  # how Dynamo reads a set's n-th member, in the failed check's source or what it compares with
+            held = _walked(listed.group(1), f_locals, scope)
+            member = _described(_walked(listed.group(2), f_locals, scope, list(held)))
+        except Exception:
+            continue
+        if isinstance(held, (set, frozenset)):
+            return (f"{text}; " if text and listed.group(0) != source else "") + (
+                f"{listed.group(0)} is {member}; {listed.group(1)} is a set, whose order follows the process's hash "
+                "seed where its members hash by a string (enum members, strings): capture and serve under one fixed "
+                "PYTHONHASHSEED, or make it a tuple and capture again")
+    return text
+
+
+def _walked(steps, f_locals, scope, value=None):
+    """What a plain source holds (`steps` from `value`, or from its root local or global where
+    `value` is None); raises where `steps` is not a plain source or what it names is not there."""
+    if value is None:
+        root = _re.match(_SOURCE_ROOT, steps)
+        if root is None:
+            raise LookupError(steps)
         value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
-        for attr, index, key in _re.findall(_SOURCE_STEP, source[root.end():]):
-            value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
-    except Exception:  # a source that is not there: the failed check says so
-        return None
-    return f"{source} is {_described(value)}"
+        steps = steps[root.end():]
+    if not _re.fullmatch(f"(?:{_SOURCE_STEP})*", steps):
+        raise LookupError(steps)
+    for attr, index, key in _re.findall(_SOURCE_STEP, steps):
+        value = getattr(value, attr) if attr else value[int(index)] if index else value[key]
+    return value
 
 
 def _described(value):
     """A short, safe description of a value a guard checked: a constant as a literal (a dtype or device
-    as torch writes it), a class or function by qualified name, a collection by its type and size,
+    as torch writes it), an enum member, a class or function by qualified name, a collection by its type and size,
     anything else by its type."""
     kind = type(value)
     if value is None or kind in (bool, int, float, str):
         text = repr(value)
     elif kind in (torch.dtype, torch.device):  # torch.float64, device(type='meta')
         text = repr(value)
+    elif isinstance(value, _enum.Enum):
+        text = f"{kind.__module__}.{kind.__qualname__}.{value.name}"
     elif isinstance(value, (dict, list, tuple, set, frozenset)):
         text = f"{_article(kind.__name__)} {kind.__name__} of {len(value)} item{'s' if len(value) != 1 else ''}"
     elif isinstance(value, type) or callable(value) and isinstance(getattr(value, "__qualname__", None), str):
@@ -1376,14 +1405,17 @@ def _seed_builtins(scope, key, artifact):
 # Whether the code a capture ran still says what it said at capture (precompile/codegen/drivers/
 # source_checks.py, included verbatim in python_code): Dynamo's guards do not check the code it
 # inlined, and a MakeFx trace keeps none of the code it ran. Capture hashes the same bytes with the
-# same functions (capturing/inlined_files.py); text that moved without changing is the same code.
+# same functions (capturing/inlined_files.py); text that moved without changing is the same code, and
+# so is text whose tokens are the same (only comments, blank lines or spacing changed).
 import hashlib as _hashlib
 import importlib as _importlib
 import importlib.machinery as _machinery
 import inspect as _inspect
+import io as _io
 import linecache as _linecache
 import os as _os
 import sys as _sys
+import tokenize as _tokenize
 
 if "PrecompileError" not in globals():  # a module of its own, or a MakeFx driver's python_code
     try:
@@ -1400,6 +1432,28 @@ def _refuse(artifact, message, remedy):
 
 def hash_source_lines(lines, first_line, last_line):
     return _hashlib.sha256("".join(lines[first_line - 1 : last_line - 1]).encode()).hexdigest()
+
+
+# Tokens that say only where a line begins, ends or how deep it sits: kept by kind, not by their text.
+_LAYOUT_TOKENS = (_tokenize.INDENT, _tokenize.DEDENT, _tokenize.NEWLINE, _tokenize.ENDMARKER)
+
+
+def code_tokens_sha256(text):
+    """The sha256 of the tokens `text` (whole lines of source) holds, leaving out its comments, its
+    blank lines and the spacing within and between its lines (an indent counts by its place, not its
+    width): two texts with the same tokens parse to the same code, only on other lines. None where the
+    text does not tokenize on its own (it begins or ends inside a statement)."""
+    digest = _hashlib.sha256()
+    try:
+        for token in _tokenize.generate_tokens(_io.StringIO(text).readline):
+            if token.type in (_tokenize.COMMENT, _tokenize.NL):
+                continue
+            kind = _tokenize.tok_name[token.type]
+            digest.update(f"{kind}\0".encode() if token.type in _LAYOUT_TOKENS else
+                          f"{kind} {token.string}\0".encode("utf-8", "surrogatepass"))
+    except (_tokenize.TokenError, SyntaxError):  # IndentationError is a SyntaxError
+        return None
+    return digest.hexdigest()
 
 
 def _unimported_origin(name):
@@ -1514,7 +1568,8 @@ def _check_sources(metadata, artifact, unfound_ok=False):
     """The code the capture ran (Dynamo inlined, a MakeFx trace ran) must still say what it said at
     capture: neither's checks read it. Each module's source is read once, however many of its
     functions were recorded, and not at all where its whole file is unchanged; a function whose text
-    now sits at other line numbers (lines added or removed above it) is the same code. `unfound_ok`
+    now sits at other line numbers (lines added or removed above it) is the same code, and so is one
+    whose tokens are the same (a comment, a blank line, a line's spacing changed). `unfound_ok`
     (a MakeFx artifact, which runs none of that code): a module this process cannot find (a capture
     script's, a test's) passes, since no code of it runs here to differ from the graph."""
     unchanged = _unchanged_modules(metadata)
@@ -1529,7 +1584,7 @@ def _check_sources(metadata, artifact, unfound_ok=False):
             except (OSError, TypeError):
                 lines_of[name] = None
         lines, first, last = lines_of[name], source["first_line"], source["last_line"]
-        if lines is not None and (hash_source_lines(lines, first, last) == source["sha256"] or _moved(lines, source)):
+        if lines is not None and _range_unchanged(lines, source):
             continue
         what = f"{name}.{source['function']} (lines {first}-{last - 1} at capture)" if source.get("function") else \
             f"{name} lines {first}-{last - 1}"
@@ -1537,16 +1592,26 @@ def _check_sources(metadata, artifact, unfound_ok=False):
                           "it)", "capture the artifact again from the current source")
 
 
-def _moved(lines, source):
-    """Whether a range's text sits unchanged at other line numbers: where the function it is (named at
-    capture) sits now, or, for code no name finds (a lambda's line), at exactly one other place."""
-    length = source["last_line"] - source["first_line"]
-    if source.get("function"):
-        found = function_lines(lines, source["function"])
-        return found is not None and hash_source_lines(lines, *found) == source["sha256"]
-    starts = [start for start in range(1, len(lines) - length + 2)
-              if hash_source_lines(lines, start, start + length) == source["sha256"]]
-    return len(starts) == 1
+def _range_unchanged(lines, source):
+    """Whether a range's code is still in a module's `lines`: its text on its lines, or where the
+    function it is (named at capture) sits now, or, for code no name finds (a lambda's line), at
+    exactly one other place; or, where capture hashed its tokens, the same tokens where the function
+    sits now (on its own lines, unnamed): a comment, a blank line or a line's spacing changed only."""
+    first, last, sha256 = source["first_line"], source["last_line"], source["sha256"]
+    if hash_source_lines(lines, first, last) == sha256:
+        return True
+    found = function_lines(lines, source["function"]) if source.get("function") else None
+    if found is not None and hash_source_lines(lines, *found) == sha256:
+        return True
+    if not source.get("function"):
+        length = last - first
+        starts = [start for start in range(1, len(lines) - length + 2)
+                  if hash_source_lines(lines, start, start + length) == sha256]
+        if len(starts) == 1:
+            return True
+    tokens = source.get("token_sha256")
+    first, last = found or (first, last)
+    return bool(tokens) and code_tokens_sha256("".join(lines[first - 1 : last - 1])) == tokens
 
 
 def function_lines(lines, qualname):
