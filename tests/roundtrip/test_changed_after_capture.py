@@ -125,3 +125,18 @@ def test_a_setting_changed_after_capture_is_served_as_eager_or_refused(captured_
     for kind, text in named.items():
         for when in ("first call", "after a validated call"):
             assert text in outcomes[f"makefx {kind} ({when})"], outcomes[f"makefx {kind} ({when})"]
+
+
+def test_the_guards_verb_shows_what_checks_a_class_attributes_identity(captured_kinds):
+    """Dynamo names the slot of a class attribute's identity `dict(type(model).__dict__)['MODE']`; the
+    by-name check that stands in for it walks `type(model).__dict__['MODE']`. `precompile guards` pairs
+    the two, so the slot shows the enum member it must be rather than nothing."""
+    from precompile import inspect
+
+    artifact = next(item for item in captured_kinds if item[:2] == ["class_enum", "dynamo"])
+    report = inspect.guards_report(inspect.open_path(artifact[2], artifact[3]))
+    slots = [slot for frame in report.guards.frames for slot in frame.slots
+             if slot.guard_type == "ID_MATCH" and slot.source == "dict(type(model).__dict__)['MODE']"]
+    assert slots and all(slot.status == "kept" for slot in slots), report.guards
+    assert all(slot.check.endswith("__dict__['MODE'] is _by_name['changed_state_cases:Mode.PLAIN']")
+               for slot in slots), [slot.check for slot in slots]

@@ -8,6 +8,7 @@ their guard slots (kept, dropped, risky, policy-dropped) keyed by (guard_type, s
 from __future__ import annotations
 
 import ast
+import re
 
 from precompile.artifact.metadata import (
     ConstantLeaf,
@@ -138,11 +139,22 @@ def _occurrences(text: str, part: str) -> list[int]:
     return found
 
 
+# Dynamo's spelling of a read from a class's own dict, `dict(type(X).__dict__)[...]`, and the walk a
+# by-name check labels it with, `type(X).__dict__[...]` (capturing/dynamo/named_identity.py `walkable`).
+_ROOT, _STEP = r"(?:[LG]\['[^'\]]+'\]|[A-Za-z_]\w*)", r"(?:\.\w+|\[\d+\]|\['[^'\]]+'\])"
+_CLASS_DICT = re.compile(rf"dict\((type\({_ROOT}{_STEP}*\){_STEP}*\.__dict__)\)")
+
+
+def _labelled(label: str, index: dict[str, list[str]]) -> list[str]:
+    """The entries of `index` under a slot's label, or under its by-name check's spelling of it."""
+    return index.get(label) or index.get(_CLASS_DICT.sub(r"\1", label), [])
+
+
 def _kept_check(slot_label: str, checks: dict[str, str], index: dict[str, list[str]]) -> str:
     """The rendered condition(s) of a kept slot, matched by its label."""
     if slot_label.startswith("TENSOR_MATCH") and "TENSOR_MATCH" in checks:
         return checks["TENSOR_MATCH"] + "  (one TensorGuards call for every tensor)"
-    return " and ".join(dict.fromkeys(index.get(slot_label, ())))
+    return " and ".join(dict.fromkeys(_labelled(slot_label, index)))
 
 
 def readable_source(meta: DynamoMetadata, source: str | bytes | None,
@@ -203,7 +215,7 @@ def dynamo_guards(meta: DynamoMetadata, source: str | bytes | None = None,
             if (variant.frame, variant.variant) not in origin_indexes:
                 origin_indexes[variant.frame, variant.variant] = _check_index(made_at)
             label = f"{guard_type} {source}".strip()  # its own label first, as the checks are matched
-            origin = made_at.get(label) or next(iter(origin_indexes[variant.frame, variant.variant].get(label, ())), "")
+            origin = made_at.get(label) or next(iter(_labelled(label, origin_indexes[variant.frame, variant.variant])), "")
             slots.append(GuardSlot(guard_type=guard_type, source=source, status="kept", check=runs, origin=origin))
         # Artifacts since per-variant accounting also say which slots each variant does not check.
         slots += [unchecked(check.partition(" ")[::2], False) for check in variant.dropped]
