@@ -21,6 +21,7 @@ STEP = '''import torch
     return (y * 2).sin()
 '''
 COMMENT = "# Three comment lines added above the captured function:\n# a release that moves code down\n# its file.\n"
+RESTYLED = STEP.replace("    y = model(x)\n", "    # the layer, then a comment-only change\n\n    y = model( x )\n")
 
 CAPTURE = r"""
 import sys, torch, precompile
@@ -57,9 +58,10 @@ GATES = (
 @pytest.fixture(scope="module")
 def releases(tmp_path_factory):
     root = tmp_path_factory.mktemp("moved")
-    for name, comment in (("before", ""), ("moved", COMMENT)):
+    for name, text in (("before", STEP.format(comment="")), ("moved", STEP.format(comment=COMMENT)),
+                       ("restyled", RESTYLED.format(comment=""))):
         (root / name).mkdir()
-        (root / name / "moved_step.py").write_text(STEP.format(comment=comment))
+        (root / name / "moved_step.py").write_text(text)
         proc = run_fresh(CAPTURE, cwd=root / name)
         assert proc.returncode == 0, proc.stderr
     return root
@@ -79,6 +81,25 @@ def test_moved_code_diffs_equal_and_passes_every_gate(releases, capsys):
     # The continuation Dynamo names after the line it resumes at is named by its place among step's.
     assert moved["FRAME_LINES torch_dynamo_resume_in_step_at_<break 1>"] == ("line 6", "line 9"), moved
     assert all(key.startswith(("FRAME_LINES ", "INLINED_SOURCES moved_step ")) for key in moved), moved
+
+
+def test_restyled_code_is_a_code_difference_only_and_passes_gates_that_leave_code_out(releases, capsys):
+    """Comments, blank lines and spacing changed inside `step`: the same tokens, so the same code (load
+    serves it), keyed alike in the diff (its inlined source is listed as moved); python_code's text and
+    Dynamo's line tables changed, which is what `code` says, and nothing else differs."""
+    a, b = str(releases / "before" / "out"), str(releases / "restyled" / "out")
+    rc, out, _ = run_cli(capsys, ["diff", "--json", a, b])
+    report = json.loads(out)
+    assert rc == 1 and {entry["category"] for entry in report["entries"]} <= {"code"}, report["entries"]
+    moved = [m["key"] for m in report["moved"]]
+    assert any(key.startswith("INLINED_SOURCES moved_step ") for key in moved), moved
+    assert all(key.startswith(("FRAME_LINES ", "INLINED_SOURCES moved_step ")) for key in moved), moved
+    for gate in GATES[1:]:
+        rc, out, _ = run_cli(capsys, [*gate, a, b])
+        assert rc == 0, (gate, out)
+    proc = run_fresh(SERVE, cwd=releases / "restyled")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["diff"] == 0.0
 
 
 def test_moved_code_serves_at_its_own_lines(releases):

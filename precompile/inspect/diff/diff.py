@@ -362,11 +362,13 @@ def _cache(artifact: Artifact, provenance: bool, files: dict[str, bytes]) -> dic
 
 
 def _inlined_sources(sources) -> dict[str, str]:
-    """Each inlined source by its module and text's sha256 (the second of the same text counted), with
-    the lines it sat on as the value: moved, it changed place, not what it does."""
+    """Each inlined source by its module and code's sha256 (the second of the same code counted): its
+    tokens' where capture hashed them (a comment, a blank line or spacing changed is the same code),
+    else its text's; with the lines it sat on as the value: moved, it changed place, not what it does.
+    (Against an artifact written before token hashes, every source is keyed otherwise: removed, added.)"""
     out: dict[str, str] = {}
     for source in sources:
-        key = f"INLINED_SOURCES {source.module} {source.sha256}"
+        key = f"INLINED_SOURCES {source.module} {source.token_sha256 or source.sha256}"
         while key in out:
             key += "+"
         out[key] = f"lines {source.first_line}-{source.last_line}"
