@@ -276,7 +276,18 @@ def run(model, x):
 '''
 
 
+RESTYLED_SERVE = r"""
+import json, sys, torch, precompile, edited_model
+served = precompile.load(sys.argv[1], sys.argv[2])
+model, x = edited_model.Child(), torch.ones(2, 8)
+with torch.no_grad():  # as captured
+    print(json.dumps(torch.equal(served(model, x), edited_model.run(model, x))))
+"""
+
+
 def test_installed_load_refuses_a_frame_whose_source_changed_since_capture(tmp_path, monkeypatch):
+    """An edit is refused; the same code moved down its file, with a comment and a blank line inside the
+    frame Dynamo installs onto, is the same code (its line table aside) and serves."""
     package = tmp_path / "src"
     package.mkdir()
     (package / "edited_model.py").write_text(EDITABLE)
@@ -287,6 +298,10 @@ def test_installed_load_refuses_a_frame_whose_source_changed_since_capture(tmp_p
         artifact, cache, _ = _capture(tmp_path, "edited", edited_model.run, [(edited_model.Child(), torch.ones(2, 8))])
     finally:
         sys.modules.pop("edited_model", None)
+    (package / "edited_model.py").write_text("# a comment line moves the code down\n" + EDITABLE.replace(
+        "        y = self.linear(x)\n", "        # a comment and a blank line inside the frame\n\n        y = self.linear( x )\n"))
+    proc = run_fresh(RESTYLED_SERVE, str(artifact), str(cache), env={"PYTHONPATH": f"{package}"})
+    assert proc.returncode == 0 and proc.stdout.strip().splitlines()[-1] == "true", proc.stderr
     (package / "edited_model.py").write_text(EDITABLE.replace("y * 2", "y * 3"))
     code = f"import precompile; precompile.load({str(artifact)!r}, {str(cache)!r})"
     proc = run_fresh(code, env={"PYTHONPATH": f"{package}"})

@@ -534,7 +534,7 @@ def _live_code(code, described, module, artifact, is_entry):
     except Exception as exc:  # whatever stops the lookup, the frame is not there
         _fail(artifact, f"it installs onto {where}, which this process does not have ({type(exc).__name__}: {exc})",
               "serve it with the code it was captured from")
-    if live != SerializedCode.to_code_object(code.python_code):
+    if _placeless(live) != _placeless(SerializedCode.to_code_object(code.python_code)):
         _fail(artifact, f"the code of {where} changed since capture (its variants were compiled from the old code)",
               "capture the artifact again from the current source")
     from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -543,6 +543,13 @@ def _live_code(code, described, module, artifact, is_entry):
         _fail(artifact, f"{where} already has live Dynamo cache entries (something compiled it in this process)",
               "load the artifact in a fresh process")
     return live
+
+
+def _placeless(code):
+    """A code object with where it sits taken out (its first line and line table, its nested code's
+    too): code moved down its file, or with a comment or blank line added inside, is the same code."""
+    consts = tuple(_placeless(c) if isinstance(c, _types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_firstlineno=1, co_linetable=b"", co_consts=consts)
 
 
 def _install(frames, tag, artifact):
