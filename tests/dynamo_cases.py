@@ -210,3 +210,11 @@ def tests_membership_in_an_enum_set(x):
     """Tests membership in a set of enum members: Dynamo reads the set by position, in the order the
     process's string hash seed gives it (an enum member hashes by its name)."""
     return x * 2 if Kind.RED in KINDS else x
+
+
+class Palette:
+    KINDS = {Kind.RED, Kind.BLUE}  # a class attribute: Dynamo reads it as dict(type(palette).__dict__)['KINDS']
+
+
+def tests_membership_in_a_class_attribute_set(palette, x):
+    return x * 2 if Kind.RED in palette.KINDS else x

@@ -52,7 +52,8 @@ _GLOBAL_HOOKS = re.compile(r"\._global_(forward|forward_pre|backward|backward_pr
 _SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "get", "__getitem__", "__getattribute__"})
 # torch 2.14's Dynamo reads a set's i-th member through a helper of its own, `___set_getitem(s, i)`, which
 # is `list(s)[i]`: rendered, and evaluated, as that.
-_SET_GETITEM = re.compile(r"___set_getitem\(((?:[^()]|\([^()]*\))+), (\d+)\)")
+_NESTED = r"(?:[^()]|\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\))+"  # text whose parentheses pair, three deep
+_SET_GETITEM = re.compile(rf"___set_getitem\(({_NESTED}), (\d+)\)")
 _EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object,
                   "___set_getitem": lambda held, index: list(held)[index]}
 # Dtype keys as Dynamo's source text writes them (diffusers' `_DTYPE_UNSUPPORTED_DEVICES[torch.float64]`).

@@ -17,10 +17,10 @@ from precompile.errors import PrecompileWarning
 
 log = logging.getLogger("precompile")
 
-# `list(<plain source>)[N]`, torch 2.14's `___set_getitem(<plain source>, N)`: Dynamo's read of a set's N-th
-# member. A dict's keys read so are spelled `list(dict.keys(...))[N]`, in the dict's insertion order,
-# which every process shares.
-_SOURCE = r"((?:[LG]\['[^'\]]+'\]|[A-Za-z_]\w*)(?:\.\w+|\[\d+\]|\['[^'\]]+'\])*)"
+# `list(<source>)[N]`, torch 2.14's `___set_getitem(<source>, N)`: Dynamo's read of a set's N-th member;
+# a source may call `dict(type(...).__dict__)` (a class attribute). A dict's keys read so are spelled
+# `list(dict.keys(...))[N]`, in the dict's insertion order, which every process shares.
+_SOURCE = r"((?!dict\.keys\()(?:[^()]|\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\))+)"
 _SET_MEMBER = re.compile(rf"\blist\({_SOURCE}\)\[\d+\]|\b___set_getitem\({_SOURCE}, \d+\)")
 
 
@@ -41,8 +41,8 @@ def warn_set_order(python_code: str) -> None:
         f"the guards read set {', '.join(sets)} member by member, in the order this process iterates "
         f"{'it' if len(sets) == 1 else 'them'} (this capture ran {seed_text}); members that hash by a string (enum "
         "members, strings) are ordered by the process's hash seed, others by their addresses, so a serving "
-        "process that orders it otherwise refuses the call. Make it a tuple (or a dict's keys), or capture and "
-        "serve under one fixed PYTHONHASHSEED"
+        "process that orders it otherwise refuses the call. Make it a tuple, or (members that hash by a string) "
+        "capture and serve under one fixed PYTHONHASHSEED"
     )
     log.warning("%s", message)
     warnings.warn(message, PrecompileWarning, stacklevel=6)

@@ -238,13 +238,17 @@ class _RenderedGuards:
         return failed if received is None else f"{failed} (this call's {received})"
 
 
+# Text whose parentheses pair, three deep: a guard source that calls `dict(type(...).__dict__)`.
+_NESTED = r"(?:[^()]|\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\))+"
+
+
 def _received(failed, f_locals, scope):
     """What the source a failed check names holds in this call, described ("model.act is
     torch._VariableFunctionsClass.tanh"); None where the failure is not a plain source's (torch's own
     words follow a tensor's or the global state's) or the source is not there. A set's member read by
     its place (`list(G['MODES'])[0]`, torch 2.14's `___set_getitem(G['MODES'], 0)`) says why its order
     may differ from capture's."""
-    parts = _re.sub(r"___set_getitem\(((?:[^()]|\([^()]*\))+), (\d+)\)", r"list(\1)[\2]", failed).split(" ")
+    parts = _re.sub(rf"___set_getitem\(({_NESTED}), (\d+)\)", r"list(\1)[\2]", failed).split(" ")
     if len(parts) < 2 or parts[0] in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"):
         return None
     source = parts[1]
@@ -255,29 +259,43 @@ def _received(failed, f_locals, scope):
         text = f"{source} is {_described(_walked(source, f_locals, scope))}"
     except Exception:  # a source that is not there, or not a plain one
         text = None
-    for listed in _re.finditer(r"\blist\(([^()]+)\)((?:\.\w+|\[\d+\]|\['[^'\]]+'\])*)", " ".join(parts[1:])):
+    for listed in _re.finditer(rf"\blist\(({_NESTED})\)((?:{_SOURCE_STEP})*)", " ".join(parts[1:])):
         try:  # how Dynamo reads a set's n-th member, in the failed check's source or what it compares with
             held = _walked(listed.group(1), f_locals, scope)
             member = _described(_walked(listed.group(2), f_locals, scope, list(held)))
         except Exception:
             continue
         if isinstance(held, (set, frozenset)):
-            return (f"{text}; " if text and listed.group(0) != source else "") + (
-                f"{listed.group(0)} is {member}; {listed.group(1)} is a set, whose order follows the process's hash "
-                "seed where its members hash by a string (enum members, strings): capture and serve under one fixed "
-                "PYTHONHASHSEED, or make it a tuple and capture again")
+            return (f"{text}; " if text and listed.group(0) != source else "") + \
+                f"{listed.group(0)} is {member}; {listed.group(1)} is a set, " + _set_order(held)
     return text
 
 
+def _set_order(held):
+    """What orders a set's members, and the remedy: a string's hash follows the process's hash seed
+    (an enum member hashes by its name), an object's default hash its address."""
+    if all(isinstance(m, (str, bytes)) or isinstance(m, _enum.Enum) and type(m).__hash__ is _enum.Enum.__hash__
+           for m in held):
+        return ("whose order follows the process's hash seed (its members hash by a string): capture and serve "
+                "under one fixed PYTHONHASHSEED, or make it a tuple and capture again")
+    return ("whose order follows its members' hashes, which (an object's, by its address) differ between "
+            "processes whatever the hash seed: make it a tuple and capture again")
+
+
 def _walked(steps, f_locals, scope, value=None):
-    """What a plain source holds (`steps` from `value`, or from its root local or global where
-    `value` is None); raises where `steps` is not a plain source or what it names is not there."""
+    """What a source holds (`steps` from `value`, or from its root where `value` is None: a local, a
+    global, `type(...)` or `dict(...)` of one); raises where it is not such a source or is not there."""
     if value is None:
-        root = _re.match(_SOURCE_ROOT, steps)
-        if root is None:
+        call = _re.match(rf"(type|dict)\(({_NESTED})\)", steps)
+        root = None if call else _re.match(_SOURCE_ROOT, steps)
+        if call is not None:
+            inner = _walked(call.group(2), f_locals, scope)
+            value, steps = (type(inner) if call.group(1) == "type" else dict(inner)), steps[call.end():]
+        elif root is not None:
+            value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
+            steps = steps[root.end():]
+        else:
             raise LookupError(steps)
-        value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
-        steps = steps[root.end():]
     if not _re.fullmatch(f"(?:{_SOURCE_STEP})*", steps):
         raise LookupError(steps)
     for attr, index, key in _re.findall(_SOURCE_STEP, steps):
