@@ -9,6 +9,7 @@ import enum as _enum
 import functools as _functools
 import hashlib as _hashlib
 import inspect as _inspect
+import sys as _sys
 import types as _types
 from operator import contains as _contains
 from operator import getitem as _getitem
@@ -49,7 +50,7 @@ def _spelled(value, depth):
     if isinstance(value, type):
         return f"class {value.__module__}.{value.__qualname__}"
     if kind in (_types.FunctionType, _types.BuiltinFunctionType):
-        return _function(value, depth)
+        return _function(_unpatched(value), depth)
     if kind is _types.MethodType:
         return "method " + _function(value.__func__, depth).removeprefix("function ")
     if depth > 8:
@@ -61,6 +62,14 @@ def _spelled(value, depth):
     if kind is _contextvars.ContextVar:
         return _context_var(value, depth)
     return _container(value, kind, depth)
+
+
+def _unpatched(function):
+    """A function torch.fx.wrap marked, as itself where torch.fx's stand-in for it (functools.wraps of it,
+    in its module's globals while a trace runs) is what a read found: served, no trace patches it."""
+    patches, code = _sys.modules.get("torch.fx._symbolic_trace"), getattr(function, "__code__", None)
+    patched = patches is not None and code is not None and code.co_filename == patches.__file__
+    return function.__wrapped__ if patched and hasattr(function, "__wrapped__") else function
 
 
 def _partial(value, depth):
