@@ -110,7 +110,22 @@ def _container(value, kind, depth):
         inner = None if None in items else ", ".join(f"{field}={item}" for field, item in zip(fields, items))
     else:
         inner = _collection(value, base, depth, _SET_ORDERED.get((kind.__module__, kind.__qualname__)))
+    attributes = _own_attributes(value, depth) if inner is not None else []
+    if inner is not None and attributes:  # attributes a subclass instance holds besides its items
+        inner = None if any(a is None for _, a in attributes) else \
+            inner + "; attributes " + ", ".join(f"{name}={held}" for name, held in attributes)
     return None if inner is None else f"{kind.__module__}.{kind.__qualname__}({inner})"
+
+
+def _own_attributes(value, depth):
+    """[(name, spelling)] of the attributes a dict subclass instance holds in its own __dict__ that do not
+    spell as the item of the same key (diffusers' FrozenDict mirrors its items as attributes, and a model
+    reads `config.flag`, the attribute: one set after capture differs from its item); [] otherwise."""
+    held = _instance_dict(value) if isinstance(value, dict) and type(value) is not dict else None
+    pairs = [(name, attribute, dict.get(value, name, _ABSENT)) for name, attribute in (held or {}).items()]
+    spelled_pairs = [(name, _spelled(attribute, depth + 1), item) for name, attribute, item in pairs if item is not attribute]
+    return [(name, spelling) for name, spelling, item in spelled_pairs
+            if item is _ABSENT or spelling is None or spelling != _spelled(item, depth + 1)]
 
 
 def _in_order(item):
@@ -209,8 +224,9 @@ def _read_items(value):
     ContextVar's value in the calling context): spelled again."""
     if isinstance(value, _types.FunctionType):
         return _bound_values(value)
-    if isinstance(value, dict):
-        return [*dict.keys(value), *dict.values(value)]
+    if isinstance(value, dict):  # a subclass's own attributes too (`_own_attributes`)
+        held = _instance_dict(value) if type(value) is not dict else None
+        return [*dict.keys(value), *dict.values(value), *(held.keys() if held else ()), *(held.values() if held else ())]
     if isinstance(value, (set, frozenset)):
         return set((set if isinstance(value, set) else frozenset).__iter__(value))  # type: ignore[arg-type]
     if isinstance(value, list):
