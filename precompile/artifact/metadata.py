@@ -143,11 +143,21 @@ class InlinedSource(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tru
     sha256: str
     function: str = ""
     """The qualified name of the function these lines are (`Block.forward`), by which load finds it where
-    a release moved it; "" for code no name finds (a lambda's line) and in artifacts written before it."""
+    a release moved it; "" for code no name finds (a lambda's line) and in artifacts written before it
+    (which named only a def whose name, and each enclosing name, no other def of its module shared)."""
     token_sha256: str = ""
     """The sha256 of the lines' tokens, apart from comments, blank lines and spacing (source_checks.py's
     `code_tokens_sha256`): load passes text that changed only there. "" where the lines do not tokenize
     on their own, where capture found them edited since they ran, and in artifacts written before it."""
+    place: int = 0
+    """Which of its module's defs of the name `function` these lines are, in source order (a property's
+    getter and setter share a name, and so do the defs of an `if`'s branches)."""
+    same_named: int = 0
+    """How many other defs of its module shared the name `function` at capture: load refuses where the
+    count changed (a def added under the same name runs instead of the one captured)."""
+    copies: int = 1
+    """For lines no def spans (a lambda's): at how many places of its module the same text sat at
+    capture, which load counts again where the lines moved (a twin edited leaves one fewer)."""
 
 
 class InlinedFile(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

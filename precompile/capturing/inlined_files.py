@@ -15,7 +15,6 @@ lines to other line numbers while leaving their bytes where they were: the code 
 and its line numbers show only in tracebacks. Any other edit hashes the ranges line by line.
 """
 
-import ast
 import hashlib
 import importlib.machinery
 import inspect
@@ -24,7 +23,6 @@ import itertools
 import sys
 import tokenize
 import types
-from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import msgspec
@@ -32,6 +30,7 @@ import msgspec
 from precompile.artifact.metadata import InlinedFile, InlinedSource
 from precompile.codegen.drivers.source_checks import (
     code_tokens_sha256,
+    function_spans,
     hash_source_lines,
     hash_spans,
     module_source_lines,
@@ -105,12 +104,13 @@ def _same(code: types.CodeType, compiled: types.CodeType) -> bool:
 
 def identified_sources(sources: Iterable[InlinedSource]) -> tuple[InlinedSource, ...]:
     """Each range with what identifies its code apart from where it sits, read from its module's source
-    (parsed once per module): the qualified name of the function it is (`Block.forward`), where one
-    def of its module spans exactly its lines and its name leads to that def alone, as load's
-    `function_lines` finds it (load finds the function where a release moved it, and a refusal names
-    it), and the sha256 of its tokens, by which load passes a comment or spacing edit. A range whose
-    lines no longer hash as recorded (edited since Dynamo read them) gets neither."""
-    modules: dict[str, tuple[list[str], dict[tuple[int, int], str]]] = {}
+    (parsed once per module): the qualified name of the function it is (`Block.forward`), where a def of
+    its module spans exactly its lines, and which of the module's defs of that name it is (a property's
+    getter and setter share one; load finds it where a release moved it, refuses where another def of
+    the name was added, and names it), or else at how many places its text sits (a lambda's line);
+    and the sha256 of its tokens, by which load passes a comment or spacing edit. A range whose lines no
+    longer hash as recorded (edited since Dynamo read them) gets none of these."""
+    modules: dict[str, tuple[list[str], dict[tuple[int, int], tuple[str, int, int]]]] = {}
     identified = []
     for source in sources:
         if source.module not in modules:
@@ -118,40 +118,23 @@ def identified_sources(sources: Iterable[InlinedSource]) -> tuple[InlinedSource,
                 lines = module_source_lines(source.module, "the capture")
             except (OSError, TypeError, PrecompileError):  # no source to read: nothing to add
                 lines = []
-            modules[source.module] = (lines, _named_spans(lines))
-        lines, spans = modules[source.module]
-        if not lines or hash_source_lines(lines, source.first_line, source.last_line) != source.sha256:
+            modules[source.module] = (lines, {span: (name, place, len(spans)) for name, spans in function_spans(lines).items()
+                                              for place, span in enumerate(spans)})
+        lines, defs = modules[source.module]
+        first, last = source.first_line, source.last_line
+        if not lines or hash_source_lines(lines, first, last) != source.sha256:
             identified.append(source)
             continue
-        tokens = code_tokens_sha256("".join(lines[source.first_line - 1 : source.last_line - 1]))
-        identified.append(msgspec.structs.replace(source, function=spans.get((source.first_line, source.last_line), ""),
-                                                  token_sha256=tokens or ""))
+        tokens = code_tokens_sha256("".join(lines[first - 1 : last - 1])) or ""
+        if (first, last) in defs:
+            name, place, count = defs[first, last]
+            identified.append(msgspec.structs.replace(source, function=name, place=place, same_named=count - 1,
+                                                      token_sha256=tokens))
+        else:
+            copies = sum(hash_source_lines(lines, start, start + last - first) == source.sha256
+                         for start in range(1, len(lines) - (last - first) + 2))
+            identified.append(msgspec.structs.replace(source, copies=copies, token_sha256=tokens))
     return tuple(identified)
-
-
-def _named_spans(lines: list[str]) -> dict[tuple[int, int], str]:
-    """{(first line with its decorators, last line + 1): qualified name} of each def of a module whose
-    name, and the name of each class or def it sits in, no other def or class shares."""
-    try:
-        tree = ast.parse("".join(lines))
-    except (SyntaxError, ValueError):
-        return {}
-    nodes: list[tuple[str, tuple[str, ...], tuple[int, int] | None]] = []
-    pending: list[tuple[ast.AST, str, tuple[str, ...]]] = [(tree, "", ())]
-    while pending:
-        node, prefix, outer = pending.pop()
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                name = prefix + child.name
-                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
-                nodes.append((name, outer, (start, (child.end_lineno or child.lineno) + 1)))
-                pending.append((child, name + ".<locals>.", (*outer, name)))
-            elif isinstance(child, ast.ClassDef):
-                nodes.append((prefix + child.name, outer, None))
-                pending.append((child, prefix + child.name + ".", (*outer, prefix + child.name)))
-    counts = Counter(name for name, _, _ in nodes)
-    return {span: name for name, outer, span in nodes
-            if span is not None and all(counts[n] == 1 for n in (*outer, name))}
 
 
 def _decoded_lines(data: bytes) -> list[str]:

@@ -43,9 +43,9 @@ def test_text_that_does_not_tokenize_alone_has_no_token_hash(partial):
     assert code_tokens_sha256(partial) is None
 
 
-def test_an_unnamed_range_passes_the_same_tokens_on_its_own_lines_only():
+def test_an_unnamed_range_passes_the_same_tokens():
     lines = ["import torch\n", "ACT = lambda y: y * 2\n", "OTHER = 1\n"]
     source = {"first_line": 2, "last_line": 3, "sha256": "0" * 64, "token_sha256": code_tokens_sha256(lines[1])}
-    assert _range_unchanged(["import torch\n", "ACT = lambda y: y*2  # doubled\n", "OTHER = 1\n"], source)
-    assert not _range_unchanged(["import torch\n", "ACT = lambda y: y * 3\n", "OTHER = 1\n"], source)
-    assert not _range_unchanged(lines, {**source, "token_sha256": ""})  # written before token hashes
+    assert _range_unchanged(["import torch\n", "ACT = lambda y: y*2  # doubled\n", "OTHER = 1\n"], source, {})
+    assert not _range_unchanged(["import torch\n", "ACT = lambda y: y * 3\n", "OTHER = 1\n"], source, {})
+    assert not _range_unchanged(lines, {**source, "token_sha256": ""}, {})  # written before token hashes

@@ -187,3 +187,77 @@ def test_a_module_edited_after_import_is_refused_at_capture(tmp_path):
     assert "module edited_step's file" in proc.stdout and "no longer holds the code the trace ran (step, line 13)" \
         in proc.stdout and "changed after this process imported it" in proc.stdout, proc.stdout
     assert not (tmp_path / "out.py").exists()
+
+
+SAME_NAMED = '''import sys
+
+import torch
+
+if sys.version_info >= (3, 8):
+    def helper(y):
+        return y * 2
+else:
+    def helper(y):
+        return y * 2
+
+ACT = lambda t: t.sin()  # noqa: E731
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self._scale = 2.0
+
+    @property
+    def scale(self):
+        return self._scale
+
+    @scale.setter
+    def scale(self, value):
+        self._scale = value
+
+    def forward(self, x):
+        return ACT(helper(self.lin(x)) * self.scale)
+
+
+def step(model, x):
+    return model(x)
+'''
+SAME_NAMED_STATES = {
+    # the getter that shares its name with a setter, with a comment inside; the lambda moved and commented
+    "restyled": ("same", ("    def scale(self):\n", "    def scale(self):\n        # the stored factor\n"),
+                 ("ACT = lambda t: t.sin()  # noqa: E731", "\nACT = lambda t: t.sin()  # noqa: E731, the activation")),
+    # the branch that runs edited; the other branch still holds the old text
+    "twin edited": ("refused: the source of edited_step.helper (lines 6-7 at capture)", ("return y * 2", "return y * 3")),
+    # a second forward below the first, which Python binds instead: the captured one's text is unchanged
+    "redefined": ("refused: the source of edited_step.Block.forward (lines 29-30 at capture)",
+                  ("def step(", "    def forward(self, x):\n        return self.lin(x) * 3\n\n\ndef step(")),
+}
+
+
+@pytest.mark.parametrize("tracer", ["makefx", "dynamo"])
+def test_defs_that_share_a_name_are_told_apart_by_their_place(tmp_path, tracer):
+    """A property's getter and setter, the defs of an `if`'s branches, a method defined twice: load finds
+    the captured def as the same one of as many defs of its name, so an edit to the branch that runs is
+    refused though the other branch holds the old text, a def added under the name is refused though
+    the captured one is unchanged, and a comment inside the getter, or beside a moved lambda, serves."""
+    module = tmp_path / "edited_step.py"
+    module.write_text(SAME_NAMED)
+    capture = CAPTURE.replace("from edited_step import step", "from edited_step import step, Block").replace(
+        "torch.nn.Linear(4, 4)", "Block()")
+    proc = run_fresh(capture, tracer, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    serve = SERVE.replace("from edited_step import step", "from edited_step import step, Block").replace(
+        "torch.nn.Linear(4, 4)", "Block()")
+    for state, (expected, *edits) in SAME_NAMED_STATES.items():
+        text = SAME_NAMED
+        for old, new in edits:
+            assert old in text
+            text = text.replace(old, new, 1) if state != "redefined" else text.replace(old, new)
+        module.write_text(text)
+        proc = run_fresh(serve, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        outcome = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert outcome.startswith(expected.replace("refused: ", "refused: " + str(tmp_path / "out.py") + ": ")
+                                  if expected.startswith("refused") else expected), (state, outcome)

@@ -169,7 +169,7 @@ def _check_sources(metadata, artifact, unfound_ok=False):
     (a MakeFx artifact, which runs none of that code): a module this process cannot find (a capture
     script's, a test's) passes, since no code of it runs here to differ from the graph."""
     unchanged = _unchanged_modules(metadata)
-    lines_of = {}
+    lines_of, defs_of = {}, {}
     for source in metadata.get("INLINED_SOURCES", ()):
         name = source["module"]
         if name in unchanged or unfound_ok and name not in _sys.modules and _unimported_origin(name) is None:
@@ -180,7 +180,9 @@ def _check_sources(metadata, artifact, unfound_ok=False):
             except (OSError, TypeError):
                 lines_of[name] = None
         lines, first, last = lines_of[name], source["first_line"], source["last_line"]
-        if lines is not None and _range_unchanged(lines, source):
+        if lines is not None and source.get("function") and name not in defs_of:
+            defs_of[name] = function_spans(lines)
+        if lines is not None and _range_unchanged(lines, source, defs_of.get(name, {})):
             continue
         what = f"{name}.{source['function']} (lines {first}-{last - 1} at capture)" if source.get("function") else \
             f"{name} lines {first}-{last - 1}"
@@ -188,46 +190,56 @@ def _check_sources(metadata, artifact, unfound_ok=False):
                           "it)", "capture the artifact again from the current source")
 
 
-def _range_unchanged(lines, source):
-    """Whether a range's code is still in a module's `lines`: its text on its lines, or where the
-    function it is (named at capture) sits now, or, for code no name finds (a lambda's line), at
-    exactly one other place; or, where capture hashed its tokens, the same tokens where the function
-    sits now (on its own lines, unnamed): a comment, a blank line or a line's spacing changed only."""
-    first, last, sha256 = source["first_line"], source["last_line"], source["sha256"]
-    if hash_source_lines(lines, first, last) == sha256:
+def _range_unchanged(lines, source, defs):
+    """Whether a range's code is still in a module's `lines`. A function (named at capture): where the
+    def of its name sits now (`defs`, function_spans), the same one of as many defs of that name as at
+    capture (a def added under the same name, which would run instead, is a change), with the same
+    text or, where capture hashed them, the same tokens (a comment, a blank line or a line's spacing
+    changed only). Code no name finds (a lambda's line): its text on its lines, or at as many places as
+    it sat at capture (moved), or its tokens on its lines or at as many places of its length."""
+    first, last, sha256, tokens = source["first_line"], source["last_line"], source["sha256"], source.get("token_sha256")
+    if source.get("function"):
+        spans = defs.get(source["function"], ())
+        if len(spans) != 1 + source.get("same_named", 0):
+            return False
+        span = spans[source.get("place", 0)]
+        return hash_source_lines(lines, *span) == sha256 or bool(tokens) and _tokens_at(lines, *span) == tokens
+    if hash_source_lines(lines, first, last) == sha256 or bool(tokens) and _tokens_at(lines, first, last) == tokens:
         return True
-    found = function_lines(lines, source["function"]) if source.get("function") else None
-    if found is not None and hash_source_lines(lines, *found) == sha256:
+    length, copies = last - first, source.get("copies", 1)
+    starts = range(1, len(lines) - length + 2)
+    if sum(hash_source_lines(lines, start, start + length) == sha256 for start in starts) == copies:
         return True
-    if not source.get("function"):
-        length = last - first
-        starts = [start for start in range(1, len(lines) - length + 2)
-                  if hash_source_lines(lines, start, start + length) == sha256]
-        if len(starts) == 1:
-            return True
-    tokens = source.get("token_sha256")
-    first, last = found or (first, last)
-    return bool(tokens) and code_tokens_sha256("".join(lines[first - 1 : last - 1])) == tokens
+    return bool(tokens) and sum(_tokens_at(lines, start, start + length) == tokens for start in starts) == copies
 
 
-def function_lines(lines, qualname):
-    """(first, last) of function `qualname` (`Block.forward`, `make_act.<locals>.act`) in a module's
-    source `lines`, its decorators included, last exclusive; None where no one def answers to it."""
+def _tokens_at(lines, first, last):
+    return code_tokens_sha256("".join(lines[first - 1 : last - 1]))
+
+
+def function_spans(lines):
+    """{qualified name (`Block.forward`, `make_act.<locals>.act`): [(first, last) of each def of that name,
+    its decorators included, last exclusive, in source order]} of a module's source `lines` (a property's
+    getter and setter, an overload, a def in each branch of an `if`, share one); {} where it does not parse."""
     import ast
 
     try:
-        scope: list = [ast.parse("".join(lines))]
+        pending: list = [(ast.parse("".join(lines)), "")]
     except (SyntaxError, ValueError):
-        return None
-    for part in (p for p in qualname.split(".") if p != "<locals>"):
-        scope = [node for parent in scope for node in ast.iter_child_nodes(parent)
-                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part]
-        if len(scope) != 1:
-            return None
-    node = scope[0]
-    if isinstance(node, ast.ClassDef) or node.end_lineno is None:
-        return None
-    return min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno + 1
+        return {}
+    spans: dict = {}
+    while pending:
+        node, prefix = pending.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                spans.setdefault(prefix + child.name, []).append((start, (child.end_lineno or child.lineno) + 1))
+                pending.append((child, f"{prefix}{child.name}.<locals>."))
+            elif isinstance(child, ast.ClassDef):
+                pending.append((child, f"{prefix}{child.name}."))
+            elif not isinstance(child, ast.Lambda):  # a def inside an if, a try, a with: same scope
+                pending.append((child, prefix))
+    return {name: sorted(found) for name, found in spans.items()}
 
 
 def _module(name, artifact):

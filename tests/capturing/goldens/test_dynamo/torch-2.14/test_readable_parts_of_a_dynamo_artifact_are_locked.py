@@ -1215,13 +1215,17 @@ class _RenderedGuards:
         return failed if received is None else f"{failed} (this call's {received})"
 
 
+# Text whose parentheses pair, three deep: a guard source that calls `dict(type(...).__dict__)`.
+_NESTED = r"(?:[^()]|\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\))+"
+
+
 def _received(failed, f_locals, scope):
     """What the source a failed check names holds in this call, described ("model.act is
     torch._VariableFunctionsClass.tanh"); None where the failure is not a plain source's (torch's own
     words follow a tensor's or the global state's) or the source is not there. A set's member read by
     its place (`list(G['MODES'])[0]`, torch 2.14's `___set_getitem(G['MODES'], 0)`) says why its order
     may differ from capture's."""
-    parts = _re.sub(r"___set_getitem\(((?:[^()]|\([^()]*\))+), (\d+)\)", r"list(\1)[\2]", failed).split(" ")
+    parts = _re.sub(rf"___set_getitem\(({_NESTED}), (\d+)\)", r"list(\1)[\2]", failed).split(" ")
     if len(parts) < 2 or parts[0] in ("TENSOR_MATCH", "GLOBAL_STATE", "SHAPE_ENV"):
         return None
     source = parts[1]
@@ -1232,29 +1236,43 @@ def _received(failed, f_locals, scope):
         text = f"{source} is {_described(_walked(source, f_locals, scope))}"
     except Exception:  # a source that is not there, or not a plain one
         text = None
-    for listed in _re.finditer(r"\blist\(([^()]+)\)((?:\.\w+|\[\d+\]|\['[^'\]]+'\])*)", " ".join(parts[1:])):
+    for listed in _re.finditer(rf"\blist\(({_NESTED})\)((?:{_SOURCE_STEP})*)", " ".join(parts[1:])):
         try:  # how Dynamo reads a set's n-th member, in the failed check's source or what it compares with
             held = _walked(listed.group(1), f_locals, scope)
             member = _described(_walked(listed.group(2), f_locals, scope, list(held)))
         except Exception:
             continue
         if isinstance(held, (set, frozenset)):
-            return (f"{text}; " if text and listed.group(0) != source else "") + (
-                f"{listed.group(0)} is {member}; {listed.group(1)} is a set, whose order follows the process's hash "
-                "seed where its members hash by a string (enum members, strings): capture and serve under one fixed "
-                "PYTHONHASHSEED, or make it a tuple and capture again")
+            return (f"{text}; " if text and listed.group(0) != source else "") + \
+                f"{listed.group(0)} is {member}; {listed.group(1)} is a set, " + _set_order(held)
     return text
 
 
+def _set_order(held):
+    """What orders a set's members, and the remedy: a string's hash follows the process's hash seed
+    (an enum member hashes by its name), an object's default hash its address."""
+    if all(isinstance(m, (str, bytes)) or isinstance(m, _enum.Enum) and type(m).__hash__ is _enum.Enum.__hash__
+           for m in held):
+        return ("whose order follows the process's hash seed (its members hash by a string): capture and serve "
+                "under one fixed PYTHONHASHSEED, or make it a tuple and capture again")
+    return ("whose order follows its members' hashes, which (an object's, by its address) differ between "
+            "processes whatever the hash seed: make it a tuple and capture again")
+
+
 def _walked(steps, f_locals, scope, value=None):
-    """What a plain source holds (`steps` from `value`, or from its root local or global where
-    `value` is None); raises where `steps` is not a plain source or what it names is not there."""
+    """What a source holds (`steps` from `value`, or from its root where `value` is None: a local, a
+    global, `type(...)` or `dict(...)` of one); raises where it is not such a source or is not there."""
     if value is None:
-        root = _re.match(_SOURCE_ROOT, steps)
-        if root is None:
+        call = _re.match(rf"(type|dict)\(({_NESTED})\)", steps)
+        root = None if call else _re.match(_SOURCE_ROOT, steps)
+        if call is not None:
+            inner = _walked(call.group(2), f_locals, scope)
+            value, steps = (type(inner) if call.group(1) == "type" else dict(inner)), steps[call.end():]
+        elif root is not None:
+            value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
+            steps = steps[root.end():]
+        else:
             raise LookupError(steps)
-        value = (scope if root.group(1) == "G" else f_locals)[root.group(2) or root.group(3)]
-        steps = steps[root.end():]
     if not _re.fullmatch(f"(?:{_SOURCE_STEP})*", steps):
         raise LookupError(steps)
     for attr, index, key in _re.findall(_SOURCE_STEP, steps):
@@ -1573,7 +1591,7 @@ def _check_sources(metadata, artifact, unfound_ok=False):
     (a MakeFx artifact, which runs none of that code): a module this process cannot find (a capture
     script's, a test's) passes, since no code of it runs here to differ from the graph."""
     unchanged = _unchanged_modules(metadata)
-    lines_of = {}
+    lines_of, defs_of = {}, {}
     for source in metadata.get("INLINED_SOURCES", ()):
         name = source["module"]
         if name in unchanged or unfound_ok and name not in _sys.modules and _unimported_origin(name) is None:
@@ -1584,7 +1602,9 @@ def _check_sources(metadata, artifact, unfound_ok=False):
             except (OSError, TypeError):
                 lines_of[name] = None
         lines, first, last = lines_of[name], source["first_line"], source["last_line"]
-        if lines is not None and _range_unchanged(lines, source):
+        if lines is not None and source.get("function") and name not in defs_of:
+            defs_of[name] = function_spans(lines)
+        if lines is not None and _range_unchanged(lines, source, defs_of.get(name, {})):
             continue
         what = f"{name}.{source['function']} (lines {first}-{last - 1} at capture)" if source.get("function") else \
             f"{name} lines {first}-{last - 1}"
@@ -1592,46 +1612,56 @@ def _check_sources(metadata, artifact, unfound_ok=False):
                           "it)", "capture the artifact again from the current source")
 
 
-def _range_unchanged(lines, source):
-    """Whether a range's code is still in a module's `lines`: its text on its lines, or where the
-    function it is (named at capture) sits now, or, for code no name finds (a lambda's line), at
-    exactly one other place; or, where capture hashed its tokens, the same tokens where the function
-    sits now (on its own lines, unnamed): a comment, a blank line or a line's spacing changed only."""
-    first, last, sha256 = source["first_line"], source["last_line"], source["sha256"]
-    if hash_source_lines(lines, first, last) == sha256:
+def _range_unchanged(lines, source, defs):
+    """Whether a range's code is still in a module's `lines`. A function (named at capture): where the
+    def of its name sits now (`defs`, function_spans), the same one of as many defs of that name as at
+    capture (a def added under the same name, which would run instead, is a change), with the same
+    text or, where capture hashed them, the same tokens (a comment, a blank line or a line's spacing
+    changed only). Code no name finds (a lambda's line): its text on its lines, or at as many places as
+    it sat at capture (moved), or its tokens on its lines or at as many places of its length."""
+    first, last, sha256, tokens = source["first_line"], source["last_line"], source["sha256"], source.get("token_sha256")
+    if source.get("function"):
+        spans = defs.get(source["function"], ())
+        if len(spans) != 1 + source.get("same_named", 0):
+            return False
+        span = spans[source.get("place", 0)]
+        return hash_source_lines(lines, *span) == sha256 or bool(tokens) and _tokens_at(lines, *span) == tokens
+    if hash_source_lines(lines, first, last) == sha256 or bool(tokens) and _tokens_at(lines, first, last) == tokens:
         return True
-    found = function_lines(lines, source["function"]) if source.get("function") else None
-    if found is not None and hash_source_lines(lines, *found) == sha256:
+    length, copies = last - first, source.get("copies", 1)
+    starts = range(1, len(lines) - length + 2)
+    if sum(hash_source_lines(lines, start, start + length) == sha256 for start in starts) == copies:
         return True
-    if not source.get("function"):
-        length = last - first
-        starts = [start for start in range(1, len(lines) - length + 2)
-                  if hash_source_lines(lines, start, start + length) == sha256]
-        if len(starts) == 1:
-            return True
-    tokens = source.get("token_sha256")
-    first, last = found or (first, last)
-    return bool(tokens) and code_tokens_sha256("".join(lines[first - 1 : last - 1])) == tokens
+    return bool(tokens) and sum(_tokens_at(lines, start, start + length) == tokens for start in starts) == copies
 
 
-def function_lines(lines, qualname):
-    """(first, last) of function `qualname` (`Block.forward`, `make_act.<locals>.act`) in a module's
-    source `lines`, its decorators included, last exclusive; None where no one def answers to it."""
+def _tokens_at(lines, first, last):
+    return code_tokens_sha256("".join(lines[first - 1 : last - 1]))
+
+
+def function_spans(lines):
+    """{qualified name (`Block.forward`, `make_act.<locals>.act`): [(first, last) of each def of that name,
+    its decorators included, last exclusive, in source order]} of a module's source `lines` (a property's
+    getter and setter, an overload, a def in each branch of an `if`, share one); {} where it does not parse."""
     import ast
 
     try:
-        scope: list = [ast.parse("".join(lines))]
+        pending: list = [(ast.parse("".join(lines)), "")]
     except (SyntaxError, ValueError):
-        return None
-    for part in (p for p in qualname.split(".") if p != "<locals>"):
-        scope = [node for parent in scope for node in ast.iter_child_nodes(parent)
-                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part]
-        if len(scope) != 1:
-            return None
-    node = scope[0]
-    if isinstance(node, ast.ClassDef) or node.end_lineno is None:
-        return None
-    return min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno + 1
+        return {}
+    spans: dict = {}
+    while pending:
+        node, prefix = pending.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                spans.setdefault(prefix + child.name, []).append((start, (child.end_lineno or child.lineno) + 1))
+                pending.append((child, f"{prefix}{child.name}.<locals>."))
+            elif isinstance(child, ast.ClassDef):
+                pending.append((child, f"{prefix}{child.name}."))
+            elif not isinstance(child, ast.Lambda):  # a def inside an if, a try, a with: same scope
+                pending.append((child, prefix))
+    return {name: sorted(found) for name, found in spans.items()}
 
 
 def _module(name, artifact):
@@ -2184,7 +2214,7 @@ def _live_code(code, described, module, artifact, is_entry):
     except Exception as exc:  # whatever stops the lookup, the frame is not there
         _fail(artifact, f"it installs onto {where}, which this process does not have ({type(exc).__name__}: {exc})",
               "serve it with the code it was captured from")
-    if live != SerializedCode.to_code_object(code.python_code):
+    if _placeless(live) != _placeless(SerializedCode.to_code_object(code.python_code)):
         _fail(artifact, f"the code of {where} changed since capture (its variants were compiled from the old code)",
               "capture the artifact again from the current source")
     from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
@@ -2193,6 +2223,13 @@ def _live_code(code, described, module, artifact, is_entry):
         _fail(artifact, f"{where} already has live Dynamo cache entries (something compiled it in this process)",
               "load the artifact in a fresh process")
     return live
+
+
+def _placeless(code):
+    """A code object with where it sits taken out (its first line and line table, its nested code's
+    too): code moved down its file, or with a comment or blank line added inside, is the same code."""
+    consts = tuple(_placeless(c) if isinstance(c, _types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_firstlineno=1, co_linetable=b"", co_consts=consts)
 
 
 def _install(frames, tag, artifact):

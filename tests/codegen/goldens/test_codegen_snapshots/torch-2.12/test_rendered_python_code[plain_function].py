@@ -245,7 +245,7 @@ def _check_sources(metadata, artifact, unfound_ok=False):
     (a MakeFx artifact, which runs none of that code): a module this process cannot find (a capture
     script's, a test's) passes, since no code of it runs here to differ from the graph."""
     unchanged = _unchanged_modules(metadata)
-    lines_of = {}
+    lines_of, defs_of = {}, {}
     for source in metadata.get("INLINED_SOURCES", ()):
         name = source["module"]
         if name in unchanged or unfound_ok and name not in _sys.modules and _unimported_origin(name) is None:
@@ -256,7 +256,9 @@ def _check_sources(metadata, artifact, unfound_ok=False):
             except (OSError, TypeError):
                 lines_of[name] = None
         lines, first, last = lines_of[name], source["first_line"], source["last_line"]
-        if lines is not None and _range_unchanged(lines, source):
+        if lines is not None and source.get("function") and name not in defs_of:
+            defs_of[name] = function_spans(lines)
+        if lines is not None and _range_unchanged(lines, source, defs_of.get(name, {})):
             continue
         what = f"{name}.{source['function']} (lines {first}-{last - 1} at capture)" if source.get("function") else \
             f"{name} lines {first}-{last - 1}"
@@ -264,46 +266,56 @@ def _check_sources(metadata, artifact, unfound_ok=False):
                           "it)", "capture the artifact again from the current source")
 
 
-def _range_unchanged(lines, source):
-    """Whether a range's code is still in a module's `lines`: its text on its lines, or where the
-    function it is (named at capture) sits now, or, for code no name finds (a lambda's line), at
-    exactly one other place; or, where capture hashed its tokens, the same tokens where the function
-    sits now (on its own lines, unnamed): a comment, a blank line or a line's spacing changed only."""
-    first, last, sha256 = source["first_line"], source["last_line"], source["sha256"]
-    if hash_source_lines(lines, first, last) == sha256:
+def _range_unchanged(lines, source, defs):
+    """Whether a range's code is still in a module's `lines`. A function (named at capture): where the
+    def of its name sits now (`defs`, function_spans), the same one of as many defs of that name as at
+    capture (a def added under the same name, which would run instead, is a change), with the same
+    text or, where capture hashed them, the same tokens (a comment, a blank line or a line's spacing
+    changed only). Code no name finds (a lambda's line): its text on its lines, or at as many places as
+    it sat at capture (moved), or its tokens on its lines or at as many places of its length."""
+    first, last, sha256, tokens = source["first_line"], source["last_line"], source["sha256"], source.get("token_sha256")
+    if source.get("function"):
+        spans = defs.get(source["function"], ())
+        if len(spans) != 1 + source.get("same_named", 0):
+            return False
+        span = spans[source.get("place", 0)]
+        return hash_source_lines(lines, *span) == sha256 or bool(tokens) and _tokens_at(lines, *span) == tokens
+    if hash_source_lines(lines, first, last) == sha256 or bool(tokens) and _tokens_at(lines, first, last) == tokens:
         return True
-    found = function_lines(lines, source["function"]) if source.get("function") else None
-    if found is not None and hash_source_lines(lines, *found) == sha256:
+    length, copies = last - first, source.get("copies", 1)
+    starts = range(1, len(lines) - length + 2)
+    if sum(hash_source_lines(lines, start, start + length) == sha256 for start in starts) == copies:
         return True
-    if not source.get("function"):
-        length = last - first
-        starts = [start for start in range(1, len(lines) - length + 2)
-                  if hash_source_lines(lines, start, start + length) == sha256]
-        if len(starts) == 1:
-            return True
-    tokens = source.get("token_sha256")
-    first, last = found or (first, last)
-    return bool(tokens) and code_tokens_sha256("".join(lines[first - 1 : last - 1])) == tokens
+    return bool(tokens) and sum(_tokens_at(lines, start, start + length) == tokens for start in starts) == copies
 
 
-def function_lines(lines, qualname):
-    """(first, last) of function `qualname` (`Block.forward`, `make_act.<locals>.act`) in a module's
-    source `lines`, its decorators included, last exclusive; None where no one def answers to it."""
+def _tokens_at(lines, first, last):
+    return code_tokens_sha256("".join(lines[first - 1 : last - 1]))
+
+
+def function_spans(lines):
+    """{qualified name (`Block.forward`, `make_act.<locals>.act`): [(first, last) of each def of that name,
+    its decorators included, last exclusive, in source order]} of a module's source `lines` (a property's
+    getter and setter, an overload, a def in each branch of an `if`, share one); {} where it does not parse."""
     import ast
 
     try:
-        scope: list = [ast.parse("".join(lines))]
+        pending: list = [(ast.parse("".join(lines)), "")]
     except (SyntaxError, ValueError):
-        return None
-    for part in (p for p in qualname.split(".") if p != "<locals>"):
-        scope = [node for parent in scope for node in ast.iter_child_nodes(parent)
-                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == part]
-        if len(scope) != 1:
-            return None
-    node = scope[0]
-    if isinstance(node, ast.ClassDef) or node.end_lineno is None:
-        return None
-    return min([node.lineno, *(d.lineno for d in node.decorator_list)]), node.end_lineno + 1
+        return {}
+    spans: dict = {}
+    while pending:
+        node, prefix = pending.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                spans.setdefault(prefix + child.name, []).append((start, (child.end_lineno or child.lineno) + 1))
+                pending.append((child, f"{prefix}{child.name}.<locals>."))
+            elif isinstance(child, ast.ClassDef):
+                pending.append((child, f"{prefix}{child.name}."))
+            elif not isinstance(child, ast.Lambda):  # a def inside an if, a try, a with: same scope
+                pending.append((child, prefix))
+    return {name: sorted(found) for name, found in spans.items()}
 
 
 def _module(name, artifact):
@@ -331,6 +343,7 @@ import enum as _enum
 import functools as _functools
 import hashlib as _hashlib
 import inspect as _inspect
+import sys as _sys
 import types as _types
 from operator import contains as _contains
 from operator import getitem as _getitem
@@ -371,7 +384,7 @@ def _spelled(value, depth):
     if isinstance(value, type):
         return f"class {value.__module__}.{value.__qualname__}"
     if kind in (_types.FunctionType, _types.BuiltinFunctionType):
-        return _function(value, depth)
+        return _function(_unpatched(value), depth)
     if kind is _types.MethodType:
         return "method " + _function(value.__func__, depth).removeprefix("function ")
     if depth > 8:
@@ -383,6 +396,14 @@ def _spelled(value, depth):
     if kind is _contextvars.ContextVar:
         return _context_var(value, depth)
     return _container(value, kind, depth)
+
+
+def _unpatched(function):
+    """A function torch.fx.wrap marked, as itself where torch.fx's stand-in for it (functools.wraps of it,
+    in its module's globals while a trace runs) is what a read found: served, no trace patches it."""
+    patches, code = _sys.modules.get("torch.fx._symbolic_trace"), getattr(function, "__code__", None)
+    patched = patches is not None and code is not None and code.co_filename == patches.__file__
+    return function.__wrapped__ if patched and hasattr(function, "__wrapped__") else function
 
 
 def _partial(value, depth):
@@ -423,7 +444,22 @@ def _container(value, kind, depth):
         inner = None if None in items else ", ".join(f"{field}={item}" for field, item in zip(fields, items))
     else:
         inner = _collection(value, base, depth, _SET_ORDERED.get((kind.__module__, kind.__qualname__)))
+    attributes = _own_attributes(value, depth) if inner is not None else []
+    if inner is not None and attributes:  # attributes a subclass instance holds besides its items
+        inner = None if any(a is None for _, a in attributes) else \
+            inner + "; attributes " + ", ".join(f"{name}={held}" for name, held in attributes)
     return None if inner is None else f"{kind.__module__}.{kind.__qualname__}({inner})"
+
+
+def _own_attributes(value, depth):
+    """[(name, spelling)] of the attributes a dict subclass instance holds in its own __dict__ that do not
+    spell as the item of the same key (diffusers' FrozenDict mirrors its items as attributes, and a model
+    reads `config.flag`, the attribute: one set after capture differs from its item); [] otherwise."""
+    held = _instance_dict(value) if isinstance(value, dict) and type(value) is not dict else None
+    pairs = [(name, attribute, dict.get(value, name, _ABSENT)) for name, attribute in (held or {}).items()]
+    spelled_pairs = [(name, _spelled(attribute, depth + 1), item) for name, attribute, item in pairs if item is not attribute]
+    return [(name, spelling) for name, spelling, item in spelled_pairs
+            if item is _ABSENT or spelling is None or spelling != _spelled(item, depth + 1)]
 
 
 def _in_order(item):
@@ -522,8 +558,9 @@ def _read_items(value):
     ContextVar's value in the calling context): spelled again."""
     if isinstance(value, _types.FunctionType):
         return _bound_values(value)
-    if isinstance(value, dict):
-        return [*dict.keys(value), *dict.values(value)]
+    if isinstance(value, dict):  # a subclass's own attributes too (`_own_attributes`)
+        held = _instance_dict(value) if type(value) is not dict else None
+        return [*dict.keys(value), *dict.values(value), *(held.keys() if held else ()), *(held.values() if held else ())]
     if isinstance(value, (set, frozenset)):
         return set((set if isinstance(value, set) else frozenset).__iter__(value))  # type: ignore[arg-type]
     if isinstance(value, list):
