@@ -140,3 +140,17 @@ def test_the_guards_verb_shows_what_checks_a_class_attributes_identity(captured_
     assert slots and all(slot.status == "kept" for slot in slots), report.guards
     assert all(slot.check.endswith("__dict__['MODE'] is _by_name['changed_state_cases:Mode.PLAIN']")
                for slot in slots), [slot.check for slot in slots]
+
+
+def test_the_guards_verb_shows_what_checks_a_lambdas_code_and_a_modules_forward(captured_kinds):
+    """The checks precompile adds for a lambda on the model (its code's bytecode, constants, names) and
+    for the forward each module's class runs are labelled with the parts they compare
+    (`model.act.__code__.co_code == ...`): `precompile guards` shows them beside their slots."""
+    from precompile import inspect
+
+    artifact = next(item for item in captured_kinds if item[:2] == ["lambda", "dynamo"])
+    report = inspect.guards_report(inspect.open_path(artifact[2], artifact[3]))
+    checks = {(slot.guard_type, slot.source): slot.check for frame in report.guards.frames for slot in frame.slots
+              if slot.status == "kept"}
+    assert "act.__code__.co_code ==" in checks["CLOSURE_MATCH", "model.act"], checks
+    assert "__qualname__ ==" in checks["FORWARD_MATCH", "model"], checks

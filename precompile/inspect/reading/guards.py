@@ -117,7 +117,10 @@ TYPE_ALIASES = {
 }
 
 
-_LABEL_ENDS = (" (", ": ", " is ", " == ")
+# What follows a slot's label in the label of a check that stands in for it: `(key)`, `is <name>`,
+# `== <literal>`, and the parts of a function a by-name check compares (CLOSURE_MATCH `model.act.__code__.
+# co_code == ...`, FORWARD_MATCH `model.forward.__func__.__qualname__ == ...`, or its `__call__`'s).
+_LABEL_ENDS = (" (", ": ", " is ", " == ", ".__code__.", ".__module__ ", ".forward.", ".__call__.")
 
 
 def _check_index(checks: dict[str, str]) -> dict[str, list[str]]:
