@@ -25,7 +25,14 @@ import torch
 from precompile.capturing.dynamo.config_settings import SETTING_KINDS, setting_source
 from precompile.capturing.dynamo.guard_accounting import UNKEPT as _UNKEPT
 from precompile.capturing.dynamo.guard_accounting import Seen, seen_key, slot_source, slot_text
-from precompile.capturing.dynamo.guard_expressions import Unrenderable, literal, names_in, reads_back, unliteral_check
+from precompile.capturing.dynamo.guard_expressions import (
+    PAIRED,
+    Unrenderable,
+    literal,
+    names_in,
+    reads_back,
+    unliteral_check,
+)
 from precompile.capturing.dynamo.guard_origin import origin
 from precompile.capturing.dynamo.key_lookups import KeyLookups
 from precompile.capturing.dynamo.named_identity import CHECK, reference
@@ -52,8 +59,7 @@ _GLOBAL_HOOKS = re.compile(r"\._global_(forward|forward_pre|backward|backward_pr
 _SOURCE_CALLS = frozenset({"dict", "type", "list", "keys", "get", "__getitem__", "__getattribute__"})
 # torch 2.14's Dynamo reads a set's i-th member through a helper of its own, `___set_getitem(s, i)`, which
 # is `list(s)[i]`: rendered, and evaluated, as that.
-_NESTED = r"(?:[^()]|\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\))+"  # text whose parentheses pair, three deep
-_SET_GETITEM = re.compile(rf"___set_getitem\(({_NESTED}), (\d+)\)")
+_SET_GETITEM = re.compile(rf"___set_getitem\(({PAIRED}), (\d+)\)")
 _EVAL_BUILTINS = {"dict": dict, "type": type, "list": list, "object": object,
                   "___set_getitem": lambda held, index: list(held)[index]}
 # Dtype keys as Dynamo's source text writes them (diffusers' `_DTYPE_UNSUPPORTED_DEVICES[torch.float64]`).

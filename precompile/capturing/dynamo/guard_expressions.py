@@ -8,6 +8,9 @@ import math
 
 import torch
 
+PAIRED = r"(?:[^()]|\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\))+"
+"""A regex of guard source text whose parentheses pair, three deep (`dict(type(L['m']).__dict__)['MODES']`)."""
+
 
 class Unrenderable(Exception):
     """A kept guard with no faithful rendering here: `str()` names it and says why."""

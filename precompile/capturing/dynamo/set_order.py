@@ -13,6 +13,7 @@ import os
 import re
 import warnings
 
+from precompile.capturing.dynamo.guard_expressions import PAIRED
 from precompile.errors import PrecompileWarning
 
 log = logging.getLogger("precompile")
@@ -20,7 +21,7 @@ log = logging.getLogger("precompile")
 # `list(<source>)[N]`, torch 2.14's `___set_getitem(<source>, N)`: Dynamo's read of a set's N-th member;
 # a source may call `dict(type(...).__dict__)` (a class attribute). A dict's keys read so are spelled
 # `list(dict.keys(...))[N]`, in the dict's insertion order, which every process shares.
-_SOURCE = r"((?!dict\.keys\()(?:[^()]|\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\))+)"
+_SOURCE = rf"((?!dict\.keys\(){PAIRED})"
 _SET_MEMBER = re.compile(rf"\blist\({_SOURCE}\)\[\d+\]|\b___set_getitem\({_SOURCE}, \d+\)")
 
 
